@@ -1,0 +1,82 @@
+-- The lease core: accounts owned through two columns, node membership, ownership generations.
+--
+-- Design constraints (measured in shared/notes/lease-sql-measurements.md):
+--   * renewals rewrite `lease_until` on every owned row every cycle, so no index and no index
+--     predicate may mention `lease_until`: renewals must stay HOT updates;
+--   * the claim must be index-driven at 1M rows: free rows come from a partial index, expired
+--     rows are found through their owner's expired membership (a handful of `nodes` rows), never
+--     by scanning `trading_accounts`.
+
+-- Ownership generations (fencing tokens). One global sequence, so an epoch never goes backwards
+-- even if an account row is deleted and re-added, and an epoch alone names one claim of one row.
+CREATE SEQUENCE owner_epoch_seq AS bigint START WITH 1;
+
+-- Membership: one row per node id, renewed in the same statement as the node's leases, so an
+-- expired membership means every lease of that node has expired too (both are written with the
+-- same `now()`). `instance_id` is fresh per process: a second process with the same node id
+-- sees a live membership of another instance and takes nothing (SPEC S4).
+CREATE TABLE nodes (
+    node_id     text PRIMARY KEY,
+    instance_id text        NOT NULL,
+    platform    text        NOT NULL,
+    capacity    integer     NOT NULL CHECK (capacity >= 1),
+    lease_until timestamptz NOT NULL,  -- by the database's clock; never indexed (HOT renewals)
+    started_at  timestamptz NOT NULL,  -- when this instance first registered
+    renewed_at  timestamptz NOT NULL   -- last successful cycle of this instance
+);
+
+CREATE TABLE trading_accounts (
+    id          bigint PRIMARY KEY,
+    platform    text    NOT NULL CHECK (platform <> ''),
+    role        text    NOT NULL CHECK (role IN ('master', 'follower')),
+    enabled     boolean NOT NULL DEFAULT true,
+    server      text    NOT NULL,           -- broker endpoint, host:port
+    login       text    NOT NULL,           -- login on that broker
+    -- Owner now. The foreign key guarantees every owned row has a membership row, which is how
+    -- peers find the rows of a dead node; a membership row cannot be deleted while it owns rows.
+    node_id     text REFERENCES nodes (node_id),
+    lease_until timestamptz,                -- by the database's clock; never indexed (HOT renewals)
+    owner_epoch bigint  NOT NULL DEFAULT 0, -- set from owner_epoch_seq on every claim
+    claimed_at  timestamptz,                -- when the current owner claimed it (database clock)
+    status      text,                       -- written by the owner only, fenced by epoch
+    status_at   timestamptz,
+    balance     double precision,
+    equity      double precision,
+    CHECK (node_id IS NULL OR lease_until IS NOT NULL)  -- an owned row always has a lease
+) WITH (fillfactor = 90);  -- free space on each page keeps renewals HOT (same-page updates)
+
+-- Serves: renewal (`WHERE node_id = $me`), the claim of a dead node's rows (join from expired
+-- `nodes` rows), releases, fenced status writes, and the foreign-key check when a `nodes` row is
+-- deleted. Renewals do not change `node_id`, so this index does not cost them their HOT update.
+CREATE INDEX trading_accounts_node_idx ON trading_accounts (node_id);
+
+-- Serves: the claim of free rows (`WHERE platform = $p AND enabled AND node_id IS NULL ORDER BY
+-- id LIMIT $n FOR UPDATE SKIP LOCKED`). Releases clear `node_id` and `lease_until` together, so
+-- a free row is exactly `node_id IS NULL`; the predicate deliberately leaves `lease_until` out.
+CREATE INDEX trading_accounts_free_idx ON trading_accounts (platform, id)
+    WHERE enabled AND node_id IS NULL;
+
+-- Magic numbers for copy links: unique per link, within MT4's 32-bit signed magic range.
+CREATE SEQUENCE copy_links_magic_seq AS bigint START WITH 100001 MAXVALUE 2147483647;
+
+CREATE TABLE copy_links (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    master_id     bigint NOT NULL REFERENCES trading_accounts (id),
+    follower_id   bigint NOT NULL REFERENCES trading_accounts (id),
+    enabled       boolean NOT NULL DEFAULT true,
+    magic         bigint  NOT NULL UNIQUE DEFAULT nextval('copy_links_magic_seq'),
+    lot_mode      text    NOT NULL DEFAULT 'multiplier'
+                  CHECK (lot_mode IN ('fixed', 'multiplier', 'balance_ratio', 'equity_ratio')),
+    lot_value     double precision NOT NULL DEFAULT 1.0 CHECK (lot_value > 0),
+    reverse       boolean NOT NULL DEFAULT false,
+    copy_sl_tp    boolean NOT NULL DEFAULT true,
+    symbol_map    jsonb   NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(symbol_map) = 'object'),
+    copy_existing boolean NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (master_id, follower_id),
+    CHECK (master_id <> follower_id)
+);
+ALTER SEQUENCE copy_links_magic_seq OWNED BY copy_links.magic;
+
+-- Serves: a follower's session loading its links.
+CREATE INDEX copy_links_follower_idx ON copy_links (follower_id);

@@ -1,0 +1,221 @@
+//! Wires a node together: database, migrations check, status writer, LISTEN, supervisor and the
+//! lease loop; runs it until a shutdown future resolves.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::config::{Config, show};
+use crate::db::{self, SessionBounds};
+use crate::lease::trust::MonoBase;
+use crate::lease::{LeaseLoop, NodeState};
+use crate::supervisor::{Event, NodeShared, Supervisor};
+use crate::{listener, status_writer};
+
+/// How often a node deletes memberships of long-dead nodes that own nothing.
+const FORGET_DEAD_NODES_EVERY: Duration = Duration::from_secs(300);
+
+/// Options of `copier-node run` beyond the configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Apply pending migrations before starting instead of refusing.
+    pub migrate: bool,
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct NodeHandle {
+    /// The node as it sees itself, updated after every cycle and ownership change.
+    pub state: watch::Receiver<NodeState>,
+    shutdown: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl NodeHandle {
+    /// Starts a clean shutdown (as SIGTERM does).
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Waits for the node to stop; `Err` if it stopped on its own with an error.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("the node task panicked")?
+    }
+
+    /// True once the node has stopped.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// Runs a node until `shutdown` resolves (then releases everything and returns) or until it
+/// stops on its own (a node id held by another live process).
+pub async fn run(config: Config, options: RunOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
+    let mut handle = tokio::select! {
+        h = start(&config, options, CancellationToken::new()) => h?,
+        _ = &mut shutdown => bail!("shut down before the node started"),
+    };
+    tokio::select! {
+        _ = &mut shutdown => handle.shutdown(),
+        result = &mut handle.task => return result.context("the node task panicked")?,
+    }
+    handle.wait().await
+}
+
+/// Starts a node: waits for the database, checks (or applies) migrations, then spawns the node's
+/// tasks. Returns once the node runs; `shutdown` stops it cleanly.
+pub async fn start(config: &Config, options: RunOptions, shutdown: CancellationToken) -> anyhow::Result<NodeHandle> {
+    let node = config.node()?;
+    let span = info_span!("node", node_id = %node.node_id);
+    async {
+        let instance_id = format!("{:016x}", fastrand::u64(..));
+        info!(
+            platform = %node.platform,
+            instance_id = %instance_id,
+            capacity = node.capacity,
+            lease = %show(node.lease),
+            fence = %show(node.fence),
+            cycle = %show(node.cycle),
+            "starting copier-node {}",
+            env!("CARGO_PKG_VERSION")
+        );
+        let bounds = SessionBounds::for_fence(node.fence);
+        let node_options = db::node_options(&config.database_url, &node.node_id, bounds)
+            .context("invalid `database_url`")?;
+        let listen_options = db::node_options(&config.listen_database_url, &node.node_id, bounds)
+            .context("invalid `listen_database_url`")?;
+
+        check_schema(config, options, &shutdown).await?;
+
+        let pool = db::node_pool(node_options.clone(), node.lease.saturating_sub(node.fence));
+        let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
+        let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+        let writer_cancel = CancellationToken::new();
+        let (status, writer) = status_writer::spawn(pool.clone(), node.node_id.clone(), lost_tx, writer_cancel.clone());
+        {
+            let event_tx = event_tx.clone();
+            tokio::spawn(async move {
+                while let Some(lost) = lost_rx.recv().await {
+                    let _ = event_tx.send(Event::Lost(lost));
+                }
+            });
+        }
+        let tracker = TaskTracker::new();
+        let shared = NodeShared {
+            node_id: node.node_id.clone(),
+            pool: pool.clone(),
+            status,
+            base: MonoBase::new(),
+            tracker: tracker.clone(),
+        };
+        let wake = Arc::new(Notify::new());
+        let background = CancellationToken::new();
+        tokio::spawn(
+            listener::run(listen_options, node.platform.clone(), wake.clone(), background.clone()).in_current_span(),
+        );
+        tokio::spawn(forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone()).in_current_span());
+
+        let (state_tx, state_rx) = watch::channel(NodeState {
+            node_id: node.node_id.clone(),
+            instance_id: instance_id.clone(),
+            ..NodeState::default()
+        });
+        let lease_loop = LeaseLoop {
+            node: node.clone(),
+            instance_id,
+            connect: node_options,
+            supervisor: Supervisor::new(shared, event_tx),
+            events: event_rx,
+            wake,
+            state: state_tx,
+        };
+        let loop_shutdown = shutdown.clone();
+        let task = tokio::spawn(
+            async move {
+                let result = lease_loop.run(loop_shutdown).await;
+                background.cancel();
+                tracker.close();
+                // Tasks left running were given the shutdown grace; they end with the process.
+                let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
+                writer_cancel.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                pool.close().await;
+                match &result {
+                    Ok(()) => info!("node stopped"),
+                    Err(e) => tracing::error!(error = %e, "node stopped"),
+                }
+                result.map_err(anyhow::Error::from)
+            }
+            .in_current_span(),
+        );
+        Ok(NodeHandle {
+            state: state_rx,
+            shutdown,
+            task,
+        })
+    }
+    .instrument(span)
+    .await
+}
+
+/// Waits for the database (logging each failed attempt), then refuses pending migrations
+/// unless `--migrate`, in which case it applies them.
+async fn check_schema(config: &Config, options: RunOptions, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let admin = db::admin_options(&config.database_url).context("invalid `database_url`")?;
+    let mut delay = Duration::from_millis(250);
+    let mut conn = loop {
+        match tokio::time::timeout(Duration::from_secs(10), admin.connect()).await {
+            Ok(Ok(conn)) => break conn,
+            Ok(Err(e)) => warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "database unreachable; retrying"),
+            Err(_) => warn!(retry_in_ms = delay.as_millis() as u64, "database did not answer within 10s; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => bail!("shut down while waiting for the database"),
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    };
+    if options.migrate {
+        let applied = db::migrate::apply(&mut conn).await.context("applying migrations")?;
+        if !applied.is_empty() {
+            info!(?applied, "migrations applied");
+        }
+    }
+    let state = db::migrate::schema_state(&mut conn).await.context("reading the schema version")?;
+    if let Some(refusal) = state.refusal() {
+        bail!("{refusal}");
+    }
+    if !state.unknown.is_empty() {
+        warn!(versions = ?state.unknown, "the database has migrations this binary does not know (a newer binary applied them); running anyway, as migrations are additive");
+    }
+    let _ = conn.close().await;
+    Ok(())
+}
+
+async fn forget_dead_nodes(pool: sqlx::PgPool, platform: String, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(FORGET_DEAD_NODES_EVERY) => {}
+            _ = cancel.cancelled() => return,
+        }
+        let result = async {
+            let mut conn = pool.acquire().await?;
+            db::lease::forget_dead_nodes(&mut conn, &platform).await
+        }
+        .await;
+        match result {
+            Ok(0) => {}
+            Ok(n) => info!(nodes = n, "forgot memberships of nodes dead for over an hour"),
+            Err(e) => warn!(error = %db::describe(&e), "could not clean up dead memberships (retried later)"),
+        }
+    }
+}

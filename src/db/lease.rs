@@ -1,0 +1,292 @@
+//! Every statement of the lease core: the cycle, releases, and leaving the cluster.
+//!
+//! The cycle is one autocommit statement, so one round trip: it renews the node's membership,
+//! renews (or re-claims with a new epoch) the rows the node owns, claims free rows and rows of
+//! dead nodes up to its free capacity, and reads back what it now owns. Data-modifying CTEs all
+//! see one snapshot and run to completion, so every step is gated on the membership upsert having
+//! matched (`EXISTS (SELECT FROM member)`): a process whose node id another live instance holds
+//! changes nothing at all (SPEC S4).
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, Row};
+
+use super::RELEASED_CHANNEL;
+
+/// What the cycle needs to know about the node.
+#[derive(Debug, Clone)]
+pub struct CycleParams<'a> {
+    pub node_id: &'a str,
+    pub instance_id: &'a str,
+    pub platform: &'a str,
+    /// The most accounts the node may own after this cycle.
+    pub capacity: u32,
+    pub lease: Duration,
+    /// Epochs the node holds and may renew as they are. Any other row with `node_id = me`
+    /// (left by an earlier instance, or expired) is re-claimed with a new epoch instead (R1).
+    pub held: &'a [i64],
+    /// False while shutting down: renew, claim nothing.
+    pub claim: bool,
+}
+
+/// One row the node owns after the cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnedRow {
+    pub id: i64,
+    pub epoch: i64,
+    /// Enabled and on this node's platform; false means: stop its task and release it.
+    pub wanted: bool,
+}
+
+/// Another live node of the platform and how long its membership has left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub node_id: String,
+    pub expires_in: Duration,
+}
+
+/// The live membership of another instance holding this node's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub instance_id: String,
+    pub expires_in: Duration,
+}
+
+/// What one cycle did.
+#[derive(Debug, Clone, Default)]
+pub struct CycleOutcome {
+    /// The membership upsert matched: this instance holds the node id.
+    pub member: bool,
+    pub owned: Vec<OwnedRow>,
+    pub conflict: Option<Conflict>,
+    pub peers: Vec<Peer>,
+}
+
+/// The cycle statement. Indexes it relies on (see `migrations/0001_lease_core.sql`):
+/// `nodes_pkey` for the membership upsert; `trading_accounts_node_idx` for renewal and for the
+/// rows of dead nodes (found by joining from their expired `nodes` rows: `lease_until` is in no
+/// index); `trading_accounts_free_idx` for free rows; the primary key for the claim's update.
+/// `FOR UPDATE SKIP LOCKED` sits inside the claim subqueries, and the claim's outer `UPDATE`
+/// repeats the predicate, so a row changed since the snapshot is re-checked on its latest
+/// version before it is taken.
+const CYCLE_SQL: &str = r#"
+WITH member AS (
+    INSERT INTO nodes AS n (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at)
+    VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5 / 1000.0), now(), now())
+    ON CONFLICT (node_id) DO UPDATE
+       SET instance_id = excluded.instance_id,
+           platform    = excluded.platform,
+           capacity    = excluded.capacity,
+           lease_until = excluded.lease_until,
+           renewed_at  = excluded.renewed_at,
+           started_at  = CASE WHEN n.instance_id = excluded.instance_id
+                              THEN n.started_at ELSE excluded.started_at END
+     WHERE n.instance_id = excluded.instance_id OR n.lease_until < now()
+    RETURNING n.node_id
+),
+renewed AS (
+    UPDATE trading_accounts a
+       SET lease_until = now() + make_interval(secs => $5 / 1000.0),
+           owner_epoch = CASE WHEN a.owner_epoch = ANY ($6) AND a.lease_until >= now()
+                              THEN a.owner_epoch ELSE nextval('owner_epoch_seq') END,
+           claimed_at  = CASE WHEN a.owner_epoch = ANY ($6) AND a.lease_until >= now()
+                              THEN a.claimed_at ELSE now() END
+     WHERE a.node_id = $1
+       AND EXISTS (SELECT FROM member)
+    RETURNING a.id, a.owner_epoch, a.enabled AND a.platform = $3 AS wanted
+),
+room AS (
+    SELECT greatest($4 - count(*) FILTER (WHERE wanted), 0) AS n FROM renewed
+),
+free AS (
+    SELECT f.id FROM trading_accounts f
+     WHERE f.platform = $3 AND f.enabled AND f.node_id IS NULL
+       AND $7 AND EXISTS (SELECT FROM member)
+     ORDER BY f.id
+     LIMIT (SELECT n FROM room)
+       FOR UPDATE SKIP LOCKED
+),
+dead AS (
+    SELECT a.id FROM nodes d JOIN trading_accounts a ON a.node_id = d.node_id
+     WHERE d.lease_until < now() AND d.node_id <> $1
+       AND a.platform = $3 AND a.enabled AND a.lease_until < now()
+       AND $7 AND EXISTS (SELECT FROM member)
+     ORDER BY a.id
+     LIMIT (SELECT n FROM room)
+       FOR UPDATE OF a SKIP LOCKED
+),
+claimed AS (
+    UPDATE trading_accounts a
+       SET node_id     = $1,
+           lease_until = now() + make_interval(secs => $5 / 1000.0),
+           owner_epoch = nextval('owner_epoch_seq'),
+           claimed_at  = now()
+      FROM (SELECT id FROM free UNION SELECT id FROM dead
+             ORDER BY id LIMIT (SELECT n FROM room)) c
+     WHERE a.id = c.id AND a.platform = $3 AND a.enabled
+       AND (a.node_id IS NULL OR (a.node_id <> $1 AND a.lease_until < now()))
+    RETURNING a.id, a.owner_epoch
+)
+SELECT 'own' AS kind, id, owner_epoch, wanted, NULL::text AS name, NULL::bigint AS ms FROM renewed
+UNION ALL
+SELECT 'own', id, owner_epoch, true, NULL, NULL FROM claimed
+UNION ALL
+SELECT 'member', NULL, NULL, NULL, node_id, NULL FROM member
+UNION ALL
+SELECT 'conflict', NULL, NULL, NULL, c.instance_id,
+       greatest((extract(epoch FROM c.lease_until - now()) * 1000)::bigint, 0)
+  FROM nodes c WHERE c.node_id = $1 AND NOT EXISTS (SELECT FROM member)
+UNION ALL
+SELECT 'peer', NULL, NULL, NULL, p.node_id,
+       greatest((extract(epoch FROM p.lease_until - now()) * 1000)::bigint, 0)
+  FROM nodes p WHERE p.platform = $3 AND p.node_id <> $1 AND p.lease_until >= now()
+"#;
+
+/// Runs one lease cycle. The caller reads its monotonic `t0` before calling and trusts what
+/// this returns only until `t0 + lease - fence`, and only once this has returned (COMMIT
+/// acknowledged: the statement runs in autocommit).
+pub async fn cycle(conn: &mut PgConnection, p: &CycleParams<'_>) -> Result<CycleOutcome, sqlx::Error> {
+    let rows = sqlx::query(CYCLE_SQL)
+        .bind(p.node_id)
+        .bind(p.instance_id)
+        .bind(p.platform)
+        .bind(i32::try_from(p.capacity).unwrap_or(i32::MAX))
+        .bind(i64::try_from(p.lease.as_millis()).unwrap_or(i64::MAX))
+        .bind(p.held)
+        .bind(p.claim)
+        .fetch_all(conn)
+        .await?;
+    let mut out = CycleOutcome::default();
+    for row in rows {
+        let kind: &str = row.try_get("kind")?;
+        let ms = || -> Result<Duration, sqlx::Error> {
+            Ok(Duration::from_millis(row.try_get::<i64, _>("ms")?.max(0) as u64))
+        };
+        match kind {
+            "own" => out.owned.push(OwnedRow {
+                id: row.try_get("id")?,
+                epoch: row.try_get("owner_epoch")?,
+                wanted: row.try_get("wanted")?,
+            }),
+            "member" => out.member = true,
+            "conflict" => {
+                out.conflict = Some(Conflict {
+                    instance_id: row.try_get("name")?,
+                    expires_in: ms()?,
+                })
+            }
+            "peer" => out.peers.push(Peer {
+                node_id: row.try_get("name")?,
+                expires_in: ms()?,
+            }),
+            other => {
+                return Err(sqlx::Error::Protocol(format!("unexpected cycle row kind {other:?}")));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Releases rows this node owns at the given epochs (`node_id = NULL, lease_until = NULL`),
+/// recording `status`, and announces the release on [`RELEASED_CHANNEL`] in the same
+/// transaction so peers claim at once. Fenced by node and epoch: a row that was lost, or lost
+/// and re-claimed, is not touched. Returns the ids released.
+///
+/// Callers release only after the account's gate is closed and its in-flight work has finished.
+pub async fn release(
+    conn: &mut PgConnection,
+    node_id: &str,
+    epochs: &[i64],
+    status: &str,
+) -> Result<Vec<i64>, sqlx::Error> {
+    const SQL: &str = r#"
+WITH released AS (
+    UPDATE trading_accounts a
+       SET node_id = NULL, lease_until = NULL, status = $3, status_at = now()
+     WHERE a.node_id = $1 AND a.owner_epoch = ANY ($2)
+    RETURNING a.id, a.platform
+)
+SELECT id FROM released
+UNION ALL
+SELECT NULL FROM (SELECT pg_notify($4, platform) FROM (SELECT DISTINCT platform FROM released) p) n
+"#;
+    let rows = sqlx::query(SQL)
+        .bind(node_id)
+        .bind(epochs)
+        .bind(status)
+        .bind(RELEASED_CHANNEL)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .filter_map(|r| r.try_get::<Option<i64>, _>("id").transpose())
+        .collect()
+}
+
+/// What leaving the cluster did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaveOutcome {
+    pub released: Vec<i64>,
+    /// The membership row was deleted (it is kept while any row still names this node, e.g. an
+    /// account whose task did not stop in time: that row then moves when its lease expires).
+    pub left: bool,
+}
+
+/// Clean shutdown in one statement: release the given epochs, delete this instance's
+/// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`].
+pub async fn leave(
+    conn: &mut PgConnection,
+    node_id: &str,
+    instance_id: &str,
+    platform: &str,
+    epochs: &[i64],
+) -> Result<LeaveOutcome, sqlx::Error> {
+    const SQL: &str = r#"
+WITH released AS (
+    UPDATE trading_accounts a
+       SET node_id = NULL, lease_until = NULL, status = 'released: node shut down', status_at = now()
+     WHERE a.node_id = $1 AND a.owner_epoch = ANY ($3)
+    RETURNING a.id
+),
+gone AS (
+    DELETE FROM nodes n
+     WHERE n.node_id = $1 AND n.instance_id = $2
+       AND NOT EXISTS (SELECT FROM trading_accounts a
+                        WHERE a.node_id = $1 AND a.id NOT IN (SELECT id FROM released))
+    RETURNING n.node_id
+)
+SELECT 'released' AS kind, id FROM released
+UNION ALL
+SELECT 'left', NULL FROM gone
+UNION ALL
+SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4)) n
+"#;
+    let rows = sqlx::query(SQL)
+        .bind(node_id)
+        .bind(instance_id)
+        .bind(epochs)
+        .bind(platform)
+        .bind(RELEASED_CHANNEL)
+        .fetch_all(conn)
+        .await?;
+    let mut out = LeaveOutcome::default();
+    for row in rows {
+        match row.try_get::<&str, _>("kind")? {
+            "released" => out.released.push(row.try_get("id")?),
+            "left" => out.left = true,
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes memberships that expired over an hour ago and name no account: nodes that crashed
+/// and whose accounts all moved (pod names change on every restart under Kubernetes). Kept an
+/// hour so `copier-node status` shows recently dead nodes. Returns how many went.
+pub async fn forget_dead_nodes(conn: &mut PgConnection, platform: &str) -> Result<u64, sqlx::Error> {
+    const SQL: &str = r#"
+DELETE FROM nodes g
+ WHERE g.platform = $1 AND g.lease_until < now() - interval '1 hour'
+   AND NOT EXISTS (SELECT FROM trading_accounts a WHERE a.node_id = g.node_id)
+"#;
+    Ok(sqlx::query(SQL).bind(platform).execute(conn).await?.rows_affected())
+}

@@ -1,0 +1,112 @@
+//! Database access: connection settings, migrations, and one module per concern, each holding
+//! every SQL statement of that concern as a documented function.
+//!
+//! Statements are plain `sqlx::query` with runtime binding; every statement is exercised by the
+//! integration tests against a real PostgreSQL.
+
+pub mod lease;
+pub mod migrate;
+pub mod status;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use crate::config::Secret;
+
+/// The channel on which a node announces released accounts; the payload is the platform.
+pub const RELEASED_CHANNEL: &str = "copier_released";
+
+/// Server-side bounds every connection of a running node sets (SPEC S1), derived from the fence
+/// so a stalled client can never hold row locks anywhere near as long as the fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionBounds {
+    /// `statement_timeout`: a third of the fence.
+    pub statement: Duration,
+    /// `lock_timeout`: a fifth of the fence; a cycle never queues behind a stuck lock for long.
+    pub lock: Duration,
+    /// `idle_in_transaction_session_timeout`: a third of the fence. The cycle is one autocommit
+    /// statement, so a node is never idle inside a transaction of its own; this catches any
+    /// future multi-statement transaction whose client stalls.
+    pub idle_in_transaction: Duration,
+}
+
+impl SessionBounds {
+    /// Bounds for a node whose fence is `fence` (at least 1 ms each).
+    pub fn for_fence(fence: Duration) -> Self {
+        let at_least = |d: Duration| d.max(Duration::from_millis(1));
+        SessionBounds {
+            statement: at_least(fence / 3),
+            lock: at_least(fence / 5),
+            idle_in_transaction: at_least(fence / 3),
+        }
+    }
+}
+
+/// Connection options for a running node: the bounds above, `synchronous_commit = on` (an
+/// acknowledged renewal or claim must survive a database restart), and an application name that
+/// shows the node in `pg_stat_activity`. All sent in the startup packet: no extra round trip.
+pub fn node_options(url: &Secret, node_id: &str, bounds: SessionBounds) -> Result<PgConnectOptions, sqlx::Error> {
+    let ms = |d: Duration| d.as_millis().to_string();
+    Ok(PgConnectOptions::from_str(url.expose())?
+        .application_name(&format!("copier-node {node_id}"))
+        .options([
+            ("statement_timeout", ms(bounds.statement)),
+            ("lock_timeout", ms(bounds.lock)),
+            ("idle_in_transaction_session_timeout", ms(bounds.idle_in_transaction)),
+            ("synchronous_commit", "on".to_string()),
+        ]))
+}
+
+/// Options for administrative commands (`migrate`, `status`): no short timeouts, because a
+/// migration's advisory lock and index builds may take longer than any fence.
+pub fn admin_options(url: &Secret) -> Result<PgConnectOptions, sqlx::Error> {
+    Ok(PgConnectOptions::from_str(url.expose())?.application_name("copier-node admin"))
+}
+
+/// A small pool for a node's non-cycle work (status writes, releases); connects lazily.
+pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(4)
+        .min_connections(0)
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy_with(options)
+}
+
+/// Describes a database error without the connection string (which may carry a password).
+pub fn describe(err: &sqlx::Error) -> String {
+    match err {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_string(),
+        },
+        sqlx::Error::PoolTimedOut => "timed out waiting for a database connection".to_string(),
+        sqlx::Error::Io(io) => format!("database connection failed: {io}"),
+        sqlx::Error::Configuration(_) => "invalid database URL".to_string(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_well_below_the_fence() {
+        let b = SessionBounds::for_fence(Duration::from_secs(15));
+        assert_eq!(b.statement, Duration::from_secs(5));
+        assert_eq!(b.lock, Duration::from_secs(3));
+        assert!(b.idle_in_transaction < Duration::from_secs(15));
+        let tiny = SessionBounds::for_fence(Duration::from_millis(2));
+        assert!(tiny.statement >= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn configuration_errors_do_not_echo_the_url() {
+        let err = node_options(&Secret::new("postgres://u:hunter2@h:notaport/db"), "n", SessionBounds::for_fence(Duration::from_secs(1)))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(!describe(&err).contains("hunter2"));
+    }
+}

@@ -1,0 +1,388 @@
+//! The lease loop: one cycle statement per period, the node's trust deadline, and the order in
+//! which a confirmed cycle reaches the account gates.
+//!
+//! Per cycle: read `t0` (monotonic) -> run the cycle statement under a bound -> on the
+//! acknowledged result, hand it to the supervisor, which closes the gates of accounts no longer
+//! owned and extends the others to `t0 + lease - fence`. A failed cycle extends nothing: the
+//! gates close at their deadline whatever the database does, and reopen only after a successful
+//! renewal. Peers' membership expiries schedule an extra claim for the moment their leases end
+//! (failover at expiry), and a peer's release announcement triggers a claim at once (handoff).
+
+pub mod gate;
+pub mod trust;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgConnection};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{NodeConfig, show};
+use crate::db;
+use crate::db::lease::{CycleOutcome, CycleParams};
+use crate::supervisor::{Event, Supervisor};
+
+/// How long a shutdown waits for account tasks to finish their work in flight before it
+/// releases what has stopped and exits. Deployments give the process longer than this to stop
+/// (systemd `TimeoutStopSec`, Kubernetes `terminationGracePeriodSeconds`).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Added to a peer's membership expiry before claiming its rows: the claim needs
+/// `lease_until < now()` on the database's clock, and the expiry was read mid-statement.
+const EXPIRY_SLACK: Duration = Duration::from_millis(25);
+
+/// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
+const JITTER: f64 = 0.2;
+
+/// The node as its observers (tests, health endpoints, logs) see it.
+#[derive(Debug, Clone, Default)]
+pub struct NodeState {
+    pub node_id: String,
+    pub instance_id: String,
+    pub phase: Phase,
+    /// Successful cycles so far.
+    pub cycles: u64,
+    /// Failed cycles so far.
+    pub failed_cycles: u64,
+    /// The node's trust deadline from its last confirmed cycle.
+    pub trusted_until: Option<Instant>,
+    /// Accounts with a live session: id -> epoch.
+    pub owned: Arc<BTreeMap<i64, i64>>,
+    /// The last cycle failure, until a cycle succeeds.
+    pub last_error: Option<String>,
+}
+
+impl NodeState {
+    /// True while the node holds a confirmed lease cycle (readiness).
+    pub fn trusted(&self) -> bool {
+        self.trusted_until.is_some_and(|d| trust::holds(Instant::now(), d))
+    }
+}
+
+/// Where the node is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Phase {
+    #[default]
+    Starting,
+    /// Another instance holds this node id; waiting for its membership to expire.
+    WaitingForNodeId,
+    Running,
+    Draining,
+    Stopped,
+}
+
+/// Why a node stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(
+        "node id `{node_id}` is in use by another live process (instance {other}): its membership was still being renewed after this process waited a full lease ({lease}); exiting having taken nothing. Give every replica a distinct node_id (e.g. the pod name, or copier-node@<n>)"
+    )]
+    NodeIdInUse {
+        node_id: String,
+        other: String,
+        lease: String,
+    },
+    #[error(
+        "node id `{node_id}` was taken over by another instance ({other}) while this process could not renew its membership; exiting without touching its accounts (the other instance re-claims them with new epochs)"
+    )]
+    NodeIdTakenOver { node_id: String, other: String },
+}
+
+/// Everything the loop needs; built by the app.
+pub struct LeaseLoop {
+    pub node: NodeConfig,
+    pub instance_id: String,
+    pub connect: PgConnectOptions,
+    pub supervisor: Supervisor,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub wake: Arc<Notify>,
+    pub state: watch::Sender<NodeState>,
+}
+
+/// Mutable bookkeeping of a running loop.
+struct Run {
+    conn: Option<PgConnection>,
+    /// Epochs of every row the last confirmed cycle returned (renewed as they are next time).
+    held: Vec<i64>,
+    /// Rows wanted by this node after the last cycle (counts against capacity).
+    wanted: usize,
+    deadline: Option<Instant>,
+    last_ack: Option<Instant>,
+    lapse_logged: bool,
+    member_ever: bool,
+    conflict_since: Option<Instant>,
+    failures: u32,
+    draining: Option<Instant>,
+}
+
+impl LeaseLoop {
+    /// Runs until `shutdown` fires and the node has released what it holds, or until the node id
+    /// turns out to belong to another live process.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), NodeError> {
+        let mut run = Run {
+            conn: None,
+            held: Vec::new(),
+            wanted: 0,
+            deadline: None,
+            last_ack: None,
+            lapse_logged: false,
+            member_ever: false,
+            conflict_since: None,
+            failures: 0,
+            draining: None,
+        };
+        let mut next = Instant::now();
+        loop {
+            let lapse_at = run.deadline.filter(|_| !run.lapse_logged);
+            let far = Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled(), if run.draining.is_none() => {
+                    info!(accounts = self.supervisor.owned().len(), "shutdown requested: closing every gate, stopping account sessions, then releasing");
+                    self.supervisor.begin_shutdown();
+                    run.draining = Some(Instant::now() + SHUTDOWN_GRACE);
+                    self.publish(&run, |s| s.phase = Phase::Draining);
+                }
+                Some(event) = self.events.recv() => {
+                    self.supervisor.handle(event);
+                    self.publish(&run, |_| {});
+                }
+                _ = sleep_until(lapse_at.unwrap_or(far)), if lapse_at.is_some() => {
+                    run.lapse_logged = true;
+                    let since = run.last_ack.map(|a| a.elapsed().as_secs_f64()).unwrap_or_default();
+                    warn!(accounts = self.supervisor.owned().len(), seconds_since_confirmed_renewal = format!("{since:.1}"), "gate closed: lease trust lapsed; no order is sent until a renewal succeeds");
+                    self.publish(&run, |_| {});
+                }
+                _ = sleep_until(run.draining.unwrap_or(far)), if run.draining.is_some() => {
+                    warn!(unfinished = self.supervisor.unfinished_epochs().len(), "shutdown grace ran out: releasing the accounts whose sessions stopped; the rest move when their leases expire");
+                    break;
+                }
+                _ = sleep_until(next) => {
+                    next = self.cycle(&mut run).await?;
+                }
+                _ = self.wake.notified(), if run.draining.is_none() => {
+                    debug!("release announced by a peer (or listener reconnected): claiming now");
+                    next = Instant::now();
+                }
+            }
+            if run.draining.is_some() && self.supervisor.is_idle() {
+                break;
+            }
+        }
+        self.leave(&mut run).await;
+        self.publish(&run, |s| s.phase = Phase::Stopped);
+        Ok(())
+    }
+
+    /// Runs one cycle and returns when the next one is due.
+    async fn cycle(&mut self, run: &mut Run) -> Result<Instant, NodeError> {
+        let lease = self.node.lease;
+        let window = lease.saturating_sub(self.node.fence);
+        let t0 = Instant::now();
+        // While trusted, no cycle may run past the trust deadline; while gated, a full window.
+        let bound = match run.deadline {
+            Some(d) if trust::holds(t0, d) => (d - t0).min(window),
+            _ => window,
+        };
+        let params = CycleParams {
+            node_id: &self.node.node_id,
+            instance_id: &self.instance_id,
+            platform: &self.node.platform,
+            capacity: self.node.capacity,
+            lease,
+            held: &run.held,
+            claim: run.draining.is_none(),
+        };
+        let connect = &self.connect;
+        let conn_slot = &mut run.conn;
+        let result = timeout(bound, async {
+            if conn_slot.is_none() {
+                *conn_slot = Some(connect.connect().await?);
+            }
+            let conn = conn_slot.as_mut().expect("connected above");
+            db::lease::cycle(conn, &params).await
+        })
+        .await;
+        let acknowledged = Instant::now();
+        let outcome = match result {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => return Ok(self.failed(run, db::describe(&e))),
+            Err(_) => {
+                return Ok(self.failed(
+                    run,
+                    format!("no answer within {} (connection dropped)", show(bound)),
+                ));
+            }
+        };
+        if !outcome.member {
+            return self.conflict(run, &outcome, acknowledged);
+        }
+        let deadline = trust::deadline(t0, lease, self.node.fence);
+        if run.failures > 0 || run.lapse_logged {
+            let since = run.last_ack.map(|a| (acknowledged - a).as_secs_f64()).unwrap_or_default();
+            info!(seconds_since_previous_renewal = format!("{since:.1}"), failed_cycles = run.failures, "lease cycle succeeded again");
+        }
+        if !run.member_ever {
+            info!(instance_id = %self.instance_id, "joined the cluster (membership registered)");
+        }
+        run.member_ever = true;
+        run.conflict_since = None;
+        run.failures = 0;
+        run.lapse_logged = false;
+        run.last_ack = Some(acknowledged);
+        // Gates first (the supervisor closes what is no longer ours), then the node's deadline.
+        self.supervisor.apply(&outcome.owned, acknowledged, deadline);
+        run.deadline = Some(deadline);
+        run.held = outcome.owned.iter().map(|r| r.epoch).collect();
+        run.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
+        let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
+        debug!(owned = run.wanted, cycle_ms = format!("{cycle_ms:.2}"), "lease cycle");
+        self.publish(run, |s| {
+            s.phase = if run.draining.is_some() { Phase::Draining } else { Phase::Running };
+            s.cycles += 1;
+            s.last_error = None;
+        });
+        Ok(self.schedule(run, t0, acknowledged, &outcome))
+    }
+
+    /// When the next cycle runs: a jittered period after `t0`, or earlier if a peer's membership
+    /// (and so every lease it holds) expires before that and this node has room to claim.
+    fn schedule(&self, run: &Run, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
+        let period = self.node.cycle.mul_f64(1.0 - JITTER * fastrand::f64());
+        let mut next = t0 + period;
+        let room = (self.node.capacity as usize).saturating_sub(run.wanted) > 0;
+        if room && run.draining.is_none() {
+            for peer in &outcome.peers {
+                let at = acknowledged + peer.expires_in + EXPIRY_SLACK;
+                if at < next {
+                    info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");
+                    next = at;
+                }
+            }
+        }
+        next
+    }
+
+    fn failed(&mut self, run: &mut Run, reason: String) -> Instant {
+        run.conn = None;
+        run.failures += 1;
+        let backoff = retry_delay(run.failures, self.node.cycle);
+        let trusted = run.deadline.is_some_and(|d| trust::holds(Instant::now(), d));
+        warn!(error = %reason, attempt = run.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");
+        self.publish(run, |s| {
+            s.failed_cycles += 1;
+            s.last_error = Some(reason.clone());
+        });
+        Instant::now() + backoff
+    }
+
+    /// The membership upsert did not match: another live instance holds this node id.
+    fn conflict(&mut self, run: &mut Run, outcome: &CycleOutcome, acknowledged: Instant) -> Result<Instant, NodeError> {
+        let (other, expires_in) = outcome
+            .conflict
+            .as_ref()
+            .map(|c| (c.instance_id.clone(), c.expires_in))
+            .unwrap_or_else(|| ("unknown".into(), Duration::ZERO));
+        if run.member_ever {
+            error!(other_instance = %other, "this node's membership was taken over by another instance");
+            self.supervisor.begin_shutdown();
+            return Err(NodeError::NodeIdTakenOver {
+                node_id: self.node.node_id.clone(),
+                other,
+            });
+        }
+        let since = *run.conflict_since.get_or_insert(acknowledged);
+        // A crashed predecessor's membership expires within one lease of the first sighting;
+        // one more cycle of margin covers a slow statement. Still held then: a live duplicate.
+        if acknowledged - since >= self.node.lease + self.node.cycle {
+            return Err(NodeError::NodeIdInUse {
+                node_id: self.node.node_id.clone(),
+                other,
+                lease: show(self.node.lease),
+            });
+        }
+        warn!(other_instance = %other, expires_in_ms = expires_in.as_millis() as u64, "node id is held by another instance (a crashed predecessor, or a live duplicate): waiting for its membership to expire; taking nothing meanwhile");
+        self.publish(run, |s| s.phase = Phase::WaitingForNodeId);
+        let retry = (expires_in + EXPIRY_SLACK).min(self.node.cycle);
+        Ok(acknowledged + retry)
+    }
+
+    /// Releases every row whose task has returned, deletes the membership (if nothing else
+    /// names the node) and announces it, so peers claim at once.
+    async fn leave(&mut self, run: &mut Run) {
+        let unfinished = self.supervisor.unfinished_epochs();
+        let epochs: Vec<i64> = run.held.iter().copied().filter(|e| !unfinished.contains(e)).collect();
+        let kept: HashSet<i64> = run.held.iter().copied().filter(|e| unfinished.contains(e)).collect();
+        let mut delay = Duration::from_millis(100);
+        let give_up = Instant::now() + self.node.lease.saturating_sub(self.node.fence);
+        loop {
+            let attempt = timeout(self.node.fence, async {
+                if run.conn.is_none() {
+                    run.conn = Some(self.connect.connect().await?);
+                }
+                let conn = run.conn.as_mut().expect("connected above");
+                db::lease::leave(conn, &self.node.node_id, &self.instance_id, &self.node.platform, &epochs).await
+            })
+            .await;
+            match attempt {
+                Ok(Ok(out)) => {
+                    info!(released = out.released.len(), kept = kept.len(), left = out.left, "released accounts and left the cluster");
+                    return;
+                }
+                Ok(Err(e)) => {
+                    run.conn = None;
+                    warn!(error = %db::describe(&e), "release at shutdown failed");
+                }
+                Err(_) => {
+                    run.conn = None;
+                    warn!("release at shutdown timed out");
+                }
+            }
+            if Instant::now() + delay >= give_up {
+                error!(accounts = epochs.len(), "could not release at shutdown: the accounts move to other nodes when their leases expire");
+                return;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    fn publish(&self, run: &Run, change: impl FnOnce(&mut NodeState)) {
+        let owned = Arc::new(self.supervisor.owned());
+        self.state.send_modify(|s| {
+            s.trusted_until = run.deadline;
+            s.owned = owned;
+            change(s);
+        });
+    }
+}
+
+/// Delay before retrying after the n-th consecutive failed cycle (n >= 1): from a tenth of the
+/// period, doubling, capped at one period.
+pub fn retry_delay(failures: u32, cycle: Duration) -> Duration {
+    let first = (cycle / 10).max(Duration::from_millis(10));
+    first
+        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
+        .min(cycle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_to_one_cycle() {
+        let cycle = Duration::from_secs(20);
+        assert_eq!(retry_delay(1, cycle), Duration::from_secs(2));
+        assert_eq!(retry_delay(2, cycle), Duration::from_secs(4));
+        assert_eq!(retry_delay(4, cycle), Duration::from_secs(16));
+        assert_eq!(retry_delay(5, cycle), cycle);
+        assert_eq!(retry_delay(500, cycle), cycle);
+        assert_eq!(retry_delay(1, Duration::from_millis(50)), Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,50 @@
+//! # copier-node
+//!
+//! The headless node of a cloud trade copier. N identical replicas share the trading accounts of
+//! one platform through two columns on the account row (`node_id`, `lease_until`) and one
+//! `FOR UPDATE SKIP LOCKED` statement per lease cycle; no coordination service, no per-node
+//! configuration.
+//!
+//! ## Crate map
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`cli`], [`config`] | the command line and the layered configuration (file < env < flags), validated with located errors |
+//! | [`telemetry`] | text or JSON log lines; every line carries `node_id`, and `account_id` where it concerns one |
+//! | [`app`] | wiring: waits for the database, checks migrations, starts the tasks below, runs until shutdown |
+//! | [`db`] | connection bounds, embedded migrations, and every SQL statement, one module per concern |
+//! | [`lease`] | the lease loop, the pure trust computation ([`lease::trust`]) and the per-(account, epoch) gate ([`lease::gate`]) |
+//! | [`supervisor`] | one task per owned (account, epoch): start on claim, stop on loss, release after stop |
+//! | [`account`] | the account task and the context it acts through (gate, epoch, fenced status) |
+//! | [`status_writer`] | batched status writes fenced by (node, epoch); reports rows found lost |
+//! | [`listener`] | LISTEN for peers' release announcements (instant handoff) |
+//! | [`shutdown`] | SIGTERM / SIGINT |
+//! | [`pgtmp`] | throwaway PostgreSQL clusters for tests and the demo |
+//!
+//! ## How a claimed lease becomes a running account session
+//!
+//! 1. Every cycle the lease loop reads a monotonic `t0`, then runs one statement
+//!    ([`db::lease::cycle`]) that renews the node's membership and its rows and claims free or
+//!    expired rows up to its capacity, each claim with a fresh `owner_epoch` from a global
+//!    sequence.
+//! 2. When the statement is acknowledged, the supervisor gets the rows the node owns. Rows no
+//!    longer owned (or owned at a new epoch) have their gates closed first; rows still owned at
+//!    the same epoch get the deadline `t0 + lease - fence`; new (account, epoch) pairs get a new
+//!    gate and a new task.
+//! 3. The task acts only while [`lease::gate::AccountGate::holds`] says so, fences every write
+//!    with its epoch, and reconciles after its trust lapsed and came back.
+//! 4. On release (disable, shutdown) the gate closes, the task finishes its work in flight, and
+//!    only then is the row released and the release announced, so peers claim at once.
+
+pub mod account;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod lease;
+pub mod listener;
+pub mod pgtmp;
+pub mod shutdown;
+pub mod status_writer;
+pub mod supervisor;
+pub mod telemetry;

@@ -1,0 +1,99 @@
+//! The thin edge: parse the command line, load the configuration, start telemetry, run the
+//! command until it finishes or a shutdown signal arrives, and report the error chain.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use copier_node::cli::{Cli, Command, DbArgs, RunArgs};
+use copier_node::config::{Config, Layers};
+use copier_node::telemetry::{self, Output};
+use copier_node::{app, db, shutdown};
+
+/// Exit code for configuration errors (as for command-line usage errors).
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Run(args) => runtime.block_on(run(args)),
+        Command::Migrate(args) => runtime.block_on(migrate(args)),
+    }
+}
+
+fn load(config: Option<&std::path::Path>, flags: &[(&'static str, Option<String>)]) -> Result<(Config, Vec<String>), ExitCode> {
+    let loaded = Layers::load(config, std::env::vars(), flags).and_then(|l| {
+        let config = l.resolve()?;
+        Ok((config, l.ignored_env))
+    });
+    loaded.map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    let (config, ignored) = match load(args.db.config.as_deref(), &args.flags()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Err(e) = config.node() {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    telemetry::init(config.log_format, Output::Stdout);
+    for var in ignored {
+        tracing::warn!(variable = %var, "ignoring environment variable: it names no configuration key");
+    }
+    let options = app::RunOptions { migrate: args.migrate };
+    match app::run(config, options, shutdown::signal_received()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate(args: DbArgs) -> ExitCode {
+    let (config, _) = match load(args.config.as_deref(), &args.flags()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init(config.log_format, Output::Stderr);
+    match migrate_database(&config).await {
+        Ok(applied) if applied.is_empty() => {
+            println!("no pending migrations");
+            ExitCode::SUCCESS
+        }
+        Ok(applied) => {
+            let list: Vec<String> = applied.iter().map(i64::to_string).collect();
+            println!("applied migrations: {}", list.join(", "));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate_database(config: &Config) -> anyhow::Result<Vec<i64>> {
+    use anyhow::Context;
+    use sqlx::{ConnectOptions, Connection};
+    let options = db::admin_options(&config.database_url).context("invalid `database_url`")?;
+    let mut conn = options
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to the database: {}", db::describe(&e)))?;
+    let applied = db::migrate::apply(&mut conn).await.context("applying migrations")?;
+    let _ = conn.close().await;
+    Ok(applied)
+}

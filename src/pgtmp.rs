@@ -1,0 +1,212 @@
+//! Throwaway PostgreSQL clusters from the machine's server binaries, for the tests and the demo.
+//!
+//! As root, PostgreSQL refuses to run, so every server command runs as the `postgres` user
+//! (`runuser -u postgres -- ...`) and the data directory is handed to that user. The cluster is
+//! tuned for throwaway use (no fsync: a crash of the machine, not of PostgreSQL, may lose it).
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+
+/// Where PostgreSQL's server binaries are.
+#[derive(Debug, Clone)]
+pub struct PgBinaries {
+    bindir: PathBuf,
+}
+
+impl PgBinaries {
+    /// Finds `initdb` and friends: `$PG_BIN`, then the newest `/usr/lib/postgresql/<v>/bin`
+    /// (Debian, Ubuntu), then `PATH`. The error says what to install.
+    pub fn find() -> anyhow::Result<Self> {
+        if let Some(dir) = std::env::var_os("PG_BIN") {
+            let bindir = PathBuf::from(dir);
+            if bindir.join("initdb").is_file() {
+                return Ok(PgBinaries { bindir });
+            }
+            bail!("PG_BIN={} has no initdb", bindir.display());
+        }
+        let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let v = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+                let bin = e.path().join("bin");
+                bin.join("initdb").is_file().then_some((v, bin))
+            })
+            .collect();
+        versions.sort();
+        if let Some((_, bindir)) = versions.pop() {
+            return Ok(PgBinaries { bindir });
+        }
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+                    return Ok(PgBinaries { bindir: dir });
+                }
+            }
+        }
+        bail!(
+            "PostgreSQL's server binaries (initdb, pg_ctl, postgres) were not found in $PG_BIN, /usr/lib/postgresql/*/bin or PATH: install them (Debian/Ubuntu: `apt-get install postgresql`), or set DATABASE_URL to a server you have"
+        )
+    }
+
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.bindir.join(name)
+    }
+}
+
+/// True when this process runs as root (PostgreSQL must then run as `postgres`).
+pub fn running_as_root() -> bool {
+    // The effective uid of this process is the owner of /proc/self.
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// A command that runs `program` as the user PostgreSQL must run as.
+pub fn as_postgres(program: &Path) -> Command {
+    if running_as_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn postgres_ids() -> anyhow::Result<(u32, u32)> {
+    let id = |flag: &str| -> anyhow::Result<u32> {
+        let out = Command::new("id").args([flag, "postgres"]).output().context("running `id postgres`")?;
+        if !out.status.success() {
+            bail!("running as root, but there is no `postgres` user to run PostgreSQL as (install the postgresql package, or create the user)");
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+    };
+    Ok((id("-u")?, id("-g")?))
+}
+
+/// Makes `dir` (created if missing) usable by the user PostgreSQL runs as.
+pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if running_as_root() {
+        let (uid, gid) = postgres_ids()?;
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).with_context(|| format!("handing {} to postgres", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// A cluster whose data lives in `<root>/data`, with its socket and log in `<root>`.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub root: PathBuf,
+    pub port: u16,
+    bins: PgBinaries,
+}
+
+impl Cluster {
+    /// Runs `initdb` into `<root>/data` (trust authentication on loopback only).
+    pub fn init(bins: &PgBinaries, root: &Path) -> anyhow::Result<()> {
+        prepare_dir(root)?;
+        let data = root.join("data");
+        let out = as_postgres(&bins.tool("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .stdin(Stdio::null())
+            .output()
+            .context("running initdb")?;
+        if !out.status.success() {
+            bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    }
+
+    /// Starts the cluster at `<root>` on a free loopback port and waits until it accepts
+    /// connections.
+    pub fn start(bins: &PgBinaries, root: &Path) -> anyhow::Result<Self> {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port()?;
+            let cluster = Cluster {
+                root: root.to_path_buf(),
+                port,
+                bins: bins.clone(),
+            };
+            match cluster.pg_ctl_start() {
+                Ok(()) => return Ok(cluster),
+                Err(e) => last = format!("{e:#}"),
+            }
+        }
+        bail!("could not start PostgreSQL: {last}")
+    }
+
+    /// The cluster at `<root>` already running on `port` (started by another process).
+    pub fn attach(bins: &PgBinaries, root: &Path, port: u16) -> Self {
+        Cluster {
+            root: root.to_path_buf(),
+            port,
+            bins: bins.clone(),
+        }
+    }
+
+    fn pg_ctl_start(&self) -> anyhow::Result<()> {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=400 -c shared_buffers=128MB",
+            self.port,
+            self.root.display()
+        );
+        let out = as_postgres(&self.bins.tool("pg_ctl"))
+            .arg("-D")
+            .arg(self.root.join("data"))
+            .arg("-l")
+            .arg(self.root.join("postgres.log"))
+            .args(["-o", &opts, "-w", "-t", "60", "start"])
+            .stdin(Stdio::null())
+            .output()
+            .context("running pg_ctl start")?;
+        if !out.status.success() {
+            let log = fs::read_to_string(self.root.join("postgres.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            bail!(
+                "pg_ctl start failed: {} {}",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops the server: `mode` is `smart`, `fast` or `immediate`.
+    pub fn stop(&self, mode: &str) -> anyhow::Result<()> {
+        let out = self.stop_command(mode).output().context("running pg_ctl stop")?;
+        if !out.status.success() {
+            bail!("pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    }
+
+    /// The `pg_ctl stop` command line, for callers that run it elsewhere (a watchdog).
+    pub fn stop_command(&self, mode: &str) -> Command {
+        let mut c = as_postgres(&self.bins.tool("pg_ctl"));
+        c.arg("-D").arg(self.root.join("data")).args(["-m", mode, "-w", "stop"]).stdin(Stdio::null());
+        c
+    }
+
+    /// Starts the server again on the same port (after [`Cluster::stop`]).
+    pub fn restart(&self) -> anyhow::Result<()> {
+        self.pg_ctl_start()
+    }
+
+    /// A connection URL for database `db` as the superuser `postgres`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}

@@ -1,0 +1,354 @@
+//! The supervisor: one task per owned (account, epoch), started on claim and stopped when the
+//! account leaves the node's read-back set, is disabled, changes epoch, or a fenced write finds
+//! it lost.
+//!
+//! Every stop closes the account's gate first (synchronously, inside [`Supervisor::apply`], before
+//! any other account's deadline is extended), then cancels the task and waits for it to return
+//! (its work in flight finishes), and only then, if the row is still ours, releases it. The lease
+//! loop owns the supervisor and feeds it cycle results and [`Event`]s; nothing here blocks it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::account::{self, AccountContext};
+use crate::db;
+use crate::db::lease::OwnedRow;
+use crate::lease::gate::AccountGate;
+use crate::lease::trust::MonoBase;
+use crate::status_writer::{Lost, StatusWriter};
+
+/// First delay before restarting an account task that failed by itself; doubles per failure.
+const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest delay between restarts of a failing account task (no crash loop, no busy loop).
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// What the node shares with the supervisor.
+#[derive(Debug, Clone)]
+pub struct NodeShared {
+    pub node_id: String,
+    pub pool: PgPool,
+    pub status: StatusWriter,
+    pub base: MonoBase,
+    pub tracker: TaskTracker,
+}
+
+/// Things that happen to accounts outside a cycle; the lease loop passes them to [`Supervisor::handle`].
+#[derive(Debug)]
+pub enum Event {
+    /// The task of (account, epoch) returned; `error` is set if it failed or panicked.
+    Exited {
+        account_id: i64,
+        epoch: i64,
+        error: Option<String>,
+    },
+    /// A release of (account, epoch) finished (or gave up; the next cycle retries it).
+    Released { account_id: i64, epoch: i64 },
+    /// Time to restart a task that failed by itself.
+    Restart { account_id: i64, epoch: i64 },
+    /// The status writer found (account, epoch) no longer ours.
+    Lost(Lost),
+}
+
+#[derive(Debug)]
+struct Active {
+    epoch: i64,
+    gate: Arc<AccountGate>,
+    cancel: CancellationToken,
+    /// The task is not running: it failed and waits for its restart.
+    parked: bool,
+    failures: u32,
+}
+
+#[derive(Debug)]
+struct Stopping {
+    /// Release the row once the task has returned, with this status text.
+    release: Option<&'static str>,
+    since: Instant,
+}
+
+/// Owns the account tasks of one node.
+#[derive(Debug)]
+pub struct Supervisor {
+    shared: NodeShared,
+    events: mpsc::UnboundedSender<Event>,
+    active: HashMap<i64, Active>,
+    stopping: HashMap<(i64, i64), Stopping>,
+    releasing: HashSet<(i64, i64)>,
+    shutting_down: bool,
+}
+
+impl Supervisor {
+    pub fn new(shared: NodeShared, events: mpsc::UnboundedSender<Event>) -> Self {
+        Supervisor {
+            shared,
+            events,
+            active: HashMap::new(),
+            stopping: HashMap::new(),
+            releasing: HashSet::new(),
+            shutting_down: false,
+        }
+    }
+
+    /// Applies a confirmed cycle: `owned` is everything the database says this node owns,
+    /// `acknowledged` when the cycle's COMMIT was acknowledged and `deadline` its trust deadline.
+    /// Gates of accounts no longer owned (or owned at a new epoch) close before this returns.
+    pub fn apply(&mut self, owned: &[OwnedRow], acknowledged: Instant, deadline: Instant) {
+        let mut seen = HashSet::with_capacity(owned.len());
+        for row in owned {
+            seen.insert(row.id);
+            let key = (row.id, row.epoch);
+            if self.stopping.contains_key(&key) || self.releasing.contains(&key) {
+                continue;
+            }
+            match self.active.get(&row.id) {
+                Some(a) if a.epoch == row.epoch => {
+                    if row.wanted && !self.shutting_down {
+                        if a.gate.renew(acknowledged, deadline) {
+                            info!(account_id = row.id, epoch = row.epoch, "lease trust restored for the account after a lapse; it reconciles before acting");
+                        }
+                    } else if row.wanted {
+                        // Shutting down: the gate stays closed; the row is released at the end.
+                    } else {
+                        info!(account_id = row.id, epoch = row.epoch, "account disabled or moved to another platform: closing its gate and releasing it");
+                        self.stop(row.id, Some("released: disabled"));
+                    }
+                    continue;
+                }
+                Some(a) => {
+                    info!(account_id = row.id, old_epoch = a.epoch, epoch = row.epoch, "account re-claimed with a new epoch (its earlier lease had expired): restarting its session");
+                    self.stop(row.id, None);
+                }
+                None => {}
+            }
+            if row.wanted && !self.shutting_down {
+                self.start(row.id, row.epoch, deadline);
+            } else if !row.wanted {
+                info!(account_id = row.id, epoch = row.epoch, "owned account is disabled or on another platform: releasing it");
+                self.release(row.id, row.epoch, "released: disabled");
+            }
+        }
+        let lost: Vec<i64> = self.active.keys().filter(|id| !seen.contains(id)).copied().collect();
+        for id in lost {
+            warn!(account_id = id, epoch = self.active[&id].epoch, "account lost: no longer owned by this node; closing its gate and stopping its session");
+            self.stop(id, None);
+        }
+    }
+
+    /// Handles an event from a task, a release or the status writer.
+    pub fn handle(&mut self, event: Event) {
+        match event {
+            Event::Exited { account_id, epoch, error } => {
+                if let Some(stop) = self.stopping.remove(&(account_id, epoch)) {
+                    info!(account_id, epoch, stopped_in_ms = stop.since.elapsed().as_millis() as u64, "account session stopped");
+                    if let Some(status) = stop.release {
+                        self.release(account_id, epoch, status);
+                    }
+                    return;
+                }
+                let Some(a) = self.active.get_mut(&account_id).filter(|a| a.epoch == epoch) else {
+                    return;
+                };
+                // The task ended without being asked: keep the account (and its lease), show the
+                // error, and restart with backoff, so one bad account never crash-loops the node.
+                a.parked = true;
+                a.failures += 1;
+                let delay = restart_delay(a.failures);
+                let reason = error.unwrap_or_else(|| "the session ended unexpectedly".into());
+                error!(account_id, epoch, error = %reason, restart_in_s = delay.as_secs(), "account session failed; restarting it later");
+                self.shared.status.status(account_id, epoch, format!("error: {reason} (restarting)"));
+                let events = self.events.clone();
+                self.shared.tracker.spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = events.send(Event::Restart { account_id, epoch });
+                });
+            }
+            Event::Restart { account_id, epoch } => {
+                if self.shutting_down {
+                    return;
+                }
+                if let Some(a) = self.active.get_mut(&account_id).filter(|a| a.epoch == epoch && a.parked) {
+                    a.parked = false;
+                    let ctx = AccountContext {
+                        account_id,
+                        gate: a.gate.clone(),
+                        cancel: a.cancel.clone(),
+                        status: self.shared.status.clone(),
+                    };
+                    info!(account_id, epoch, "restarting account session");
+                    spawn_task(&self.shared.tracker, &self.events, ctx);
+                }
+            }
+            Event::Released { account_id, epoch } => {
+                self.releasing.remove(&(account_id, epoch));
+            }
+            Event::Lost(Lost { account_id, epoch }) => {
+                if self.active.get(&account_id).is_some_and(|a| a.epoch == epoch) {
+                    warn!(account_id, epoch, "account lost: a fenced write matched no row; closing its gate and stopping its session");
+                    self.stop(account_id, None);
+                }
+            }
+        }
+    }
+
+    /// Starts the shutdown: every gate closes now, every task is asked to stop. The rows are
+    /// released by the lease loop once the tasks have returned.
+    pub fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        let ids: Vec<i64> = self.active.keys().copied().collect();
+        for id in ids {
+            self.stop(id, None);
+        }
+    }
+
+    /// True when no task runs or stops and no release is in flight.
+    pub fn is_idle(&self) -> bool {
+        self.active.is_empty() && self.stopping.is_empty() && self.releasing.is_empty()
+    }
+
+    /// Epochs whose tasks have not returned yet (their rows must not be released).
+    pub fn unfinished_epochs(&self) -> HashSet<i64> {
+        self.active
+            .values()
+            .filter(|a| !a.parked)
+            .map(|a| a.epoch)
+            .chain(self.stopping.keys().map(|(_, e)| *e))
+            .collect()
+    }
+
+    /// Accounts with a live session: id -> epoch.
+    pub fn owned(&self) -> BTreeMap<i64, i64> {
+        self.active.iter().map(|(id, a)| (*id, a.epoch)).collect()
+    }
+
+    /// The gate of an account's current epoch, if it has one.
+    pub fn gate(&self, account_id: i64) -> Option<Arc<AccountGate>> {
+        self.active.get(&account_id).map(|a| a.gate.clone())
+    }
+
+    fn start(&mut self, account_id: i64, epoch: i64, deadline: Instant) {
+        info!(account_id, epoch, "account claimed: starting its session");
+        let gate = Arc::new(AccountGate::new(account_id, epoch, self.shared.base, deadline));
+        let cancel = CancellationToken::new();
+        let ctx = AccountContext {
+            account_id,
+            gate: gate.clone(),
+            cancel: cancel.clone(),
+            status: self.shared.status.clone(),
+        };
+        spawn_task(&self.shared.tracker, &self.events, ctx);
+        self.active.insert(
+            account_id,
+            Active {
+                epoch,
+                gate,
+                cancel,
+                parked: false,
+                failures: 0,
+            },
+        );
+    }
+
+    /// Closes the gate now, asks the task to stop; the release (if any) follows its return.
+    fn stop(&mut self, account_id: i64, release: Option<&'static str>) {
+        let Some(a) = self.active.remove(&account_id) else {
+            return;
+        };
+        a.gate.close();
+        a.cancel.cancel();
+        if a.parked {
+            // No task is running: nothing in flight to wait for.
+            if let Some(status) = release {
+                self.release(account_id, a.epoch, status);
+            }
+            return;
+        }
+        self.stopping.insert(
+            (account_id, a.epoch),
+            Stopping {
+                release,
+                since: Instant::now(),
+            },
+        );
+    }
+
+    /// Releases (account, epoch) in the background; fenced, announced to peers.
+    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
+        if !self.releasing.insert((account_id, epoch)) {
+            return;
+        }
+        let pool = self.shared.pool.clone();
+        let node_id = self.shared.node_id.clone();
+        let events = self.events.clone();
+        self.shared.tracker.spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            for attempt in 1..=5 {
+                let result = async {
+                    let mut conn = pool.acquire().await?;
+                    db::lease::release(&mut conn, &node_id, &[epoch], status).await
+                }
+                .await;
+                match result {
+                    Ok(ids) if ids.is_empty() => {
+                        info!(account_id, epoch, "release found the account no longer ours; nothing to release");
+                        break;
+                    }
+                    Ok(_) => {
+                        info!(account_id, epoch, reason = status, "account released");
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying (a later cycle retries too)");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+            }
+            let _ = events.send(Event::Released { account_id, epoch });
+        });
+    }
+}
+
+fn spawn_task(tracker: &TaskTracker, events: &mpsc::UnboundedSender<Event>, ctx: AccountContext) {
+    let account_id = ctx.account_id;
+    let epoch = ctx.epoch();
+    let span = info_span!("account", account_id, epoch);
+    let inner = tracker.spawn(account::run(ctx).instrument(span));
+    let events = events.clone();
+    tracker.spawn(async move {
+        let error = match inner.await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(join) if join.is_panic() => Some("the session panicked".to_string()),
+            Err(_) => Some("the session was cancelled".to_string()),
+        };
+        let _ = events.send(Event::Exited { account_id, epoch, error });
+    });
+}
+
+/// Delay before the n-th restart of a failing account task (n >= 1).
+pub fn restart_delay(failures: u32) -> Duration {
+    RESTART_BACKOFF
+        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
+        .min(RESTART_BACKOFF_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_back_off_to_a_cap() {
+        assert_eq!(restart_delay(1), Duration::from_secs(1));
+        assert_eq!(restart_delay(2), Duration::from_secs(2));
+        assert_eq!(restart_delay(4), Duration::from_secs(8));
+        assert_eq!(restart_delay(40), RESTART_BACKOFF_MAX);
+    }
+}
