@@ -58,7 +58,11 @@ impl NodeHandle {
 
 /// Runs a node until `shutdown` resolves (then releases everything and returns) or until it
 /// stops on its own (a node id held by another live process).
-pub async fn run(config: Config, options: RunOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    options: RunOptions,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let mut handle = tokio::select! {
         h = start(&config, options, CancellationToken::new()) => h?,
@@ -73,7 +77,11 @@ pub async fn run(config: Config, options: RunOptions, shutdown: impl Future<Outp
 
 /// Starts a node: waits for the database, checks (or applies) migrations, then spawns the node's
 /// tasks. Returns once the node runs; `shutdown` stops it cleanly.
-pub async fn start(config: &Config, options: RunOptions, shutdown: CancellationToken) -> anyhow::Result<NodeHandle> {
+pub async fn start(
+    config: &Config,
+    options: RunOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<NodeHandle> {
     let node = config.node()?;
     let span = info_span!("node", node_id = %node.node_id);
     async {
@@ -100,7 +108,12 @@ pub async fn start(config: &Config, options: RunOptions, shutdown: CancellationT
         let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
         let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
         let writer_cancel = CancellationToken::new();
-        let (status, writer) = status_writer::spawn(pool.clone(), node.node_id.clone(), lost_tx, writer_cancel.clone());
+        let (status, writer) = status_writer::spawn(
+            pool.clone(),
+            node.node_id.clone(),
+            lost_tx,
+            writer_cancel.clone(),
+        );
         {
             let event_tx = event_tx.clone();
             tokio::spawn(async move {
@@ -120,9 +133,19 @@ pub async fn start(config: &Config, options: RunOptions, shutdown: CancellationT
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
         tokio::spawn(
-            listener::run(listen_options, node.platform.clone(), wake.clone(), background.clone()).in_current_span(),
+            listener::run(
+                listen_options,
+                node.platform.clone(),
+                node.node_id.clone(),
+                wake.clone(),
+                background.clone(),
+            )
+            .in_current_span(),
         );
-        tokio::spawn(forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone()).in_current_span());
+        tokio::spawn(
+            forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone())
+                .in_current_span(),
+        );
 
         let (state_tx, state_rx) = watch::channel(NodeState {
             node_id: node.node_id.clone(),
@@ -169,14 +192,23 @@ pub async fn start(config: &Config, options: RunOptions, shutdown: CancellationT
 
 /// Waits for the database (logging each failed attempt), then refuses pending migrations
 /// unless `--migrate`, in which case it applies them.
-async fn check_schema(config: &Config, options: RunOptions, shutdown: &CancellationToken) -> anyhow::Result<()> {
+async fn check_schema(
+    config: &Config,
+    options: RunOptions,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let admin = db::admin_options(&config.database_url).context("invalid `database_url`")?;
     let mut delay = Duration::from_millis(250);
     let mut conn = loop {
         match tokio::time::timeout(Duration::from_secs(10), admin.connect()).await {
             Ok(Ok(conn)) => break conn,
-            Ok(Err(e)) => warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "database unreachable; retrying"),
-            Err(_) => warn!(retry_in_ms = delay.as_millis() as u64, "database did not answer within 10s; retrying"),
+            Ok(Err(e)) => {
+                warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "database unreachable; retrying")
+            }
+            Err(_) => warn!(
+                retry_in_ms = delay.as_millis() as u64,
+                "database did not answer within 10s; retrying"
+            ),
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -185,12 +217,16 @@ async fn check_schema(config: &Config, options: RunOptions, shutdown: &Cancellat
         delay = (delay * 2).min(Duration::from_secs(5));
     };
     if options.migrate {
-        let applied = db::migrate::apply(&mut conn).await.context("applying migrations")?;
+        let applied = db::migrate::apply(&mut conn)
+            .await
+            .context("applying migrations")?;
         if !applied.is_empty() {
             info!(?applied, "migrations applied");
         }
     }
-    let state = db::migrate::schema_state(&mut conn).await.context("reading the schema version")?;
+    let state = db::migrate::schema_state(&mut conn)
+        .await
+        .context("reading the schema version")?;
     if let Some(refusal) = state.refusal() {
         bail!("{refusal}");
     }
@@ -214,8 +250,13 @@ async fn forget_dead_nodes(pool: sqlx::PgPool, platform: String, cancel: Cancell
         .await;
         match result {
             Ok(0) => {}
-            Ok(n) => info!(nodes = n, "forgot memberships of nodes dead for over an hour"),
-            Err(e) => warn!(error = %db::describe(&e), "could not clean up dead memberships (retried later)"),
+            Ok(n) => info!(
+                nodes = n,
+                "forgot memberships of nodes dead for over an hour"
+            ),
+            Err(e) => {
+                warn!(error = %db::describe(&e), "could not clean up dead memberships (retried later)")
+            }
         }
     }
 }

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "copier-node", version, about = "Node daemon of a cloud trade copier: holds broker sessions under database leases")]
+#[command(
+    name = "copier-node",
+    version,
+    about = "Node daemon of a cloud trade copier: holds broker sessions under database leases"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -15,7 +19,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node daemon.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Apply pending migrations and exit (safe to run from many replicas at once).
     Migrate(DbArgs),
 }

@@ -191,7 +191,11 @@ impl Layers {
         for (key, value) in flags {
             let key = known_key(key).expect("flags are declared for known keys only");
             if let Some(value) = value {
-                layers.set(key, value.clone(), Source::Flag(format!("--{}", key.replace('_', "-"))));
+                layers.set(
+                    key,
+                    value.clone(),
+                    Source::Flag(format!("--{}", key.replace('_', "-"))),
+                );
             }
         }
         Ok(layers)
@@ -207,10 +211,12 @@ impl Layers {
             path: shown.clone(),
             reason: e.to_string(),
         })?;
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse {
-            path: shown.clone(),
-            reason: e.to_string(),
-        })?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                path: shown.clone(),
+                reason: e.to_string(),
+            })?;
         for (key, value) in table {
             let source = Source::File(shown.clone());
             let Some(known) = known_key(&key) else {
@@ -227,7 +233,10 @@ impl Layers {
                     return Err(ConfigError::Invalid {
                         key: known,
                         origin: source,
-                        reason: format!("expected a string or an integer, got {}", other.type_str()),
+                        reason: format!(
+                            "expected a string or an integer, got {}",
+                            other.type_str()
+                        ),
                     });
                 }
             };
@@ -349,7 +358,11 @@ fn known_key(key: &str) -> Option<&'static str> {
 
 /// The timing rules of SPEC section 4: `0 < fence < lease` and `cycle <= (lease - fence) / 2`,
 /// so one failed cycle never closes the gate (jitter only ever shortens a cycle).
-pub fn validate_timings(lease: Duration, fence: Duration, cycle: Duration) -> Result<(), ConfigError> {
+pub fn validate_timings(
+    lease: Duration,
+    fence: Duration,
+    cycle: Duration,
+) -> Result<(), ConfigError> {
     if fence.is_zero() {
         return Err(ConfigError::Rule {
             rule: "`fence` must be greater than 0 (the rule is 0 < fence < lease)".into(),
@@ -397,7 +410,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
         let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let part = match &rest[..unit_len] {
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
@@ -424,24 +439,43 @@ pub fn show(d: Duration) -> String {
 mod tests {
     use super::*;
 
-    fn resolve(file: Option<&str>, env: &[(&str, &str)], flags: &[(&'static str, &str)]) -> Result<Config, ConfigError> {
+    fn resolve(
+        file: Option<&str>,
+        env: &[(&str, &str)],
+        flags: &[(&'static str, &str)],
+    ) -> Result<Config, ConfigError> {
         let dir = std::env::temp_dir().join(format!("copier-config-test-{}", fastrand::u64(..)));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.toml");
         if let Some(text) = file {
             std::fs::write(&path, text).unwrap();
         }
-        let flags: Vec<_> = flags.iter().map(|(k, v)| (*k, Some(v.to_string()))).collect();
+        let flags: Vec<_> = flags
+            .iter()
+            .map(|(k, v)| (*k, Some(v.to_string())))
+            .collect();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        let result = Layers::load(file.map(|_| path.as_path()), env, &flags).and_then(|l| l.resolve());
+        let result =
+            Layers::load(file.map(|_| path.as_path()), env, &flags).and_then(|l| l.resolve());
         std::fs::remove_dir_all(&dir).unwrap();
         result
     }
 
     #[test]
     fn durations_parse_in_the_spec_forms() {
-        for (text, ms) in [("60s", 60_000), ("1500ms", 1500), ("2m", 120_000), ("1h", 3_600_000), ("1m30s", 90_000), ("0s", 0)] {
-            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
+        for (text, ms) in [
+            ("60s", 60_000),
+            ("1500ms", 1500),
+            ("2m", 120_000),
+            ("1h", 3_600_000),
+            ("1m30s", 90_000),
+            ("0s", 0),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(ms)),
+                "{text}"
+            );
         }
         for text in ["", "60", "s", "1.5s", "-1s", "10 s", "5d", "ms10"] {
             assert!(parse_duration(text).is_err(), "{text:?} must be refused");
@@ -450,7 +484,11 @@ mod tests {
 
     #[test]
     fn the_example_config_parses() {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/copier-node.example.toml")).unwrap();
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/copier-node.example.toml"
+        ))
+        .unwrap();
         let config = resolve(Some(&text), &[], &[]).expect("example config must be valid");
         assert_eq!(config.lease, Duration::from_secs(60));
         assert_eq!(config.fence, Duration::from_secs(15));
@@ -464,7 +502,11 @@ mod tests {
         let file = "database_url = \"postgres://file\"\nplatform = \"mt4\"\ncapacity = 5\nlease = \"30s\"\nfence = \"10s\"\ncycle = \"5s\"\n";
         let config = resolve(
             Some(file),
-            &[("COPIER_CAPACITY", "7"), ("COPIER_PLATFORM", "mt5"), ("DATABASE_URL", "postgres://env")],
+            &[
+                ("COPIER_CAPACITY", "7"),
+                ("COPIER_PLATFORM", "mt5"),
+                ("DATABASE_URL", "postgres://env"),
+            ],
             &[("capacity", "9")],
         )
         .unwrap();
@@ -477,9 +519,25 @@ mod tests {
 
     #[test]
     fn copier_database_url_beats_database_url() {
-        let config = resolve(None, &[("COPIER_DATABASE_URL", "postgres://a"), ("DATABASE_URL", "postgres://b")], &[]).unwrap();
+        let config = resolve(
+            None,
+            &[
+                ("COPIER_DATABASE_URL", "postgres://a"),
+                ("DATABASE_URL", "postgres://b"),
+            ],
+            &[],
+        )
+        .unwrap();
         assert_eq!(config.database_url.expose(), "postgres://a");
-        let config = resolve(None, &[("DATABASE_URL", "postgres://b"), ("COPIER_DATABASE_URL", "postgres://a")], &[]).unwrap();
+        let config = resolve(
+            None,
+            &[
+                ("DATABASE_URL", "postgres://b"),
+                ("COPIER_DATABASE_URL", "postgres://a"),
+            ],
+            &[],
+        )
+        .unwrap();
         assert_eq!(config.database_url.expose(), "postgres://a");
     }
 
@@ -487,26 +545,50 @@ mod tests {
     fn unknown_file_keys_are_refused_by_name() {
         let err = resolve(Some("database_url = \"x\"\nleese = \"60s\"\n"), &[], &[]).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("`leese`") && msg.contains("config file"), "{msg}");
+        assert!(
+            msg.contains("`leese`") && msg.contains("config file"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn unknown_env_keys_are_ignored_not_fatal() {
-        let layers = Layers::load(None, [("COPIER_NODE_PORT".to_string(), "tcp://10.0.0.1:9464".to_string())], &[]).unwrap();
+        let layers = Layers::load(
+            None,
+            [(
+                "COPIER_NODE_PORT".to_string(),
+                "tcp://10.0.0.1:9464".to_string(),
+            )],
+            &[],
+        )
+        .unwrap();
         assert_eq!(layers.ignored_env, vec!["COPIER_NODE_PORT".to_string()]);
     }
 
     #[test]
     fn invalid_values_name_key_and_source() {
-        let cases: &[(&[(&str, &str)], &[&str])] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: &[Case] = &[
             (&[("COPIER_LEASE", "sixty")], &["`lease`", "COPIER_LEASE"]),
-            (&[("COPIER_CAPACITY", "0")], &["`capacity`", "capacity >= 1"]),
-            (&[("COPIER_CAPACITY", "-3")], &["`capacity`", "whole number"]),
+            (
+                &[("COPIER_CAPACITY", "0")],
+                &["`capacity`", "capacity >= 1"],
+            ),
+            (
+                &[("COPIER_CAPACITY", "-3")],
+                &["`capacity`", "whole number"],
+            ),
             (&[("COPIER_FENCE", "60s")], &["`fence`", "fence < lease"]),
             (&[("COPIER_FENCE", "0s")], &["`fence`", "0 < fence"]),
-            (&[("COPIER_CYCLE", "30s")], &["`cycle`", "(lease - fence) / 2"]),
+            (
+                &[("COPIER_CYCLE", "30s")],
+                &["`cycle`", "(lease - fence) / 2"],
+            ),
             (&[("COPIER_LOG_FORMAT", "xml")], &["`log_format`", "text"]),
-            (&[("COPIER_HTTP_LISTEN", "nowhere")], &["`http_listen`", "host:port"]),
+            (
+                &[("COPIER_HTTP_LISTEN", "nowhere")],
+                &["`http_listen`", "host:port"],
+            ),
             (&[("COPIER_PLATFORM", " ")], &["`platform`", "empty"]),
         ];
         for (env, needles) in cases {
@@ -522,14 +604,24 @@ mod tests {
     #[test]
     fn missing_database_url_says_how_to_set_it() {
         let msg = resolve(None, &[], &[]).unwrap_err().to_string();
-        assert!(msg.contains("database_url") && msg.contains("COPIER_DATABASE_URL") && msg.contains("--database-url"), "{msg}");
+        assert!(
+            msg.contains("database_url")
+                && msg.contains("COPIER_DATABASE_URL")
+                && msg.contains("--database-url"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn node_needs_a_platform_and_defaults_its_id() {
         let config = resolve(None, &[("DATABASE_URL", "postgres://x")], &[]).unwrap();
         assert!(config.node().unwrap_err().to_string().contains("platform"));
-        let config = resolve(None, &[("DATABASE_URL", "postgres://x"), ("COPIER_PLATFORM", "mt5")], &[]).unwrap();
+        let config = resolve(
+            None,
+            &[("DATABASE_URL", "postgres://x"), ("COPIER_PLATFORM", "mt5")],
+            &[],
+        )
+        .unwrap();
         let host = hostname::get().unwrap().to_string_lossy().to_string();
         assert_eq!(config.node().unwrap().node_id, format!("mt5-{host}"));
     }
@@ -542,7 +634,12 @@ mod tests {
 
     #[test]
     fn file_values_of_the_wrong_type_are_refused() {
-        let msg = resolve(Some("database_url = \"x\"\ncapacity = true\n"), &[], &[]).unwrap_err().to_string();
-        assert!(msg.contains("`capacity`") && msg.contains("boolean"), "{msg}");
+        let msg = resolve(Some("database_url = \"x\"\ncapacity = true\n"), &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("`capacity`") && msg.contains("boolean"),
+            "{msg}"
+        );
     }
 }

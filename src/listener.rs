@@ -1,7 +1,7 @@
 //! The node's LISTEN connection for release announcements (instant handoff, SPEC L2).
 //!
-//! Peers announce released accounts on [`db::RELEASED_CHANNEL`] with their platform as payload;
-//! an announcement for this node's platform wakes the lease loop to claim at once. After any
+//! Peers announce released accounts on [`db::RELEASED_CHANNEL`]; an announcement from another
+//! node of this node's platform wakes the lease loop to claim at once. After any
 //! reconnect the loop is woken too, since announcements may have been missed meanwhile (the
 //! next regular cycle would catch them anyway: announcements only make handoff faster).
 
@@ -17,7 +17,13 @@ use crate::db;
 
 /// Runs until `cancel` fires. Uses `listen_database_url`'s options: a pooler in transaction
 /// mode breaks LISTEN, so this connection must be direct.
-pub async fn run(options: PgConnectOptions, platform: String, wake: Arc<Notify>, cancel: CancellationToken) {
+pub async fn run(
+    options: PgConnectOptions,
+    platform: String,
+    node_id: String,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) {
     let mut delay = Duration::from_millis(200);
     while !cancel.is_cancelled() {
         let pool = PgPoolOptions::new()
@@ -37,15 +43,19 @@ pub async fn run(options: PgConnectOptions, platform: String, wake: Arc<Notify>,
             }
         };
         delay = Duration::from_millis(200);
-        info!(channel = db::RELEASED_CHANNEL, "listening for release announcements");
+        info!(
+            channel = db::RELEASED_CHANNEL,
+            "listening for release announcements"
+        );
         wake.notify_one();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 received = listener.try_recv() => match received {
                     Ok(Some(n)) => {
-                        if n.payload() == platform {
-                            debug!(from_pid = n.process_id(), "release announced");
+                        let (from_platform, from_node) = db::parse_announcement(n.payload());
+                        if from_platform == platform && from_node != node_id {
+                            debug!(from_node, "release announced");
                             wake.notify_one();
                         }
                     }

@@ -14,7 +14,10 @@ const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -22,12 +25,15 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run(args) => runtime.block_on(run(args)),
+        Command::Run(args) => runtime.block_on(run(*args)),
         Command::Migrate(args) => runtime.block_on(migrate(args)),
     }
 }
 
-fn load(config: Option<&std::path::Path>, flags: &[(&'static str, Option<String>)]) -> Result<(Config, Vec<String>), ExitCode> {
+fn load(
+    config: Option<&std::path::Path>,
+    flags: &[(&'static str, Option<String>)],
+) -> Result<(Config, Vec<String>), ExitCode> {
     let loaded = Layers::load(config, std::env::vars(), flags).and_then(|l| {
         let config = l.resolve()?;
         Ok((config, l.ignored_env))
@@ -51,7 +57,9 @@ async fn run(args: RunArgs) -> ExitCode {
     for var in ignored {
         tracing::warn!(variable = %var, "ignoring environment variable: it names no configuration key");
     }
-    let options = app::RunOptions { migrate: args.migrate };
+    let options = app::RunOptions {
+        migrate: args.migrate,
+    };
     match app::run(config, options, shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -93,7 +101,9 @@ async fn migrate_database(config: &Config) -> anyhow::Result<Vec<i64>> {
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to the database: {}", db::describe(&e)))?;
-    let applied = db::migrate::apply(&mut conn).await.context("applying migrations")?;
+    let applied = db::migrate::apply(&mut conn)
+        .await
+        .context("applying migrations")?;
     let _ = conn.close().await;
     Ok(applied)
 }

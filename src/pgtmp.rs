@@ -63,7 +63,9 @@ impl PgBinaries {
 pub fn running_as_root() -> bool {
     // The effective uid of this process is the owner of /proc/self.
     use std::os::unix::fs::MetadataExt;
-    fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+    fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 /// A command that runs `program` as the user PostgreSQL must run as.
@@ -79,9 +81,14 @@ pub fn as_postgres(program: &Path) -> Command {
 
 fn postgres_ids() -> anyhow::Result<(u32, u32)> {
     let id = |flag: &str| -> anyhow::Result<u32> {
-        let out = Command::new("id").args([flag, "postgres"]).output().context("running `id postgres`")?;
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .context("running `id postgres`")?;
         if !out.status.success() {
-            bail!("running as root, but there is no `postgres` user to run PostgreSQL as (install the postgresql package, or create the user)");
+            bail!(
+                "running as root, but there is no `postgres` user to run PostgreSQL as (install the postgresql package, or create the user)"
+            );
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
     };
@@ -93,7 +100,8 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if running_as_root() {
         let (uid, gid) = postgres_ids()?;
-        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).with_context(|| format!("handing {} to postgres", dir.display()))?;
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+            .with_context(|| format!("handing {} to postgres", dir.display()))?;
     }
     Ok(())
 }
@@ -114,12 +122,23 @@ impl Cluster {
         let out = as_postgres(&bins.tool("initdb"))
             .arg("-D")
             .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .stdin(Stdio::null())
             .output()
             .context("running initdb")?;
         if !out.status.success() {
-            bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            bail!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(())
     }
@@ -181,9 +200,15 @@ impl Cluster {
 
     /// Stops the server: `mode` is `smart`, `fast` or `immediate`.
     pub fn stop(&self, mode: &str) -> anyhow::Result<()> {
-        let out = self.stop_command(mode).output().context("running pg_ctl stop")?;
+        let out = self
+            .stop_command(mode)
+            .output()
+            .context("running pg_ctl stop")?;
         if !out.status.success() {
-            bail!("pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            bail!(
+                "pg_ctl stop failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(())
     }
@@ -191,7 +216,10 @@ impl Cluster {
     /// The `pg_ctl stop` command line, for callers that run it elsewhere (a watchdog).
     pub fn stop_command(&self, mode: &str) -> Command {
         let mut c = as_postgres(&self.bins.tool("pg_ctl"));
-        c.arg("-D").arg(self.root.join("data")).args(["-m", mode, "-w", "stop"]).stdin(Stdio::null());
+        c.arg("-D")
+            .arg(self.root.join("data"))
+            .args(["-m", mode, "-w", "stop"])
+            .stdin(Stdio::null());
         c
     }
 

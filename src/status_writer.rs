@@ -103,8 +103,15 @@ async fn run(
                 for u in &batch {
                     pending.remove(&(u.account_id, u.epoch));
                     if !matched.contains(&(u.account_id, u.epoch)) {
-                        info!(account_id = u.account_id, epoch = u.epoch, "status write found the account no longer ours: lost");
-                        let _ = lost.send(Lost { account_id: u.account_id, epoch: u.epoch });
+                        info!(
+                            account_id = u.account_id,
+                            epoch = u.epoch,
+                            "status write found the account no longer ours: lost"
+                        );
+                        let _ = lost.send(Lost {
+                            account_id: u.account_id,
+                            epoch: u.epoch,
+                        });
                     }
                 }
             }
@@ -153,7 +160,11 @@ fn merge(pending: &mut HashMap<(i64, i64), StatusUpdate>, u: StatusUpdate) {
     }
 }
 
-async fn write(pool: &PgPool, node_id: &str, batch: &[StatusUpdate]) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+async fn write(
+    pool: &PgPool,
+    node_id: &str,
+    batch: &[StatusUpdate],
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     db::status::write_batch(&mut conn, node_id, batch).await
 }
@@ -163,7 +174,13 @@ mod tests {
     use super::*;
 
     fn upd(status: Option<&str>, balance: Option<f64>) -> StatusUpdate {
-        StatusUpdate { account_id: 1, epoch: 2, status: status.map(Into::into), balance, equity: None }
+        StatusUpdate {
+            account_id: 1,
+            epoch: 2,
+            status: status.map(Into::into),
+            balance,
+            equity: None,
+        }
     }
 
     #[test]

@@ -112,18 +112,31 @@ impl Supervisor {
                 Some(a) if a.epoch == row.epoch => {
                     if row.wanted && !self.shutting_down {
                         if a.gate.renew(acknowledged, deadline) {
-                            info!(account_id = row.id, epoch = row.epoch, "lease trust restored for the account after a lapse; it reconciles before acting");
+                            info!(
+                                account_id = row.id,
+                                epoch = row.epoch,
+                                "lease trust restored for the account after a lapse; it reconciles before acting"
+                            );
                         }
                     } else if row.wanted {
                         // Shutting down: the gate stays closed; the row is released at the end.
                     } else {
-                        info!(account_id = row.id, epoch = row.epoch, "account disabled or moved to another platform: closing its gate and releasing it");
+                        info!(
+                            account_id = row.id,
+                            epoch = row.epoch,
+                            "account disabled or moved to another platform: closing its gate and releasing it"
+                        );
                         self.stop(row.id, Some("released: disabled"));
                     }
                     continue;
                 }
                 Some(a) => {
-                    info!(account_id = row.id, old_epoch = a.epoch, epoch = row.epoch, "account re-claimed with a new epoch (its earlier lease had expired): restarting its session");
+                    info!(
+                        account_id = row.id,
+                        old_epoch = a.epoch,
+                        epoch = row.epoch,
+                        "account re-claimed with a new epoch (its earlier lease had expired): restarting its session"
+                    );
                     self.stop(row.id, None);
                 }
                 None => {}
@@ -131,13 +144,26 @@ impl Supervisor {
             if row.wanted && !self.shutting_down {
                 self.start(row.id, row.epoch, deadline);
             } else if !row.wanted {
-                info!(account_id = row.id, epoch = row.epoch, "owned account is disabled or on another platform: releasing it");
+                info!(
+                    account_id = row.id,
+                    epoch = row.epoch,
+                    "owned account is disabled or on another platform: releasing it"
+                );
                 self.release(row.id, row.epoch, "released: disabled");
             }
         }
-        let lost: Vec<i64> = self.active.keys().filter(|id| !seen.contains(id)).copied().collect();
+        let lost: Vec<i64> = self
+            .active
+            .keys()
+            .filter(|id| !seen.contains(id))
+            .copied()
+            .collect();
         for id in lost {
-            warn!(account_id = id, epoch = self.active[&id].epoch, "account lost: no longer owned by this node; closing its gate and stopping its session");
+            warn!(
+                account_id = id,
+                epoch = self.active[&id].epoch,
+                "account lost: no longer owned by this node; closing its gate and stopping its session"
+            );
             self.stop(id, None);
         }
     }
@@ -145,15 +171,28 @@ impl Supervisor {
     /// Handles an event from a task, a release or the status writer.
     pub fn handle(&mut self, event: Event) {
         match event {
-            Event::Exited { account_id, epoch, error } => {
+            Event::Exited {
+                account_id,
+                epoch,
+                error,
+            } => {
                 if let Some(stop) = self.stopping.remove(&(account_id, epoch)) {
-                    info!(account_id, epoch, stopped_in_ms = stop.since.elapsed().as_millis() as u64, "account session stopped");
+                    info!(
+                        account_id,
+                        epoch,
+                        stopped_in_ms = stop.since.elapsed().as_millis() as u64,
+                        "account session stopped"
+                    );
                     if let Some(status) = stop.release {
                         self.release(account_id, epoch, status);
                     }
                     return;
                 }
-                let Some(a) = self.active.get_mut(&account_id).filter(|a| a.epoch == epoch) else {
+                let Some(a) = self
+                    .active
+                    .get_mut(&account_id)
+                    .filter(|a| a.epoch == epoch)
+                else {
                     return;
                 };
                 // The task ended without being asked: keep the account (and its lease), show the
@@ -163,7 +202,11 @@ impl Supervisor {
                 let delay = restart_delay(a.failures);
                 let reason = error.unwrap_or_else(|| "the session ended unexpectedly".into());
                 error!(account_id, epoch, error = %reason, restart_in_s = delay.as_secs(), "account session failed; restarting it later");
-                self.shared.status.status(account_id, epoch, format!("error: {reason} (restarting)"));
+                self.shared.status.status(
+                    account_id,
+                    epoch,
+                    format!("error: {reason} (restarting)"),
+                );
                 let events = self.events.clone();
                 self.shared.tracker.spawn(async move {
                     tokio::time::sleep(delay).await;
@@ -174,7 +217,11 @@ impl Supervisor {
                 if self.shutting_down {
                     return;
                 }
-                if let Some(a) = self.active.get_mut(&account_id).filter(|a| a.epoch == epoch && a.parked) {
+                if let Some(a) = self
+                    .active
+                    .get_mut(&account_id)
+                    .filter(|a| a.epoch == epoch && a.parked)
+                {
                     a.parked = false;
                     let ctx = AccountContext {
                         account_id,
@@ -190,8 +237,16 @@ impl Supervisor {
                 self.releasing.remove(&(account_id, epoch));
             }
             Event::Lost(Lost { account_id, epoch }) => {
-                if self.active.get(&account_id).is_some_and(|a| a.epoch == epoch) {
-                    warn!(account_id, epoch, "account lost: a fenced write matched no row; closing its gate and stopping its session");
+                if self
+                    .active
+                    .get(&account_id)
+                    .is_some_and(|a| a.epoch == epoch)
+                {
+                    warn!(
+                        account_id,
+                        epoch,
+                        "account lost: a fenced write matched no row; closing its gate and stopping its session"
+                    );
                     self.stop(account_id, None);
                 }
             }
@@ -235,7 +290,12 @@ impl Supervisor {
 
     fn start(&mut self, account_id: i64, epoch: i64, deadline: Instant) {
         info!(account_id, epoch, "account claimed: starting its session");
-        let gate = Arc::new(AccountGate::new(account_id, epoch, self.shared.base, deadline));
+        let gate = Arc::new(AccountGate::new(
+            account_id,
+            epoch,
+            self.shared.base,
+            deadline,
+        ));
         let cancel = CancellationToken::new();
         let ctx = AccountContext {
             account_id,
@@ -329,7 +389,11 @@ fn spawn_task(tracker: &TaskTracker, events: &mpsc::UnboundedSender<Event>, ctx:
             Err(join) if join.is_panic() => Some("the session panicked".to_string()),
             Err(_) => Some("the session was cancelled".to_string()),
         };
-        let _ = events.send(Event::Exited { account_id, epoch, error });
+        let _ = events.send(Event::Exited {
+            account_id,
+            epoch,
+            error,
+        });
     });
 }
 

@@ -16,7 +16,8 @@ pub enum Output {
 
 /// Installs the global subscriber. Safe to call once per process; later calls are ignored.
 pub fn init(format: LogFormat, output: Output) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let ansi = match output {
         Output::Stdout => std::io::stdout().is_terminal(),
         Output::Stderr => std::io::stderr().is_terminal(),

@@ -145,7 +145,10 @@ SELECT 'peer', NULL, NULL, NULL, p.node_id,
 /// Runs one lease cycle. The caller reads its monotonic `t0` before calling and trusts what
 /// this returns only until `t0 + lease - fence`, and only once this has returned (COMMIT
 /// acknowledged: the statement runs in autocommit).
-pub async fn cycle(conn: &mut PgConnection, p: &CycleParams<'_>) -> Result<CycleOutcome, sqlx::Error> {
+pub async fn cycle(
+    conn: &mut PgConnection,
+    p: &CycleParams<'_>,
+) -> Result<CycleOutcome, sqlx::Error> {
     let rows = sqlx::query(CYCLE_SQL)
         .bind(p.node_id)
         .bind(p.instance_id)
@@ -160,7 +163,9 @@ pub async fn cycle(conn: &mut PgConnection, p: &CycleParams<'_>) -> Result<Cycle
     for row in rows {
         let kind: &str = row.try_get("kind")?;
         let ms = || -> Result<Duration, sqlx::Error> {
-            Ok(Duration::from_millis(row.try_get::<i64, _>("ms")?.max(0) as u64))
+            Ok(Duration::from_millis(
+                row.try_get::<i64, _>("ms")?.max(0) as u64
+            ))
         };
         match kind {
             "own" => out.owned.push(OwnedRow {
@@ -180,7 +185,9 @@ pub async fn cycle(conn: &mut PgConnection, p: &CycleParams<'_>) -> Result<Cycle
                 expires_in: ms()?,
             }),
             other => {
-                return Err(sqlx::Error::Protocol(format!("unexpected cycle row kind {other:?}")));
+                return Err(sqlx::Error::Protocol(format!(
+                    "unexpected cycle row kind {other:?}"
+                )));
             }
         }
     }
@@ -208,7 +215,7 @@ WITH released AS (
 )
 SELECT id FROM released
 UNION ALL
-SELECT NULL FROM (SELECT pg_notify($4, platform) FROM (SELECT DISTINCT platform FROM released) p) n
+SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || $1) FROM (SELECT DISTINCT platform FROM released) p) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)
@@ -258,7 +265,7 @@ SELECT 'released' AS kind, id FROM released
 UNION ALL
 SELECT 'left', NULL FROM gone
 UNION ALL
-SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4)) n
+SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || $1)) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)
@@ -282,11 +289,18 @@ SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4)) n
 /// Deletes memberships that expired over an hour ago and name no account: nodes that crashed
 /// and whose accounts all moved (pod names change on every restart under Kubernetes). Kept an
 /// hour so `copier-node status` shows recently dead nodes. Returns how many went.
-pub async fn forget_dead_nodes(conn: &mut PgConnection, platform: &str) -> Result<u64, sqlx::Error> {
+pub async fn forget_dead_nodes(
+    conn: &mut PgConnection,
+    platform: &str,
+) -> Result<u64, sqlx::Error> {
     const SQL: &str = r#"
 DELETE FROM nodes g
  WHERE g.platform = $1 AND g.lease_until < now() - interval '1 hour'
    AND NOT EXISTS (SELECT FROM trading_accounts a WHERE a.node_id = g.node_id)
 "#;
-    Ok(sqlx::query(SQL).bind(platform).execute(conn).await?.rows_affected())
+    Ok(sqlx::query(SQL)
+        .bind(platform)
+        .execute(conn)
+        .await?
+        .rows_affected())
 }

@@ -91,9 +91,10 @@ pub async fn schema_state(conn: &mut PgConnection) -> Result<SchemaState, sqlx::
     let mut applied = HashMap::new();
     let mut state = SchemaState::default();
     if exists {
-        let rows = sqlx::query("SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version")
-            .fetch_all(&mut *conn)
-            .await?;
+        let rows =
+            sqlx::query("SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version")
+                .fetch_all(&mut *conn)
+                .await?;
         for row in rows {
             let version: i64 = row.get("version");
             let checksum: Vec<u8> = row.get("checksum");
@@ -117,11 +118,28 @@ pub async fn schema_state(conn: &mut PgConnection) -> Result<SchemaState, sqlx::
     Ok(state)
 }
 
-/// Applies pending migrations under sqlx's advisory lock; returns the versions applied.
+/// Advisory lock key serialising `copier-node migrate` runs, so each reports exactly what it
+/// applied (sqlx's own migration lock is taken inside, per database).
+const MIGRATE_LOCK: i64 = 0x636f_7069_6572; // "copier"
+
+/// Applies pending migrations; returns the versions this call applied. Concurrent callers wait
+/// for each other; the later ones find nothing pending.
 pub async fn apply(conn: &mut PgConnection) -> Result<Vec<i64>, sqlx::migrate::MigrateError> {
-    let before = schema_state(conn).await?;
-    migrator().run_direct(conn).await?;
-    Ok(before.pending.into_iter().map(|(v, _)| v).collect())
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(MIGRATE_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let result = async {
+        let before = schema_state(conn).await?;
+        migrator().run_direct(&mut *conn).await?;
+        Ok(before.pending.into_iter().map(|(v, _)| v).collect())
+    }
+    .await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(MIGRATE_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    result
 }
 
 #[cfg(test)]
@@ -137,7 +155,11 @@ mod tests {
             .filter(|n| n.ends_with(".sql"))
             .collect();
         files.sort();
-        assert_eq!(files.len(), MIGRATIONS.len(), "migrations/ and MIGRATIONS disagree: {files:?}");
+        assert_eq!(
+            files.len(),
+            MIGRATIONS.len(),
+            "migrations/ and MIGRATIONS disagree: {files:?}"
+        );
         for (file, (version, _, sql)) in files.iter().zip(MIGRATIONS) {
             let number: i64 = file.split('_').next().unwrap().parse().unwrap();
             assert_eq!(number, *version, "{file}");

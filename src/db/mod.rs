@@ -15,8 +15,14 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::Secret;
 
-/// The channel on which a node announces released accounts; the payload is the platform.
+/// The channel on which a node announces released accounts (or its departure). The payload is
+/// `<platform> <node_id>`: peers of that platform claim at once; the sender ignores its own.
 pub const RELEASED_CHANNEL: &str = "copier_released";
+
+/// Splits a [`RELEASED_CHANNEL`] payload into (platform, sending node id).
+pub fn parse_announcement(payload: &str) -> (&str, &str) {
+    payload.split_once(' ').unwrap_or((payload, ""))
+}
 
 /// Server-side bounds every connection of a running node sets (SPEC S1), derived from the fence
 /// so a stalled client can never hold row locks anywhere near as long as the fence.
@@ -47,14 +53,21 @@ impl SessionBounds {
 /// Connection options for a running node: the bounds above, `synchronous_commit = on` (an
 /// acknowledged renewal or claim must survive a database restart), and an application name that
 /// shows the node in `pg_stat_activity`. All sent in the startup packet: no extra round trip.
-pub fn node_options(url: &Secret, node_id: &str, bounds: SessionBounds) -> Result<PgConnectOptions, sqlx::Error> {
+pub fn node_options(
+    url: &Secret,
+    node_id: &str,
+    bounds: SessionBounds,
+) -> Result<PgConnectOptions, sqlx::Error> {
     let ms = |d: Duration| d.as_millis().to_string();
     Ok(PgConnectOptions::from_str(url.expose())?
         .application_name(&format!("copier-node {node_id}"))
         .options([
             ("statement_timeout", ms(bounds.statement)),
             ("lock_timeout", ms(bounds.lock)),
-            ("idle_in_transaction_session_timeout", ms(bounds.idle_in_transaction)),
+            (
+                "idle_in_transaction_session_timeout",
+                ms(bounds.idle_in_transaction),
+            ),
             ("synchronous_commit", "on".to_string()),
         ]))
 }
@@ -104,9 +117,13 @@ mod tests {
 
     #[test]
     fn configuration_errors_do_not_echo_the_url() {
-        let err = node_options(&Secret::new("postgres://u:hunter2@h:notaport/db"), "n", SessionBounds::for_fence(Duration::from_secs(1)))
-            .map(|_| ())
-            .unwrap_err();
+        let err = node_options(
+            &Secret::new("postgres://u:hunter2@h:notaport/db"),
+            "n",
+            SessionBounds::for_fence(Duration::from_secs(1)),
+        )
+        .map(|_| ())
+        .unwrap_err();
         assert!(!describe(&err).contains("hunter2"));
     }
 }

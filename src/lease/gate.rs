@@ -94,9 +94,9 @@ impl AccountGate {
         let new = self.base.encode(deadline).max(1);
         if new > current {
             // Only the lease loop writes deadlines; a concurrent close wins the exchange.
-            let _ = self
-                .deadline
-                .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire);
+            let _ =
+                self.deadline
+                    .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire);
         }
         if holds(acknowledged, deadline) && self.lapsed.swap(false, Ordering::AcqRel) {
             self.restorations.fetch_add(1, Ordering::AcqRel);
@@ -124,7 +124,10 @@ mod tests {
 
     fn gate(deadline_in: Duration) -> (AccountGate, Instant) {
         let now = Instant::now();
-        (AccountGate::new(7, 42, MonoBase::new(), now + deadline_in), now)
+        (
+            AccountGate::new(7, 42, MonoBase::new(), now + deadline_in),
+            now,
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -161,7 +164,9 @@ mod tests {
         assert!(g.renew(now + Duration::from_secs(3), now + Duration::from_secs(5)));
         assert_eq!(g.restorations(), 1);
         // The permit is kept for a task that was not waiting yet.
-        tokio::time::timeout(Duration::from_millis(1), g.restored()).await.expect("restoration must be signalled");
+        tokio::time::timeout(Duration::from_millis(1), g.restored())
+            .await
+            .expect("restoration must be signalled");
     }
 
     #[tokio::test(start_paused = true)]

@@ -60,7 +60,8 @@ pub struct NodeState {
 impl NodeState {
     /// True while the node holds a confirmed lease cycle (readiness).
     pub fn trusted(&self) -> bool {
-        self.trusted_until.is_some_and(|d| trust::holds(Instant::now(), d))
+        self.trusted_until
+            .is_some_and(|d| trust::holds(Instant::now(), d))
     }
 }
 
@@ -224,8 +225,15 @@ impl LeaseLoop {
         }
         let deadline = trust::deadline(t0, lease, self.node.fence);
         if run.failures > 0 || run.lapse_logged {
-            let since = run.last_ack.map(|a| (acknowledged - a).as_secs_f64()).unwrap_or_default();
-            info!(seconds_since_previous_renewal = format!("{since:.1}"), failed_cycles = run.failures, "lease cycle succeeded again");
+            let since = run
+                .last_ack
+                .map(|a| (acknowledged - a).as_secs_f64())
+                .unwrap_or_default();
+            info!(
+                seconds_since_previous_renewal = format!("{since:.1}"),
+                failed_cycles = run.failures,
+                "lease cycle succeeded again"
+            );
         }
         if !run.member_ever {
             info!(instance_id = %self.instance_id, "joined the cluster (membership registered)");
@@ -236,14 +244,23 @@ impl LeaseLoop {
         run.lapse_logged = false;
         run.last_ack = Some(acknowledged);
         // Gates first (the supervisor closes what is no longer ours), then the node's deadline.
-        self.supervisor.apply(&outcome.owned, acknowledged, deadline);
+        self.supervisor
+            .apply(&outcome.owned, acknowledged, deadline);
         run.deadline = Some(deadline);
         run.held = outcome.owned.iter().map(|r| r.epoch).collect();
         run.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
         let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
-        debug!(owned = run.wanted, cycle_ms = format!("{cycle_ms:.2}"), "lease cycle");
+        debug!(
+            owned = run.wanted,
+            cycle_ms = format!("{cycle_ms:.2}"),
+            "lease cycle"
+        );
         self.publish(run, |s| {
-            s.phase = if run.draining.is_some() { Phase::Draining } else { Phase::Running };
+            s.phase = if run.draining.is_some() {
+                Phase::Draining
+            } else {
+                Phase::Running
+            };
             s.cycles += 1;
             s.last_error = None;
         });
@@ -252,7 +269,13 @@ impl LeaseLoop {
 
     /// When the next cycle runs: a jittered period after `t0`, or earlier if a peer's membership
     /// (and so every lease it holds) expires before that and this node has room to claim.
-    fn schedule(&self, run: &Run, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
+    fn schedule(
+        &self,
+        run: &Run,
+        t0: Instant,
+        acknowledged: Instant,
+        outcome: &CycleOutcome,
+    ) -> Instant {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * fastrand::f64());
         let mut next = t0 + period;
         let room = (self.node.capacity as usize).saturating_sub(run.wanted) > 0;
@@ -272,7 +295,9 @@ impl LeaseLoop {
         run.conn = None;
         run.failures += 1;
         let backoff = retry_delay(run.failures, self.node.cycle);
-        let trusted = run.deadline.is_some_and(|d| trust::holds(Instant::now(), d));
+        let trusted = run
+            .deadline
+            .is_some_and(|d| trust::holds(Instant::now(), d));
         warn!(error = %reason, attempt = run.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");
         self.publish(run, |s| {
             s.failed_cycles += 1;
@@ -282,7 +307,12 @@ impl LeaseLoop {
     }
 
     /// The membership upsert did not match: another live instance holds this node id.
-    fn conflict(&mut self, run: &mut Run, outcome: &CycleOutcome, acknowledged: Instant) -> Result<Instant, NodeError> {
+    fn conflict(
+        &mut self,
+        run: &mut Run,
+        outcome: &CycleOutcome,
+        acknowledged: Instant,
+    ) -> Result<Instant, NodeError> {
         let (other, expires_in) = outcome
             .conflict
             .as_ref()
@@ -316,8 +346,18 @@ impl LeaseLoop {
     /// names the node) and announces it, so peers claim at once.
     async fn leave(&mut self, run: &mut Run) {
         let unfinished = self.supervisor.unfinished_epochs();
-        let epochs: Vec<i64> = run.held.iter().copied().filter(|e| !unfinished.contains(e)).collect();
-        let kept: HashSet<i64> = run.held.iter().copied().filter(|e| unfinished.contains(e)).collect();
+        let epochs: Vec<i64> = run
+            .held
+            .iter()
+            .copied()
+            .filter(|e| !unfinished.contains(e))
+            .collect();
+        let kept: HashSet<i64> = run
+            .held
+            .iter()
+            .copied()
+            .filter(|e| unfinished.contains(e))
+            .collect();
         let mut delay = Duration::from_millis(100);
         let give_up = Instant::now() + self.node.lease.saturating_sub(self.node.fence);
         loop {
@@ -326,12 +366,24 @@ impl LeaseLoop {
                     run.conn = Some(self.connect.connect().await?);
                 }
                 let conn = run.conn.as_mut().expect("connected above");
-                db::lease::leave(conn, &self.node.node_id, &self.instance_id, &self.node.platform, &epochs).await
+                db::lease::leave(
+                    conn,
+                    &self.node.node_id,
+                    &self.instance_id,
+                    &self.node.platform,
+                    &epochs,
+                )
+                .await
             })
             .await;
             match attempt {
                 Ok(Ok(out)) => {
-                    info!(released = out.released.len(), kept = kept.len(), left = out.left, "released accounts and left the cluster");
+                    info!(
+                        released = out.released.len(),
+                        kept = kept.len(),
+                        left = out.left,
+                        "released accounts and left the cluster"
+                    );
                     return;
                 }
                 Ok(Err(e)) => {
@@ -344,7 +396,10 @@ impl LeaseLoop {
                 }
             }
             if Instant::now() + delay >= give_up {
-                error!(accounts = epochs.len(), "could not release at shutdown: the accounts move to other nodes when their leases expire");
+                error!(
+                    accounts = epochs.len(),
+                    "could not release at shutdown: the accounts move to other nodes when their leases expire"
+                );
                 return;
             }
             tokio::time::sleep(delay).await;
@@ -383,6 +438,9 @@ mod tests {
         assert_eq!(retry_delay(4, cycle), Duration::from_secs(16));
         assert_eq!(retry_delay(5, cycle), cycle);
         assert_eq!(retry_delay(500, cycle), cycle);
-        assert_eq!(retry_delay(1, Duration::from_millis(50)), Duration::from_millis(10));
+        assert_eq!(
+            retry_delay(1, Duration::from_millis(50)),
+            Duration::from_millis(10)
+        );
     }
 }

@@ -33,7 +33,9 @@ impl MonoBase {
     }
 
     pub fn encode(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.0).as_nanos().min(u64::MAX as u128) as u64
+        at.saturating_duration_since(self.0)
+            .as_nanos()
+            .min(u64::MAX as u128) as u64
     }
 
     pub fn decode(&self, nanos: u64) -> Instant {
@@ -65,7 +67,10 @@ mod tests {
         assert!(d < acknowledged + (LEASE - FENCE));
         assert!(holds(acknowledged, d));
         assert!(holds(t0 + Duration::from_millis(44_999), d));
-        assert!(!holds(t0 + Duration::from_secs(45), d), "the deadline itself is untrusted");
+        assert!(
+            !holds(t0 + Duration::from_secs(45), d),
+            "the deadline itself is untrusted"
+        );
         assert!(!holds(t0 + Duration::from_secs(46), d));
     }
 

@@ -1,0 +1,485 @@
+//! The real binary with SPEC's flags: replicas sharing accounts, handoff, failover, refusals.
+
+use std::time::Duration;
+
+use sqlx::Executor;
+use tokio::time::Instant;
+
+use crate::support::process::{NodeProcess, run_to_end};
+use crate::support::{FAST, TestDb, Timing, counts, eventually, insert_accounts};
+
+#[tokio::test]
+async fn three_replicas_share_300_accounts_within_capacity() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=300, "mt5").await;
+    insert_accounts(&mut conn, 301..=320, "mt4").await;
+    let nodes: Vec<_> = ["r1", "r2", "r3"]
+        .iter()
+        .map(|id| NodeProcess::spawn(&db, id, 120, FAST, &[]))
+        .collect();
+    let shares = eventually(
+        "300 accounts owned by three replicas",
+        Duration::from_secs(30),
+        async || {
+            let c = counts(&mut conn).await;
+            (c.values().sum::<usize>() == 300 && c.len() == 3).then_some(c)
+        },
+    )
+    .await;
+    for (node, n) in &shares {
+        assert!(*n <= 120, "{node} owns {n} > 120");
+    }
+    let mt4_owned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM trading_accounts WHERE platform = 'mt4' AND node_id IS NOT NULL",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        mt4_owned, 0,
+        "an mt5 node never claims another platform's accounts"
+    );
+
+    // Disabling releases; the owners drop them.
+    conn.execute("UPDATE trading_accounts SET enabled = false WHERE id <= 30")
+        .await
+        .unwrap();
+    eventually(
+        "disabled accounts released",
+        Duration::from_secs(10),
+        async || {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM trading_accounts WHERE id <= 30 AND node_id IS NULL",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            (n == 30).then_some(())
+        },
+    )
+    .await;
+    for mut n in nodes {
+        n.signal("TERM");
+        assert!(
+            n.wait_exit(Duration::from_secs(15)).await.success(),
+            "{}",
+            n.output()
+        );
+    }
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NOT NULL")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(left, 0, "every replica released everything on SIGTERM");
+    let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(nodes, 0, "every replica deleted its membership");
+}
+
+#[tokio::test]
+async fn sigterm_releases_before_exit_and_a_peer_claims_within_a_second() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=50, "mt5").await;
+    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
+    eventually("a owns all", Duration::from_secs(20), async || {
+        (counts(&mut conn).await.get("a") == Some(&50)).then_some(())
+    })
+    .await;
+    // b's regular cycle is 20 s: only the release announcement can make it claim quickly.
+    let slow = Timing {
+        lease: "60s",
+        fence: "15s",
+        cycle: "20s",
+    };
+    let mut b = NodeProcess::spawn(&db, "b", 100, slow, &[]);
+    b.wait_for_output("joined the cluster", Duration::from_secs(20))
+        .await;
+    b.wait_for_output(
+        "listening for release announcements",
+        Duration::from_secs(20),
+    )
+    .await;
+
+    a.signal("TERM");
+    let status = a.wait_exit(Duration::from_secs(15)).await;
+    let exited = Instant::now();
+    assert!(
+        status.success(),
+        "a exits 0 after a clean release: {status}\n{}",
+        a.output()
+    );
+    let a_rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id = 'a'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(a_rows, 0, "a released every row before it exited");
+    eventually("b owns a's accounts", Duration::from_secs(3), async || {
+        (counts(&mut conn).await.get("b") == Some(&50)).then_some(())
+    })
+    .await;
+    let handoff = exited.elapsed();
+    eprintln!(
+        "handoff after SIGTERM: {} ms from a's exit until b owned all 50",
+        handoff.as_millis()
+    );
+    assert!(
+        a.output()
+            .contains("released accounts and left the cluster"),
+        "{}",
+        a.output()
+    );
+}
+
+#[tokio::test]
+async fn kill9_moves_accounts_only_after_their_leases_expire() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=30, "mt5").await;
+    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
+    eventually("a owns all", Duration::from_secs(20), async || {
+        (counts(&mut conn).await.get("a") == Some(&30)).then_some(())
+    })
+    .await;
+    let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
+    b.wait_for_output("joined the cluster", Duration::from_secs(20))
+        .await;
+
+    a.kill9();
+    let killed = Instant::now();
+    let last_lease: String =
+        sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    eventually("b owns a's accounts", Duration::from_secs(15), async || {
+        (counts(&mut conn).await.get("b") == Some(&30)).then_some(())
+    })
+    .await;
+    let failover = killed.elapsed();
+    let early: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM trading_accounts WHERE claimed_at <= $1::timestamptz",
+    )
+    .bind(&last_lease)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        early, 0,
+        "no row moved before a's last lease_until ({last_lease})"
+    );
+    eprintln!(
+        "failover after kill -9: {} ms (lease 3 s)",
+        failover.as_millis()
+    );
+    // Loose bound for a loaded machine: lease + cycle + slack.
+    assert!(
+        failover < Duration::from_millis(3000 + 500 + 3000),
+        "failover took {failover:?}"
+    );
+    b.signal("TERM");
+    b.wait_exit(Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn a_second_process_with_a_live_node_id_exits_having_taken_nothing() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=10, "mt5").await;
+    let mut a = NodeProcess::spawn(&db, "same", 5, FAST, &[]);
+    eventually(
+        "the first process owns 5",
+        Duration::from_secs(20),
+        async || (counts(&mut conn).await.get("same") == Some(&5)).then_some(()),
+    )
+    .await;
+    let epochs_before: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT id, owner_epoch FROM trading_accounts WHERE node_id = 'same' ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let instance_before: String =
+        sqlx::query_scalar("SELECT instance_id FROM nodes WHERE node_id = 'same'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+
+    let mut dup = NodeProcess::spawn(&db, "same", 5, FAST, &[]);
+    let status = dup.wait_exit(Duration::from_secs(20)).await;
+    assert!(!status.success(), "the duplicate must exit non-zero");
+    let out = dup.output();
+    assert!(
+        out.contains("node id `same` is in use by another live process"),
+        "{out}"
+    );
+    assert!(
+        out.contains("waiting for its membership to expire"),
+        "it waited before giving up: {out}"
+    );
+
+    let epochs_after: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT id, owner_epoch FROM trading_accounts WHERE node_id = 'same' ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        epochs_after, epochs_before,
+        "the duplicate took nothing and bumped nothing"
+    );
+    let instance_after: String =
+        sqlx::query_scalar("SELECT instance_id FROM nodes WHERE node_id = 'same'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(instance_after, instance_before);
+    let free: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(
+        free, 5,
+        "the duplicate claimed none of the free rows either"
+    );
+    a.signal("TERM");
+    assert!(a.wait_exit(Duration::from_secs(15)).await.success());
+}
+
+#[tokio::test]
+async fn a_restart_after_kill9_waits_out_the_old_membership_then_reclaims_with_new_epochs() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=8, "mt5").await;
+    let mut first = NodeProcess::spawn(&db, "n", 100, FAST, &[]);
+    eventually("n owns all", Duration::from_secs(20), async || {
+        (counts(&mut conn).await.get("n") == Some(&8)).then_some(())
+    })
+    .await;
+    first.kill9();
+    let before: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    let last_lease: String =
+        sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+
+    let mut second = NodeProcess::spawn(&db, "n", 100, FAST, &[]);
+    second
+        .wait_for_output(
+            "waiting for its membership to expire",
+            Duration::from_secs(10),
+        )
+        .await;
+    second
+        .wait_for_output("joined the cluster", Duration::from_secs(15))
+        .await;
+    eventually(
+        "the restarted node owns all again",
+        Duration::from_secs(10),
+        async || (counts(&mut conn).await.get("n") == Some(&8)).then_some(()),
+    )
+    .await;
+    let after: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    for ((id, old), (_, new)) in before.iter().zip(&after) {
+        assert!(
+            new > old,
+            "account {id}: re-claimed with a new epoch, not renewed ({old} -> {new})"
+        );
+    }
+    let early: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM trading_accounts WHERE claimed_at <= $1::timestamptz",
+    )
+    .bind(&last_lease)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        early, 0,
+        "nothing re-claimed before the old instance's leases expired"
+    );
+    second.signal("TERM");
+    assert!(second.wait_exit(Duration::from_secs(15)).await.success());
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused_with_the_key_named() {
+    let dir = std::env::temp_dir().join(format!("copier-bad-config-{}", fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.toml");
+    std::fs::write(
+        &file,
+        "database_url = \"postgres://x@127.0.0.1:1/x\"\nplatform = \"mt5\"\nleese = \"60s\"\n",
+    )
+    .unwrap();
+    let file = file.to_string_lossy().into_owned();
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["run", "--config", &file],
+            vec![],
+            "unknown configuration key `leese`",
+        ),
+        (
+            vec!["run", "--platform", "mt5", "--lease", "3s", "--fence", "5s"],
+            vec![("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+            "`fence` (5s) must be less than `lease` (3s)",
+        ),
+        (
+            vec!["run", "--platform", "mt5", "--cycle", "40s"],
+            vec![("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+            "`cycle`",
+        ),
+        (
+            vec!["run", "--platform", "mt5"],
+            vec![
+                ("DATABASE_URL", "postgres://x@127.0.0.1:1/x"),
+                ("COPIER_CAPACITY", "zero"),
+            ],
+            "invalid `capacity` from environment variable COPIER_CAPACITY",
+        ),
+        (
+            vec!["run"],
+            vec![("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+            "missing `platform`",
+        ),
+        (
+            vec!["run", "--platform", "mt5"],
+            vec![],
+            "missing `database_url`",
+        ),
+        (
+            vec!["run", "--config", "/nonexistent/copier.toml"],
+            vec![],
+            "cannot read config file /nonexistent/copier.toml",
+        ),
+    ];
+    for (args, env, needle) in cases {
+        let (code, stdout, stderr) = run_to_end(&args, &env);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {stderr:?} lacks {needle:?}"
+        );
+        assert!(stdout.is_empty(), "{args:?}: nothing on stdout");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn an_unmigrated_database_is_refused_until_migrated() {
+    let db = TestDb::empty().await;
+    let url = db.url.clone();
+    let env = [("DATABASE_URL", url.as_str())];
+    let (code, _, stderr) = run_to_end(
+        &[
+            "run",
+            "--platform",
+            "mt5",
+            "--lease",
+            "3s",
+            "--fence",
+            "1s",
+            "--cycle",
+            "500ms",
+        ],
+        &env,
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("pending migrations") && stderr.contains("copier-node migrate"),
+        "{stderr}"
+    );
+
+    let (code, stdout, _) = run_to_end(&["migrate"], &env);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.trim(), "applied migrations: 1");
+    let (code, stdout, _) = run_to_end(&["migrate", "--database-url", &url], &[]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.trim(), "no pending migrations");
+
+    // `run --migrate` on a fresh database migrates and runs.
+    let fresh = TestDb::empty().await;
+    let mut node = NodeProcess::spawn(&fresh, "m", 10, FAST, &["--migrate"]);
+    node.wait_for_output("joined the cluster", Duration::from_secs(20))
+        .await;
+    node.signal("TERM");
+    assert!(node.wait_exit(Duration::from_secs(15)).await.success());
+}
+
+#[tokio::test]
+async fn concurrent_migrate_commands_all_succeed() {
+    let db = TestDb::empty().await;
+    let url = db.url.clone();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || run_to_end(&["migrate", "--database-url", &url], &[]))
+        })
+        .collect();
+    let mut applied = 0;
+    for h in handles {
+        let (code, stdout, stderr) = h.join().unwrap();
+        assert_eq!(code, 0, "{stderr}");
+        if stdout.contains("applied migrations: 1") {
+            applied += 1;
+        }
+    }
+    assert_eq!(applied, 1, "exactly one replica applied the migration");
+}
+
+#[tokio::test]
+async fn logs_never_carry_the_database_password() {
+    // Unreachable database: the node logs its retries, never the URL's password.
+    let db = TestDb::new().await;
+    let unreachable = "postgres://u:hunter2secret@127.0.0.1:1/none";
+    let mut waiting = NodeProcess::spawn(&db, "p", 10, FAST, &["--database-url", unreachable]);
+    waiting
+        .wait_for_output("database unreachable; retrying", Duration::from_secs(20))
+        .await;
+    waiting.kill9();
+    assert!(
+        !waiting.output().contains("hunter2secret"),
+        "{}",
+        waiting.output()
+    );
+
+    // Trust authentication ignores the password, so a URL with one still connects.
+    let with_password = db.url.replacen("postgres@", "postgres:hunter2secret@", 1);
+    let mut node = NodeProcess::spawn(
+        &db,
+        "p",
+        10,
+        FAST,
+        &["--database-url", &with_password, "--log-format", "json"],
+    );
+    node.wait_for_output("joined the cluster", Duration::from_secs(20))
+        .await;
+    node.signal("TERM");
+    assert!(node.wait_exit(Duration::from_secs(15)).await.success());
+    let out = node.output();
+    assert!(!out.contains("hunter2secret"), "{out}");
+    let mut with_node_id = 0;
+    for line in out.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"));
+        if v.to_string().contains("\"node_id\":\"p\"") {
+            with_node_id += 1;
+        }
+    }
+    assert!(with_node_id >= 3, "node lines carry node_id: {out}");
+}

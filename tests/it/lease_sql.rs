@@ -1,0 +1,435 @@
+//! The lease statements themselves, driven directly against a real PostgreSQL.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use copier_node::db::lease::{self, CycleParams};
+use copier_node::db::status::{self, StatusUpdate};
+use sqlx::{Executor, PgConnection};
+
+use crate::support::{TestDb, eventually, insert_accounts};
+
+const LEASE: Duration = Duration::from_secs(3);
+
+fn params<'a>(
+    node_id: &'a str,
+    instance_id: &'a str,
+    capacity: u32,
+    held: &'a [i64],
+) -> CycleParams<'a> {
+    CycleParams {
+        node_id,
+        instance_id,
+        platform: "mt5",
+        capacity,
+        lease: LEASE,
+        held,
+        claim: true,
+    }
+}
+
+async fn wait_expired(conn: &mut PgConnection, node_id: &str) {
+    eventually(format!("leases of {node_id} to expire"), Duration::from_secs(10), async || {
+        let live: i64 = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id = $1 AND lease_until >= now()")
+            .bind(node_id)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let member_live: bool = sqlx::query_scalar("SELECT coalesce(bool_or(lease_until >= now()), false) FROM nodes WHERE node_id = $1")
+            .bind(node_id)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        (live == 0 && !member_live).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_claims_never_hand_a_row_to_two_claimers() {
+    let db = TestDb::new().await;
+    let mut setup = db.conn().await;
+    insert_accounts(&mut setup, 1..=1000, "mt5").await;
+    insert_accounts(&mut setup, 1001..=1100, "mt4").await;
+    sqlx::query("UPDATE trading_accounts SET enabled = false WHERE id % 50 = 0")
+        .execute(&mut setup)
+        .await
+        .unwrap();
+
+    // 32 claimers of capacity 40 race, cycle after cycle, each on its own connection.
+    let mut tasks = Vec::new();
+    for n in 0..32 {
+        let db_url = db.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn: PgConnection = sqlx::Connection::connect(&db_url).await.unwrap();
+            let node = format!("claimer-{n}");
+            let mut held: Vec<i64> = Vec::new();
+            let mut rounds = Vec::new();
+            for _ in 0..4 {
+                let out = lease::cycle(&mut conn, &params(&node, "i", 40, &held))
+                    .await
+                    .unwrap();
+                assert!(out.member);
+                held = out.owned.iter().map(|r| r.epoch).collect();
+                rounds.push(out.owned);
+            }
+            (node, rounds)
+        }));
+    }
+    let mut final_owned: HashMap<i64, String> = HashMap::new();
+    for t in tasks {
+        let (node, rounds) = t.await.unwrap();
+        for owned in &rounds {
+            assert!(owned.len() <= 40, "{node} over capacity: {}", owned.len());
+        }
+        for row in rounds.last().unwrap() {
+            if let Some(other) = final_owned.insert(row.id, node.clone()) {
+                panic!("row {} handed to both {other} and {node}", row.id);
+            }
+        }
+    }
+    let expected: HashSet<i64> = (1..=1000).filter(|id| id % 50 != 0).collect();
+    let got: HashSet<i64> = final_owned.keys().copied().collect();
+    assert_eq!(
+        got, expected,
+        "every enabled mt5 row owned once; no disabled or mt4 row claimed"
+    );
+    // The database agrees with what the claimers were told.
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "SELECT id, node_id FROM trading_accounts WHERE platform = 'mt5' AND enabled",
+    )
+    .fetch_all(&mut setup)
+    .await
+    .unwrap();
+    for (id, node) in rows {
+        assert_eq!(
+            node.as_deref(),
+            final_owned.get(&id).map(String::as_str),
+            "row {id}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_claim_takes_at_most_the_free_capacity() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=20, "mt5").await;
+    let first = lease::cycle(&mut conn, &params("a", "i", 5, &[]))
+        .await
+        .unwrap();
+    assert_eq!(first.owned.len(), 5);
+    let held: Vec<i64> = first.owned.iter().map(|r| r.epoch).collect();
+    let again = lease::cycle(&mut conn, &params("a", "i", 8, &held))
+        .await
+        .unwrap();
+    assert_eq!(again.owned.len(), 8, "renews 5 and claims 3 more");
+    let renewed: HashMap<i64, i64> = again.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    for r in &first.owned {
+        assert_eq!(renewed[&r.id], r.epoch, "a live held row keeps its epoch");
+    }
+}
+
+#[tokio::test]
+async fn renewal_never_revives_an_expired_lease() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let first = lease::cycle(&mut conn, &params("a", "i", 10, &[]))
+        .await
+        .unwrap();
+    let held: Vec<i64> = first.owned.iter().map(|r| r.epoch).collect();
+    wait_expired(&mut conn, "a").await;
+    let before: HashMap<i64, i64> = first.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    let again = lease::cycle(&mut conn, &params("a", "i", 10, &held))
+        .await
+        .unwrap();
+    assert_eq!(again.owned.len(), 3);
+    for r in &again.owned {
+        assert!(
+            r.epoch > before[&r.id],
+            "row {} expired, so it must be claimed again with a new epoch (R1)",
+            r.id
+        );
+    }
+}
+
+async fn snapshot(conn: &mut PgConnection) -> Vec<(i64, String, i64, String)> {
+    sqlx::query_as(
+        "SELECT id, node_id, owner_epoch, lease_until::text FROM trading_accounts ORDER BY id",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn rows_left_by_an_earlier_instance_are_claimed_again_with_new_epochs() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=4, "mt5").await;
+    let first = lease::cycle(&mut conn, &params("a", "first", 10, &[]))
+        .await
+        .unwrap();
+    assert_eq!(first.owned.len(), 4);
+    let before = snapshot(&mut conn).await;
+
+    // A second instance with the same node id while the first is live changes nothing.
+    let second = lease::cycle(&mut conn, &params("a", "second", 10, &[]))
+        .await
+        .unwrap();
+    assert!(!second.member);
+    assert!(second.owned.is_empty());
+    let conflict = second.conflict.expect("the live instance is reported");
+    assert_eq!(conflict.instance_id, "first");
+    assert!(conflict.expires_in <= LEASE);
+    assert_eq!(
+        snapshot(&mut conn).await,
+        before,
+        "a refused instance writes nothing"
+    );
+
+    // Once the first instance's membership has expired, the second takes over and re-claims.
+    wait_expired(&mut conn, "a").await;
+    let second = lease::cycle(&mut conn, &params("a", "second", 10, &[]))
+        .await
+        .unwrap();
+    assert!(second.member);
+    let old: HashMap<i64, i64> = first.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    assert_eq!(second.owned.len(), 4);
+    for r in &second.owned {
+        assert!(
+            r.epoch > old[&r.id],
+            "row {} re-claimed with a new epoch",
+            r.id
+        );
+    }
+    let instance: String = sqlx::query_scalar("SELECT instance_id FROM nodes WHERE node_id = 'a'")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(instance, "second");
+}
+
+#[tokio::test]
+async fn a_dead_nodes_rows_are_claimed_only_after_their_leases_expire() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=6, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 6, &[]))
+        .await
+        .unwrap();
+    assert_eq!(a.owned.len(), 6);
+    let a_lease: String = sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let b = lease::cycle(&mut conn, &params("b", "ib", 10, &[]))
+        .await
+        .unwrap();
+    assert!(b.owned.is_empty(), "live leases are not claimable");
+    assert_eq!(b.peers.len(), 1);
+    assert!(b.peers[0].expires_in <= LEASE && b.peers[0].expires_in > Duration::ZERO);
+    wait_expired(&mut conn, "a").await;
+    let b = lease::cycle(&mut conn, &params("b", "ib", 10, &[]))
+        .await
+        .unwrap();
+    assert_eq!(b.owned.len(), 6, "an expired node's rows are claimed");
+    let early: i64 = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id = 'b' AND claimed_at <= $1::timestamptz")
+        .bind(&a_lease)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        early, 0,
+        "no row was claimed before its lease_until ({a_lease})"
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_write_is_rejected_after_another_node_took_the_account_over() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 1, &[]))
+        .await
+        .unwrap();
+    let epoch_a = a.owned[0].epoch;
+    let write = |node: &'static str, epoch: i64, text: &str| {
+        let batch = vec![StatusUpdate {
+            account_id: 1,
+            epoch,
+            status: Some(text.into()),
+            balance: Some(1.0),
+            equity: None,
+        }];
+        (node, batch)
+    };
+    let (node, batch) = write("a", epoch_a, "from a");
+    assert_eq!(
+        status::write_batch(&mut conn, node, &batch).await.unwrap(),
+        vec![(1, epoch_a)]
+    );
+
+    wait_expired(&mut conn, "a").await;
+    let b = lease::cycle(&mut conn, &params("b", "ib", 1, &[]))
+        .await
+        .unwrap();
+    let epoch_b = b.owned[0].epoch;
+    assert!(epoch_b > epoch_a);
+    let (node, batch) = write("a", epoch_a, "stale write from a");
+    assert!(
+        status::write_batch(&mut conn, node, &batch)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the old owner's write must match nothing"
+    );
+    let (node, batch) = write("b", epoch_a, "b with a's epoch");
+    assert!(
+        status::write_batch(&mut conn, node, &batch)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the right node with a stale epoch matches nothing"
+    );
+    let (node, batch) = write("b", epoch_b, "from b");
+    assert_eq!(
+        status::write_batch(&mut conn, node, &batch).await.unwrap(),
+        vec![(1, epoch_b)]
+    );
+    let stored: String = sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 1")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stored, "from b");
+}
+
+#[tokio::test]
+async fn a_lost_and_reclaimed_account_refuses_writes_with_the_old_epoch() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    let first = lease::cycle(&mut conn, &params("a", "ia", 1, &[]))
+        .await
+        .unwrap();
+    let old = first.owned[0].epoch;
+    wait_expired(&mut conn, "a").await;
+    // Same node, same instance, lease lapsed: the renewal re-claims with a new epoch (ABA).
+    let again = lease::cycle(&mut conn, &params("a", "ia", 1, &[old]))
+        .await
+        .unwrap();
+    let new = again.owned[0].epoch;
+    assert!(new > old);
+    let stale = vec![StatusUpdate {
+        account_id: 1,
+        epoch: old,
+        status: Some("stale".into()),
+        balance: None,
+        equity: None,
+    }];
+    assert!(
+        status::write_batch(&mut conn, "a", &stale)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 1")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(status, None);
+}
+
+#[tokio::test]
+async fn release_is_fenced_by_epoch_and_announced() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=2, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 2, &[]))
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(copier_node::db::RELEASED_CHANNEL)
+        .await
+        .unwrap();
+    let e1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
+    assert!(
+        lease::release(&mut conn, "a", &[e1 + 1000], "x")
+            .await
+            .unwrap()
+            .is_empty(),
+        "a wrong epoch releases nothing"
+    );
+    assert!(
+        lease::release(&mut conn, "b", &[e1], "x")
+            .await
+            .unwrap()
+            .is_empty(),
+        "another node releases nothing"
+    );
+    assert_eq!(
+        lease::release(&mut conn, "a", &[e1], "released: test")
+            .await
+            .unwrap(),
+        vec![1]
+    );
+    let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("announcement")
+        .unwrap();
+    assert_eq!(n.payload(), "mt5 a");
+    let row: (Option<String>, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT node_id, lease_until::text, status FROM trading_accounts WHERE id = 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(row, (None, None, Some("released: test".into())));
+}
+
+#[tokio::test]
+async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=2, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 2, &[]))
+        .await
+        .unwrap();
+    let e1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
+    // Account 2's task "did not stop": only account 1 is released; the membership stays.
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &[e1])
+        .await
+        .unwrap();
+    assert_eq!(out.released, vec![1]);
+    assert!(!out.left);
+    let all: Vec<i64> = a.owned.iter().map(|r| r.epoch).collect();
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &all)
+        .await
+        .unwrap();
+    assert_eq!(out.released, vec![2]);
+    assert!(out.left);
+    let nodes: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(nodes, 0);
+}
+
+#[tokio::test]
+async fn an_account_row_cannot_name_a_node_without_membership() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let err = conn
+        .execute("INSERT INTO trading_accounts (id, platform, role, server, login, node_id, lease_until) VALUES (1, 'mt5', 'follower', 'h:1', '1', 'ghost', now())")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("foreign key"), "{err}");
+    let err = conn
+        .execute("INSERT INTO trading_accounts (id, platform, role, server, login) VALUES (1, 'mt5', 'slave', 'h:1', '1')")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("check constraint"), "{err}");
+}

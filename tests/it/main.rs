@@ -1,0 +1,7 @@
+//! One integration test binary: the lease statements, whole nodes in-process, and the real
+//! binary as separate processes, all against a real PostgreSQL (see `support::pg`).
+
+mod binary;
+mod lease_sql;
+mod nodes;
+mod support;

@@ -1,0 +1,197 @@
+//! Helpers shared by the integration tests: a real PostgreSQL per test, nodes in-process (in
+//! this runtime, or in a runtime of their own that a test can drop to simulate a crash) and as
+//! real processes, and polling with a deadline.
+
+pub mod pg;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::sync::Once;
+use std::time::Duration;
+
+use copier_node::app::{self, NodeHandle, RunOptions};
+use copier_node::config::{Config, Layers};
+use copier_node::lease::NodeState;
+use sqlx::PgConnection;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use pg::TestDb;
+
+/// Lease timings of a test node.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub lease: &'static str,
+    pub fence: &'static str,
+    pub cycle: &'static str,
+}
+
+/// Short timings for tests (SPEC: e.g. lease 3 s, fence 1 s, cycle 500 ms).
+pub const FAST: Timing = Timing {
+    lease: "3s",
+    fence: "1s",
+    cycle: "500ms",
+};
+
+/// Logs go to a sink unless `TEST_LOG` is set.
+pub fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("debug,sqlx=warn"))
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+/// A node configuration for tests, built through the real configuration layers.
+pub fn config(db: &TestDb, node_id: &str, capacity: u32, timing: Timing) -> Config {
+    let flags = [
+        ("database_url", Some(db.url.clone())),
+        ("platform", Some("mt5".to_string())),
+        ("node_id", Some(node_id.to_string())),
+        ("capacity", Some(capacity.to_string())),
+        ("lease", Some(timing.lease.to_string())),
+        ("fence", Some(timing.fence.to_string())),
+        ("cycle", Some(timing.cycle.to_string())),
+        ("http_listen", Some("127.0.0.1:0".to_string())),
+    ];
+    Layers::load(None, std::iter::empty(), &flags)
+        .and_then(|l| l.resolve())
+        .expect("test config")
+}
+
+/// Starts a node in this runtime.
+pub async fn start_node(config: &Config) -> NodeHandle {
+    init_tracing();
+    app::start(config, RunOptions::default(), CancellationToken::new())
+        .await
+        .expect("starting a node")
+}
+
+/// A node in a runtime of its own: dropping that runtime stops every task and drops every
+/// connection at once without a release, which is what a crash looks like to everyone else.
+pub struct IsolatedNode {
+    runtime: Option<tokio::runtime::Runtime>,
+    pub state: tokio::sync::watch::Receiver<NodeState>,
+}
+
+impl IsolatedNode {
+    pub async fn start(config: &Config) -> IsolatedNode {
+        init_tracing();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = config.clone();
+        let handle = runtime
+            .spawn(async move {
+                app::start(&config, RunOptions::default(), CancellationToken::new()).await
+            })
+            .await
+            .unwrap()
+            .expect("starting an isolated node");
+        let state = handle.state.clone();
+        // The handle lives in the node's runtime; the node stops when the runtime is dropped.
+        runtime.spawn(async move {
+            let _keep = handle;
+            std::future::pending::<()>().await
+        });
+        IsolatedNode {
+            runtime: Some(runtime),
+            state,
+        }
+    }
+
+    /// Stops everything at once, releasing nothing.
+    pub fn crash(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for IsolatedNode {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+/// Polls `check` every 20 ms until it yields a value; panics naming `what` after `within`.
+pub async fn eventually<T>(
+    what: impl Display,
+    within: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {within:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the node's state satisfies `f`.
+pub async fn wait_state(
+    node: &tokio::sync::watch::Receiver<NodeState>,
+    what: &str,
+    within: Duration,
+    f: impl Fn(&NodeState) -> bool,
+) -> NodeState {
+    let mut rx = node.clone();
+    match tokio::time::timeout(within, rx.wait_for(|s| f(s))).await {
+        Ok(Ok(s)) => s.clone(),
+        Ok(Err(_)) => panic!("node stopped while waiting for {what}"),
+        Err(_) => panic!(
+            "timed out after {within:?} waiting for {what}; node state: {:?}",
+            *node.borrow()
+        ),
+    }
+}
+
+/// Inserts enabled follower accounts `ids` on `platform`.
+pub async fn insert_accounts(
+    conn: &mut PgConnection,
+    ids: std::ops::RangeInclusive<i64>,
+    platform: &str,
+) {
+    sqlx::query(
+        "INSERT INTO trading_accounts (id, platform, role, server, login)
+         SELECT g, $3, 'follower', '127.0.0.1:1', g::text FROM generate_series($1::bigint, $2::bigint) g",
+    )
+    .bind(*ids.start())
+    .bind(*ids.end())
+    .bind(platform)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// Every account's owner as the database sees it (expired leases count as unowned).
+pub async fn owners(conn: &mut PgConnection) -> BTreeMap<i64, Option<String>> {
+    sqlx::query_as::<_, (i64, Option<String>)>(
+        "SELECT id, CASE WHEN lease_until >= now() THEN node_id END FROM trading_accounts ORDER BY id",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// How many accounts each node owns (live leases only).
+pub async fn counts(conn: &mut PgConnection) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for owner in owners(conn).await.into_values().flatten() {
+        *out.entry(owner).or_insert(0) += 1;
+    }
+    out
+}
