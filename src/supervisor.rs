@@ -407,6 +407,128 @@ pub fn restart_delay(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status_writer;
+
+    /// A supervisor whose database is never reached (the pool connects lazily to nowhere).
+    fn supervisor() -> (Supervisor, mpsc::UnboundedReceiver<Event>) {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(50))
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let (lost_tx, _lost_rx) = mpsc::unbounded_channel();
+        let (status, _writer) =
+            status_writer::spawn(pool.clone(), "n".into(), lost_tx, CancellationToken::new());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = NodeShared {
+            node_id: "n".into(),
+            pool,
+            status,
+            base: MonoBase::new(),
+            tracker: TaskTracker::new(),
+        };
+        (Supervisor::new(shared, tx), rx)
+    }
+
+    fn row(id: i64, epoch: i64, wanted: bool) -> OwnedRow {
+        OwnedRow { id, epoch, wanted }
+    }
+
+    #[tokio::test]
+    async fn a_new_epoch_closes_the_old_gate_and_opens_a_new_one() {
+        let (mut sup, _rx) = supervisor();
+        let now = Instant::now();
+        sup.apply(
+            &[row(1, 10, true), row(2, 11, true)],
+            now,
+            now + Duration::from_secs(2),
+        );
+        let old = sup.gate(1).unwrap();
+        let other = sup.gate(2).unwrap();
+        assert!(old.holds() && other.holds());
+        sup.apply(&[row(1, 12, true)], now, now + Duration::from_secs(3));
+        assert!(
+            !old.holds(),
+            "the task holding epoch 10 is refused once epoch 12 exists"
+        );
+        assert!(
+            !other.holds(),
+            "an account missing from the read-back is closed"
+        );
+        let new = sup.gate(1).unwrap();
+        assert_eq!(new.epoch(), 12);
+        assert!(new.holds());
+        assert!(sup.gate(2).is_none());
+        assert_eq!(sup.owned(), BTreeMap::from([(1, 12)]));
+    }
+
+    #[tokio::test]
+    async fn a_disabled_account_is_released_only_after_its_task_returned() {
+        let (mut sup, mut rx) = supervisor();
+        let now = Instant::now();
+        sup.apply(&[row(1, 10, true)], now, now + Duration::from_secs(2));
+        let gate = sup.gate(1).unwrap();
+        sup.apply(&[row(1, 10, false)], now, now + Duration::from_secs(3));
+        assert!(gate.is_closed(), "the gate closes at once");
+        assert!(
+            sup.releasing.is_empty(),
+            "no release while the task may still be finishing work"
+        );
+        assert!(sup.stopping.contains_key(&(1, 10)));
+        // The task was cancelled; it reports its exit.
+        let exited = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            exited,
+            Event::Exited {
+                account_id: 1,
+                epoch: 10,
+                ..
+            }
+        ));
+        sup.handle(exited);
+        assert!(
+            sup.releasing.contains(&(1, 10)),
+            "released once the task returned"
+        );
+        assert!(!sup.is_idle());
+    }
+
+    #[tokio::test]
+    async fn a_lost_report_for_an_old_epoch_changes_nothing() {
+        let (mut sup, _rx) = supervisor();
+        let now = Instant::now();
+        sup.apply(&[row(1, 12, true)], now, now + Duration::from_secs(2));
+        sup.handle(Event::Lost(Lost {
+            account_id: 1,
+            epoch: 10,
+        }));
+        assert!(sup.gate(1).unwrap().holds());
+        sup.handle(Event::Lost(Lost {
+            account_id: 1,
+            epoch: 12,
+        }));
+        assert!(sup.gate(1).is_none());
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_every_gate_at_once() {
+        let (mut sup, _rx) = supervisor();
+        let now = Instant::now();
+        sup.apply(
+            &[row(1, 10, true), row(2, 11, true)],
+            now,
+            now + Duration::from_secs(2),
+        );
+        let gates = [sup.gate(1).unwrap(), sup.gate(2).unwrap()];
+        sup.begin_shutdown();
+        assert!(gates.iter().all(|g| g.is_closed()));
+        assert_eq!(sup.unfinished_epochs(), HashSet::from([10, 11]));
+        // A later cycle during shutdown starts nothing new.
+        sup.apply(&[row(3, 13, true)], now, now + Duration::from_secs(2));
+        assert!(sup.gate(3).is_none());
+    }
 
     #[test]
     fn restarts_back_off_to_a_cap() {

@@ -433,3 +433,170 @@ async fn an_account_row_cannot_name_a_node_without_membership() {
         .unwrap_err();
     assert!(err.to_string().contains("check constraint"), "{err}");
 }
+
+/// Every (node type, relation, index) in an EXPLAIN (FORMAT JSON) plan.
+fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, String, String)>) {
+    if let Some(obj) = plan.as_object() {
+        if let Some(kind) = obj.get("Node Type").and_then(|v| v.as_str()) {
+            let rel = obj
+                .get("Relation Name")
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string();
+            let index = obj
+                .get("Index Name")
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string();
+            out.push((kind.to_string(), rel, index));
+        }
+        for v in obj.values() {
+            plan_nodes(v, out);
+        }
+    } else if let Some(list) = plan.as_array() {
+        for v in list {
+            plan_nodes(v, out);
+        }
+    }
+}
+
+#[tokio::test]
+async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    // The note's shape: 80 % of rows on the platform, 5 % disabled and unowned, every enabled row
+    // owned by one of 100 live nodes, except one dead node's rows (expired) and 100 free rows.
+    conn.execute(
+        "INSERT INTO nodes SELECT 'n' || g, 'i', 'mt5', 20000, now() + interval '1 hour', now(), now()
+           FROM generate_series(1, 100) g",
+    )
+    .await
+    .unwrap();
+    conn.execute(
+        "UPDATE nodes SET lease_until = now() - interval '1 minute' WHERE node_id = 'n100'",
+    )
+    .await
+    .unwrap();
+    conn.execute("SET session_replication_role = replica")
+        .await
+        .unwrap(); // skip the FK checks of the bulk load
+    conn.execute(
+        "INSERT INTO trading_accounts (id, platform, role, server, login, enabled, node_id, lease_until, owner_epoch)
+         SELECT g, CASE WHEN g % 5 = 0 THEN 'mt4' ELSE 'mt5' END, 'follower', 'h:1', g::text, g % 20 <> 1,
+                CASE WHEN g % 20 = 1 OR g % 10007 = 3 THEN NULL ELSE 'n' || (g % 100 + 1) END,
+                CASE WHEN g % 20 = 1 OR g % 10007 = 3 THEN NULL
+                     WHEN g % 100 + 1 = 100 THEN now() - interval '1 minute'
+                     ELSE now() + interval '1 hour' END,
+                g
+           FROM generate_series(1, 1000000) g",
+    )
+    .await
+    .unwrap();
+    conn.execute("SET session_replication_role = DEFAULT")
+        .await
+        .unwrap();
+    conn.execute("ANALYZE trading_accounts").await.unwrap();
+    conn.execute("ANALYZE nodes").await.unwrap();
+
+    // The node's first cycle (membership, claims); then the plan of a steady-state cycle, both
+    // custom (as for the first executions) and generic (what a prepared statement settles on).
+    let first = lease::cycle(&mut conn, &params("x", "ix", 100, &[]))
+        .await
+        .unwrap();
+    assert_eq!(first.owned.len(), 100);
+    let held: Vec<i64> = first.owned.iter().map(|r| r.epoch).collect();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        conn.execute(format!("SET plan_cache_mode = {mode}").as_str())
+            .await
+            .unwrap();
+        let explain = format!("EXPLAIN (FORMAT JSON) {}", lease::CYCLE_SQL);
+        let plan: serde_json::Value = sqlx::query_scalar(&explain)
+            .bind("x")
+            .bind("ix")
+            .bind("mt5")
+            .bind(200i32)
+            .bind(3000i64)
+            .bind(&held)
+            .bind(true)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        let mut nodes = Vec::new();
+        plan_nodes(&plan, &mut nodes);
+        let scans: Vec<_> = nodes
+            .iter()
+            .filter(|(kind, rel, _)| kind == "Seq Scan" && rel == "trading_accounts")
+            .collect();
+        assert!(
+            scans.is_empty(),
+            "{mode}: the cycle scans trading_accounts: {nodes:?}"
+        );
+        let indexes: Vec<&str> = nodes.iter().map(|(_, _, i)| i.as_str()).collect();
+        for wanted in [
+            "trading_accounts_node_idx",
+            "trading_accounts_free_idx",
+            "trading_accounts_pkey",
+        ] {
+            assert!(
+                indexes.contains(&wanted),
+                "{mode}: {wanted} unused: {nodes:?}"
+            );
+        }
+    }
+    conn.execute("RESET plan_cache_mode").await.unwrap();
+
+    // Renewals of the node's 100 rows among a million are HOT.
+    let stats = async |conn: &mut sqlx::PgConnection| -> (i64, i64) {
+        sqlx::query_as("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'trading_accounts'")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    let mut held = held;
+    let mut timings = Vec::new();
+    let mut work = db.conn().await;
+    // Let the claim's own statistics arrive first.
+    let base = eventually(
+        "the claim in the statistics",
+        Duration::from_secs(20),
+        async || {
+            let s = stats(&mut conn).await;
+            (s.0 >= 100).then_some(s)
+        },
+    )
+    .await;
+    for _ in 0..10 {
+        let t = tokio::time::Instant::now();
+        let out = lease::cycle(&mut work, &params("x", "ix", 200, &held))
+            .await
+            .unwrap();
+        timings.push(t.elapsed());
+        held = out.owned.iter().map(|r| r.epoch).collect();
+    }
+    work.execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .unwrap();
+    drop(work);
+    let claimed_in_loop = held.len() as i64 - 100; // the 200-capacity cycles claimed more once
+    let after = eventually(
+        "the renewals in the statistics",
+        Duration::from_secs(20),
+        async || {
+            let s = stats(&mut conn).await;
+            (s.0 >= base.0 + 100 * 10).then_some(s)
+        },
+    )
+    .await;
+    let (upd, hot) = (after.0 - base.0, after.1 - base.1);
+    timings.sort();
+    eprintln!(
+        "1M rows: cycle median {:?}, max {:?}; {hot} HOT of {upd} updates ({claimed_in_loop} claims)",
+        timings[timings.len() / 2],
+        timings[timings.len() - 1]
+    );
+    let renewals = upd - claimed_in_loop;
+    assert!(
+        hot as f64 >= renewals as f64 * 0.9,
+        "{hot} HOT of {renewals} renewals"
+    );
+}

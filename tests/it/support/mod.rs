@@ -2,6 +2,7 @@
 //! this runtime, or in a runtime of their own that a test can drop to simulate a crash) and as
 //! real processes, and polling with a deadline.
 
+pub mod chaos;
 pub mod pg;
 pub mod process;
 
@@ -49,8 +50,13 @@ pub fn init_tracing() {
 
 /// A node configuration for tests, built through the real configuration layers.
 pub fn config(db: &TestDb, node_id: &str, capacity: u32, timing: Timing) -> Config {
+    config_url(&db.url, node_id, capacity, timing)
+}
+
+/// As [`config`], reaching the database at `url` (e.g. through a chaos proxy).
+pub fn config_url(url: &str, node_id: &str, capacity: u32, timing: Timing) -> Config {
     let flags = [
-        ("database_url", Some(db.url.clone())),
+        ("database_url", Some(url.to_string())),
         ("platform", Some("mt5".to_string())),
         ("node_id", Some(node_id.to_string())),
         ("capacity", Some(capacity.to_string())),

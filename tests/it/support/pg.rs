@@ -159,6 +159,46 @@ impl TestDb {
     pub async fn conn(&self) -> PgConnection {
         connect(&self.url).await
     }
+
+    /// The server's `host:port`.
+    pub fn server_addr(&self) -> String {
+        split_authority(&self.url).1
+    }
+
+    /// This database's URL, reached through `127.0.0.1:port` (a chaos proxy).
+    pub fn url_via(&self, port: u16) -> String {
+        let (before, authority, after) = split_url(&self.url);
+        let userinfo = authority
+            .rsplit_once('@')
+            .map(|(u, _)| format!("{u}@"))
+            .unwrap_or_default();
+        format!("{before}{userinfo}127.0.0.1:{port}{after}")
+    }
+}
+
+/// (scheme and `://`, authority, path and query) of a URL.
+fn split_url(url: &str) -> (&str, &str, &str) {
+    let start = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let end = url[start..]
+        .find(['/', '?'])
+        .map(|i| start + i)
+        .unwrap_or(url.len());
+    (&url[..start], &url[start..end], &url[end..])
+}
+
+/// (userinfo, host:port) of a URL's authority; the port defaults to 5432.
+fn split_authority(url: &str) -> (String, String) {
+    let (_, authority, _) = split_url(url);
+    let (user, host) = authority.rsplit_once('@').unwrap_or(("", authority));
+    let host = if host
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        host.to_string()
+    } else {
+        format!("{host}:5432")
+    };
+    (user.to_string(), host)
 }
 
 impl Drop for TestDb {

@@ -1,0 +1,129 @@
+//! A chaos TCP proxy between a node and PostgreSQL. It forwards bytes until told to hang (stop
+//! forwarding in both directions, or only the server's replies, keeping every socket open, as a
+//! dead network path or a frozen peer does), and can cut every open connection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What the proxy does with bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Forward,
+    /// Nothing passes in either direction; sockets stay open.
+    Hang,
+    /// Requests reach the server; its replies do not come back.
+    HangReplies,
+}
+
+pub struct ChaosProxy {
+    pub port: u16,
+    mode: watch::Sender<Mode>,
+    generation: Arc<AtomicU64>,
+    accept: JoinHandle<()>,
+}
+
+impl ChaosProxy {
+    /// Starts a proxy on a free loopback port in front of `target` (`host:port`).
+    pub async fn start(target: String) -> ChaosProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (mode, rx) = watch::channel(Mode::Forward);
+        let generation = Arc::new(AtomicU64::new(0));
+        let gen_accept = generation.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let rx = rx.clone();
+                let generation = gen_accept.clone();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(target.as_str()).await else {
+                        return;
+                    };
+                    let born = generation.load(Ordering::SeqCst);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let up = pump(cr, sw, rx.clone(), false, generation.clone(), born);
+                    let down = pump(sr, cw, rx, true, generation, born);
+                    tokio::select! { _ = up => {}, _ = down => {} }
+                });
+            }
+        });
+        ChaosProxy {
+            port,
+            mode,
+            generation,
+            accept,
+        }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// Closes every connection open now (new ones are accepted as usual).
+    pub fn cut(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        // Wake the pumps so they notice.
+        self.mode.send_modify(|_| {});
+    }
+}
+
+impl Drop for ChaosProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    is_reply: bool,
+    generation: Arc<AtomicU64>,
+    born: u64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let blocked = |m: Mode| m == Mode::Hang || (is_reply && m == Mode::HangReplies);
+    loop {
+        // Wait while this direction is hung (bytes stay unread in the kernel's buffers).
+        loop {
+            if generation.load(Ordering::SeqCst) != born {
+                return;
+            }
+            if !blocked(*mode.borrow_and_update()) {
+                break;
+            }
+            if mode.changed().await.is_err() {
+                return;
+            }
+        }
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+            _ = mode.changed() => continue,
+        };
+        // Read while forwarding, then the mode changed: hold the bytes until forwarding again.
+        loop {
+            if generation.load(Ordering::SeqCst) != born {
+                return;
+            }
+            if !blocked(*mode.borrow_and_update()) {
+                break;
+            }
+            if mode.changed().await.is_err() {
+                return;
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
