@@ -5,6 +5,7 @@ use std::time::Duration;
 use sqlx::Executor;
 use tokio::time::Instant;
 
+use crate::support::chaos::{ChaosProxy, Mode};
 use crate::support::process::{NodeProcess, run_to_end};
 use crate::support::{FAST, TestDb, Timing, counts, eventually, insert_accounts};
 
@@ -184,6 +185,49 @@ async fn kill9_moves_accounts_only_after_their_leases_expire() {
     );
     b.signal("TERM");
     b.wait_exit(Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn a_hung_database_connection_moves_the_nodes_accounts_soon_after_its_last_lease() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=20, "mt5").await;
+    let proxy = ChaosProxy::start(db.server_addr()).await;
+    let via = db.url_via(proxy.port);
+    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &["--database-url", &via]);
+    eventually("a owns all", Duration::from_secs(20), async || {
+        (counts(&mut conn).await.get("a") == Some(&20)).then_some(())
+    })
+    .await;
+    let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
+    b.wait_for_output("joined the cluster", Duration::from_secs(20)).await;
+
+    proxy.set(Mode::Hang);
+    a.wait_for_output("gate closed: lease trust lapsed", Duration::from_secs(10)).await;
+    let last_lease: String = sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts WHERE node_id = 'a'")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    eventually("b owns a's accounts", Duration::from_secs(15), async || {
+        (counts(&mut conn).await.get("b") == Some(&20)).then_some(())
+    })
+    .await;
+    let after_expiry_ms: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(claimed_at) - $1::timestamptz)::float8 * 1000 FROM trading_accounts")
+        .bind(&last_lease)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    eprintln!("hung database: b claimed a's accounts {after_expiry_ms:.0} ms after a's last lease_until");
+    assert!(after_expiry_ms > 0.0 && after_expiry_ms < 1500.0, "{after_expiry_ms} ms");
+
+    // The network comes back: a finds its accounts gone and owns nothing; nobody owns twice.
+    proxy.set(Mode::Forward);
+    a.wait_for_output("lease cycle succeeded again", Duration::from_secs(15)).await;
+    assert_eq!(counts(&mut conn).await.get("b"), Some(&20));
+    for mut n in [a, b] {
+        n.signal("TERM");
+        assert!(n.wait_exit(Duration::from_secs(15)).await.success(), "{}", n.output());
+    }
 }
 
 #[tokio::test]
