@@ -7,7 +7,10 @@ use tokio::time::Instant;
 
 use crate::support::chaos::{ChaosProxy, Mode};
 use crate::support::process::{NodeProcess, run_to_end};
-use crate::support::{FAST, TestDb, Timing, counts, eventually, insert_accounts};
+use crate::support::{
+    FAST, TestDb, Timing, claimed_after, counts, eventually, insert_accounts, last_lease,
+    wait_owned,
+};
 
 #[tokio::test]
 async fn three_replicas_share_300_accounts_within_capacity() {
@@ -87,10 +90,7 @@ async fn sigterm_releases_before_exit_and_a_peer_claims_within_a_second() {
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=50, "mt5").await;
     let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
-    eventually("a owns all", Duration::from_secs(20), async || {
-        (counts(&mut conn).await.get("a") == Some(&50)).then_some(())
-    })
-    .await;
+    wait_owned(&mut conn, "a", 50, Duration::from_secs(20)).await;
     // b's regular cycle is 20 s: only the release announcement can make it claim quickly.
     let slow = Timing {
         lease: "60s",
@@ -120,10 +120,7 @@ async fn sigterm_releases_before_exit_and_a_peer_claims_within_a_second() {
             .await
             .unwrap();
     assert_eq!(a_rows, 0, "a released every row before it exited");
-    eventually("b owns a's accounts", Duration::from_secs(3), async || {
-        (counts(&mut conn).await.get("b") == Some(&50)).then_some(())
-    })
-    .await;
+    wait_owned(&mut conn, "b", 50, Duration::from_secs(3)).await;
     let handoff = exited.elapsed();
     eprintln!(
         "handoff after SIGTERM: {} ms from a's exit until b owned all 50",
@@ -143,25 +140,15 @@ async fn kill9_moves_accounts_only_after_their_leases_expire() {
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=30, "mt5").await;
     let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
-    eventually("a owns all", Duration::from_secs(20), async || {
-        (counts(&mut conn).await.get("a") == Some(&30)).then_some(())
-    })
-    .await;
+    wait_owned(&mut conn, "a", 30, Duration::from_secs(20)).await;
     let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
     b.wait_for_output("joined the cluster", Duration::from_secs(20))
         .await;
 
     a.kill9();
     let killed = Instant::now();
-    let last_lease: String =
-        sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-    eventually("b owns a's accounts", Duration::from_secs(15), async || {
-        (counts(&mut conn).await.get("b") == Some(&30)).then_some(())
-    })
-    .await;
+    let last_lease = last_lease(&mut conn, None).await;
+    wait_owned(&mut conn, "b", 30, Duration::from_secs(15)).await;
     let failover = killed.elapsed();
     let early: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM trading_accounts WHERE claimed_at <= $1::timestamptz",
@@ -195,38 +182,37 @@ async fn a_hung_database_connection_moves_the_nodes_accounts_soon_after_its_last
     let proxy = ChaosProxy::start(db.server_addr()).await;
     let via = db.url_via(proxy.port);
     let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &["--database-url", &via]);
-    eventually("a owns all", Duration::from_secs(20), async || {
-        (counts(&mut conn).await.get("a") == Some(&20)).then_some(())
-    })
-    .await;
+    wait_owned(&mut conn, "a", 20, Duration::from_secs(20)).await;
     let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
-    b.wait_for_output("joined the cluster", Duration::from_secs(20)).await;
+    b.wait_for_output("joined the cluster", Duration::from_secs(20))
+        .await;
 
     proxy.set(Mode::Hang);
-    a.wait_for_output("gate closed: lease trust lapsed", Duration::from_secs(10)).await;
-    let last_lease: String = sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts WHERE node_id = 'a'")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    eventually("b owns a's accounts", Duration::from_secs(15), async || {
-        (counts(&mut conn).await.get("b") == Some(&20)).then_some(())
-    })
-    .await;
-    let after_expiry_ms: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(claimed_at) - $1::timestamptz)::float8 * 1000 FROM trading_accounts")
-        .bind(&last_lease)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    eprintln!("hung database: b claimed a's accounts {after_expiry_ms:.0} ms after a's last lease_until");
-    assert!(after_expiry_ms > 0.0 && after_expiry_ms < 1500.0, "{after_expiry_ms} ms");
+    a.wait_for_output("gate closed: lease trust lapsed", Duration::from_secs(10))
+        .await;
+    let last_lease = last_lease(&mut conn, Some("a")).await;
+    wait_owned(&mut conn, "b", 20, Duration::from_secs(15)).await;
+    let (_, after_expiry_ms) = claimed_after(&mut conn, "b", &last_lease).await;
+    eprintln!(
+        "hung database: b claimed a's accounts {after_expiry_ms:.0} ms after a's last lease_until"
+    );
+    assert!(
+        after_expiry_ms > 0.0 && after_expiry_ms < 1500.0,
+        "{after_expiry_ms} ms"
+    );
 
     // The network comes back: a finds its accounts gone and owns nothing; nobody owns twice.
     proxy.set(Mode::Forward);
-    a.wait_for_output("lease cycle succeeded again", Duration::from_secs(15)).await;
+    a.wait_for_output("lease cycle succeeded again", Duration::from_secs(15))
+        .await;
     assert_eq!(counts(&mut conn).await.get("b"), Some(&20));
     for mut n in [a, b] {
         n.signal("TERM");
-        assert!(n.wait_exit(Duration::from_secs(15)).await.success(), "{}", n.output());
+        assert!(
+            n.wait_exit(Duration::from_secs(15)).await.success(),
+            "{}",
+            n.output()
+        );
     }
 }
 
@@ -302,21 +288,14 @@ async fn a_restart_after_kill9_waits_out_the_old_membership_then_reclaims_with_n
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=8, "mt5").await;
     let mut first = NodeProcess::spawn(&db, "n", 100, FAST, &[]);
-    eventually("n owns all", Duration::from_secs(20), async || {
-        (counts(&mut conn).await.get("n") == Some(&8)).then_some(())
-    })
-    .await;
+    wait_owned(&mut conn, "n", 8, Duration::from_secs(20)).await;
     first.kill9();
     let before: Vec<(i64, i64)> =
         sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    let last_lease: String =
-        sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+    let last_lease = last_lease(&mut conn, None).await;
 
     let mut second = NodeProcess::spawn(&db, "n", 100, FAST, &[]);
     second

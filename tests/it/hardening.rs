@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use crate::support::chaos::{ChaosProxy, Mode};
 use crate::support::{
-    FAST, TestDb, config, config_url, counts, eventually, insert_accounts, start_node, wait_state,
+    FAST, TestDb, claimed_after, config, config_url, counts, eventually, insert_accounts,
+    last_lease, start_node, wait_state,
 };
 
 #[tokio::test]
@@ -131,12 +132,7 @@ async fn a_hang_mid_cycle_holds_no_locks_and_a_peer_owns_the_accounts_soon_after
     .await
     .unwrap();
     assert_eq!(locks, 0, "a stalled node holds no row locks");
-    let last_lease: String = sqlx::query_scalar(
-        "SELECT max(lease_until)::text FROM trading_accounts WHERE node_id = 'a'",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    let last_lease = last_lease(&mut conn, Some("a")).await;
 
     wait_state(
         &b.state,
@@ -145,15 +141,7 @@ async fn a_hang_mid_cycle_holds_no_locks_and_a_peer_owns_the_accounts_soon_after
         |s| s.owned.len() == 10,
     )
     .await;
-    let (first_ms, last_ms): (f64, f64) = sqlx::query_as(
-        "SELECT extract(epoch FROM min(claimed_at) - $1::timestamptz)::float8 * 1000,
-                extract(epoch FROM max(claimed_at) - $1::timestamptz)::float8 * 1000
-           FROM trading_accounts WHERE node_id = 'b'",
-    )
-    .bind(&last_lease)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    let (first_ms, last_ms) = claimed_after(&mut conn, "b", &last_lease).await;
     eprintln!("b claimed {first_ms:.0}..{last_ms:.0} ms after a's last lease_until");
     assert!(first_ms > 0.0, "nothing claimed before a's lease expired");
     assert!(

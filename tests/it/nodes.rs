@@ -7,8 +7,8 @@ use sqlx::{Connection, Executor};
 use tokio::time::Instant;
 
 use crate::support::{
-    FAST, IsolatedNode, TestDb, Timing, config, counts, eventually, insert_accounts, owners,
-    start_node, wait_state,
+    FAST, IsolatedNode, TestDb, Timing, config, counts, eventually, insert_accounts, last_lease,
+    owners, start_node, wait_state,
 };
 
 #[tokio::test]
@@ -97,11 +97,7 @@ async fn a_node_that_stops_renewing_keeps_its_rows_until_lease_until_passes() {
     );
 
     a.crash();
-    let last_lease: String =
-        sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+    let last_lease = last_lease(&mut conn, None).await;
     wait_state(&b.state, "b owns a's rows", Duration::from_secs(15), |s| {
         s.owned.len() == 30
     })

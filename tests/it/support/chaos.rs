@@ -92,38 +92,42 @@ async fn pump(
     born: u64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
-    let blocked = |m: Mode| m == Mode::Hang || (is_reply && m == Mode::HangReplies);
     loop {
         // Wait while this direction is hung (bytes stay unread in the kernel's buffers).
-        loop {
-            if generation.load(Ordering::SeqCst) != born {
-                return;
-            }
-            if !blocked(*mode.borrow_and_update()) {
-                break;
-            }
-            if mode.changed().await.is_err() {
-                return;
-            }
+        if !wait_open(&mut mode, is_reply, &generation, born).await {
+            return;
         }
         let n = tokio::select! {
             r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
             _ = mode.changed() => continue,
         };
         // Read while forwarding, then the mode changed: hold the bytes until forwarding again.
-        loop {
-            if generation.load(Ordering::SeqCst) != born {
-                return;
-            }
-            if !blocked(*mode.borrow_and_update()) {
-                break;
-            }
-            if mode.changed().await.is_err() {
-                return;
-            }
+        if !wait_open(&mut mode, is_reply, &generation, born).await {
+            return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Waits until this direction may forward; false once the connection was cut.
+async fn wait_open(
+    mode: &mut watch::Receiver<Mode>,
+    is_reply: bool,
+    generation: &AtomicU64,
+    born: u64,
+) -> bool {
+    loop {
+        if generation.load(Ordering::SeqCst) != born {
+            return false;
+        }
+        let m = *mode.borrow_and_update();
+        if !(m == Mode::Hang || (is_reply && m == Mode::HangReplies)) {
+            return true;
+        }
+        if mode.changed().await.is_err() {
+            return false;
         }
     }
 }

@@ -201,3 +201,37 @@ pub async fn counts(conn: &mut PgConnection) -> BTreeMap<String, usize> {
     }
     out
 }
+
+/// Waits until `node_id` owns exactly `n` accounts (live leases).
+pub async fn wait_owned(conn: &mut PgConnection, node_id: &str, n: usize, within: Duration) {
+    eventually(
+        format!("{node_id} to own {n} accounts"),
+        within,
+        async || (counts(conn).await.get(node_id) == Some(&n)).then_some(()),
+    )
+    .await;
+}
+
+/// The latest `lease_until` of `node_id`'s rows (or of all rows), as text for later comparison
+/// on the database's clock.
+pub async fn last_lease(conn: &mut PgConnection, node_id: Option<&str>) -> String {
+    sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts WHERE $1::text IS NULL OR node_id = $1")
+        .bind(node_id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// (earliest, latest) claim of `node_id`'s rows in milliseconds after `lease` (database clock).
+pub async fn claimed_after(conn: &mut PgConnection, node_id: &str, lease: &str) -> (f64, f64) {
+    sqlx::query_as(
+        "SELECT extract(epoch FROM min(claimed_at) - $2::timestamptz)::float8 * 1000,
+                extract(epoch FROM max(claimed_at) - $2::timestamptz)::float8 * 1000
+           FROM trading_accounts WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .bind(lease)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}

@@ -126,27 +126,26 @@ pub struct TestDb {
 }
 
 impl TestDb {
+    /// A fresh database cloned from the migrated template.
     pub async fn new() -> TestDb {
         let template = ensure_template().await;
-        let name = format!("copier_t_{}_{:08x}", std::process::id(), fastrand::u32(..));
-        let mut admin = connect(&admin_url("postgres")).await;
-        admin
-            .execute(format!("CREATE DATABASE {name} TEMPLATE {template}").as_str())
-            .await
-            .expect("creating the test database");
-        admin.close().await.ok();
-        TestDb {
-            url: admin_url(&name),
-            name,
-        }
+        TestDb::create("t", &format!("TEMPLATE {template}")).await
     }
 
     /// An empty database with no migrations applied.
     pub async fn empty() -> TestDb {
-        let name = format!("copier_e_{}_{:08x}", std::process::id(), fastrand::u32(..));
+        TestDb::create("e", "").await
+    }
+
+    async fn create(kind: &str, options: &str) -> TestDb {
+        let name = format!(
+            "copier_{kind}_{}_{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
         let mut admin = connect(&admin_url("postgres")).await;
         admin
-            .execute(format!("CREATE DATABASE {name}").as_str())
+            .execute(format!("CREATE DATABASE {name} {options}").as_str())
             .await
             .expect("creating the test database");
         admin.close().await.ok();
@@ -229,21 +228,12 @@ impl Drop for TestDb {
 
 /// `url` with its database name replaced by `db` (query parameters kept).
 fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let host_end = base[authority_start..]
-        .find('/')
-        .map(|i| authority_start + i)
-        .unwrap_or(base.len());
-    let mut out = format!("{}/{db}", &base[..host_end]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
+    let (scheme, authority, rest) = split_url(url);
+    let query = rest
+        .split_once('?')
+        .map(|(_, q)| format!("?{q}"))
+        .unwrap_or_default();
+    format!("{scheme}{authority}/{db}{query}")
 }
 
 async fn connect(url: &str) -> PgConnection {
