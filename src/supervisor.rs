@@ -100,7 +100,9 @@ impl Supervisor {
     /// Applies a confirmed cycle: `owned` is everything the database says this node owns,
     /// `acknowledged` when the cycle's COMMIT was acknowledged and `deadline` its trust deadline.
     /// Gates of accounts no longer owned (or owned at a new epoch) close before this returns.
-    pub fn apply(&mut self, owned: &[OwnedRow], acknowledged: Instant, deadline: Instant) {
+    /// Returns how many gates had lapsed and are trusted again (their tasks will reconcile).
+    pub fn apply(&mut self, owned: &[OwnedRow], acknowledged: Instant, deadline: Instant) -> usize {
+        let mut restored = 0;
         let mut seen = HashSet::with_capacity(owned.len());
         for row in owned {
             seen.insert(row.id);
@@ -112,6 +114,7 @@ impl Supervisor {
                 Some(a) if a.epoch == row.epoch => {
                     if row.wanted && !self.shutting_down {
                         if a.gate.renew(acknowledged, deadline) {
+                            restored += 1;
                             info!(
                                 account_id = row.id,
                                 epoch = row.epoch,
@@ -166,6 +169,7 @@ impl Supervisor {
             );
             self.stop(id, None);
         }
+        restored
     }
 
     /// Handles an event from a task, a release or the status writer.

@@ -55,6 +55,9 @@ pub struct NodeState {
     pub owned: Arc<BTreeMap<i64, i64>>,
     /// The last cycle failure, until a cycle succeeds.
     pub last_error: Option<String>,
+    /// How many account gates were trusted again after their trust lapsed (each such account's
+    /// task was told to reconcile before acting).
+    pub trust_restorations: u64,
 }
 
 impl NodeState {
@@ -244,8 +247,9 @@ impl LeaseLoop {
         run.lapse_logged = false;
         run.last_ack = Some(acknowledged);
         // Gates first (the supervisor closes what is no longer ours), then the node's deadline.
-        self.supervisor
-            .apply(&outcome.owned, acknowledged, deadline);
+        let restored = self
+            .supervisor
+            .apply(&outcome.owned, acknowledged, deadline) as u64;
         run.deadline = Some(deadline);
         run.held = outcome.owned.iter().map(|r| r.epoch).collect();
         run.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
@@ -263,6 +267,7 @@ impl LeaseLoop {
             };
             s.cycles += 1;
             s.last_error = None;
+            s.trust_restorations += restored;
         });
         Ok(self.schedule(run, t0, acknowledged, &outcome))
     }

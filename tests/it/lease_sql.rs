@@ -600,3 +600,27 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
         "{hot} HOT of {renewals} renewals"
     );
 }
+
+#[tokio::test]
+async fn long_dead_memberships_that_own_nothing_are_forgotten() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    conn.execute(
+        "INSERT INTO nodes VALUES
+           ('gone', 'i', 'mt5', 1, now() - interval '2 hours', now(), now()),
+           ('recent', 'i', 'mt5', 1, now() - interval '5 minutes', now(), now()),
+           ('holding', 'i', 'mt5', 1, now() - interval '2 hours', now(), now()),
+           ('other-platform', 'i', 'mt4', 1, now() - interval '2 hours', now(), now())",
+    )
+    .await
+    .unwrap();
+    conn.execute("INSERT INTO trading_accounts (id, platform, role, server, login, node_id, lease_until) VALUES (1, 'mt5', 'follower', 'h:1', '1', 'holding', now() - interval '2 hours')")
+        .await
+        .unwrap();
+    assert_eq!(lease::forget_dead_nodes(&mut conn, "mt5").await.unwrap(), 1);
+    let left: Vec<String> = sqlx::query_scalar("SELECT node_id FROM nodes ORDER BY node_id")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, ["holding", "other-platform", "recent"]);
+}

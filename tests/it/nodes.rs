@@ -328,10 +328,19 @@ async fn the_gate_closes_at_the_deadline_when_renewals_fail_and_reopens_after_a_
     assert!(open.last_error.is_none());
     let still: HashSet<i64> = open.owned.values().copied().collect();
     let before: HashSet<i64> = epochs.values().copied().collect();
-    assert!(
-        still == before || still.is_disjoint(&before),
-        "either renewed as held or re-claimed with new epochs, never mixed"
-    );
+    if still == before {
+        // Renewed within the lease: the same gates reopened, and their tasks were told.
+        assert!(
+            open.trust_restorations >= 2,
+            "both accounts' tasks learn that trust came back"
+        );
+    } else {
+        // The lease ran out first (a slow machine): re-claimed with new epochs, new tasks.
+        assert!(
+            still.is_disjoint(&before),
+            "never a mix of old and new epochs"
+        );
+    }
     node.shutdown();
     node.wait().await.unwrap();
 }
