@@ -22,6 +22,95 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Apply pending migrations and exit (safe to run from many replicas at once).
     Migrate(DbArgs),
+    /// The simulated trade server and its hand tools.
+    #[command(subcommand)]
+    SimBroker(SimBrokerCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimBrokerCommand {
+    /// Run the simulated trade server.
+    Serve(ServeArgs),
+    /// Place, close or modify a trade by hand (client `manual`, no fence).
+    Trade(TradeArgs),
+    /// Print the account's open positions as JSON lines.
+    Positions(AccountArgs),
+    /// Print the account's closed positions (every full or partial close) as JSON lines.
+    History(AccountArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (`127.0.0.1:0` picks a free port, logged).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// Journal file: one JSON line per order request and login, appended.
+    #[arg(long, value_name = "PATH")]
+    pub journal: std::path::PathBuf,
+    /// Keep accounts, positions, history and fences across restarts in this file.
+    #[arg(long, value_name = "PATH")]
+    pub state: Option<std::path::PathBuf>,
+    /// Accept stale fences (to measure what the fence check prevents).
+    #[arg(long)]
+    pub no_fence_check: bool,
+    /// Balance of a new account.
+    #[arg(long, default_value_t = 10_000.0)]
+    pub balance: f64,
+    /// Move prices along a deterministic walk every DURATION and trigger stop loss and take
+    /// profit (e.g. `100ms`). Prices stay fixed without it.
+    #[arg(long, value_name = "DURATION")]
+    pub price_walk: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountArgs {
+    /// The simulated broker, host:port.
+    #[arg(long, value_name = "ADDR")]
+    pub broker: String,
+    /// The account's login.
+    #[arg(long)]
+    pub login: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TradeArgs {
+    #[command(flatten)]
+    pub account: AccountArgs,
+    #[command(subcommand)]
+    pub action: TradeAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TradeAction {
+    /// Open a market position; prints the new ticket.
+    Open {
+        symbol: String,
+        /// buy or sell
+        side: String,
+        volume: f64,
+        #[arg(long)]
+        sl: Option<f64>,
+        #[arg(long)]
+        tp: Option<f64>,
+        #[arg(long, default_value_t = 0)]
+        magic: i64,
+        #[arg(long, default_value = "")]
+        comment: String,
+    },
+    /// Close all of a position, or `--volume` of it.
+    Close {
+        ticket: i64,
+        #[arg(long)]
+        volume: Option<f64>,
+    },
+    /// Set a position's stop loss and take profit (omit one to remove it).
+    Modify {
+        ticket: i64,
+        #[arg(long)]
+        sl: Option<f64>,
+        #[arg(long)]
+        tp: Option<f64>,
+    },
 }
 
 /// Flags every command that touches the database takes.

@@ -19,6 +19,8 @@
 //! | [`status_writer`] | batched status writes fenced by (node, epoch); reports rows found lost |
 //! | [`listener`] | LISTEN for peers' release announcements (instant handoff) |
 //! | [`shutdown`] | SIGTERM / SIGINT |
+//! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
+//! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
 //! | [`pgtmp`] | throwaway PostgreSQL clusters for tests and the demo |
 //!
 //! ## How a claimed lease becomes a running account session
@@ -38,6 +40,7 @@
 
 pub mod account;
 pub mod app;
+pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod db;
@@ -45,6 +48,7 @@ pub mod lease;
 pub mod listener;
 pub mod pgtmp;
 pub mod shutdown;
+pub mod sim_broker;
 pub mod status_writer;
 pub mod supervisor;
 pub mod telemetry;

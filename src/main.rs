@@ -4,8 +4,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use copier_node::cli::{Cli, Command, DbArgs, RunArgs};
-use copier_node::config::{Config, Layers};
+use copier_node::cli::{Cli, Command, DbArgs, RunArgs, SimBrokerCommand, TradeAction};
+use copier_node::config::{Config, Layers, LogFormat, parse_duration};
+use copier_node::sim_broker::{ServeOptions, SimBroker};
 use copier_node::telemetry::{self, Output};
 use copier_node::{app, db, shutdown};
 
@@ -27,7 +28,102 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => runtime.block_on(run(*args)),
         Command::Migrate(args) => runtime.block_on(migrate(args)),
+        Command::SimBroker(command) => runtime.block_on(sim_broker(command)),
     }
+}
+
+async fn sim_broker(command: SimBrokerCommand) -> ExitCode {
+    use copier_node::sim_broker::tools::{self, HandOrder};
+    telemetry::init(LogFormat::Text, Output::Stderr);
+    let fail = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e}");
+        ExitCode::FAILURE
+    };
+    match command {
+        SimBrokerCommand::Serve(args) => {
+            let price_walk = match args.price_walk.as_deref().map(parse_duration).transpose() {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("error: invalid --price-walk: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let options = ServeOptions {
+                listen: args.listen,
+                journal: args.journal,
+                state: args.state,
+                fence_check: !args.no_fence_check,
+                balance: args.balance,
+                price_walk,
+            };
+            let server = match SimBroker::start(options).await {
+                Ok(s) => s,
+                Err(e) => return fail(&format!("{e:#}")),
+            };
+            shutdown::signal_received().await;
+            server.stop().await;
+            ExitCode::SUCCESS
+        }
+        SimBrokerCommand::Trade(args) => {
+            let order = match args.action {
+                TradeAction::Open {
+                    symbol,
+                    side,
+                    volume,
+                    sl,
+                    tp,
+                    magic,
+                    comment,
+                } => match side.parse() {
+                    Ok(side) => HandOrder::Open {
+                        symbol,
+                        side,
+                        volume,
+                        sl,
+                        tp,
+                        magic,
+                        comment,
+                    },
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                },
+                TradeAction::Close { ticket, volume } => HandOrder::Close { ticket, volume },
+                TradeAction::Modify { ticket, sl, tp } => HandOrder::Modify { ticket, sl, tp },
+            };
+            match tools::trade(&args.account.broker, &args.account.login, order).await {
+                Ok(Some(ticket)) => {
+                    println!("{ticket}");
+                    ExitCode::SUCCESS
+                }
+                Ok(None) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+        SimBrokerCommand::Positions(args) => {
+            match tools::positions(&args.broker, &args.login).await {
+                Ok(list) => print_lines(&list),
+                Err(e) => fail(&e),
+            }
+        }
+        SimBrokerCommand::History(args) => match tools::history(&args.broker, &args.login).await {
+            Ok(list) => print_lines(&list),
+            Err(e) => fail(&e),
+        },
+    }
+}
+
+fn print_lines<T: serde::Serialize>(items: &[T]) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for item in items {
+        let line = serde_json::to_string(item).expect("broker types serialise");
+        if writeln!(out, "{line}").is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn load(

@@ -2,6 +2,7 @@
 //! binary as separate processes, all against a real PostgreSQL (see `support::pg`).
 
 mod binary;
+mod broker;
 mod hardening;
 mod lease_sql;
 mod nodes;

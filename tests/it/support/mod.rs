@@ -2,6 +2,7 @@
 //! this runtime, or in a runtime of their own that a test can drop to simulate a crash) and as
 //! real processes, and polling with a deadline.
 
+pub mod broker;
 pub mod chaos;
 pub mod pg;
 pub mod process;

@@ -1,0 +1,581 @@
+//! The node's side of the bridge protocol: one TCP connection per trade server, shared by every
+//! account session of the node on that server (10,000 sessions cost 10,000 map entries and
+//! channels, not 10,000 connections).
+//!
+//! Requests carry an id and wait for the matching reply. A request made while disconnected is
+//! not sent ([`BrokerError::Unavailable`]); one in flight when the connection drops, or without a
+//! reply in time, has an unknown outcome ([`BrokerError::Unknown`]): the caller finds out from
+//! positions and history (or retries with the same client order id, which the server
+//! deduplicates) before sending anything new. After a reconnect the client says hello, logs
+//! every session in again with its fence, and tells each session it reconnected.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::protocol::{
+    HelloResult, HistoryResult, LoginResult, PROTOCOL_VERSION, PositionsResult, ReplyFrame,
+    Request, RequestFrame, ServerFrame, SymbolsResult,
+};
+use super::types::{
+    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
+    SymbolSpec,
+};
+use super::{AccountLogin, BoxFuture, Broker, BrokerError, Session, SessionEvent, TradeApi};
+
+/// How long a request waits for its reply before its outcome is called unknown.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest server line accepted.
+const MAX_LINE: u64 = 16 * 1024 * 1024;
+
+/// A connection to one trade server, shared by many account sessions.
+#[derive(Clone)]
+pub struct BridgeClient {
+    inner: Arc<Inner>,
+    /// Closes the connection when the last handle is dropped.
+    _close: Arc<CloseOnDrop>,
+}
+
+struct CloseOnDrop(CancellationToken);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl std::fmt::Debug for BridgeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeClient")
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+struct Inner {
+    addr: String,
+    client_name: String,
+    request_timeout: Duration,
+    next_id: AtomicU64,
+    next_session: AtomicU64,
+    state: Mutex<State>,
+    ready: watch::Sender<bool>,
+    cancel: CancellationToken,
+}
+
+#[derive(Default)]
+struct State {
+    /// Lines for the live connection's writer; `None` while disconnected.
+    writer: Option<mpsc::UnboundedSender<String>>,
+    /// Hello and re-logins done: ordinary requests may be sent.
+    ready: bool,
+    pending: HashMap<u64, oneshot::Sender<Result<ReplyFrame, BrokerError>>>,
+    sessions: HashMap<u64, SessionEntry>,
+}
+
+struct SessionEntry {
+    login: String,
+    password: Option<crate::config::Secret>,
+    fence: Option<i64>,
+    events: mpsc::UnboundedSender<SessionEvent>,
+}
+
+impl BridgeClient {
+    /// Starts connecting to `addr` (`host:port`) as `client_name` (the node id, or `manual`).
+    /// Returns at once; requests wait for the connection up to the request timeout.
+    pub fn connect(addr: impl Into<String>, client_name: impl Into<String>) -> Self {
+        Self::with_timeout(addr, client_name, DEFAULT_REQUEST_TIMEOUT)
+    }
+
+    pub fn with_timeout(
+        addr: impl Into<String>,
+        client_name: impl Into<String>,
+        request_timeout: Duration,
+    ) -> Self {
+        let (ready, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            addr: addr.into(),
+            client_name: client_name.into(),
+            request_timeout,
+            next_id: AtomicU64::new(1),
+            next_session: AtomicU64::new(1),
+            state: Mutex::new(State::default()),
+            ready,
+            cancel: CancellationToken::new(),
+        });
+        tokio::spawn(connection_loop(
+            Arc::downgrade(&inner),
+            inner.cancel.clone(),
+        ));
+        let close = Arc::new(CloseOnDrop(inner.cancel.clone()));
+        BridgeClient {
+            inner,
+            _close: close,
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Waits until the connection is up (hello done), at most `within`.
+    pub async fn wait_ready(&self, within: Duration) -> Result<(), BrokerError> {
+        let mut rx = self.inner.ready.subscribe();
+        match tokio::time::timeout(within, rx.wait_for(|r| *r)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(BrokerError::Unavailable(format!(
+                "no connection to {} within {within:?}",
+                self.inner.addr
+            ))),
+        }
+    }
+
+    /// Sends one request and returns its result (for tools that speak the protocol directly).
+    pub async fn call(&self, request: Request) -> Result<serde_json::Value, BrokerError> {
+        self.inner.call(request, false).await
+    }
+
+    /// Number of live sessions on this connection.
+    pub fn session_count(&self) -> usize {
+        self.inner
+            .state
+            .lock()
+            .expect("bridge state")
+            .sessions
+            .len()
+    }
+
+    /// Closes the connection for good.
+    pub fn close(&self) {
+        self.inner.cancel.cancel();
+    }
+}
+
+impl Broker for BridgeClient {
+    fn login<'a>(
+        &'a self,
+        account: &'a AccountLogin,
+    ) -> BoxFuture<'a, Result<Session, BrokerError>> {
+        Box::pin(async move {
+            self.wait_ready(self.inner.request_timeout).await?;
+            let result: LoginResult = decode(
+                self.inner
+                    .call(
+                        Request::Login {
+                            login: account.login.clone(),
+                            password: account.password.as_ref().map(|p| p.expose().to_string()),
+                            fence: account.fence,
+                        },
+                        false,
+                    )
+                    .await?,
+            )?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .state
+                .lock()
+                .expect("bridge state")
+                .sessions
+                .insert(
+                    id,
+                    SessionEntry {
+                        login: account.login.clone(),
+                        password: account.password.clone(),
+                        fence: account.fence,
+                        events: tx,
+                    },
+                );
+            let api = Arc::new(SessionApi {
+                inner: self.inner.clone(),
+                id,
+                login: account.login.clone(),
+                fence: account.fence,
+            });
+            Ok(Session {
+                api,
+                events: rx,
+                account: result.account,
+            })
+        })
+    }
+}
+
+impl Inner {
+    /// Sends a request; `internal` requests (hello, re-logins) may go before the connection is
+    /// ready.
+    async fn call(
+        &self,
+        request: Request,
+        internal: bool,
+    ) -> Result<serde_json::Value, BrokerError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let line =
+            serde_json::to_string(&RequestFrame { id, request }).expect("requests serialise");
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = self.state.lock().expect("bridge state");
+            let Some(writer) = state.writer.clone().filter(|_| state.ready || internal) else {
+                return Err(BrokerError::Unavailable(format!(
+                    "not connected to {}",
+                    self.addr
+                )));
+            };
+            state.pending.insert(id, tx);
+            if writer.send(line).is_err() {
+                state.pending.remove(&id);
+                return Err(BrokerError::Unavailable(format!(
+                    "not connected to {}",
+                    self.addr
+                )));
+            }
+        }
+        let reply = match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(Ok(reply)) => reply?,
+            Ok(Err(_)) => {
+                return Err(BrokerError::Unknown(format!(
+                    "connection to {} closed before the reply",
+                    self.addr
+                )));
+            }
+            Err(_) => {
+                self.state.lock().expect("bridge state").pending.remove(&id);
+                return Err(BrokerError::Unknown(format!(
+                    "no reply from {} within {:?}",
+                    self.addr, self.request_timeout
+                )));
+            }
+        };
+        if reply.ok {
+            Ok(reply.result.unwrap_or(serde_json::Value::Null))
+        } else {
+            let reason = reply
+                .error
+                .map(|e| e.reason)
+                .unwrap_or_else(|| "no reason given".into());
+            Err(BrokerError::Rejected(reason))
+        }
+    }
+
+    /// Marks the connection down: every request in flight has an unknown outcome.
+    fn disconnected(&self) {
+        let pending = {
+            let mut state = self.state.lock().expect("bridge state");
+            state.writer = None;
+            state.ready = false;
+            std::mem::take(&mut state.pending)
+        };
+        self.ready.send_replace(false);
+        for (_, tx) in pending {
+            let _ = tx.send(Err(BrokerError::Unknown(format!(
+                "connection to {} lost before the reply",
+                self.addr
+            ))));
+        }
+    }
+}
+
+async fn connection_loop(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
+    let mut delay = Duration::from_millis(100);
+    let mut connected_before = false;
+    loop {
+        let Some(client) = inner.upgrade() else {
+            return;
+        };
+        let addr = client.addr.clone();
+        let attempt = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&addr)) => r,
+        };
+        match attempt {
+            Ok(Ok(stream)) => {
+                delay = Duration::from_millis(100);
+                let _ = stream.set_nodelay(true);
+                serve_connection(&client, stream, connected_before, &cancel).await;
+                connected_before = true;
+                client.disconnected();
+                if cancel.is_cancelled() {
+                    return;
+                }
+                warn!(broker = %addr, "broker connection lost; reconnecting");
+            }
+            Ok(Err(e)) => debug!(broker = %addr, error = %e, "broker connection failed"),
+            Err(_) => debug!(broker = %addr, "broker connection timed out"),
+        }
+        drop(client);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Runs one connection until it fails: hello, re-login of every session, then traffic.
+async fn serve_connection(
+    client: &Arc<Inner>,
+    stream: TcpStream,
+    reconnect: bool,
+    cancel: &CancellationToken,
+) {
+    let (read, mut write) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            let mut buf = line.into_bytes();
+            buf.push(b'\n');
+            while let Ok(more) = rx.try_recv() {
+                buf.extend_from_slice(more.as_bytes());
+                buf.push(b'\n');
+            }
+            if write.write_all(&buf).await.is_err() {
+                return;
+            }
+        }
+    });
+    client.state.lock().expect("bridge state").writer = Some(tx);
+    let reader = tokio::spawn(read_loop(Arc::downgrade(client), read));
+
+    let setup = async {
+        let hello: HelloResult = decode(
+            client
+                .call(
+                    Request::Hello {
+                        client: client.client_name.clone(),
+                        protocol: PROTOCOL_VERSION,
+                    },
+                    true,
+                )
+                .await?,
+        )?;
+        debug!(broker = %client.addr, server = %hello.server, "connected");
+        // Log every session in again, lowest fence first, so a newer owner's fence wins.
+        let mut sessions: Vec<(u64, String, Option<crate::config::Secret>, Option<i64>)> = client
+            .state
+            .lock()
+            .expect("bridge state")
+            .sessions
+            .iter()
+            .map(|(id, s)| (*id, s.login.clone(), s.password.clone(), s.fence))
+            .collect();
+        sessions.sort_by_key(|s| s.3);
+        for (id, login, password, fence) in sessions {
+            let result = client
+                .call(
+                    Request::Login {
+                        login: login.clone(),
+                        password: password.map(|p| p.expose().to_string()),
+                        fence,
+                    },
+                    true,
+                )
+                .await;
+            let event = match result {
+                Ok(_) => SessionEvent::Reconnected,
+                Err(BrokerError::Rejected(reason)) => SessionEvent::LoginLost(reason),
+                Err(e) => return Err(e),
+            };
+            let state = client.state.lock().expect("bridge state");
+            if let Some(s) = state.sessions.get(&id) {
+                let _ = s.events.send(event);
+            }
+        }
+        Ok::<(), BrokerError>(())
+    };
+    match setup.await {
+        Ok(()) => {
+            client.state.lock().expect("bridge state").ready = true;
+            client.ready.send_replace(true);
+            if reconnect {
+                info!(broker = %client.addr, "broker connection restored; sessions logged in again");
+            }
+        }
+        Err(e) => {
+            warn!(broker = %client.addr, error = %e, "broker handshake failed");
+            reader.abort();
+            writer.abort();
+            return;
+        }
+    }
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = reader => {}
+    }
+    writer.abort();
+}
+
+async fn read_loop(inner: std::sync::Weak<Inner>, read: tokio::net::tcp::OwnedReadHalf) {
+    let mut reader = BufReader::new(read);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match (&mut reader).take(MAX_LINE).read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let frame: ServerFrame = match serde_json::from_str(line.trim_end()) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(broker = %inner.addr, error = %e, "unreadable line from the broker; ignored");
+                continue;
+            }
+        };
+        let mut state = inner.state.lock().expect("bridge state");
+        match frame {
+            ServerFrame::Reply(reply) => {
+                if let Some(tx) = state.pending.remove(&reply.id) {
+                    let _ = tx.send(Ok(reply));
+                }
+            }
+            ServerFrame::Event(event) => {
+                for s in state.sessions.values().filter(|s| s.login == event.login) {
+                    let _ = s.events.send(SessionEvent::Position(event.change.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// One account's session: every order carries the session's fence.
+struct SessionApi {
+    inner: Arc<Inner>,
+    id: u64,
+    login: String,
+    fence: Option<i64>,
+}
+
+impl Drop for SessionApi {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock().expect("bridge state");
+        state.sessions.remove(&self.id);
+        let still_used = state.sessions.values().any(|s| s.login == self.login);
+        if !still_used && let Some(writer) = &state.writer {
+            // Best effort; the reply is ignored.
+            let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let frame = RequestFrame {
+                id,
+                request: Request::Logout {
+                    login: self.login.clone(),
+                },
+            };
+            let _ = writer.send(serde_json::to_string(&frame).expect("requests serialise"));
+        }
+    }
+}
+
+impl TradeApi for SessionApi {
+    fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
+        Box::pin(async move {
+            let r: PositionsResult = decode(
+                self.inner
+                    .call(
+                        Request::Positions {
+                            login: self.login.clone(),
+                        },
+                        false,
+                    )
+                    .await?,
+            )?;
+            Ok(r.positions)
+        })
+    }
+
+    fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>> {
+        Box::pin(async move {
+            let r: HistoryResult = decode(
+                self.inner
+                    .call(
+                        Request::History {
+                            login: self.login.clone(),
+                        },
+                        false,
+                    )
+                    .await?,
+            )?;
+            Ok(r.history)
+        })
+    }
+
+    fn account(&self) -> BoxFuture<'_, Result<AccountInfo, BrokerError>> {
+        Box::pin(async move {
+            decode(
+                self.inner
+                    .call(
+                        Request::Account {
+                            login: self.login.clone(),
+                        },
+                        false,
+                    )
+                    .await?,
+            )
+        })
+    }
+
+    fn symbols(&self) -> BoxFuture<'_, Result<Vec<SymbolSpec>, BrokerError>> {
+        Box::pin(async move {
+            let r: SymbolsResult = decode(self.inner.call(Request::Symbols, false).await?)?;
+            Ok(r.symbols)
+        })
+    }
+
+    fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Open {
+                login: self.login.clone(),
+                fence: self.fence,
+                symbol: order.symbol,
+                side: order.side,
+                volume: order.volume,
+                sl: order.sl,
+                tp: order.tp,
+                magic: order.magic,
+                comment: order.comment,
+                client_order_id: order.client_order_id,
+            };
+            decode(self.inner.call(request, false).await?)
+        })
+    }
+
+    fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Close {
+                login: self.login.clone(),
+                fence: self.fence,
+                ticket: order.ticket,
+                volume: order.volume,
+                client_order_id: order.client_order_id,
+            };
+            decode(self.inner.call(request, false).await?)
+        })
+    }
+
+    fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Modify {
+                login: self.login.clone(),
+                fence: self.fence,
+                ticket: order.ticket,
+                sl: order.sl,
+                tp: order.tp,
+                client_order_id: order.client_order_id,
+            };
+            self.inner.call(request, false).await.map(|_| ())
+        })
+    }
+}
+
+fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, BrokerError> {
+    // A reply we cannot read is a reply whose effect we do not know.
+    serde_json::from_value(value)
+        .map_err(|e| BrokerError::Unknown(format!("unreadable reply: {e}")))
+}

@@ -1,0 +1,103 @@
+//! The broker adapter: the only way the rest of the node reaches a trade server.
+//!
+//! [`Broker::login`] opens an account session with the account's ownership epoch as its fence
+//! (so the server learns a new owner's fence before that owner reconciles) and its credentials
+//! when the row has them. A [`Session`] reads positions, history and account figures, sends
+//! orders (each carrying the fence, and the client order id, magic number and comment the caller
+//! gives), and receives the account's position changes as [`SessionEvent`]s.
+//!
+//! [`client::BridgeClient`] implements it over the bridge protocol (`docs/bridge-protocol.md`);
+//! the simulated broker speaks that protocol, and so can a bridge to a real MT4/MT5 terminal or a
+//! FIX session.
+
+pub mod client;
+pub mod protocol;
+pub mod types;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::config::Secret;
+use types::{
+    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
+    PositionChange, SymbolSpec,
+};
+
+/// A boxed future, so adapters can be used as trait objects.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a broker call failed, and so what the caller may do next.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    /// The server refused the request and changed nothing: do not retry it blindly.
+    #[error("rejected by the broker: {0}")]
+    Rejected(String),
+    /// The request may have been executed (the connection dropped after it was sent, or no
+    /// reply came in time): find out from positions and history before sending anything again.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// Nothing was sent (no connection): safe to try again later.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// What an account session logs in with. `password` never reaches a log line.
+#[derive(Debug, Clone)]
+pub struct AccountLogin {
+    pub login: String,
+    pub password: Option<Secret>,
+    /// The ownership epoch: sent at login and with every order.
+    pub fence: Option<i64>,
+}
+
+/// Something that happened to a session outside its own calls.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // position changes are the common case, not the outlier
+pub enum SessionEvent {
+    /// The account's positions changed (by anyone: this session, another client, the server).
+    Position(PositionChange),
+    /// The connection dropped and came back; the session is logged in again. Changes may have
+    /// been missed meanwhile: reconcile.
+    Reconnected,
+    /// Logging in again after a reconnect was refused (e.g. a newer owner's fence): the session
+    /// is dead and must stop.
+    LoginLost(String),
+}
+
+/// Orders and reads for one logged-in account.
+pub trait TradeApi: Send + Sync {
+    fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>>;
+    fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>>;
+    fn account(&self) -> BoxFuture<'_, Result<AccountInfo, BrokerError>>;
+    fn symbols(&self) -> BoxFuture<'_, Result<Vec<SymbolSpec>, BrokerError>>;
+    fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>>;
+    fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>>;
+    fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
+}
+
+/// A logged-in account. Dropping every clone of `api` logs it out.
+pub struct Session {
+    pub api: Arc<dyn TradeApi>,
+    pub events: mpsc::UnboundedReceiver<SessionEvent>,
+    /// Balance and equity at login.
+    pub account: AccountInfo,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("account", &self.account)
+            .finish()
+    }
+}
+
+/// A trade server the node can log accounts in to.
+pub trait Broker: Send + Sync {
+    fn login<'a>(
+        &'a self,
+        account: &'a AccountLogin,
+    ) -> BoxFuture<'a, Result<Session, BrokerError>>;
+}

@@ -1,0 +1,212 @@
+//! The bridge protocol's frames: one JSON object per line over TCP, in both directions
+//! (docs/bridge-protocol.md is the reference a bridge implements).
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{AccountInfo, ClosedPosition, Position, PositionChange, Side, SymbolSpec};
+
+/// Protocol version sent in `hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A request from a client. `id` matches the reply; `login` names the account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestFrame {
+    pub id: u64,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// First frame on a connection: who is calling (a node id, or `manual` for hand orders).
+    Hello {
+        client: String,
+        protocol: u32,
+    },
+    /// Logs an account in on this connection and subscribes the connection to its position
+    /// changes. `fence` is the caller's ownership epoch: lower than the highest seen for the
+    /// login is refused; higher raises it. `password` is absent for accounts without one.
+    Login {
+        login: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        password: Option<String>,
+        fence: Option<i64>,
+    },
+    /// Ends this connection's subscription to the login.
+    Logout {
+        login: String,
+    },
+    Positions {
+        login: String,
+    },
+    History {
+        login: String,
+    },
+    Account {
+        login: String,
+    },
+    Symbols,
+    Open {
+        login: String,
+        fence: Option<i64>,
+        symbol: String,
+        side: Side,
+        volume: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        magic: i64,
+        comment: String,
+        client_order_id: Option<String>,
+    },
+    Close {
+        login: String,
+        fence: Option<i64>,
+        ticket: i64,
+        volume: Option<f64>,
+        client_order_id: Option<String>,
+    },
+    Modify {
+        login: String,
+        fence: Option<i64>,
+        ticket: i64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        client_order_id: Option<String>,
+    },
+}
+
+/// A line from the server: a reply to a request, or a pushed event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // parsed one line at a time, never stored in bulk
+pub enum ServerFrame {
+    Reply(ReplyFrame),
+    Event(EventFrame),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplyFrame {
+    pub id: u64,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// Why a request failed. `rejected`: the server refused it and changed nothing (do not retry
+/// blindly); `invalid`: the frame itself was malformed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub kind: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventFrame {
+    pub event: String,
+    pub login: String,
+    #[serde(flatten)]
+    pub change: PositionChange,
+}
+
+/// `login` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoginResult {
+    #[serde(flatten)]
+    pub account: AccountInfo,
+    /// The highest fence the server now holds for the login.
+    pub fence: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PositionsResult {
+    pub positions: Vec<Position>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryResult {
+    pub history: Vec<ClosedPosition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SymbolsResult {
+    pub symbols: Vec<SymbolSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HelloResult {
+    pub server: String,
+    pub protocol: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_shape() {
+        let frame = RequestFrame {
+            id: 7,
+            request: Request::Open {
+                login: "1001".into(),
+                fence: Some(42),
+                symbol: "EURUSD".into(),
+                side: Side::Buy,
+                volume: 0.1,
+                sl: None,
+                tp: Some(1.2),
+                magic: 100001,
+                comment: "mc123".into(),
+                client_order_id: Some("l1-m123-open".into()),
+            },
+        };
+        let text = serde_json::to_string(&frame).unwrap();
+        assert_eq!(
+            text,
+            r#"{"id":7,"op":"open","login":"1001","fence":42,"symbol":"EURUSD","side":"buy","volume":0.1,"sl":null,"tp":1.2,"magic":100001,"comment":"mc123","client_order_id":"l1-m123-open"}"#
+        );
+        assert_eq!(serde_json::from_str::<RequestFrame>(&text).unwrap(), frame);
+    }
+
+    #[test]
+    fn passwords_are_omitted_when_absent() {
+        let frame = RequestFrame {
+            id: 1,
+            request: Request::Login {
+                login: "1".into(),
+                password: None,
+                fence: Some(3),
+            },
+        };
+        assert_eq!(
+            serde_json::to_string(&frame).unwrap(),
+            r#"{"id":1,"op":"login","login":"1","fence":3}"#
+        );
+    }
+
+    #[test]
+    fn server_frames_tell_replies_from_events() {
+        let reply: ServerFrame = serde_json::from_str(
+            r#"{"id":3,"ok":false,"error":{"kind":"rejected","reason":"stale fence"}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            reply,
+            ServerFrame::Reply(ReplyFrame {
+                id: 3,
+                ok: false,
+                ..
+            })
+        ));
+        let event: ServerFrame = serde_json::from_str(
+            r#"{"event":"position","login":"9","change":"opened","position":{"ticket":5,"symbol":"EURUSD","side":"sell","volume":1.0,"open_price":1.1,"sl":null,"tp":null,"magic":0,"comment":"","open_time_ms":1}}"#,
+        )
+        .unwrap();
+        match event {
+            ServerFrame::Event(e) => assert_eq!(e.change.ticket(), 5),
+            other => panic!("{other:?}"),
+        }
+    }
+}

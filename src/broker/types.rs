@@ -1,0 +1,190 @@
+//! What a broker session deals in: positions, closed positions, orders, fills, account figures.
+//! These are also the wire protocol's JSON shapes (docs/bridge-protocol.md).
+
+use serde::{Deserialize, Serialize};
+
+/// Direction of a position or order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Buy,
+    Sell,
+}
+
+impl Side {
+    pub fn flip(self) -> Side {
+        match self {
+            Side::Buy => Side::Sell,
+            Side::Sell => Side::Buy,
+        }
+    }
+
+    /// +1 for buy, -1 for sell.
+    pub fn sign(self) -> f64 {
+        match self {
+            Side::Buy => 1.0,
+            Side::Sell => -1.0,
+        }
+    }
+}
+
+impl std::str::FromStr for Side {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "buy" => Ok(Side::Buy),
+            "sell" => Ok(Side::Sell),
+            other => Err(format!("expected buy or sell, got {other:?}")),
+        }
+    }
+}
+
+/// An open position. A hedging account keeps the ticket through partial closes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    pub ticket: i64,
+    pub symbol: String,
+    pub side: Side,
+    pub volume: f64,
+    pub open_price: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    pub magic: i64,
+    pub comment: String,
+    /// When the server opened it (Unix milliseconds, the server's clock).
+    pub open_time_ms: i64,
+}
+
+/// Who closed (part of) a position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClosedBy {
+    /// A client order (a node, through the protocol).
+    Client,
+    /// The stop loss was hit.
+    Sl,
+    /// The take profit was hit.
+    Tp,
+    /// A hand order (client `manual`).
+    Manual,
+}
+
+/// One close (full or partial) in the account's history: the position as it was, with the
+/// closed volume as `volume` and what remained open after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClosedPosition {
+    #[serde(flatten)]
+    pub position: Position,
+    pub close_price: f64,
+    pub close_time_ms: i64,
+    pub closed_by: ClosedBy,
+    /// Volume still open after this close (0 for a full close).
+    pub remaining_volume: f64,
+    /// Realised profit of this close, in the account currency.
+    pub profit: f64,
+}
+
+/// Account figures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AccountInfo {
+    pub balance: f64,
+    pub equity: f64,
+}
+
+/// A symbol's trading rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SymbolSpec {
+    pub symbol: String,
+    pub price: f64,
+    pub volume_step: f64,
+    pub volume_min: f64,
+    pub volume_max: f64,
+    /// Units of the base per 1.0 lot (100 000 for FX, 100 for gold).
+    pub contract_size: f64,
+}
+
+/// A market order to open a position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenOrder {
+    pub symbol: String,
+    pub side: Side,
+    pub volume: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    /// The copy link's magic number (0 for none).
+    pub magic: i64,
+    /// `mc<masterTicket>` for copies.
+    pub comment: String,
+    /// Derived from (link, master ticket, action): a bridge that supports it deduplicates.
+    pub client_order_id: Option<String>,
+}
+
+/// Closes all (`volume: None`) or part of a position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloseOrder {
+    pub ticket: i64,
+    pub volume: Option<f64>,
+    pub client_order_id: Option<String>,
+}
+
+/// Sets a position's stop loss and take profit (`None` removes one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModifyOrder {
+    pub ticket: i64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    pub client_order_id: Option<String>,
+}
+
+/// The server's answer to an accepted open.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenFill {
+    pub ticket: i64,
+    pub price: f64,
+    /// True when the server had already executed this client order id and returned the
+    /// original fill instead of opening again.
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// The server's answer to an accepted close.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloseFill {
+    pub ticket: i64,
+    pub closed_volume: f64,
+    pub remaining_volume: f64,
+    pub price: f64,
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// A change to an account's positions, pushed by the server to every session of that login.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum PositionChange {
+    Opened {
+        position: Position,
+    },
+    Modified {
+        position: Position,
+    },
+    /// Part closed: `position` is what remains open.
+    PartiallyClosed {
+        position: Position,
+        closed: ClosedPosition,
+    },
+    Closed {
+        closed: ClosedPosition,
+    },
+}
+
+impl PositionChange {
+    pub fn ticket(&self) -> i64 {
+        match self {
+            PositionChange::Opened { position }
+            | PositionChange::Modified { position }
+            | PositionChange::PartiallyClosed { position, .. } => position.ticket,
+            PositionChange::Closed { closed } => closed.position.ticket,
+        }
+    }
+}

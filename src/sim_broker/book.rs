@@ -1,0 +1,1098 @@
+//! The simulated trade server's accounts and positions, as plain data with the operations on
+//! them. Every change is expressed as a [`Record`] and applied through [`Book::apply`], so a
+//! restart that replays the records (`--state`) rebuilds exactly what was there.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::journal::JournalEntry;
+use super::market::{Market, check_stops, round_volume};
+use crate::broker::protocol::LoginResult;
+use crate::broker::types::{
+    AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, ModifyOrder, OpenFill, OpenOrder,
+    Position, PositionChange, SymbolSpec,
+};
+
+/// The client name of hand orders: not fence-checked, closes recorded as `manual`.
+pub const MANUAL: &str = "manual";
+
+/// First ticket the server hands out.
+const FIRST_TICKET: i64 = 1_000_001;
+
+/// One account on the server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Account {
+    pub login: String,
+    /// Set by the first login that carried one; later logins must match it.
+    pub password: Option<String>,
+    pub balance: f64,
+    pub positions: BTreeMap<i64, Position>,
+    pub history: Vec<ClosedPosition>,
+    /// Highest fence seen from logins and orders.
+    pub fence: Option<i64>,
+    /// Client order ids already executed, with their results (idempotency).
+    pub done: HashMap<String, Done>,
+}
+
+/// The result an executed client order id returns when it is sent again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Done {
+    Open(OpenFill),
+    Close(CloseFill),
+    Modify { ticket: i64 },
+}
+
+/// A durable change: appended to the state file before the reply, replayed at start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+pub enum Record {
+    Account {
+        login: String,
+        password: Option<String>,
+        balance: f64,
+    },
+    Fence {
+        login: String,
+        fence: i64,
+    },
+    Opened {
+        login: String,
+        position: Position,
+    },
+    Closed {
+        login: String,
+        closed: ClosedPosition,
+    },
+    Modified {
+        login: String,
+        ticket: i64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+    },
+    Done {
+        login: String,
+        client_order_id: String,
+        done: Done,
+    },
+}
+
+/// What one operation did.
+#[derive(Debug)]
+pub struct Effects<T> {
+    /// The reply: a result, or the reason it was rejected.
+    pub result: Result<T, String>,
+    /// The journal line (order requests and logins only).
+    pub journal: Option<JournalEntry>,
+    /// Position changes to push to the login's sessions.
+    pub events: Vec<(String, PositionChange)>,
+    /// Durable changes, already applied.
+    pub records: Vec<Record>,
+}
+
+/// Every account and the market.
+#[derive(Debug)]
+pub struct Book {
+    pub market: Market,
+    accounts: HashMap<String, Account>,
+    next_ticket: i64,
+    default_balance: f64,
+    fence_check: bool,
+}
+
+impl Book {
+    pub fn new(default_balance: f64, fence_check: bool) -> Self {
+        Book {
+            market: Market::new(),
+            accounts: HashMap::new(),
+            next_ticket: FIRST_TICKET,
+            default_balance,
+            fence_check,
+        }
+    }
+
+    /// Applies a durable change (live, or replayed from the state file).
+    pub fn apply(&mut self, record: &Record) {
+        match record {
+            Record::Account {
+                login,
+                password,
+                balance,
+            } => {
+                self.accounts
+                    .entry(login.clone())
+                    .or_insert_with(|| Account {
+                        login: login.clone(),
+                        password: password.clone(),
+                        balance: *balance,
+                        positions: BTreeMap::new(),
+                        history: Vec::new(),
+                        fence: None,
+                        done: HashMap::new(),
+                    });
+            }
+            Record::Fence { login, fence } => {
+                if let Some(a) = self.accounts.get_mut(login) {
+                    a.fence = Some(a.fence.map_or(*fence, |f| f.max(*fence)));
+                }
+            }
+            Record::Opened { login, position } => {
+                self.next_ticket = self.next_ticket.max(position.ticket + 1);
+                if let Some(a) = self.accounts.get_mut(login) {
+                    a.positions.insert(position.ticket, position.clone());
+                }
+            }
+            Record::Closed { login, closed } => {
+                if let Some(a) = self.accounts.get_mut(login) {
+                    let ticket = closed.position.ticket;
+                    if closed.remaining_volume <= 0.0 {
+                        a.positions.remove(&ticket);
+                    } else if let Some(p) = a.positions.get_mut(&ticket) {
+                        p.volume = closed.remaining_volume;
+                    }
+                    a.balance += closed.profit;
+                    a.history.push(closed.clone());
+                }
+            }
+            Record::Modified {
+                login,
+                ticket,
+                sl,
+                tp,
+            } => {
+                if let Some(p) = self
+                    .accounts
+                    .get_mut(login)
+                    .and_then(|a| a.positions.get_mut(ticket))
+                {
+                    p.sl = *sl;
+                    p.tp = *tp;
+                }
+            }
+            Record::Done {
+                login,
+                client_order_id,
+                done,
+            } => {
+                if let Some(a) = self.accounts.get_mut(login) {
+                    a.done.insert(client_order_id.clone(), done.clone());
+                }
+            }
+        }
+    }
+
+    /// Records that rebuild the current state (for compacting the state file).
+    pub fn snapshot(&self) -> Vec<Record> {
+        let mut out = Vec::new();
+        let mut logins: Vec<&String> = self.accounts.keys().collect();
+        logins.sort();
+        for login in logins {
+            let a = &self.accounts[login];
+            // The balance before history is replayed on top of it.
+            let realised: f64 = a.history.iter().map(|h| h.profit).sum();
+            out.push(Record::Account {
+                login: a.login.clone(),
+                password: a.password.clone(),
+                balance: a.balance - realised,
+            });
+            if let Some(f) = a.fence {
+                out.push(Record::Fence {
+                    login: a.login.clone(),
+                    fence: f,
+                });
+            }
+            // Every ticket as it was opened, then every close in order, gives the same state.
+            let mut tickets: BTreeMap<i64, Position> = BTreeMap::new();
+            for h in &a.history {
+                tickets
+                    .entry(h.position.ticket)
+                    .or_insert_with(|| h.position.clone());
+            }
+            for (t, p) in &a.positions {
+                tickets.entry(*t).or_insert_with(|| p.clone());
+            }
+            for (t, mut p) in tickets {
+                p.volume = original_volume(a, t);
+                out.push(Record::Opened {
+                    login: a.login.clone(),
+                    position: p,
+                });
+            }
+            for h in &a.history {
+                out.push(Record::Closed {
+                    login: a.login.clone(),
+                    closed: h.clone(),
+                });
+            }
+            for (ticket, p) in &a.positions {
+                out.push(Record::Modified {
+                    login: a.login.clone(),
+                    ticket: *ticket,
+                    sl: p.sl,
+                    tp: p.tp,
+                });
+            }
+            let mut ids: Vec<&String> = a.done.keys().collect();
+            ids.sort();
+            for id in ids {
+                out.push(Record::Done {
+                    login: a.login.clone(),
+                    client_order_id: id.clone(),
+                    done: a.done[id].clone(),
+                });
+            }
+        }
+        out
+    }
+
+    fn ensure_account(&mut self, login: &str, password: Option<&str>, records: &mut Vec<Record>) {
+        if !self.accounts.contains_key(login) {
+            let r = Record::Account {
+                login: login.to_string(),
+                password: password.map(str::to_string),
+                balance: self.default_balance,
+            };
+            self.apply(&r);
+            records.push(r);
+        }
+    }
+
+    /// Checks a fence against the login's highest and raises it. `None` (hand orders) passes.
+    fn fence(
+        &mut self,
+        login: &str,
+        fence: Option<i64>,
+        records: &mut Vec<Record>,
+    ) -> Result<(), String> {
+        let Some(f) = fence else { return Ok(()) };
+        let highest = self.accounts.get(login).and_then(|a| a.fence);
+        match highest {
+            Some(h) if f < h => {
+                if self.fence_check {
+                    Err(format!(
+                        "stale fence {f}: login {login} is held with fence {h}"
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            Some(h) if f == h => Ok(()),
+            _ => {
+                let r = Record::Fence {
+                    login: login.to_string(),
+                    fence: f,
+                };
+                self.apply(&r);
+                records.push(r);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn account(&self, login: &str) -> Option<&Account> {
+        self.accounts.get(login)
+    }
+
+    pub fn account_count(&self) -> usize {
+        self.accounts.len()
+    }
+
+    /// Balance and equity (balance plus the open positions' floating profit).
+    pub fn info(&self, login: &str) -> Option<AccountInfo> {
+        let a = self.accounts.get(login)?;
+        let floating: f64 = a
+            .positions
+            .values()
+            .map(|p| {
+                let price = self.market.price(&p.symbol).unwrap_or(p.open_price);
+                self.market
+                    .profit(&p.symbol, p.side, p.volume, p.open_price, price)
+            })
+            .sum();
+        Some(AccountInfo {
+            balance: round_money(a.balance),
+            equity: round_money(a.balance + floating),
+        })
+    }
+
+    pub fn symbols(&self) -> Vec<SymbolSpec> {
+        self.market.specs()
+    }
+
+    /// `login`: creates the account on first use; checks the password and the fence.
+    pub fn login(
+        &mut self,
+        client: &str,
+        login: &str,
+        password: Option<&str>,
+        fence: Option<i64>,
+        now_ms: i64,
+    ) -> Effects<LoginResult> {
+        let mut records = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "login");
+        entry.fence = fence;
+        self.ensure_account(login, password, &mut records);
+        let result = (|| {
+            let a = &self.accounts[login];
+            if let Some(expected) = &a.password
+                && password != Some(expected.as_str())
+            {
+                return Err("invalid credentials".to_string());
+            }
+            self.fence(login, fence, &mut records)?;
+            let account = self.info(login).expect("account exists");
+            Ok(LoginResult {
+                account,
+                fence: self.accounts[login].fence,
+            })
+        })();
+        entry.finish(&result);
+        Effects {
+            result,
+            journal: Some(entry),
+            events: Vec::new(),
+            records,
+        }
+    }
+
+    /// A market order to open a position.
+    pub fn open(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: Option<i64>,
+        order: &OpenOrder,
+        now_ms: i64,
+    ) -> Effects<OpenFill> {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "open");
+        entry.fence = fence;
+        entry.symbol = Some(order.symbol.clone());
+        entry.side = Some(order.side);
+        entry.volume = Some(order.volume);
+        entry.magic = Some(order.magic);
+        entry.comment = Some(order.comment.clone());
+        self.ensure_account(login, None, &mut records);
+        let result = (|| {
+            self.fence(login, fence, &mut records)?;
+            if let Some(Done::Open(fill)) = order
+                .client_order_id
+                .as_ref()
+                .and_then(|id| self.accounts[login].done.get(id))
+            {
+                return Err(duplicate(fill.ticket));
+            }
+            let price = self
+                .market
+                .price(&order.symbol)
+                .ok_or_else(|| format!("unknown symbol {}", order.symbol))?;
+            self.market.check_volume(&order.symbol, order.volume)?;
+            check_stops(order.side, price, order.sl, order.tp)?;
+            let ticket = self.next_ticket;
+            let position = Position {
+                ticket,
+                symbol: order.symbol.clone(),
+                side: order.side,
+                volume: round_volume(order.volume),
+                open_price: price,
+                sl: order.sl,
+                tp: order.tp,
+                magic: order.magic,
+                comment: order.comment.clone(),
+                open_time_ms: now_ms,
+            };
+            let r = Record::Opened {
+                login: login.to_string(),
+                position: position.clone(),
+            };
+            self.apply(&r);
+            records.push(r);
+            let fill = OpenFill {
+                ticket,
+                price,
+                duplicate: false,
+            };
+            self.remember(
+                login,
+                &order.client_order_id,
+                Done::Open(fill.clone()),
+                &mut records,
+            );
+            events.push((login.to_string(), PositionChange::Opened { position }));
+            Ok(fill)
+        })();
+        let result = self.resolve_duplicate(login, &order.client_order_id, result, |d| match d {
+            Done::Open(f) => Some(OpenFill {
+                duplicate: true,
+                ..f.clone()
+            }),
+            _ => None,
+        });
+        if let Ok(fill) = &result {
+            entry.ticket = Some(fill.ticket);
+        }
+        entry.finish_dup(&result, |f| f.duplicate);
+        Effects {
+            result,
+            journal: Some(entry),
+            events,
+            records,
+        }
+    }
+
+    /// Closes all or part of a position at the current price.
+    pub fn close(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: Option<i64>,
+        order: &CloseOrder,
+        now_ms: i64,
+    ) -> Effects<CloseFill> {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "close");
+        entry.fence = fence;
+        entry.ticket = Some(order.ticket);
+        entry.volume = order.volume;
+        self.ensure_account(login, None, &mut records);
+        if let Some(p) = self.accounts[login].positions.get(&order.ticket) {
+            entry.describe(p);
+            entry.volume = Some(order.volume.unwrap_or(p.volume));
+        }
+        let closed_by = if client == MANUAL {
+            ClosedBy::Manual
+        } else {
+            ClosedBy::Client
+        };
+        let result = (|| {
+            self.fence(login, fence, &mut records)?;
+            if let Some(Done::Close(fill)) = order
+                .client_order_id
+                .as_ref()
+                .and_then(|id| self.accounts[login].done.get(id))
+            {
+                return Err(duplicate(fill.ticket));
+            }
+            let position = self.accounts[login]
+                .positions
+                .get(&order.ticket)
+                .cloned()
+                .ok_or_else(|| format!("unknown ticket {}", order.ticket))?;
+            let volume = order.volume.unwrap_or(position.volume);
+            self.market.check_volume(&position.symbol, volume)?;
+            if volume > position.volume + 1e-9 {
+                return Err(format!(
+                    "close volume {volume} exceeds the position's {}",
+                    position.volume
+                ));
+            }
+            let price = self
+                .market
+                .price(&position.symbol)
+                .unwrap_or(position.open_price);
+            let closed = self.close_part(
+                login,
+                &position,
+                volume,
+                price,
+                closed_by,
+                now_ms,
+                &mut records,
+                &mut events,
+            );
+            let fill = CloseFill {
+                ticket: order.ticket,
+                closed_volume: closed.position.volume,
+                remaining_volume: closed.remaining_volume,
+                price,
+                duplicate: false,
+            };
+            self.remember(
+                login,
+                &order.client_order_id,
+                Done::Close(fill.clone()),
+                &mut records,
+            );
+            Ok(fill)
+        })();
+        let result = self.resolve_duplicate(login, &order.client_order_id, result, |d| match d {
+            Done::Close(f) => Some(CloseFill {
+                duplicate: true,
+                ..f.clone()
+            }),
+            _ => None,
+        });
+        entry.finish_dup(&result, |f| f.duplicate);
+        Effects {
+            result,
+            journal: Some(entry),
+            events,
+            records,
+        }
+    }
+
+    /// Sets stop loss and take profit.
+    pub fn modify(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: Option<i64>,
+        order: &ModifyOrder,
+        now_ms: i64,
+    ) -> Effects<i64> {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "modify");
+        entry.fence = fence;
+        entry.ticket = Some(order.ticket);
+        self.ensure_account(login, None, &mut records);
+        if let Some(p) = self.accounts[login].positions.get(&order.ticket) {
+            entry.describe(p);
+        }
+        let result = (|| {
+            self.fence(login, fence, &mut records)?;
+            let position = self.accounts[login]
+                .positions
+                .get(&order.ticket)
+                .cloned()
+                .ok_or_else(|| format!("unknown ticket {}", order.ticket))?;
+            let price = self
+                .market
+                .price(&position.symbol)
+                .unwrap_or(position.open_price);
+            check_stops(position.side, price, order.sl, order.tp)?;
+            let r = Record::Modified {
+                login: login.to_string(),
+                ticket: order.ticket,
+                sl: order.sl,
+                tp: order.tp,
+            };
+            self.apply(&r);
+            records.push(r);
+            self.remember(
+                login,
+                &order.client_order_id,
+                Done::Modify {
+                    ticket: order.ticket,
+                },
+                &mut records,
+            );
+            let position = self.accounts[login].positions[&order.ticket].clone();
+            events.push((login.to_string(), PositionChange::Modified { position }));
+            Ok(order.ticket)
+        })();
+        entry.finish(&result);
+        Effects {
+            result,
+            journal: Some(entry),
+            events,
+            records,
+        }
+    }
+
+    /// Moves prices one tick and closes positions whose stop loss or take profit was hit.
+    pub fn tick(&mut self, now_ms: i64) -> (Vec<(String, PositionChange)>, Vec<Record>) {
+        self.market.tick();
+        let mut hits = Vec::new();
+        for a in self.accounts.values() {
+            for p in a.positions.values() {
+                let Some(price) = self.market.price(&p.symbol) else {
+                    continue;
+                };
+                let sl_hit = p.sl.is_some_and(|sl| (price - sl) * p.side.sign() <= 0.0);
+                let tp_hit = p.tp.is_some_and(|tp| (price - tp) * p.side.sign() >= 0.0);
+                if sl_hit {
+                    hits.push((
+                        a.login.clone(),
+                        p.clone(),
+                        p.sl.unwrap_or(price),
+                        ClosedBy::Sl,
+                    ));
+                } else if tp_hit {
+                    hits.push((
+                        a.login.clone(),
+                        p.clone(),
+                        p.tp.unwrap_or(price),
+                        ClosedBy::Tp,
+                    ));
+                }
+            }
+        }
+        let mut events = Vec::new();
+        let mut records = Vec::new();
+        for (login, p, price, by) in hits {
+            self.close_part(
+                &login,
+                &p,
+                p.volume,
+                price,
+                by,
+                now_ms,
+                &mut records,
+                &mut events,
+            );
+        }
+        (events, records)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn close_part(
+        &mut self,
+        login: &str,
+        position: &Position,
+        volume: f64,
+        price: f64,
+        closed_by: ClosedBy,
+        now_ms: i64,
+        records: &mut Vec<Record>,
+        events: &mut Vec<(String, PositionChange)>,
+    ) -> ClosedPosition {
+        let remaining = round_volume(position.volume - volume).max(0.0);
+        let profit = round_money(self.market.profit(
+            &position.symbol,
+            position.side,
+            volume,
+            position.open_price,
+            price,
+        ));
+        let closed = ClosedPosition {
+            position: Position {
+                volume: round_volume(volume),
+                ..position.clone()
+            },
+            close_price: price,
+            close_time_ms: now_ms,
+            closed_by,
+            remaining_volume: remaining,
+            profit,
+        };
+        let r = Record::Closed {
+            login: login.to_string(),
+            closed: closed.clone(),
+        };
+        self.apply(&r);
+        records.push(r);
+        let change = if remaining > 0.0 {
+            let position = self.accounts[login].positions[&position.ticket].clone();
+            PositionChange::PartiallyClosed {
+                position,
+                closed: closed.clone(),
+            }
+        } else {
+            PositionChange::Closed {
+                closed: closed.clone(),
+            }
+        };
+        events.push((login.to_string(), change));
+        closed
+    }
+
+    fn remember(
+        &mut self,
+        login: &str,
+        client_order_id: &Option<String>,
+        done: Done,
+        records: &mut Vec<Record>,
+    ) {
+        if let Some(id) = client_order_id {
+            let r = Record::Done {
+                login: login.to_string(),
+                client_order_id: id.clone(),
+                done,
+            };
+            self.apply(&r);
+            records.push(r);
+        }
+    }
+
+    /// A client order id already executed: the original result, marked as a duplicate.
+    fn resolve_duplicate<T>(
+        &self,
+        login: &str,
+        client_order_id: &Option<String>,
+        result: Result<T, String>,
+        original: impl Fn(&Done) -> Option<T>,
+    ) -> Result<T, String> {
+        match (&result, client_order_id) {
+            (Err(reason), Some(id)) if reason.starts_with(DUPLICATE) => {
+                match self
+                    .accounts
+                    .get(login)
+                    .and_then(|a| a.done.get(id))
+                    .and_then(original)
+                {
+                    Some(t) => Ok(t),
+                    None => result,
+                }
+            }
+            _ => result,
+        }
+    }
+}
+
+const DUPLICATE: &str = "duplicate client_order_id";
+
+fn duplicate(ticket: i64) -> String {
+    format!("{DUPLICATE}: already executed (ticket {ticket}); the original result was returned")
+}
+
+/// The volume a position was opened with: its current volume plus everything closed of it.
+fn original_volume(a: &Account, ticket: i64) -> f64 {
+    let closed: f64 = a
+        .history
+        .iter()
+        .filter(|h| h.position.ticket == ticket)
+        .map(|h| h.position.volume)
+        .sum();
+    let open = a.positions.get(&ticket).map(|p| p.volume).unwrap_or(0.0);
+    round_volume(open + closed)
+}
+
+fn round_money(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::types::Side;
+
+    fn order(volume: f64) -> OpenOrder {
+        OpenOrder {
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            volume,
+            sl: None,
+            tp: None,
+            magic: 7,
+            comment: "mc1".into(),
+            client_order_id: Some("o1".into()),
+        }
+    }
+
+    #[test]
+    fn partial_close_keeps_the_ticket_and_records_history() {
+        let mut b = Book::new(10_000.0, true);
+        let fill = b.open("n", "1", Some(1), &order(1.0), 1).result.unwrap();
+        let part = b
+            .close(
+                "n",
+                "1",
+                Some(1),
+                &CloseOrder {
+                    ticket: fill.ticket,
+                    volume: Some(0.4),
+                    client_order_id: None,
+                },
+                2,
+            )
+            .result
+            .unwrap();
+        assert_eq!(part.remaining_volume, 0.6);
+        let a = b.account("1").unwrap();
+        assert_eq!(a.positions[&fill.ticket].volume, 0.6);
+        assert_eq!(a.history.len(), 1);
+        assert_eq!(a.history[0].position.volume, 0.4);
+        assert_eq!(a.history[0].closed_by, ClosedBy::Client);
+        let full = b
+            .close(
+                MANUAL,
+                "1",
+                None,
+                &CloseOrder {
+                    ticket: fill.ticket,
+                    volume: None,
+                    client_order_id: None,
+                },
+                3,
+            )
+            .result
+            .unwrap();
+        assert_eq!(full.remaining_volume, 0.0);
+        let a = b.account("1").unwrap();
+        assert!(a.positions.is_empty());
+        assert_eq!(a.history[1].closed_by, ClosedBy::Manual);
+    }
+
+    #[test]
+    fn a_repeated_client_order_id_returns_the_original_fill() {
+        let mut b = Book::new(10_000.0, true);
+        let first = b.open("n", "1", Some(1), &order(1.0), 1);
+        let fill = first.result.unwrap();
+        assert!(first.journal.unwrap().accepted);
+        let again = b.open("n", "1", Some(1), &order(1.0), 2);
+        let dup = again.result.unwrap();
+        assert!(dup.duplicate);
+        assert_eq!(dup.ticket, fill.ticket);
+        let j = again.journal.unwrap();
+        assert!(
+            !j.accepted,
+            "the journal records that no second order was executed"
+        );
+        assert!(j.reason.unwrap().contains("duplicate client_order_id"));
+        assert!(again.events.is_empty());
+        assert_eq!(b.account("1").unwrap().positions.len(), 1);
+    }
+
+    #[test]
+    fn fences_are_raised_by_logins_and_orders_and_stale_ones_refused() {
+        let mut b = Book::new(10_000.0, true);
+        assert!(b.login("a", "1", None, Some(5), 1).result.is_ok());
+        let stale = b.login("b", "1", None, Some(4), 2);
+        assert!(stale.result.unwrap_err().contains("stale fence 4"));
+        assert!(!stale.journal.unwrap().accepted);
+        assert!(b.open("c", "1", Some(6), &order(0.1), 3).result.is_ok());
+        let late = b.open(
+            "a",
+            "1",
+            Some(5),
+            &OpenOrder {
+                client_order_id: None,
+                ..order(0.1)
+            },
+            4,
+        );
+        assert!(late.result.unwrap_err().contains("stale fence 5"));
+        assert!(
+            b.open(
+                MANUAL,
+                "1",
+                None,
+                &OpenOrder {
+                    client_order_id: None,
+                    ..order(0.1)
+                },
+                5
+            )
+            .result
+            .is_ok(),
+            "hand orders are not fence-checked"
+        );
+        let mut unchecked = Book::new(10_000.0, false);
+        unchecked.login("a", "1", None, Some(5), 1);
+        assert!(
+            unchecked
+                .open("a", "1", Some(4), &order(0.1), 2)
+                .result
+                .is_ok()
+        );
+        assert_eq!(
+            unchecked.account("1").unwrap().fence,
+            Some(5),
+            "the highest fence is kept"
+        );
+    }
+
+    #[test]
+    fn passwords_are_checked_once_set() {
+        let mut b = Book::new(10_000.0, true);
+        assert!(b.login("a", "1", Some("s3cret"), None, 1).result.is_ok());
+        assert_eq!(
+            b.login("a", "1", Some("wrong"), None, 2)
+                .result
+                .unwrap_err(),
+            "invalid credentials"
+        );
+        assert_eq!(
+            b.login("a", "1", None, None, 3).result.unwrap_err(),
+            "invalid credentials"
+        );
+        assert!(b.login("a", "1", Some("s3cret"), None, 4).result.is_ok());
+    }
+
+    #[test]
+    fn every_rejection_has_a_reason() {
+        let mut b = Book::new(10_000.0, true);
+        let cases: Vec<(OpenOrder, &str)> = vec![
+            (
+                OpenOrder {
+                    symbol: "BTCUSD".into(),
+                    ..order(1.0)
+                },
+                "unknown symbol",
+            ),
+            (order(0.001), "below the minimum"),
+            (order(150.0), "above the maximum"),
+            (order(0.015), "multiple of the step"),
+            (
+                OpenOrder {
+                    sl: Some(1.2),
+                    ..order(1.0)
+                },
+                "invalid stops",
+            ),
+        ];
+        for (o, why) in cases {
+            let e = b.open("n", "1", None, &o, 1);
+            assert!(e.result.unwrap_err().contains(why), "{why}");
+            let j = e.journal.unwrap();
+            assert!(!j.accepted && j.reason.unwrap().contains(why));
+        }
+        let e = b.close(
+            "n",
+            "1",
+            None,
+            &CloseOrder {
+                ticket: 42,
+                volume: None,
+                client_order_id: None,
+            },
+            1,
+        );
+        assert!(e.result.unwrap_err().contains("unknown ticket 42"));
+        let e = b.modify(
+            "n",
+            "1",
+            None,
+            &ModifyOrder {
+                ticket: 42,
+                sl: None,
+                tp: None,
+                client_order_id: None,
+            },
+            1,
+        );
+        assert!(e.result.unwrap_err().contains("unknown ticket 42"));
+        let fill = b
+            .open(
+                "n",
+                "1",
+                None,
+                &OpenOrder {
+                    client_order_id: None,
+                    ..order(1.0)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        let e = b.close(
+            "n",
+            "1",
+            None,
+            &CloseOrder {
+                ticket: fill.ticket,
+                volume: Some(2.0),
+                client_order_id: None,
+            },
+            1,
+        );
+        assert!(e.result.unwrap_err().contains("exceeds"));
+    }
+
+    #[test]
+    fn stops_close_positions_when_the_price_crosses_them() {
+        let mut b = Book::new(10_000.0, true);
+        let fill = b
+            .open(
+                "n",
+                "1",
+                None,
+                &OpenOrder {
+                    tp: Some(1.1001),
+                    client_order_id: None,
+                    ..order(1.0)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        let mut events = Vec::new();
+        for t in 0..600 {
+            events.extend(b.tick(t).0);
+            if !events.is_empty() {
+                break;
+            }
+        }
+        assert!(
+            matches!(&events[0].1, PositionChange::Closed { closed } if closed.closed_by == ClosedBy::Tp && closed.position.ticket == fill.ticket)
+        );
+        assert!(b.info("1").unwrap().balance > 10_000.0);
+    }
+
+    #[test]
+    fn replaying_the_records_rebuilds_the_book() {
+        let mut b = Book::new(10_000.0, true);
+        let mut log = Vec::new();
+        log.extend(b.login("n", "1", Some("pw"), Some(3), 1).records);
+        let f1 = b.open("n", "1", Some(3), &order(1.0), 2);
+        let t1 = f1.result.as_ref().unwrap().ticket;
+        log.extend(f1.records);
+        log.extend(
+            b.close(
+                "n",
+                "1",
+                Some(3),
+                &CloseOrder {
+                    ticket: t1,
+                    volume: Some(0.3),
+                    client_order_id: Some("c1".into()),
+                },
+                3,
+            )
+            .records,
+        );
+        let f2 = b.open(
+            MANUAL,
+            "2",
+            None,
+            &OpenOrder {
+                client_order_id: None,
+                side: Side::Sell,
+                ..order(0.5)
+            },
+            4,
+        );
+        log.extend(f2.records);
+        log.extend(
+            b.modify(
+                "n",
+                "1",
+                Some(3),
+                &ModifyOrder {
+                    ticket: t1,
+                    sl: Some(1.0),
+                    tp: Some(1.2),
+                    client_order_id: None,
+                },
+                5,
+            )
+            .records,
+        );
+
+        for records in [log.clone(), b.snapshot()] {
+            let mut r = Book::new(10_000.0, true);
+            for rec in &records {
+                r.apply(rec);
+            }
+            for login in ["1", "2"] {
+                let (x, y) = (b.account(login).unwrap(), r.account(login).unwrap());
+                assert_eq!(x.positions, y.positions, "{login}");
+                assert_eq!(x.history, y.history, "{login}");
+                assert_eq!(x.fence, y.fence);
+                assert_eq!(x.password, y.password);
+                assert_eq!(x.done, y.done);
+                assert!((x.balance - y.balance).abs() < 1e-9);
+            }
+            assert_eq!(
+                r.open(
+                    "n",
+                    "1",
+                    Some(3),
+                    &OpenOrder {
+                        client_order_id: None,
+                        ..order(0.1)
+                    },
+                    6
+                )
+                .result
+                .unwrap()
+                .ticket,
+                b.next_ticket
+            );
+        }
+    }
+}

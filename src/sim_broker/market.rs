@@ -1,0 +1,254 @@
+//! Symbols, prices and the trading rules the simulated trade server enforces.
+
+use std::collections::BTreeMap;
+
+use crate::broker::types::{Side, SymbolSpec};
+
+/// The default symbols of SPEC section 5, each also with a `.m` suffix.
+const BASE: &[(&str, f64, f64)] = &[
+    // symbol, price, contract size
+    ("EURUSD", 1.1000, 100_000.0),
+    ("GBPUSD", 1.2700, 100_000.0),
+    ("USDJPY", 150.00, 100_000.0),
+    ("XAUUSD", 2000.00, 100.0),
+];
+
+/// Tolerance when checking that a volume is a whole number of steps.
+const STEP_EPSILON: f64 = 1e-7;
+
+/// The market: symbol rules and current prices.
+#[derive(Debug, Clone)]
+pub struct Market {
+    symbols: BTreeMap<String, SymbolSpec>,
+    base_prices: BTreeMap<String, f64>,
+    ticks: u64,
+}
+
+impl Default for Market {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Market {
+    pub fn new() -> Self {
+        let mut symbols = BTreeMap::new();
+        for (name, price, contract) in BASE {
+            for suffix in ["", ".m"] {
+                let symbol = format!("{name}{suffix}");
+                symbols.insert(
+                    symbol.clone(),
+                    SymbolSpec {
+                        symbol,
+                        price: *price,
+                        volume_step: 0.01,
+                        volume_min: 0.01,
+                        volume_max: 100.0,
+                        contract_size: *contract,
+                    },
+                );
+            }
+        }
+        let base_prices = symbols.iter().map(|(k, s)| (k.clone(), s.price)).collect();
+        Market {
+            symbols,
+            base_prices,
+            ticks: 0,
+        }
+    }
+
+    pub fn spec(&self, symbol: &str) -> Option<&SymbolSpec> {
+        self.symbols.get(symbol)
+    }
+
+    pub fn specs(&self) -> Vec<SymbolSpec> {
+        self.symbols.values().cloned().collect()
+    }
+
+    pub fn price(&self, symbol: &str) -> Option<f64> {
+        self.symbols.get(symbol).map(|s| s.price)
+    }
+
+    /// Moves every price one tick along a deterministic wave (period 600 ticks, amplitude
+    /// 0.5 %, a different phase per symbol), so runs are repeatable.
+    pub fn tick(&mut self) {
+        self.ticks += 1;
+        for (i, (name, spec)) in self.symbols.iter_mut().enumerate() {
+            let base = self.base_prices[name];
+            let phase = i as f64 * 0.7;
+            let wave = (self.ticks as f64 * std::f64::consts::TAU / 600.0 + phase).sin();
+            spec.price = round_price(base * (1.0 + 0.005 * wave), base);
+        }
+    }
+
+    /// Checks a volume against the symbol's step, minimum and maximum.
+    pub fn check_volume(&self, symbol: &str, volume: f64) -> Result<(), String> {
+        let spec = self
+            .spec(symbol)
+            .ok_or_else(|| format!("unknown symbol {symbol}"))?;
+        check_volume(spec, volume)
+    }
+
+    /// Profit of `volume` lots of `side` from `open` to `close`, in the account currency (USD).
+    pub fn profit(&self, symbol: &str, side: Side, volume: f64, open: f64, close: f64) -> f64 {
+        let Some(spec) = self.spec(symbol) else {
+            return 0.0;
+        };
+        let quote = side.sign() * (close - open) * volume * spec.contract_size;
+        // Profit is in the quote currency: USD for EURUSD, yen for USDJPY (converted at the
+        // closing price).
+        let pair = symbol.trim_end_matches(".m");
+        if !pair.ends_with("USD") && pair.starts_with("USD") {
+            quote / close
+        } else {
+            quote
+        }
+    }
+}
+
+/// Checks a volume against a symbol's step, minimum and maximum.
+pub fn check_volume(spec: &SymbolSpec, volume: f64) -> Result<(), String> {
+    if !volume.is_finite() || volume <= 0.0 {
+        return Err(format!("invalid volume {volume}"));
+    }
+    if volume + STEP_EPSILON < spec.volume_min {
+        return Err(format!(
+            "volume {volume} below the minimum {} for {}",
+            spec.volume_min, spec.symbol
+        ));
+    }
+    if volume > spec.volume_max + STEP_EPSILON {
+        return Err(format!(
+            "volume {volume} above the maximum {} for {}",
+            spec.volume_max, spec.symbol
+        ));
+    }
+    let steps = volume / spec.volume_step;
+    if (steps - steps.round()).abs() > STEP_EPSILON * 100.0 {
+        return Err(format!(
+            "volume {volume} is not a multiple of the step {} for {}",
+            spec.volume_step, spec.symbol
+        ));
+    }
+    Ok(())
+}
+
+/// Checks stop loss and take profit against the side and the current price: a buy's stop is
+/// below the price and its target above; a sell's the other way round.
+pub fn check_stops(side: Side, price: f64, sl: Option<f64>, tp: Option<f64>) -> Result<(), String> {
+    for (name, level) in [("sl", sl), ("tp", tp)] {
+        if let Some(v) = level
+            && (!v.is_finite() || v <= 0.0)
+        {
+            return Err(format!("invalid {name} {v}"));
+        }
+    }
+    let (below, above) = match side {
+        Side::Buy => (sl, tp),
+        Side::Sell => (tp, sl),
+    };
+    if let Some(v) = below
+        && v >= price
+    {
+        return Err(format!(
+            "invalid stops: {} {v} must be below the price {price} for a {side:?}",
+            if side == Side::Buy { "sl" } else { "tp" }
+        ));
+    }
+    if let Some(v) = above
+        && v <= price
+    {
+        return Err(format!(
+            "invalid stops: {} {v} must be above the price {price} for a {side:?}",
+            if side == Side::Buy { "tp" } else { "sl" }
+        ));
+    }
+    Ok(())
+}
+
+/// Rounds a price to the precision of its base (5 decimals for FX, 3 for JPY and gold).
+fn round_price(price: f64, base: f64) -> f64 {
+    let digits = if base >= 100.0 { 1000.0 } else { 100_000.0 };
+    (price * digits).round() / digits
+}
+
+/// Rounds a volume to 2 decimals (the default step), for stored volumes after partial closes.
+pub fn round_volume(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_symbols_and_prices() {
+        let m = Market::new();
+        for (s, p) in [
+            ("EURUSD", 1.1),
+            ("GBPUSD", 1.27),
+            ("USDJPY", 150.0),
+            ("XAUUSD", 2000.0),
+            ("EURUSD.m", 1.1),
+            ("XAUUSD.m", 2000.0),
+        ] {
+            assert_eq!(m.price(s), Some(p), "{s}");
+        }
+        assert!(m.price("BTCUSD").is_none());
+    }
+
+    #[test]
+    fn volumes_follow_step_min_and_max() {
+        let m = Market::new();
+        for ok in [0.01, 0.1, 1.0, 1.23, 100.0] {
+            assert!(m.check_volume("EURUSD", ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            (0.0, "invalid"),
+            (0.005, "below the minimum"),
+            (100.01, "above the maximum"),
+            (0.015, "multiple of the step"),
+            (f64::NAN, "invalid"),
+        ] {
+            let err = m.check_volume("EURUSD", bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        assert!(
+            m.check_volume("NOPE", 1.0)
+                .unwrap_err()
+                .contains("unknown symbol")
+        );
+    }
+
+    #[test]
+    fn stops_must_sit_on_the_right_side_of_the_price() {
+        assert!(check_stops(Side::Buy, 1.1, Some(1.09), Some(1.11)).is_ok());
+        assert!(check_stops(Side::Sell, 1.1, Some(1.11), Some(1.09)).is_ok());
+        assert!(check_stops(Side::Buy, 1.1, Some(1.11), None).is_err());
+        assert!(check_stops(Side::Sell, 1.1, None, Some(1.11)).is_err());
+        assert!(check_stops(Side::Buy, 1.1, Some(-1.0), None).is_err());
+    }
+
+    #[test]
+    fn profit_in_account_currency() {
+        let m = Market::new();
+        assert!((m.profit("EURUSD", Side::Buy, 1.0, 1.1, 1.101) - 100.0).abs() < 1e-6);
+        assert!((m.profit("EURUSD", Side::Sell, 1.0, 1.1, 1.101) + 100.0).abs() < 1e-6);
+        assert!((m.profit("XAUUSD", Side::Buy, 0.1, 2000.0, 2010.0) - 100.0).abs() < 1e-6);
+        let jpy = m.profit("USDJPY", Side::Buy, 1.0, 150.0, 150.15);
+        assert!((jpy - 15_000.0 / 150.15).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_price_walk_is_deterministic_and_bounded() {
+        let mut a = Market::new();
+        let mut b = Market::new();
+        for _ in 0..1000 {
+            a.tick();
+            b.tick();
+        }
+        assert_eq!(a.price("EURUSD"), b.price("EURUSD"));
+        let p = a.price("EURUSD").unwrap();
+        assert!((p - 1.1).abs() <= 1.1 * 0.0051, "{p}");
+    }
+}

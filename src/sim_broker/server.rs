@@ -1,0 +1,494 @@
+//! The simulated trade server on the network: one task per connection, one lock around the
+//! book, journal and state file, so each request is decided, journaled, persisted and
+//! broadcast in one order before its reply is sent.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use super::book::{Book, Effects};
+use super::journal::Journal;
+use super::store::Store;
+use crate::broker::protocol::{
+    ErrorBody, EventFrame, HelloResult, HistoryResult, PROTOCOL_VERSION, PositionsResult,
+    ReplyFrame, Request, RequestFrame, SymbolsResult,
+};
+use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
+
+/// Longest request line accepted (a request is a few hundred bytes).
+const MAX_LINE: usize = 64 * 1024;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: String,
+    pub journal: PathBuf,
+    pub state: Option<PathBuf>,
+    /// Reject logins and orders whose fence is below the highest seen (on by default).
+    pub fence_check: bool,
+    /// Balance of a new account.
+    pub balance: f64,
+    /// Move prices every this often and trigger stop loss / take profit (off by default:
+    /// prices then stay at their defaults).
+    pub price_walk: Option<Duration>,
+}
+
+impl ServeOptions {
+    pub fn new(listen: impl Into<String>, journal: impl Into<PathBuf>) -> Self {
+        ServeOptions {
+            listen: listen.into(),
+            journal: journal.into(),
+            state: None,
+            fence_check: true,
+            balance: 10_000.0,
+            price_walk: None,
+        }
+    }
+}
+
+struct Core {
+    book: Book,
+    journal: Journal,
+    store: Option<Store>,
+    /// login -> connection id -> that connection's outbound lines.
+    subscribers: HashMap<String, HashMap<u64, mpsc::UnboundedSender<String>>>,
+}
+
+struct Shared {
+    core: Mutex<Core>,
+    next_conn: AtomicU64,
+}
+
+/// A running server.
+pub struct SimBroker {
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl SimBroker {
+    /// Binds, loads the state file (if any) and starts serving.
+    pub async fn start(options: ServeOptions) -> anyhow::Result<SimBroker> {
+        let mut book = Book::new(options.balance, options.fence_check);
+        let store = match &options.state {
+            Some(path) => Some(Store::open(path, &mut book)?),
+            None => None,
+        };
+        let journal = Journal::open(&options.journal)
+            .with_context(|| format!("opening journal {}", options.journal.display()))?;
+        let listener = TcpListener::bind(&options.listen)
+            .await
+            .with_context(|| format!("binding {}", options.listen))?;
+        let addr = listener.local_addr()?;
+        info!(%addr, accounts = book.account_count(), fence_check = options.fence_check, state = ?options.state, "sim-broker listening on {addr}");
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                book,
+                journal,
+                store,
+                subscribers: HashMap::new(),
+            }),
+            next_conn: AtomicU64::new(1),
+        });
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(listener, shared, options.price_walk, shutdown.clone()));
+        Ok(SimBroker {
+            addr,
+            shutdown,
+            task,
+        })
+    }
+
+    /// Stops accepting, closes every connection, and waits.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn run(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    price_walk: Option<Duration>,
+    shutdown: CancellationToken,
+) {
+    let tracker = TaskTracker::new();
+    if let Some(period) = price_walk {
+        tracker.spawn(ticker(shared.clone(), period, shutdown.clone()));
+    }
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                    tracker.spawn(connection(shared.clone(), stream, id, peer, shutdown.clone()));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    tracker.close();
+    tracker.wait().await;
+    info!("sim-broker stopped");
+}
+
+async fn ticker(shared: Arc<Shared>, period: Duration, shutdown: CancellationToken) {
+    let mut interval = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let mut core = shared.core.lock().expect("sim-broker state lock");
+        let (events, records) = core.book.tick(now_ms());
+        if let Some(store) = core.store.as_mut()
+            && let Err(e) = store.append(&records)
+        {
+            error!(error = %e, "writing the state file failed");
+        }
+        broadcast(&mut core, events);
+    }
+}
+
+async fn connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    id: u64,
+    peer: SocketAddr,
+    shutdown: CancellationToken,
+) {
+    let (read, write) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(async move {
+        let mut w = BufWriter::new(write);
+        while let Some(line) = rx.recv().await {
+            if w.write_all(line.as_bytes()).await.is_err() || w.write_all(b"\n").await.is_err() {
+                return;
+            }
+            // Write whatever else is queued, then flush once.
+            while let Ok(more) = rx.try_recv() {
+                if w.write_all(more.as_bytes()).await.is_err() || w.write_all(b"\n").await.is_err()
+                {
+                    return;
+                }
+            }
+            if w.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut reader = BufReader::new(read);
+    let mut conn = Conn {
+        id,
+        client: None,
+        subscriptions: HashSet::new(),
+        tx: tx.clone(),
+    };
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let mut limited = (&mut reader).take(MAX_LINE as u64 + 1);
+        let read = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = limited.read_line(&mut line) => r,
+        };
+        match read {
+            Ok(0) => break,
+            Ok(_) if line.len() > MAX_LINE => {
+                let _ = tx.send(invalid(0, "request line too long"));
+                break;
+            }
+            Ok(_) => {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let reply = handle(&shared, &mut conn, line.trim_end());
+                if tx.send(reply).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(%peer, error = %e, "connection read failed");
+                break;
+            }
+        }
+    }
+    {
+        let mut core = shared.core.lock().expect("sim-broker state lock");
+        for login in &conn.subscriptions {
+            if let Some(subs) = core.subscribers.get_mut(login) {
+                subs.remove(&id);
+            }
+        }
+    }
+    drop(conn);
+    drop(tx);
+    writer.abort();
+}
+
+struct Conn {
+    id: u64,
+    client: Option<String>,
+    subscriptions: HashSet<String>,
+    tx: mpsc::UnboundedSender<String>,
+}
+
+fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
+    let frame: RequestFrame = match serde_json::from_str(line) {
+        Ok(f) => f,
+        Err(e) => {
+            let id = serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|i| i.as_u64()))
+                .unwrap_or(0);
+            return invalid(id, &format!("malformed request: {e}"));
+        }
+    };
+    let id = frame.id;
+    let client = match (&frame.request, &conn.client) {
+        (Request::Hello { client, protocol }, _) => {
+            if *protocol != PROTOCOL_VERSION {
+                return invalid(
+                    id,
+                    &format!(
+                        "unsupported protocol {protocol}; this server speaks {PROTOCOL_VERSION}"
+                    ),
+                );
+            }
+            if client.trim().is_empty() {
+                return invalid(id, "hello needs a client name");
+            }
+            conn.client = Some(client.clone());
+            return ok(
+                id,
+                &HelloResult {
+                    server: format!("copier-node sim-broker {}", env!("CARGO_PKG_VERSION")),
+                    protocol: PROTOCOL_VERSION,
+                },
+            );
+        }
+        (_, None) => return invalid(id, "send hello first"),
+        (_, Some(c)) => c.clone(),
+    };
+    let now = now_ms();
+    let mut core = shared.core.lock().expect("sim-broker state lock");
+    match frame.request {
+        Request::Hello { .. } => unreachable!("handled above"),
+        Request::Login {
+            login,
+            password,
+            fence,
+        } => {
+            let effects = core
+                .book
+                .login(&client, &login, password.as_deref(), fence, now);
+            let accepted = effects.result.is_ok();
+            let reply = commit(&mut core, id, effects);
+            if accepted {
+                core.subscribers
+                    .entry(login.clone())
+                    .or_default()
+                    .insert(conn.id, conn.tx.clone());
+                conn.subscriptions.insert(login);
+            }
+            reply
+        }
+        Request::Logout { login } => {
+            if let Some(subs) = core.subscribers.get_mut(&login) {
+                subs.remove(&conn.id);
+            }
+            conn.subscriptions.remove(&login);
+            ok(id, &serde_json::json!({}))
+        }
+        Request::Positions { login } => match core.book.account(&login) {
+            Some(a) => ok(
+                id,
+                &PositionsResult {
+                    positions: a.positions.values().cloned().collect(),
+                },
+            ),
+            None => rejected(id, &format!("unknown login {login}")),
+        },
+        Request::History { login } => match core.book.account(&login) {
+            Some(a) => ok(
+                id,
+                &HistoryResult {
+                    history: a.history.clone(),
+                },
+            ),
+            None => rejected(id, &format!("unknown login {login}")),
+        },
+        Request::Account { login } => match core.book.info(&login) {
+            Some(info) => ok(id, &info),
+            None => rejected(id, &format!("unknown login {login}")),
+        },
+        Request::Symbols => ok(
+            id,
+            &SymbolsResult {
+                symbols: core.book.symbols(),
+            },
+        ),
+        Request::Open {
+            login,
+            fence,
+            symbol,
+            side,
+            volume,
+            sl,
+            tp,
+            magic,
+            comment,
+            client_order_id,
+        } => {
+            let order = OpenOrder {
+                symbol,
+                side,
+                volume,
+                sl,
+                tp,
+                magic,
+                comment,
+                client_order_id,
+            };
+            let effects = core.book.open(&client, &login, fence, &order, now);
+            commit(&mut core, id, effects)
+        }
+        Request::Close {
+            login,
+            fence,
+            ticket,
+            volume,
+            client_order_id,
+        } => {
+            let effects = core.book.close(
+                &client,
+                &login,
+                fence,
+                &CloseOrder {
+                    ticket,
+                    volume,
+                    client_order_id,
+                },
+                now,
+            );
+            commit(&mut core, id, effects)
+        }
+        Request::Modify {
+            login,
+            fence,
+            ticket,
+            sl,
+            tp,
+            client_order_id,
+        } => {
+            let effects = core.book.modify(
+                &client,
+                &login,
+                fence,
+                &ModifyOrder {
+                    ticket,
+                    sl,
+                    tp,
+                    client_order_id,
+                },
+                now,
+            );
+            commit(&mut core, id, effects)
+        }
+    }
+}
+
+/// Journals, persists and broadcasts what an operation did, then builds its reply.
+fn commit<T: Serialize>(core: &mut Core, id: u64, effects: Effects<T>) -> String {
+    if let Some(entry) = &effects.journal
+        && let Err(e) = core.journal.append(entry)
+    {
+        error!(error = %e, "writing the journal failed");
+        return rejected(id, "the server could not write its journal");
+    }
+    if let Some(store) = core.store.as_mut()
+        && let Err(e) = store.append(&effects.records)
+    {
+        error!(error = %e, path = %store.path().display(), "writing the state file failed");
+    }
+    broadcast(core, effects.events);
+    match effects.result {
+        Ok(result) => ok(id, &result),
+        Err(reason) => rejected(id, &reason),
+    }
+}
+
+fn broadcast(core: &mut Core, events: Vec<(String, PositionChange)>) {
+    for (login, change) in events {
+        let Some(subs) = core.subscribers.get_mut(&login) else {
+            continue;
+        };
+        let frame = EventFrame {
+            event: "position".into(),
+            login: login.clone(),
+            change,
+        };
+        let line = serde_json::to_string(&frame).expect("event frames serialise");
+        subs.retain(|_, tx| tx.send(line.clone()).is_ok());
+    }
+}
+
+fn ok<T: Serialize>(id: u64, result: &T) -> String {
+    let frame = ReplyFrame {
+        id,
+        ok: true,
+        result: Some(serde_json::to_value(result).expect("results serialise")),
+        error: None,
+    };
+    serde_json::to_string(&frame).expect("replies serialise")
+}
+
+fn rejected(id: u64, reason: &str) -> String {
+    error_frame(id, "rejected", reason)
+}
+
+fn invalid(id: u64, reason: &str) -> String {
+    error_frame(id, "invalid", reason)
+}
+
+fn error_frame(id: u64, kind: &str, reason: &str) -> String {
+    let frame = ReplyFrame {
+        id,
+        ok: false,
+        result: None,
+        error: Some(ErrorBody {
+            kind: kind.into(),
+            reason: reason.into(),
+        }),
+    };
+    serde_json::to_string(&frame).expect("replies serialise")
+}
+
+/// The server's wall clock in Unix milliseconds: journal timestamps and open/close times, as
+/// a trade server stamps them. Never used for lease decisions.
+#[allow(clippy::disallowed_methods)]
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,147 @@
+//! The hand tools: place, close and modify trades on a simulated account, and list its positions
+//! and history, from another terminal. Hand orders are sent as client `manual`, without a fence.
+
+use std::time::Duration;
+
+use crate::broker::BrokerError;
+use crate::broker::client::BridgeClient;
+use crate::broker::protocol::{HistoryResult, PositionsResult, Request};
+use crate::broker::types::{CloseFill, ClosedPosition, OpenFill, Position, Side};
+
+/// The client name of hand orders in the journal.
+pub use super::book::MANUAL;
+
+/// How long a hand tool waits for the broker.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A hand order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HandOrder {
+    Open {
+        symbol: String,
+        side: Side,
+        volume: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        magic: i64,
+        comment: String,
+    },
+    Close {
+        ticket: i64,
+        volume: Option<f64>,
+    },
+    Modify {
+        ticket: i64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+    },
+}
+
+async fn connect(broker: &str) -> Result<BridgeClient, BrokerError> {
+    // One attempt first, so an unreachable broker fails at once with the reason.
+    match tokio::time::timeout(TOOL_TIMEOUT, tokio::net::TcpStream::connect(broker)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            return Err(BrokerError::Unavailable(format!(
+                "cannot reach the broker at {broker}: {e}"
+            )));
+        }
+        Err(_) => {
+            return Err(BrokerError::Unavailable(format!(
+                "cannot reach the broker at {broker}: no answer within {TOOL_TIMEOUT:?}"
+            )));
+        }
+    }
+    let client = BridgeClient::with_timeout(broker, MANUAL, TOOL_TIMEOUT);
+    client.wait_ready(TOOL_TIMEOUT).await?;
+    Ok(client)
+}
+
+/// Sends a hand order; for an open, returns the new ticket.
+pub async fn trade(
+    broker: &str,
+    login: &str,
+    order: HandOrder,
+) -> Result<Option<i64>, BrokerError> {
+    let client = connect(broker).await?;
+    let login = login.to_string();
+    let request = match order {
+        HandOrder::Open {
+            symbol,
+            side,
+            volume,
+            sl,
+            tp,
+            magic,
+            comment,
+        } => Request::Open {
+            login,
+            fence: None,
+            symbol,
+            side,
+            volume,
+            sl,
+            tp,
+            magic,
+            comment,
+            client_order_id: None,
+        },
+        HandOrder::Close { ticket, volume } => Request::Close {
+            login,
+            fence: None,
+            ticket,
+            volume,
+            client_order_id: None,
+        },
+        HandOrder::Modify { ticket, sl, tp } => Request::Modify {
+            login,
+            fence: None,
+            ticket,
+            sl,
+            tp,
+            client_order_id: None,
+        },
+    };
+    let is_open = matches!(request, Request::Open { .. });
+    let is_close = matches!(request, Request::Close { .. });
+    let value = client.call(request).await?;
+    client.close();
+    if is_open {
+        let fill: OpenFill =
+            serde_json::from_value(value).map_err(|e| BrokerError::Unknown(e.to_string()))?;
+        return Ok(Some(fill.ticket));
+    }
+    if is_close {
+        let _: CloseFill =
+            serde_json::from_value(value).map_err(|e| BrokerError::Unknown(e.to_string()))?;
+    }
+    Ok(None)
+}
+
+/// The account's open positions.
+pub async fn positions(broker: &str, login: &str) -> Result<Vec<Position>, BrokerError> {
+    let client = connect(broker).await?;
+    let value = client
+        .call(Request::Positions {
+            login: login.to_string(),
+        })
+        .await?;
+    client.close();
+    let r: PositionsResult =
+        serde_json::from_value(value).map_err(|e| BrokerError::Unknown(e.to_string()))?;
+    Ok(r.positions)
+}
+
+/// The account's closed positions (every full or partial close).
+pub async fn history(broker: &str, login: &str) -> Result<Vec<ClosedPosition>, BrokerError> {
+    let client = connect(broker).await?;
+    let value = client
+        .call(Request::History {
+            login: login.to_string(),
+        })
+        .await?;
+    client.close();
+    let r: HistoryResult =
+        serde_json::from_value(value).map_err(|e| BrokerError::Unknown(e.to_string()))?;
+    Ok(r.history)
+}
