@@ -32,6 +32,7 @@ CREATE TABLE trading_accounts (
     enabled     boolean NOT NULL DEFAULT true,
     server      text    NOT NULL,           -- broker endpoint, host:port
     login       text    NOT NULL,           -- login on that broker
+    credentials text,                       -- broker password; NULL logs in without one
     -- Owner now. The foreign key guarantees every owned row has a membership row, which is how
     -- peers find the rows of a dead node; a membership row cannot be deleted while it owns rows.
     node_id     text REFERENCES nodes (node_id),

@@ -3,19 +3,40 @@
 //! The supervisor starts the task when the account is claimed and stops it (gate closed first,
 //! then cancellation, then it waits for the task to return) when the account is lost, released,
 //! disabled or re-claimed with a new epoch. Everything a task does for its account goes through
-//! its [`AccountContext`]: the gate before every order, the epoch as the fence, the fenced status
-//! writer, and the signal that trust lapsed and came back (reconcile before acting).
+//! its [`AccountContext`]: the gate before every order, the epoch as the fence, fenced writes,
+//! and the signal that trust lapsed and came back (reconcile before acting).
 //!
-//! The lease core holds accounts without a broker session: the task reports its status and
-//! waits. The copy engine (master and follower sessions) runs its session here.
+//! The task reads its row, logs in to its broker with the epoch as the fence, and runs the
+//! master or follower session of the copy engine.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::{Context, bail};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
+use crate::broker::{AccountLogin, Broker, BrokerError, Session};
+use crate::brokers::Brokers;
+use crate::copier;
+use crate::db;
+use crate::db::copy::AccountRow;
+use crate::hub::Hub;
 use crate::lease::gate::AccountGate;
-use crate::status_writer::StatusWriter;
+use crate::status_writer::{Lost, StatusWriter};
+
+/// What every account task of a node shares.
+#[derive(Debug)]
+pub struct NodeServices {
+    pub node_id: String,
+    pub pool: PgPool,
+    pub hub: Hub,
+    pub brokers: Brokers,
+    /// Report an account found lost by a fenced write (the supervisor stops its task).
+    pub lost: mpsc::UnboundedSender<Lost>,
+}
 
 /// Everything an account task may use.
 #[derive(Debug, Clone)]
@@ -26,6 +47,7 @@ pub struct AccountContext {
     /// Fires when the supervisor stops this task; return promptly after the work in flight.
     pub cancel: CancellationToken,
     pub status: StatusWriter,
+    pub node: Arc<NodeServices>,
 }
 
 impl AccountContext {
@@ -33,23 +55,83 @@ impl AccountContext {
     pub fn epoch(&self) -> i64 {
         self.gate.epoch()
     }
-}
 
-/// The task body for an owned account in the lease core.
-pub async fn run(ctx: AccountContext) -> anyhow::Result<()> {
-    info!("account session started");
-    ctx.status.status(ctx.account_id, ctx.epoch(), "active");
-    loop {
-        tokio::select! {
-            _ = ctx.cancel.cancelled() => break,
-            _ = ctx.gate.restored() => {
-                // Orders refused while the gate was closed are not queued: a session reconciles
-                // here before it acts again (the copy engine's reconcile runs at this point).
-                info!(restorations = ctx.gate.restorations(), "lease trust restored after a lapse; reconcile due before acting");
-                ctx.status.status(ctx.account_id, ctx.epoch(), "active (trust restored after a lapse)");
+    pub fn set_status(&self, status: impl Into<String>) {
+        self.status.status(self.account_id, self.epoch(), status);
+    }
+
+    /// A fenced write matched nothing: tell the supervisor (which closes the gate and stops this
+    /// task), then wait to be stopped.
+    pub async fn lost(&self) {
+        let _ = self.node.lost.send(Lost {
+            account_id: self.account_id,
+            epoch: self.epoch(),
+        });
+        self.cancel.cancelled().await;
+    }
+
+    /// Logs the account in to its broker with the epoch as the fence, retrying while the broker
+    /// is unreachable. `None` if the task was stopped meanwhile; an error if the broker refused
+    /// the login (bad credentials, a newer owner's fence).
+    pub async fn login(&self, row: &AccountRow) -> anyhow::Result<Option<Session>> {
+        let client = self.node.brokers.get(&row.server);
+        let account = AccountLogin {
+            login: row.login.clone(),
+            password: row.credentials.clone(),
+            fence: Some(self.epoch()),
+        };
+        let mut delay = Duration::from_millis(250);
+        loop {
+            let attempt = tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(None),
+                r = client.login(&account) => r,
+            };
+            match attempt {
+                Ok(session) => return Ok(Some(session)),
+                Err(BrokerError::Rejected(reason)) => bail!(
+                    "the broker at {} refused the login of {}: {reason}",
+                    row.server,
+                    row.login
+                ),
+                Err(e) => {
+                    warn!(server = %row.server, error = %e, retry_in_ms = delay.as_millis() as u64, "broker login failed; retrying");
+                    self.set_status(format!("broker unreachable ({}); retrying", row.server));
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
             }
         }
     }
+}
+
+/// The task body: read the row, then run the session for its role.
+pub async fn run(ctx: AccountContext) -> anyhow::Result<()> {
+    let row = {
+        let mut conn = ctx
+            .node
+            .pool
+            .acquire()
+            .await
+            .context("reading the account row")?;
+        db::copy::load_account(&mut conn, ctx.account_id)
+            .await
+            .context("reading the account row")?
+    };
+    let Some(row) = row else {
+        bail!("account {} no longer exists", ctx.account_id);
+    };
+    info!(role = %row.role, server = %row.server, login = %row.login, "account session starting");
+    let result = match row.role.as_str() {
+        "master" => copier::master::run(&ctx, &row).await,
+        "follower" => copier::follower::run(&ctx, &row).await,
+        other => bail!(
+            "account {} has role {other:?}; expected master or follower",
+            row.id
+        ),
+    };
     info!("account session stopped");
-    Ok(())
+    result
 }

@@ -13,12 +13,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::account::NodeServices;
+use crate::brokers::Brokers;
 use crate::config::{Config, show};
 use crate::db::{self, SessionBounds};
+use crate::hub::Hub;
 use crate::lease::trust::MonoBase;
 use crate::lease::{LeaseLoop, NodeState};
+use crate::status_writer;
 use crate::supervisor::{Event, NodeShared, Supervisor};
-use crate::{listener, status_writer};
 
 /// How often a node deletes memberships of long-dead nodes that own nothing.
 const FORGET_DEAD_NODES_EVERY: Duration = Duration::from_secs(300);
@@ -107,6 +110,7 @@ pub async fn start(
         let pool = db::node_pool(node_options.clone(), node.lease.saturating_sub(node.fence));
         let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
         let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+        let lost_for_tasks = lost_tx.clone();
         let writer_cancel = CancellationToken::new();
         let (status, writer) = status_writer::spawn(
             pool.clone(),
@@ -123,25 +127,29 @@ pub async fn start(
             });
         }
         let tracker = TaskTracker::new();
-        let shared = NodeShared {
+        let wake = Arc::new(Notify::new());
+        let background = CancellationToken::new();
+        // Spawned inside the node's span, so its log lines carry node_id.
+        let hub = Hub::spawn(
+            listen_options,
+            node.platform.clone(),
+            node.node_id.clone(),
+            wake.clone(),
+            background.clone(),
+        );
+        let services = Arc::new(NodeServices {
             node_id: node.node_id.clone(),
             pool: pool.clone(),
+            hub,
+            brokers: Brokers::new(node.node_id.clone()),
+            lost: lost_for_tasks,
+        });
+        let shared = NodeShared {
+            services: services.clone(),
             status,
             base: MonoBase::new(),
             tracker: tracker.clone(),
         };
-        let wake = Arc::new(Notify::new());
-        let background = CancellationToken::new();
-        tokio::spawn(
-            listener::run(
-                listen_options,
-                node.platform.clone(),
-                node.node_id.clone(),
-                wake.clone(),
-                background.clone(),
-            )
-            .in_current_span(),
-        );
         tokio::spawn(
             forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone())
                 .in_current_span(),
@@ -169,6 +177,7 @@ pub async fn start(
                 tracker.close();
                 // Tasks left running were given the shutdown grace; they end with the process.
                 let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
+                services.brokers.close_all();
                 writer_cancel.cancel();
                 let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
                 pool.close().await;

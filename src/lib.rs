@@ -15,9 +15,11 @@
 //! | [`db`] | connection bounds, embedded migrations, and every SQL statement, one module per concern |
 //! | [`lease`] | the lease loop, the pure trust computation ([`lease::trust`]) and the per-(account, epoch) gate ([`lease::gate`]) |
 //! | [`supervisor`] | one task per owned (account, epoch): start on claim, stop on loss, release after stop |
-//! | [`account`] | the account task and the context it acts through (gate, epoch, fenced status) |
+//! | [`account`] | the account task and the context it acts through (gate, epoch, fenced writes, broker login) |
+//! | [`copier`] | the copy engine: master sessions publish events, follower sessions apply and reconcile; pure copy rules |
+//! | [`hub`] | the node's one LISTEN connection: release announcements and master events, fanned out |
+//! | [`brokers`] | one broker connection per trade server, shared by the node's sessions |
 //! | [`status_writer`] | batched status writes fenced by (node, epoch); reports rows found lost |
-//! | [`listener`] | LISTEN for peers' release announcements (instant handoff) |
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
@@ -33,19 +35,22 @@
 //!    longer owned (or owned at a new epoch) have their gates closed first; rows still owned at
 //!    the same epoch get the deadline `t0 + lease - fence`; new (account, epoch) pairs get a new
 //!    gate and a new task.
-//! 3. The task acts only while [`lease::gate::AccountGate::holds`] says so, fences every write
-//!    with its epoch, and reconciles after its trust lapsed and came back.
+//! 3. The task logs in to its broker with the epoch as the fence and runs the master or follower
+//!    session ([`copier`]); it sends orders only while [`lease::gate::AccountGate::holds`] says
+//!    so, fences every write with its epoch, and reconciles after its trust lapsed and came back.
 //! 4. On release (disable, shutdown) the gate closes, the task finishes its work in flight, and
 //!    only then is the row released and the release announced, so peers claim at once.
 
 pub mod account;
 pub mod app;
 pub mod broker;
+pub mod brokers;
 pub mod cli;
 pub mod config;
+pub mod copier;
 pub mod db;
+pub mod hub;
 pub mod lease;
-pub mod listener;
 pub mod pgtmp;
 pub mod shutdown;
 pub mod sim_broker;

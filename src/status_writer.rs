@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::db;
-use crate::db::status::StatusUpdate;
+pub use crate::db::status::StatusUpdate;
 
 /// How long updates are gathered before a batch is written: status is for operators and
 /// dashboards, so a fifth of a second of delay buys one statement for many accounts.

@@ -11,14 +11,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::account::{self, AccountContext};
+use crate::account::{self, AccountContext, NodeServices};
 use crate::db;
 use crate::db::lease::OwnedRow;
 use crate::lease::gate::AccountGate;
@@ -33,8 +32,7 @@ const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// What the node shares with the supervisor.
 #[derive(Debug, Clone)]
 pub struct NodeShared {
-    pub node_id: String,
-    pub pool: PgPool,
+    pub services: Arc<NodeServices>,
     pub status: StatusWriter,
     pub base: MonoBase,
     pub tracker: TaskTracker,
@@ -232,6 +230,7 @@ impl Supervisor {
                         gate: a.gate.clone(),
                         cancel: a.cancel.clone(),
                         status: self.shared.status.clone(),
+                        node: self.shared.services.clone(),
                     };
                     info!(account_id, epoch, "restarting account session");
                     spawn_task(&self.shared.tracker, &self.events, ctx);
@@ -306,6 +305,7 @@ impl Supervisor {
             gate: gate.clone(),
             cancel: cancel.clone(),
             status: self.shared.status.clone(),
+            node: self.shared.services.clone(),
         };
         spawn_task(&self.shared.tracker, &self.events, ctx);
         self.active.insert(
@@ -348,8 +348,8 @@ impl Supervisor {
         if !self.releasing.insert((account_id, epoch)) {
             return;
         }
-        let pool = self.shared.pool.clone();
-        let node_id = self.shared.node_id.clone();
+        let pool = self.shared.services.pool.clone();
+        let node_id = self.shared.services.node_id.clone();
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {
             let mut delay = Duration::from_millis(100);
@@ -420,12 +420,30 @@ mod tests {
             .connect_lazy("postgres://nobody@127.0.0.1:1/none")
             .unwrap();
         let (lost_tx, _lost_rx) = mpsc::unbounded_channel();
-        let (status, _writer) =
-            status_writer::spawn(pool.clone(), "n".into(), lost_tx, CancellationToken::new());
+        let (status, _writer) = status_writer::spawn(
+            pool.clone(),
+            "n".into(),
+            lost_tx.clone(),
+            CancellationToken::new(),
+        );
         let (tx, rx) = mpsc::unbounded_channel();
-        let shared = NodeShared {
+        let options: sqlx::postgres::PgConnectOptions =
+            "postgres://nobody@127.0.0.1:1/none".parse().unwrap();
+        let services = Arc::new(NodeServices {
             node_id: "n".into(),
             pool,
+            hub: crate::hub::Hub::spawn(
+                options,
+                "mt5".into(),
+                "n".into(),
+                Arc::new(tokio::sync::Notify::new()),
+                CancellationToken::new(),
+            ),
+            brokers: crate::brokers::Brokers::new("n"),
+            lost: lost_tx,
+        });
+        let shared = NodeShared {
+            services,
             status,
             base: MonoBase::new(),
             tracker: TaskTracker::new(),

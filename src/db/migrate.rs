@@ -12,11 +12,18 @@ use sqlx::{PgConnection, Row};
 
 /// Every migration, in order: (version, description, SQL). A test checks this list against the
 /// files in `migrations/`, so a new file cannot be forgotten here.
-pub const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "lease core",
-    include_str!("../../migrations/0001_lease_core.sql"),
-)];
+pub const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "lease core",
+        include_str!("../../migrations/0001_lease_core.sql"),
+    ),
+    (
+        2,
+        "copy engine",
+        include_str!("../../migrations/0002_copy_engine.sql"),
+    ),
+];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know
 /// (a newer binary's additive migrations during a rolling upgrade) are tolerated.

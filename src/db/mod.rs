@@ -4,6 +4,7 @@
 //! Statements are plain `sqlx::query` with runtime binding; every statement is exercised by the
 //! integration tests against a real PostgreSQL.
 
+pub mod copy;
 pub mod lease;
 pub mod migrate;
 pub mod status;
@@ -78,10 +79,11 @@ pub fn admin_options(url: &Secret) -> Result<PgConnectOptions, sqlx::Error> {
     Ok(PgConnectOptions::from_str(url.expose())?.application_name("copier-node admin"))
 }
 
-/// A small pool for a node's non-cycle work (status writes, releases); connects lazily.
+/// The pool for a node's non-cycle work (publications, reconcile reads, status writes,
+/// releases); connects lazily. The cycle has a connection of its own.
 pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration) -> PgPool {
     PgPoolOptions::new()
-        .max_connections(4)
+        .max_connections(8)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
         .connect_lazy_with(options)

@@ -374,6 +374,7 @@ impl Book {
         entry.volume = Some(order.volume);
         entry.magic = Some(order.magic);
         entry.comment = Some(order.comment.clone());
+        entry.client_order_id = order.client_order_id.clone();
         self.ensure_account(login, None, &mut records);
         let result = (|| {
             self.fence(login, fence, &mut records)?;
@@ -457,6 +458,7 @@ impl Book {
         entry.fence = fence;
         entry.ticket = Some(order.ticket);
         entry.volume = order.volume;
+        entry.client_order_id = order.client_order_id.clone();
         self.ensure_account(login, None, &mut records);
         if let Some(p) = self.accounts[login].positions.get(&order.ticket) {
             entry.describe(p);
@@ -548,6 +550,7 @@ impl Book {
         let mut entry = JournalEntry::new(now_ms, login, client, "modify");
         entry.fence = fence;
         entry.ticket = Some(order.ticket);
+        entry.client_order_id = order.client_order_id.clone();
         self.ensure_account(login, None, &mut records);
         if let Some(p) = self.accounts[login].positions.get(&order.ticket) {
             entry.describe(p);

@@ -25,6 +25,8 @@ pub struct JournalEntry {
     pub magic: Option<i64>,
     pub comment: Option<String>,
     pub fence: Option<i64>,
+    /// The request's client order id (an addition to SPEC's keys; `null` when none).
+    pub client_order_id: Option<String>,
     pub accepted: bool,
     pub reason: Option<String>,
 }
@@ -43,6 +45,7 @@ impl JournalEntry {
             magic: None,
             comment: None,
             fence: None,
+            client_order_id: None,
             accepted: false,
             reason: None,
         }

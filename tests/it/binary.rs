@@ -430,7 +430,7 @@ async fn an_unmigrated_database_is_refused_until_migrated() {
 
     let (code, stdout, _) = run_to_end(&["migrate"], &env);
     assert_eq!(code, 0);
-    assert_eq!(stdout.trim(), "applied migrations: 1");
+    assert_eq!(stdout.trim(), "applied migrations: 1, 2");
     let (code, stdout, _) = run_to_end(&["migrate", "--database-url", &url], &[]);
     assert_eq!(code, 0);
     assert_eq!(stdout.trim(), "no pending migrations");
@@ -458,7 +458,7 @@ async fn concurrent_migrate_commands_all_succeed() {
     for h in handles {
         let (code, stdout, stderr) = h.join().unwrap();
         assert_eq!(code, 0, "{stderr}");
-        if stdout.contains("applied migrations: 1") {
+        if stdout.contains("applied migrations: 1, 2") {
             applied += 1;
         }
     }

@@ -246,7 +246,7 @@ async fn the_journal_is_one_flushed_json_line_per_request() {
     assert_eq!(lines.len(), expected);
     for l in &lines {
         let keys: Vec<&String> = l.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 13, "{l}");
+        assert_eq!(keys.len(), 14, "{l}");
         assert!(l["ts_ms"].is_i64() && l["fence"].is_i64());
         if l["action"] == "open" && l["accepted"] == true {
             assert!(

@@ -3,6 +3,7 @@
 
 mod binary;
 mod broker;
+mod copy;
 mod hardening;
 mod lease_sql;
 mod nodes;

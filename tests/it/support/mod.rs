@@ -13,8 +13,10 @@ use std::sync::Once;
 use std::time::Duration;
 
 use copier_node::app::{self, NodeHandle, RunOptions};
+use copier_node::broker::types::{Position, Side};
 use copier_node::config::{Config, Layers};
 use copier_node::lease::NodeState;
+use copier_node::sim_broker::tools::{self, HandOrder};
 use sqlx::PgConnection;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -235,4 +237,157 @@ pub async fn claimed_after(conn: &mut PgConnection, node_id: &str, lease: &str) 
     .fetch_one(conn)
     .await
     .unwrap()
+}
+
+/// Inserts one account.
+pub async fn add_account(conn: &mut PgConnection, id: i64, role: &str, server: &str, login: &str) {
+    sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) VALUES ($1, 'mt5', $2, $3, $4)")
+        .bind(id)
+        .bind(role)
+        .bind(server)
+        .bind(login)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+/// A copy link's settings (defaults as the schema's).
+#[derive(Debug, Clone)]
+pub struct LinkSpec {
+    pub lot_mode: &'static str,
+    pub lot_value: f64,
+    pub reverse: bool,
+    pub copy_sl_tp: bool,
+    pub symbol_map: &'static str,
+    pub copy_existing: bool,
+}
+
+impl Default for LinkSpec {
+    fn default() -> Self {
+        LinkSpec {
+            lot_mode: "multiplier",
+            lot_value: 1.0,
+            reverse: false,
+            copy_sl_tp: true,
+            symbol_map: "{}",
+            copy_existing: false,
+        }
+    }
+}
+
+/// Inserts a link; returns (link id, magic).
+pub async fn add_link(
+    conn: &mut PgConnection,
+    master: i64,
+    follower: i64,
+    spec: LinkSpec,
+) -> (i64, i64) {
+    sqlx::query_as(
+        "INSERT INTO copy_links (master_id, follower_id, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map, copy_existing)
+         VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8) RETURNING id, magic",
+    )
+    .bind(master)
+    .bind(follower)
+    .bind(spec.lot_mode)
+    .bind(spec.lot_value)
+    .bind(spec.reverse)
+    .bind(spec.copy_sl_tp)
+    .bind(spec.symbol_map)
+    .bind(spec.copy_existing)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// Hand trades and reads on a simulated broker, in-process.
+pub struct Trader {
+    pub addr: String,
+}
+
+impl Trader {
+    pub async fn open(
+        &self,
+        login: &str,
+        symbol: &str,
+        side: Side,
+        volume: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+    ) -> i64 {
+        let order = HandOrder::Open {
+            symbol: symbol.into(),
+            side,
+            volume,
+            sl,
+            tp,
+            magic: 0,
+            comment: String::new(),
+        };
+        tools::trade(&self.addr, login, order)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    pub async fn close(&self, login: &str, ticket: i64, volume: Option<f64>) {
+        tools::trade(&self.addr, login, HandOrder::Close { ticket, volume })
+            .await
+            .unwrap();
+    }
+
+    pub async fn modify(&self, login: &str, ticket: i64, sl: Option<f64>, tp: Option<f64>) {
+        tools::trade(&self.addr, login, HandOrder::Modify { ticket, sl, tp })
+            .await
+            .unwrap();
+    }
+
+    pub async fn positions(&self, login: &str) -> Vec<Position> {
+        tools::positions(&self.addr, login)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The open copy of master ticket `master_ticket` under `magic` on `login`, once it exists.
+    pub async fn copy_of(
+        &self,
+        login: &str,
+        magic: i64,
+        master_ticket: i64,
+        within: Duration,
+    ) -> Position {
+        let marker = format!("mc{master_ticket}");
+        eventually(
+            format!("a copy of {master_ticket} on {login}"),
+            within,
+            async || {
+                self.positions(login)
+                    .await
+                    .into_iter()
+                    .find(|p| p.magic == magic && p.comment == marker)
+            },
+        )
+        .await
+    }
+
+    /// Waits until `login`'s copy of `master_ticket` satisfies `f` (`None`: no open copy).
+    pub async fn wait_copy(
+        &self,
+        login: &str,
+        magic: i64,
+        master_ticket: i64,
+        within: Duration,
+        what: &str,
+        f: impl Fn(Option<&Position>) -> bool,
+    ) {
+        let marker = format!("mc{master_ticket}");
+        eventually(
+            format!("{login}'s copy of {master_ticket}: {what}"),
+            within,
+            async || {
+                let ps = self.positions(login).await;
+                f(ps.iter().find(|p| p.magic == magic && p.comment == marker)).then_some(())
+            },
+        )
+        .await
+    }
 }

@@ -1,0 +1,456 @@
+//! A master's session: follow the master's positions through the broker's stream and publish
+//! each change as an event (epoch = the master's ownership generation, seq + 1 per event), in
+//! one fenced statement with the snapshot after it.
+//!
+//! At start (a new owner: a new epoch), after a broker reconnect, after trust lapsed and came
+//! back, and every few minutes, the session compares the broker's positions with the published
+//! snapshot and publishes the difference as one `snapshot` event (followers reconcile to it).
+//!
+//! Glitch guard: a position missing from a positions read is dropped from the snapshot only if
+//! the master's history confirms it closed; an empty or partial read never closes copies. The
+//! stream's `closed` event carries the closing history entry itself.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::bail;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::MasterPosition;
+use super::events::MasterEvent;
+use crate::account::AccountContext;
+use crate::broker::types::{ClosedPosition, Position, PositionChange};
+use crate::broker::{BrokerError, SessionEvent, TradeApi};
+use crate::db;
+use crate::db::copy::{AccountRow, Published};
+use crate::status_writer::StatusUpdate;
+
+/// How often the session re-reads the broker to catch a lost stream event, and reports
+/// balance and equity.
+const BACKGROUND_SYNC: Duration = Duration::from_secs(120);
+const FUNDS_EVERY: Duration = Duration::from_secs(30);
+/// How soon a failed publication is retried (as a snapshot).
+const RETRY: Duration = Duration::from_millis(500);
+
+struct Master<'a> {
+    ctx: &'a AccountContext,
+    id: i64,
+    /// What the broker shows (with first-seen times from the published snapshot).
+    view: BTreeMap<i64, MasterPosition>,
+    /// What is stored in `master_state` under this epoch.
+    published: BTreeMap<i64, MasterPosition>,
+    seq: i64,
+    /// A change could not be published: publish a snapshot when the database answers again.
+    dirty: bool,
+}
+
+/// Runs the master session until stopped.
+pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
+    let Some(mut session) = ctx.login(row).await? else {
+        return Ok(());
+    };
+    info!(
+        balance = session.account.balance,
+        "master logged in; publishing its positions"
+    );
+    report_funds(ctx, session.api.as_ref()).await;
+    let mut m = Master {
+        ctx,
+        id: row.id,
+        view: BTreeMap::new(),
+        published: BTreeMap::new(),
+        seq: 0,
+        dirty: false,
+    };
+    if !m.load().await? {
+        return Ok(());
+    }
+    // A new owner always publishes once under its epoch, so followers reconcile early.
+    m.sync(session.api.as_ref(), true).await?;
+    let mut background =
+        tokio::time::interval_at(Instant::now() + BACKGROUND_SYNC, BACKGROUND_SYNC);
+    let mut funds = tokio::time::interval_at(Instant::now() + FUNDS_EVERY, FUNDS_EVERY);
+    loop {
+        let retry = tokio::time::sleep(RETRY);
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            _ = ctx.gate.restored() => m.sync(session.api.as_ref(), false).await?,
+            event = session.events.recv() => match event {
+                Some(SessionEvent::Position(change)) => m.on_change(change).await?,
+                Some(SessionEvent::Reconnected) => {
+                    info!("master broker session reconnected: publishing what changed meanwhile");
+                    m.sync(session.api.as_ref(), false).await?;
+                }
+                Some(SessionEvent::LoginLost(reason)) => bail!("the broker refused the master's login after a reconnect: {reason}"),
+                None => bail!("the broker session ended"),
+            },
+            _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,
+            _ = background.tick() => m.sync(session.api.as_ref(), false).await?,
+            _ = funds.tick() => report_funds(ctx, session.api.as_ref()).await,
+        }
+        if ctx.cancel.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
+async fn report_funds(ctx: &AccountContext, api: &dyn TradeApi) {
+    if let Ok(info) = api.account().await {
+        ctx.status.send(StatusUpdate {
+            account_id: ctx.account_id,
+            epoch: ctx.epoch(),
+            status: None,
+            balance: Some(info.balance),
+            equity: Some(info.equity),
+        });
+    }
+}
+
+impl Master<'_> {
+    /// Loads the published state; false if the task was stopped meanwhile.
+    async fn load(&mut self) -> anyhow::Result<bool> {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            let result = async {
+                let mut conn = self.ctx.node.pool.acquire().await?;
+                db::copy::master_state(&mut conn, self.id).await
+            }
+            .await;
+            match result {
+                Ok(state) => {
+                    if let Some(state) = state {
+                        let positions: BTreeMap<i64, MasterPosition> =
+                            state.positions.into_iter().map(|p| (p.ticket, p)).collect();
+                        self.view = positions.clone();
+                        if state.epoch == self.ctx.epoch() {
+                            self.published = positions;
+                            self.seq = state.seq;
+                        }
+                    }
+                    return Ok(true);
+                }
+                Err(e) => {
+                    warn!(error = %db::describe(&e), "reading the master's published state failed; retrying");
+                    tokio::select! {
+                        _ = self.ctx.cancel.cancelled() => return Ok(false),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Compares the broker with the view and publishes a snapshot if anything differs (or if
+    /// `force`). A read failure leaves everything as it was (the next sync retries).
+    async fn sync(&mut self, api: &dyn TradeApi, force: bool) -> anyhow::Result<()> {
+        let (positions, history) = match read_broker(api).await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "reading the master's positions failed; keeping the published snapshot");
+                self.dirty = true;
+                return Ok(());
+            }
+        };
+        let next = merge_view(&self.view, &positions, &history);
+        for (ticket, p) in &self.view {
+            if !next.contains_key(ticket) {
+                info!(master_ticket = ticket, symbol = %p.symbol, "master position closed (confirmed by history)");
+            }
+        }
+        let kept = self
+            .view
+            .keys()
+            .filter(|t| next.contains_key(t) && !positions.iter().any(|p| p.ticket == **t))
+            .count();
+        if kept > 0 {
+            warn!(
+                positions = kept,
+                "master positions missing from the positions read but not closed in history: kept (glitch guard)"
+            );
+        }
+        self.view = next;
+        if force || self.dirty || self.view != self.published || self.seq == 0 {
+            self.publish(MasterEvent::Snapshot).await?;
+        }
+        Ok(())
+    }
+
+    /// Turns one broker change into an event and publishes it.
+    async fn on_change(&mut self, change: PositionChange) -> anyhow::Result<()> {
+        let event = match change {
+            PositionChange::Opened { position } => {
+                if self.view.contains_key(&position.ticket) {
+                    return Ok(());
+                }
+                let p = from_broker(&position, None);
+                self.view.insert(p.ticket, p.clone());
+                MasterEvent::Open { position: p }
+            }
+            PositionChange::Modified { position } => {
+                let Some(p) = self.view.get_mut(&position.ticket) else {
+                    return Ok(());
+                };
+                if p.sl == position.sl && p.tp == position.tp {
+                    return Ok(());
+                }
+                p.sl = position.sl;
+                p.tp = position.tp;
+                MasterEvent::Modify {
+                    ticket: position.ticket,
+                    sl: position.sl,
+                    tp: position.tp,
+                }
+            }
+            PositionChange::PartiallyClosed { position, .. } => {
+                let Some(p) = self.view.get_mut(&position.ticket) else {
+                    return Ok(());
+                };
+                let before = p.volume;
+                p.volume = position.volume;
+                MasterEvent::Partial {
+                    ticket: position.ticket,
+                    before,
+                    after: position.volume,
+                }
+            }
+            PositionChange::Closed { closed } => {
+                if self.view.remove(&closed.position.ticket).is_none() {
+                    return Ok(());
+                }
+                MasterEvent::Close {
+                    ticket: closed.position.ticket,
+                }
+            }
+        };
+        if self.dirty {
+            // An earlier change is still unpublished: the snapshot carries both.
+            return self.publish(MasterEvent::Snapshot).await;
+        }
+        self.publish(event).await
+    }
+
+    /// Publishes `event` with the current view as (epoch, seq + 1).
+    async fn publish(&mut self, event: MasterEvent) -> anyhow::Result<()> {
+        let epoch = self.ctx.epoch();
+        let seq = self.seq + 1;
+        let positions: Vec<MasterPosition> = self.view.values().cloned().collect();
+        let result = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::publish(
+                &mut conn,
+                &self.ctx.node.node_id,
+                self.id,
+                epoch,
+                seq,
+                &positions,
+                &event,
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(Published::Stored(stored)) => {
+                debug!(seq, kind = event.kind(), "master event published");
+                self.seq = seq;
+                self.dirty = false;
+                self.published = stored.into_iter().map(|p| (p.ticket, p)).collect();
+                // First-seen times are the database's: take them from what was stored.
+                for (t, p) in &self.published {
+                    if let Some(v) = self.view.get_mut(t) {
+                        v.first_seen_ms = p.first_seen_ms;
+                    }
+                }
+                self.ctx.set_status(format!(
+                    "master: published epoch {epoch} seq {seq} ({} open positions)",
+                    self.published.len()
+                ));
+                Ok(())
+            }
+            Ok(Published::Refused) => self.refused(epoch, seq).await,
+            Err(e) => {
+                // Committed or not, we cannot tell: re-read before publishing again (as a snapshot).
+                warn!(error = %db::describe(&e), seq, kind = event.kind(), "publishing a master event failed; will publish a snapshot");
+                self.dirty = true;
+                self.reload_seq().await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The publish matched nothing: either this epoch no longer owns the master, or the stored
+    /// seq is ahead (an earlier publish committed without our seeing the reply).
+    async fn refused(&mut self, epoch: i64, seq: i64) -> anyhow::Result<()> {
+        let owned = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::still_owned(&mut conn, &self.ctx.node.node_id, self.id, epoch).await
+        }
+        .await;
+        match owned {
+            Ok(false) => {
+                warn!(
+                    seq,
+                    "publish refused: this node no longer owns the master at this epoch; stopping its session"
+                );
+                self.ctx.lost().await;
+                Ok(())
+            }
+            Ok(true) => {
+                warn!(
+                    seq,
+                    "publish refused: the stored sequence moved on; re-reading and publishing a snapshot"
+                );
+                self.dirty = true;
+                self.reload_seq().await;
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %db::describe(&e), "checking ownership after a refused publish failed; retrying as a snapshot");
+                self.dirty = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes the stored seq of this epoch, if any, so the next publish follows it.
+    async fn reload_seq(&mut self) {
+        let state = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::master_state(&mut conn, self.id).await
+        }
+        .await;
+        if let Ok(Some(state)) = state
+            && state.epoch == self.ctx.epoch()
+        {
+            self.seq = state.seq;
+            self.published = state.positions.into_iter().map(|p| (p.ticket, p)).collect();
+        }
+    }
+}
+
+async fn read_broker(
+    api: &dyn TradeApi,
+) -> Result<(Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+    let positions = api.positions().await?;
+    let history = api.history().await?;
+    Ok((positions, history))
+}
+
+fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
+    MasterPosition {
+        ticket: p.ticket,
+        symbol: p.symbol.clone(),
+        side: p.side,
+        volume: p.volume,
+        open_volume: known.map_or(p.volume, |k| k.open_volume),
+        open_price: p.open_price,
+        sl: p.sl,
+        tp: p.tp,
+        first_seen_ms: known.and_then(|k| k.first_seen_ms),
+    }
+}
+
+/// The master's view after a positions read: every position the broker shows (keeping known
+/// first-seen times and open volumes), plus every known position the read lacks whose close
+/// the history does not confirm (glitch guard).
+pub fn merge_view(
+    known: &BTreeMap<i64, MasterPosition>,
+    positions: &[Position],
+    history: &[ClosedPosition],
+) -> BTreeMap<i64, MasterPosition> {
+    let mut next: BTreeMap<i64, MasterPosition> = positions
+        .iter()
+        .map(|p| (p.ticket, from_broker(p, known.get(&p.ticket))))
+        .collect();
+    for (ticket, k) in known {
+        if next.contains_key(ticket) {
+            continue;
+        }
+        let closed = history
+            .iter()
+            .any(|h| h.position.ticket == *ticket && h.remaining_volume <= 0.0);
+        if !closed {
+            next.insert(*ticket, k.clone());
+        }
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::types::{ClosedBy, Side};
+
+    fn pos(ticket: i64, volume: f64) -> Position {
+        Position {
+            ticket,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            volume,
+            open_price: 1.1,
+            sl: None,
+            tp: None,
+            magic: 0,
+            comment: String::new(),
+            open_time_ms: 0,
+        }
+    }
+
+    fn known(ticket: i64, volume: f64, seen: i64) -> MasterPosition {
+        MasterPosition {
+            first_seen_ms: Some(seen),
+            ..from_broker(&pos(ticket, volume), None)
+        }
+    }
+
+    #[test]
+    fn an_empty_read_closes_nothing_without_history() {
+        let k: BTreeMap<i64, MasterPosition> =
+            [(1, known(1, 1.0, 5)), (2, known(2, 0.5, 6))].into();
+        assert_eq!(
+            merge_view(&k, &[], &[]),
+            k,
+            "an empty positions read is a glitch until history says otherwise"
+        );
+    }
+
+    #[test]
+    fn history_confirms_closes_and_new_positions_appear() {
+        let k: BTreeMap<i64, MasterPosition> =
+            [(1, known(1, 1.0, 5)), (2, known(2, 0.5, 6))].into();
+        let closed = ClosedPosition {
+            position: pos(1, 1.0),
+            close_price: 1.1,
+            close_time_ms: 0,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.0,
+            profit: 0.0,
+        };
+        let next = merge_view(&k, &[pos(2, 0.3), pos(3, 2.0)], &[closed]);
+        assert!(!next.contains_key(&1));
+        assert_eq!(
+            (
+                next[&2].volume,
+                next[&2].open_volume,
+                next[&2].first_seen_ms
+            ),
+            (0.3, 0.5, Some(6))
+        );
+        assert_eq!((next[&3].open_volume, next[&3].first_seen_ms), (2.0, None));
+    }
+
+    #[test]
+    fn a_partial_close_in_history_does_not_drop_the_position() {
+        let k: BTreeMap<i64, MasterPosition> = [(1, known(1, 1.0, 5))].into();
+        let partial = ClosedPosition {
+            position: pos(1, 0.4),
+            close_price: 1.1,
+            close_time_ms: 0,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.6,
+            profit: 0.0,
+        };
+        assert!(merge_view(&k, &[], &[partial]).contains_key(&1));
+    }
+}

@@ -1,0 +1,73 @@
+//! The copy engine: masters publish their position changes as events, followers apply them.
+//!
+//! * [`master`]: a master's session turns the broker's position stream into events, each
+//!   published in one fenced statement that stores the master's snapshot and (epoch, seq) and
+//!   issues the NOTIFY from that statement's result.
+//! * [`follower`]: a follower's session LISTENs (through the node's [`crate::hub`]) before it reads
+//!   a snapshot, reconciles, then applies events in order; a gap, an unknown epoch, a reconnect,
+//!   a lapse of trust or a timer sends it back to reconcile.
+//! * [`rules`] and [`reconcile`]: the pure decisions (what to send for an event, what a follower
+//!   owes its masters), unit-tested table-style.
+//!
+//! Markers: every copy carries its link's magic number and the comment `mc<masterTicket>`, and a
+//! client order id derived from (link, master ticket, action); that is how any node recognises
+//! copies that already exist or existed.
+
+pub mod events;
+pub mod follower;
+pub mod master;
+pub mod reconcile;
+pub mod rules;
+
+use serde::{Deserialize, Serialize};
+
+use crate::broker::types::Side;
+
+/// A master position as published in the master's snapshot and events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MasterPosition {
+    pub ticket: i64,
+    pub symbol: String,
+    pub side: Side,
+    /// Volume open now.
+    pub volume: f64,
+    /// Volume when first recorded (partial closes scale copies against it).
+    pub open_volume: f64,
+    pub open_price: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    /// When a master session first recorded the position, on the database's clock (Unix ms);
+    /// `None` until the database stamps it.
+    pub first_seen_ms: Option<i64>,
+}
+
+/// The comment that marks a copy of master ticket `ticket`.
+pub fn marker(master_ticket: i64) -> String {
+    format!("mc{master_ticket}")
+}
+
+/// The master ticket a copy's comment names, if it is a marker.
+pub fn parse_marker(comment: &str) -> Option<i64> {
+    comment.strip_prefix("mc")?.parse().ok()
+}
+
+/// The client order id of `action` on the copy of `master_ticket` under `link_id`: the same
+/// request sent twice is executed once by a bridge that deduplicates.
+pub fn client_order_id(link_id: i64, master_ticket: i64, action: &str) -> String {
+    format!("l{link_id}-m{master_ticket}-{action}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_round_trip_and_reject_other_comments() {
+        assert_eq!(marker(1000042), "mc1000042");
+        assert_eq!(parse_marker("mc1000042"), Some(1000042));
+        for other in ["", "mc", "mcx1", "hello", "from #5", "MC12"] {
+            assert_eq!(parse_marker(other), None, "{other}");
+        }
+        assert_eq!(client_order_id(7, 1000042, "open"), "l7-m1000042-open");
+    }
+}

@@ -1,0 +1,320 @@
+//! The node's one LISTEN connection (on `listen_database_url`: a pooler in transaction mode
+//! breaks LISTEN), fanned out to whoever needs notifications:
+//!
+//! * release announcements (`copier_released`) from other nodes of the platform wake the lease
+//!   loop to claim at once (instant handoff);
+//! * master events (`copier_master_<id>`) go to every follower session subscribed to that master.
+//!
+//! [`Hub::subscribe`] returns only once the server has confirmed the LISTEN, so a follower that
+//! subscribes and then reads its master's snapshot misses nothing in between. When the connection
+//! drops, notifications may be lost: on reconnect every channel is listened to again, every
+//! subscriber gets [`Signal::Gap`] (and reconciles), and the lease loop is woken.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::copier::events::{MasterNotice, channel};
+use crate::db;
+
+/// What a subscriber receives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Signal {
+    Notice(MasterNotice),
+    /// The LISTEN connection was lost and restored: notifications may have been missed.
+    Gap,
+}
+
+enum Command {
+    Subscribe {
+        master_id: i64,
+        id: u64,
+        sender: mpsc::UnboundedSender<Signal>,
+        ready: oneshot::Sender<()>,
+    },
+    Unsubscribe {
+        master_id: i64,
+        id: u64,
+    },
+}
+
+/// A handle to the node's LISTEN connection.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    commands: mpsc::UnboundedSender<Command>,
+    next_id: Arc<AtomicU64>,
+}
+
+/// A live subscription to one master's events; dropping it stops the LISTEN when nobody else
+/// on the node needs that master.
+#[derive(Debug)]
+pub struct Subscription {
+    hub: Hub,
+    master_id: i64,
+    id: u64,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let _ = self.hub.commands.send(Command::Unsubscribe {
+            master_id: self.master_id,
+            id: self.id,
+        });
+    }
+}
+
+impl Hub {
+    /// Starts the hub: `wake` is notified on release announcements from other nodes of
+    /// `platform` and after every reconnect.
+    pub fn spawn(
+        options: PgConnectOptions,
+        platform: String,
+        node_id: String,
+        wake: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> Hub {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(tracing::Instrument::in_current_span(run(
+            options, platform, node_id, wake, rx, cancel,
+        )));
+        Hub {
+            commands: tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// Subscribes `sender` to master `master_id`'s events. Resolves once the LISTEN is confirmed
+    /// (waiting while the database is unreachable); `None` if the hub has stopped.
+    pub async fn subscribe(
+        &self,
+        master_id: i64,
+        sender: mpsc::UnboundedSender<Signal>,
+    ) -> Option<Subscription> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (ready, confirmed) = oneshot::channel();
+        self.commands
+            .send(Command::Subscribe {
+                master_id,
+                id,
+                sender,
+                ready,
+            })
+            .ok()?;
+        let subscription = Subscription {
+            hub: self.clone(),
+            master_id,
+            id,
+        };
+        confirmed.await.ok()?;
+        Some(subscription)
+    }
+}
+
+#[derive(Default)]
+struct Subscribers {
+    by_master: HashMap<i64, HashMap<u64, mpsc::UnboundedSender<Signal>>>,
+    /// Subscriptions waiting for their LISTEN to be confirmed.
+    waiting: Vec<oneshot::Sender<()>>,
+}
+
+async fn run(
+    options: PgConnectOptions,
+    platform: String,
+    node_id: String,
+    wake: Arc<Notify>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    cancel: CancellationToken,
+) {
+    let mut subs = Subscribers::default();
+    let mut delay = Duration::from_millis(200);
+    let mut first = true;
+    while !cancel.is_cancelled() {
+        // Connect and listen to everything wanted, taking commands meanwhile.
+        let connecting = connect(&options, subs.by_master.keys().copied().collect());
+        tokio::pin!(connecting);
+        let connected = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = &mut connecting => break r,
+                cmd = commands.recv() => match cmd {
+                    Some(cmd) => apply_offline(&mut subs, cmd),
+                    None => return,
+                },
+            }
+        };
+        let (mut listener, mut listening) = match connected {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "LISTEN connection failed; handoffs wait for the next cycle and master events for the next reconcile");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+                continue;
+            }
+        };
+        delay = Duration::from_millis(200);
+        // Channels subscribed while connecting are listened to now.
+        let missing: Vec<i64> = subs
+            .by_master
+            .keys()
+            .copied()
+            .filter(|m| !listening.contains(m))
+            .collect();
+        let mut failed = false;
+        for m in missing {
+            if listener.listen(&channel(m)).await.is_err() {
+                failed = true;
+                break;
+            }
+            listening.insert(m);
+        }
+        if failed {
+            continue;
+        }
+        if first {
+            info!("listening for release announcements and master events");
+        } else {
+            info!(
+                masters = listening.len(),
+                "LISTEN connection restored; subscribers reconcile"
+            );
+        }
+        for senders in subs.by_master.values() {
+            for s in senders.values() {
+                if !first {
+                    let _ = s.send(Signal::Gap);
+                }
+            }
+        }
+        for ready in subs.waiting.drain(..) {
+            let _ = ready.send(());
+        }
+        first = false;
+        wake.notify_one();
+
+        // Traffic until the connection fails.
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                cmd = commands.recv() => {
+                    let Some(cmd) = cmd else { return };
+                    match cmd {
+                        Command::Subscribe { master_id, id, sender, ready } => {
+                            subs.by_master.entry(master_id).or_default().insert(id, sender);
+                            if !listening.contains(&master_id) {
+                                if let Err(e) = listener.listen(&channel(master_id)).await {
+                                    warn!(error = %db::describe(&e), master_id, "LISTEN failed; reconnecting");
+                                    subs.waiting.push(ready);
+                                    break;
+                                }
+                                listening.insert(master_id);
+                            }
+                            let _ = ready.send(());
+                        }
+                        Command::Unsubscribe { master_id, id } => {
+                            let empty = subs.by_master.get_mut(&master_id).map(|s| { s.remove(&id); s.is_empty() }).unwrap_or(false);
+                            if empty {
+                                subs.by_master.remove(&master_id);
+                                if listening.remove(&master_id) && listener.unlisten(&channel(master_id)).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                received = listener.try_recv() => match received {
+                    Ok(Some(n)) => dispatch(&subs, &platform, &node_id, &wake, n.channel(), n.payload()),
+                    Ok(None) => {
+                        warn!("LISTEN connection lost; reconnecting");
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(error = %db::describe(&e), "LISTEN connection failed; reconnecting");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn apply_offline(subs: &mut Subscribers, cmd: Command) {
+    match cmd {
+        Command::Subscribe {
+            master_id,
+            id,
+            sender,
+            ready,
+        } => {
+            subs.by_master
+                .entry(master_id)
+                .or_default()
+                .insert(id, sender);
+            subs.waiting.push(ready);
+        }
+        Command::Unsubscribe { master_id, id } => {
+            if let Some(s) = subs.by_master.get_mut(&master_id) {
+                s.remove(&id);
+                if s.is_empty() {
+                    subs.by_master.remove(&master_id);
+                }
+            }
+        }
+    }
+}
+
+fn dispatch(
+    subs: &Subscribers,
+    platform: &str,
+    node_id: &str,
+    wake: &Notify,
+    channel_name: &str,
+    payload: &str,
+) {
+    if channel_name == db::RELEASED_CHANNEL {
+        let (from_platform, from_node) = db::parse_announcement(payload);
+        if from_platform == platform && from_node != node_id {
+            debug!(from_node, "release announced");
+            wake.notify_one();
+        }
+        return;
+    }
+    match serde_json::from_str::<MasterNotice>(payload) {
+        Ok(notice) => {
+            if let Some(senders) = subs.by_master.get(&notice.master) {
+                for s in senders.values() {
+                    let _ = s.send(Signal::Notice(notice.clone()));
+                }
+            }
+        }
+        Err(e) => {
+            warn!(channel = channel_name, error = %e, "unreadable master notice ignored (the next reconcile repairs what it carried)")
+        }
+    }
+}
+
+async fn connect(
+    options: &PgConnectOptions,
+    masters: Vec<i64>,
+) -> Result<(PgListener, HashSet<i64>), sqlx::Error> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options.clone());
+    let mut listener = PgListener::connect_with(&pool).await?;
+    listener.listen(db::RELEASED_CHANNEL).await?;
+    let mut listening = HashSet::new();
+    for m in masters {
+        listener.listen(&channel(m)).await?;
+        listening.insert(m);
+    }
+    Ok((listener, listening))
+}

@@ -1,0 +1,331 @@
+//! The copy engine end to end: real PostgreSQL, the simulated broker, nodes in-process.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use copier_node::broker::types::Side;
+use sqlx::Executor;
+
+use crate::support::broker::{Scratch, journal, start_sim};
+use crate::support::{
+    FAST, LinkSpec, TestDb, Trader, add_account, add_link, config, eventually, start_node,
+    wait_state,
+};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Waits until every follower's session has reconciled with its master once.
+async fn followers_ready(conn: &mut sqlx::PgConnection, ids: &[i64]) {
+    eventually("follower sessions to reconcile", WAIT, async || {
+        let ready: i64 = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE id = ANY($1) AND status LIKE 'follower: master%'")
+            .bind(ids)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        (ready == ids.len() as i64).then_some(())
+    })
+    .await;
+}
+
+fn close(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-9)
+}
+
+#[tokio::test]
+async fn master_trades_reach_followers_on_another_node_under_every_rule() {
+    let db = TestDb::new().await;
+    let dir = Scratch::new("copy-rules");
+    let broker = start_sim(&dir).await;
+    let addr = broker.addr.to_string();
+    let t = Trader { addr: addr.clone() };
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
+    }
+    let specs = [
+        (
+            2,
+            LinkSpec {
+                lot_value: 2.0,
+                ..Default::default()
+            },
+        ),
+        (
+            3,
+            LinkSpec {
+                lot_mode: "fixed",
+                lot_value: 0.05,
+                ..Default::default()
+            },
+        ),
+        (
+            4,
+            LinkSpec {
+                lot_mode: "balance_ratio",
+                lot_value: 1.0,
+                ..Default::default()
+            },
+        ),
+        (
+            5,
+            LinkSpec {
+                lot_mode: "equity_ratio",
+                lot_value: 0.5,
+                ..Default::default()
+            },
+        ),
+        (
+            6,
+            LinkSpec {
+                reverse: true,
+                ..Default::default()
+            },
+        ),
+        (
+            7,
+            LinkSpec {
+                symbol_map: r#"{"EURUSD": "EURUSD.m"}"#,
+                copy_sl_tp: false,
+                ..Default::default()
+            },
+        ),
+    ];
+    let mut magic = HashMap::new();
+    for (f, spec) in specs {
+        magic.insert(f, add_link(&mut conn, 1, f, spec).await.1);
+    }
+    // The master on node a, the followers on node b.
+    let a = start_node(&config(&db, "a", 1, FAST)).await;
+    wait_state(&a.state, "a owns the master", WAIT, |s| {
+        s.owned.contains_key(&1)
+    })
+    .await;
+    let b = start_node(&config(&db, "b", 100, FAST)).await;
+    wait_state(&b.state, "b owns the followers", WAIT, |s| {
+        s.owned.len() == 6
+    })
+    .await;
+    followers_ready(&mut conn, &[2, 3, 4, 5, 6, 7]).await;
+
+    let ticket = t
+        .open("m1", "EURUSD", Side::Buy, 1.0, Some(1.09), Some(1.12))
+        .await;
+    let expect = [
+        (2, "EURUSD", Side::Buy, 2.0),
+        (3, "EURUSD", Side::Buy, 0.05),
+        (4, "EURUSD", Side::Buy, 1.0),
+        (5, "EURUSD", Side::Buy, 0.5),
+        (6, "EURUSD", Side::Sell, 1.0),
+        (7, "EURUSD.m", Side::Buy, 1.0),
+    ];
+    for (f, symbol, side, volume) in expect {
+        let c = t.copy_of(&format!("f{f}"), magic[&f], ticket, WAIT).await;
+        assert_eq!(
+            (c.symbol.as_str(), c.side, c.volume),
+            (symbol, side, volume),
+            "follower {f}"
+        );
+        match f {
+            6 => assert_eq!(
+                (c.sl, c.tp),
+                (Some(1.12), Some(1.09)),
+                "reverse swaps the stops"
+            ),
+            7 => assert_eq!((c.sl, c.tp), (None, None), "copy_sl_tp off"),
+            _ => assert_eq!((c.sl, c.tp), (Some(1.09), Some(1.12))),
+        }
+    }
+
+    t.modify("m1", ticket, Some(1.08), Some(1.13)).await;
+    for f in 2..=7 {
+        let (sl, tp) = match f {
+            6 => (1.13, 1.08),
+            7 => continue,
+            _ => (1.08, 1.13),
+        };
+        t.wait_copy(
+            &format!("f{f}"),
+            magic[&f],
+            ticket,
+            WAIT,
+            "stops modified",
+            |c| c.is_some_and(|c| close(c.sl, sl) && close(c.tp, tp)),
+        )
+        .await;
+    }
+
+    t.close("m1", ticket, Some(0.4)).await;
+    for (f, volume) in [(2, 1.2), (3, 0.03), (4, 0.6), (5, 0.3), (6, 0.6), (7, 0.6)] {
+        t.wait_copy(
+            &format!("f{f}"),
+            magic[&f],
+            ticket,
+            WAIT,
+            "trimmed in proportion",
+            |c| c.is_some_and(|c| (c.volume - volume).abs() < 1e-9),
+        )
+        .await;
+    }
+    t.close("m1", ticket, None).await;
+    for f in 2..=7 {
+        t.wait_copy(&format!("f{f}"), magic[&f], ticket, WAIT, "closed", |c| {
+            c.is_none()
+        })
+        .await;
+    }
+
+    // Every follower order carried the link's magic, the marker, a client order id and the
+    // follower's epoch as its fence, and came from node b.
+    let epochs: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT login, owner_epoch FROM trading_accounts WHERE role = 'follower'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let lines = journal(&dir.path("journal.jsonl"));
+    let opens: Vec<_> = lines
+        .iter()
+        .filter(|l| l["action"] == "open" && l["client"] == "b")
+        .collect();
+    assert_eq!(opens.len(), 6);
+    for l in &opens {
+        let login = l["login"].as_str().unwrap();
+        let f: i64 = login[1..].parse().unwrap();
+        assert_eq!(l["accepted"], true);
+        assert_eq!(l["magic"].as_i64(), Some(magic[&f]));
+        assert_eq!(l["comment"], format!("mc{ticket}"));
+        assert_eq!(l["fence"].as_i64(), Some(epochs[login]));
+        assert!(
+            l["client_order_id"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("-m{ticket}-open"))
+        );
+    }
+    a.shutdown();
+    b.shutdown();
+    a.wait().await.unwrap();
+    b.wait().await.unwrap();
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_copy_closed_by_hand_is_not_reopened_and_a_second_reconcile_sends_nothing() {
+    let db = TestDb::new().await;
+    let dir = Scratch::new("copy-hand");
+    let broker = start_sim(&dir).await;
+    let addr = broker.addr.to_string();
+    let t = Trader { addr: addr.clone() };
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    add_account(&mut conn, 2, "follower", &addr, "f2").await;
+    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&db, "a", 10, FAST)).await;
+    followers_ready(&mut conn, &[2]).await;
+    let t1 = t.open("m1", "GBPUSD", Side::Sell, 0.3, None, None).await;
+    let t2 = t.open("m1", "EURUSD", Side::Buy, 0.2, None, None).await;
+    let c1 = t.copy_of("f2", magic, t1, WAIT).await;
+    t.copy_of("f2", magic, t2, WAIT).await;
+    t.close("f2", c1.ticket, None).await; // the follower's owner closes a copy by hand
+    node.shutdown();
+    node.wait().await.unwrap();
+
+    let follower_orders = || {
+        journal(&dir.path("journal.jsonl"))
+            .into_iter()
+            .filter(|l| l["login"] == "f2" && l["action"] != "login" && l["client"] != "manual")
+            .count()
+    };
+    let before = follower_orders();
+    assert_eq!(before, 2, "two copies opened");
+    // Each restart starts new sessions that reconcile first: nothing to send, twice.
+    for round in 0..2 {
+        let node = start_node(&config(&db, &format!("r{round}"), 10, FAST)).await;
+        eventually("the restarted follower to reconcile", WAIT, async || {
+            let s: Option<String> = sqlx::query_scalar(
+                "SELECT status FROM trading_accounts WHERE id = 2 AND node_id = $1",
+            )
+            .bind(format!("r{round}"))
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap()
+            .flatten();
+            s.filter(|s| s.starts_with("follower: master")).map(|_| ())
+        })
+        .await;
+        node.shutdown();
+        node.wait().await.unwrap();
+        assert_eq!(follower_orders(), before, "reconcile {round} sent orders");
+    }
+    let open = t.positions("f2").await;
+    assert_eq!(open.len(), 1, "the hand-closed copy stays closed: {open:?}");
+    assert_eq!(open[0].comment, format!("mc{t2}"));
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_new_link_copies_only_later_positions_unless_copy_existing() {
+    let db = TestDb::new().await;
+    let dir = Scratch::new("copy-existing");
+    let broker = start_sim(&dir).await;
+    let addr = broker.addr.to_string();
+    let t = Trader { addr: addr.clone() };
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    add_account(&mut conn, 2, "follower", &addr, "f2").await;
+    add_account(&mut conn, 3, "follower", &addr, "f3").await;
+    let node = start_node(&config(&db, "a", 10, FAST)).await;
+    wait_state(&node.state, "a owns all", WAIT, |s| s.owned.len() == 3).await;
+    let p1 = t.open("m1", "EURUSD", Side::Buy, 0.1, None, None).await;
+    eventually("the master to publish p1", WAIT, async || {
+        let text: Option<String> =
+            sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = 1")
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+        text.filter(|t| t.contains(&p1.to_string())).map(|_| ())
+    })
+    .await;
+    // The database's clock moves on past p1's first sighting before the links are created.
+    conn.execute("SELECT pg_sleep(0.01)").await.unwrap();
+    let (later_only, m2) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let (_, m3) = add_link(
+        &mut conn,
+        1,
+        3,
+        LinkSpec {
+            copy_existing: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    t.copy_of("f3", m3, p1, WAIT).await;
+    let reason: String = eventually("the skip to be recorded", WAIT, async || {
+        sqlx::query_scalar(
+            "SELECT reason FROM copy_skips WHERE link_id = $1 AND master_ticket = $2",
+        )
+        .bind(later_only)
+        .bind(p1)
+        .fetch_optional(&mut conn)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(reason.contains("before the link took effect"), "{reason}");
+    let p2 = t.open("m1", "EURUSD", Side::Sell, 0.1, None, None).await;
+    t.copy_of("f2", m2, p2, WAIT).await;
+    t.copy_of("f3", m3, p2, WAIT).await;
+    assert!(
+        !t.positions("f2")
+            .await
+            .iter()
+            .any(|p| p.comment == format!("mc{p1}")),
+        "p1 is never copied to f2"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+    broker.stop().await;
+}
