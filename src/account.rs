@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::broker::{AccountLogin, Broker, BrokerError, Session};
-use crate::brokers::Brokers;
+use crate::broker::{AccountLogin, BrokerError, Session};
+use crate::brokers::BrokerConnector;
 use crate::copier;
 use crate::db;
 use crate::db::copy::AccountRow;
@@ -33,7 +33,7 @@ pub struct NodeServices {
     pub node_id: String,
     pub pool: PgPool,
     pub hub: Hub,
-    pub brokers: Brokers,
+    pub brokers: Arc<dyn BrokerConnector>,
     /// Report an account found lost by a fenced write (the supervisor stops its task).
     pub lost: mpsc::UnboundedSender<Lost>,
 }
@@ -74,7 +74,7 @@ impl AccountContext {
     /// is unreachable. `None` if the task was stopped meanwhile; an error if the broker refused
     /// the login (bad credentials, a newer owner's fence).
     pub async fn login(&self, row: &AccountRow) -> anyhow::Result<Option<Session>> {
-        let client = self.node.brokers.get(&row.server);
+        let client = self.node.brokers.broker(&row.server);
         let account = AccountLogin {
             login: row.login.clone(),
             password: row.credentials.clone(),

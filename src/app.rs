@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::account::NodeServices;
-use crate::brokers::Brokers;
+use crate::brokers::{BrokerConnector, Brokers};
 use crate::config::{Config, show};
 use crate::db::{self, SessionBounds};
 use crate::hub::Hub;
@@ -27,10 +27,12 @@ use crate::supervisor::{Event, NodeShared, Supervisor};
 const FORGET_DEAD_NODES_EVERY: Duration = Duration::from_secs(300);
 
 /// Options of `copier-node run` beyond the configuration.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Apply pending migrations before starting instead of refusing.
     pub migrate: bool,
+    /// Where account sessions get their brokers (default: a bridge connection per server).
+    pub brokers: Option<Arc<dyn BrokerConnector>>,
 }
 
 /// A running node.
@@ -105,7 +107,7 @@ pub async fn start(
         let listen_options = db::node_options(&config.listen_database_url, &node.node_id, bounds)
             .context("invalid `listen_database_url`")?;
 
-        check_schema(config, options, &shutdown).await?;
+        check_schema(config, options.migrate, &shutdown).await?;
 
         let pool = db::node_pool(node_options.clone(), node.lease.saturating_sub(node.fence));
         let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
@@ -141,7 +143,10 @@ pub async fn start(
             node_id: node.node_id.clone(),
             pool: pool.clone(),
             hub,
-            brokers: Brokers::new(node.node_id.clone()),
+            brokers: options
+                .brokers
+                .clone()
+                .unwrap_or_else(|| Arc::new(Brokers::new(node.node_id.clone()))),
             lost: lost_for_tasks,
         });
         let shared = NodeShared {
@@ -203,7 +208,7 @@ pub async fn start(
 /// unless `--migrate`, in which case it applies them.
 async fn check_schema(
     config: &Config,
-    options: RunOptions,
+    migrate: bool,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let admin = db::admin_options(&config.database_url).context("invalid `database_url`")?;
@@ -225,7 +230,7 @@ async fn check_schema(
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     };
-    if options.migrate {
+    if migrate {
         let applied = db::migrate::apply(&mut conn)
             .await
             .context("applying migrations")?;

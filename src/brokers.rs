@@ -1,10 +1,21 @@
-//! The node's broker connections: one [`BridgeClient`] per trade server (`host:port` from the
-//! account row), shared by every account session of the node on that server.
+//! Where account sessions get their brokers: [`BrokerConnector`] is the seam (tests wrap it to
+//! inject broker faults), [`Brokers`] the node's implementation: one [`BridgeClient`] per trade
+//! server (`host:port` from the account row), shared by every account session of the node on
+//! that server.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use crate::broker::Broker;
 use crate::broker::client::BridgeClient;
+
+/// Gives account sessions a broker for a server address.
+pub trait BrokerConnector: Send + Sync + std::fmt::Debug {
+    /// The broker at `server` (connected in the background on first use).
+    fn broker(&self, server: &str) -> Arc<dyn Broker>;
+    /// Closes every connection (at shutdown).
+    fn close_all(&self);
+}
 
 /// Connections by server address, opened on first use and kept for the node's lifetime.
 #[derive(Debug)]
@@ -22,16 +33,21 @@ impl Brokers {
     }
 
     /// The connection to `server`, opened (in the background) if this is its first use.
-    pub fn get(&self, server: &str) -> BridgeClient {
+    pub fn client(&self, server: &str) -> BridgeClient {
         let mut clients = self.clients.lock().expect("broker registry");
         clients
             .entry(server.to_string())
             .or_insert_with(|| BridgeClient::connect(server, self.node_id.clone()))
             .clone()
     }
+}
 
-    /// Closes every connection.
-    pub fn close_all(&self) {
+impl BrokerConnector for Brokers {
+    fn broker(&self, server: &str) -> Arc<dyn Broker> {
+        Arc::new(self.client(server))
+    }
+
+    fn close_all(&self) {
         for client in self.clients.lock().expect("broker registry").values() {
             client.close();
         }

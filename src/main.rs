@@ -155,6 +155,7 @@ async fn run(args: RunArgs) -> ExitCode {
     }
     let options = app::RunOptions {
         migrate: args.migrate,
+        ..Default::default()
     };
     match app::run(config, options, shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -439,7 +439,7 @@ mod tests {
                 Arc::new(tokio::sync::Notify::new()),
                 CancellationToken::new(),
             ),
-            brokers: crate::brokers::Brokers::new("n"),
+            brokers: Arc::new(crate::brokers::Brokers::new("n")),
             lost: lost_tx,
         });
         let shared = NodeShared {

@@ -329,3 +329,130 @@ async fn a_new_link_copies_only_later_positions_unless_copy_existing() {
     node.wait().await.unwrap();
     broker.stop().await;
 }
+
+/// Milliseconds from the master's accepted order to each follower's accepted copy, from the
+/// journal (one clock: the broker's).
+fn latencies(
+    lines: &[serde_json::Value],
+    master_login: &str,
+    action: &str,
+    ticket: i64,
+) -> Vec<i64> {
+    let master_ts = lines
+        .iter()
+        .find(|l| {
+            l["login"] == master_login
+                && l["action"] == action
+                && l["accepted"] == true
+                && l["ticket"].as_i64() == Some(ticket)
+        })
+        .and_then(|l| l["ts_ms"].as_i64())
+        .expect("the master's order is journaled");
+    let marker = format!("mc{ticket}");
+    let mut out: Vec<i64> = lines
+        .iter()
+        .filter(|l| {
+            l["login"] != master_login
+                && l["action"] == action
+                && l["accepted"] == true
+                && l["comment"] == marker.as_str()
+        })
+        .filter_map(|l| l["ts_ms"].as_i64())
+        .map(|ts| ts - master_ts)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[tokio::test]
+async fn one_master_and_twenty_followers_on_two_node_processes() {
+    use crate::support::broker::BrokerProcess;
+    use crate::support::process::NodeProcess;
+    use crate::support::{counts, wait_owned};
+
+    let db = TestDb::new().await;
+    let dir = Scratch::new("copy-20");
+    let broker = BrokerProcess::spawn(&dir, &[]).await;
+    let t = Trader {
+        addr: broker.addr.clone(),
+    };
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", &broker.addr, "m1").await;
+    let mut magic = HashMap::new();
+    for f in 2..=21 {
+        add_account(&mut conn, f, "follower", &broker.addr, &format!("f{f}")).await;
+        let spec = LinkSpec {
+            lot_value: if f % 2 == 0 { 1.0 } else { 0.5 },
+            reverse: f % 5 == 0,
+            ..Default::default()
+        };
+        magic.insert(f, add_link(&mut conn, 1, f, spec).await.1);
+    }
+    let mut a = NodeProcess::spawn(&db, "a", 1, FAST, &[]);
+    wait_owned(&mut conn, "a", 1, WAIT).await;
+    let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
+    wait_owned(&mut conn, "b", 20, WAIT).await;
+    assert_eq!(
+        counts(&mut conn).await.get("a"),
+        Some(&1),
+        "the master stays on node a"
+    );
+    let ids: Vec<i64> = (2..=21).collect();
+    followers_ready(&mut conn, &ids).await;
+
+    let p1 = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    let p2 = t.open("m1", "XAUUSD", Side::Sell, 0.4, None, None).await;
+    for f in 2..=21 {
+        let want_volume = if f % 2 == 0 { 1.0 } else { 0.5 };
+        let c = t.copy_of(&format!("f{f}"), magic[&f], p1, WAIT).await;
+        let want_side = if f % 5 == 0 { Side::Sell } else { Side::Buy };
+        assert_eq!((c.side, c.volume), (want_side, want_volume), "follower {f}");
+        t.copy_of(&format!("f{f}"), magic[&f], p2, WAIT).await;
+    }
+    t.close("m1", p1, Some(0.5)).await;
+    t.close("m1", p2, None).await;
+    for f in 2..=21 {
+        let want = if f % 2 == 0 { 0.5 } else { 0.25 };
+        let login = format!("f{f}");
+        t.wait_copy(&login, magic[&f], p1, WAIT, "trimmed", |c| {
+            c.is_some_and(|c| (c.volume - want).abs() < 1e-9)
+        })
+        .await;
+        t.wait_copy(&login, magic[&f], p2, WAIT, "closed", |c| c.is_none())
+            .await;
+    }
+
+    let lines = journal(&dir.path("journal.jsonl"));
+    let mut accepted_opens: HashMap<(String, String), usize> = HashMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| l["action"] == "open" && l["accepted"] == true && l["client"] != "manual")
+    {
+        *accepted_opens
+            .entry((
+                l["login"].as_str().unwrap().to_string(),
+                l["comment"].as_str().unwrap().to_string(),
+            ))
+            .or_default() += 1;
+    }
+    assert_eq!(accepted_opens.len(), 40);
+    assert!(
+        accepted_opens.values().all(|n| *n == 1),
+        "no duplicate copies: {accepted_opens:?}"
+    );
+    for (what, action, ticket) in [("open", "open", p1), ("close", "close", p2)] {
+        let lat = latencies(&lines, "m1", action, ticket);
+        assert_eq!(lat.len(), 20, "{what}: every follower");
+        eprintln!(
+            "copy latency of a master {what} to 20 followers over two node processes (broker clock): min {} ms, median {} ms, max {} ms",
+            lat[0],
+            lat[lat.len() / 2],
+            lat[lat.len() - 1]
+        );
+        assert!(lat[lat.len() - 1] < 2000, "{what} latencies {lat:?}");
+    }
+    for n in [&mut a, &mut b] {
+        n.signal("TERM");
+        assert!(n.wait_exit(WAIT).await.success(), "{}", n.output());
+    }
+}
