@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 
 use super::MasterPosition;
 use super::events::{MasterEvent, MasterNotice};
-use super::reconcile::{Action, plan};
+use super::reconcile::{Action, Memory, plan};
 use super::rules::{Funds, Link, LotMode, follower_stops, open_order, round_to_step};
 use super::{client_order_id, parse_marker};
 use crate::account::AccountContext;
@@ -107,7 +107,8 @@ struct Follower<'a> {
     /// Per master: the (epoch, seq) the copies match.
     applied: HashMap<i64, (i64, i64)>,
     book: Book,
-    bases: HashMap<i64, f64>,
+    /// Late-copy bases and every copy this session has seen (the book's `ever` only grows).
+    memory: Memory,
     skipped: HashSet<(i64, i64)>,
     /// A reconcile is owed; retried at `retry_at`.
     owed: bool,
@@ -144,7 +145,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         master_funds: HashMap::new(),
         applied: HashMap::new(),
         book: Book::default(),
-        bases: HashMap::new(),
+        memory: Memory::default(),
         skipped: HashSet::new(),
         owed: false,
         retry_delay: RETRY_FIRST,
@@ -291,6 +292,9 @@ impl Follower<'_> {
         }
         self.links = links;
         self.applied.retain(|m, _| wanted.contains(m));
+        if self.links.is_empty() {
+            self.ctx.set_status("follower: no copy links");
+        }
         if !first {
             for m in changed.keys().filter(|m| wanted.contains(m)) {
                 self.applied.remove(m);
@@ -359,7 +363,7 @@ impl Follower<'_> {
             }
         };
         self.master_funds.insert(m, master_funds);
-        self.bases = bases;
+        self.memory.bases = bases;
         let (positions, history) = match read_follower(self.api.as_ref()).await {
             Ok(x) => x,
             Err(e) => {
@@ -369,7 +373,11 @@ impl Follower<'_> {
                 return;
             }
         };
+        // Keep what this session saw copied: a read that lost positions must not make a copy
+        // look never-opened (the broker's client order id dedupe is the second line).
+        self.memory.copied.extend(self.book.ever.iter().copied());
         self.book.rebuild(&positions, &history);
+        self.memory.copied.extend(self.book.ever.iter().copied());
         let (epoch, seq, snapshot) = match state {
             Some(s) => (s.epoch, s.seq, s.positions),
             None => (0, 0, Vec::new()),
@@ -382,7 +390,7 @@ impl Follower<'_> {
                 &snapshot,
                 &positions,
                 &history,
-                &self.bases,
+                &self.memory,
                 &funds,
                 &self.specs,
             );
@@ -484,7 +492,8 @@ impl Follower<'_> {
         match event {
             MasterEvent::Snapshot => None,
             MasterEvent::Open { position } => {
-                if self.book.ever.contains(&(link.magic, position.ticket)) {
+                let key = (link.magic, position.ticket);
+                if self.book.ever.contains(&key) || self.memory.copied.contains(&key) {
                     return None;
                 }
                 Some(open_action(
@@ -723,7 +732,7 @@ impl Follower<'_> {
         copy_ticket: i64,
         master_volume: f64,
     ) {
-        self.bases.insert(copy_ticket, master_volume);
+        self.memory.bases.insert(copy_ticket, master_volume);
         let result = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
             db::copy::record_base(

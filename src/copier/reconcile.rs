@@ -100,21 +100,38 @@ fn same(a: Option<f64>, b: Option<f64>) -> bool {
     }
 }
 
-/// What `link` owes its master's `snapshot` on this follower. `bases` maps copy tickets of
-/// late copies to the master volume they were sized for (others scale against the master's
-/// open volume).
+/// What the follower knows besides its broker's reads.
+#[derive(Debug, Default, Clone)]
+pub struct Memory {
+    /// Copy tickets of late copies -> the master volume they were sized for (other copies scale
+    /// against the master's open volume).
+    pub bases: HashMap<i64, f64>,
+    /// Master tickets this session has already seen a copy of, per link magic: a broker read
+    /// that comes back empty or partial (a glitch) must not make a copy look never-opened.
+    pub copied: HashSet<(i64, i64)>,
+}
+
+/// What `link` owes its master's `snapshot` on this follower.
 pub fn plan(
     link: &Link,
     snapshot: &[MasterPosition],
     open: &[Position],
     history: &[ClosedPosition],
-    bases: &HashMap<i64, f64>,
+    memory: &Memory,
     funds: &Funds,
     specs: &HashMap<String, SymbolSpec>,
 ) -> Vec<Action> {
     let mut actions = Vec::new();
     let mut copies = copies(link, open);
-    let ever = ever_copied(link, history);
+    let mut ever = ever_copied(link, history);
+    ever.extend(
+        memory
+            .copied
+            .iter()
+            .filter(|(magic, _)| *magic == link.magic)
+            .map(|(_, t)| *t),
+    );
+    let bases = &memory.bases;
     let mut masters: Vec<&MasterPosition> = snapshot.iter().collect();
     masters.sort_by_key(|m| m.ticket);
     for m in masters {
@@ -275,7 +292,7 @@ mod tests {
     struct Follower {
         open: Vec<Position>,
         history: Vec<ClosedPosition>,
-        bases: HashMap<i64, f64>,
+        memory: Memory,
         next: i64,
     }
 
@@ -286,7 +303,7 @@ mod tests {
                     Action::Open { order, base, .. } => {
                         self.next += 1;
                         if let Some(b) = base {
-                            self.bases.insert(900 + self.next, *b);
+                            self.memory.bases.insert(900 + self.next, *b);
                         }
                         self.open.push(Position {
                             ticket: 900 + self.next,
@@ -334,7 +351,7 @@ mod tests {
             snapshot,
             &f.open,
             &f.history,
-            &f.bases,
+            &f.memory,
             &Funds::default(),
             &specs(),
         )
@@ -432,6 +449,22 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_remembered_by_the_session_is_not_reopened_after_an_empty_read() {
+        let mut f = Follower::default();
+        f.memory.copied.insert((100_007, 10));
+        assert!(
+            run(&f, &[master(10, 1.0, 1.0)]).is_empty(),
+            "an empty read is not proof the copy never existed"
+        );
+        f.memory.copied = [(555, 10)].into();
+        assert_eq!(
+            run(&f, &[master(10, 1.0, 1.0)]).len(),
+            1,
+            "memory is per link"
+        );
+    }
+
+    #[test]
     fn an_extra_copy_is_closed() {
         let f = Follower {
             open: vec![copy(1, 10, 0.5), copy(2, 10, 0.5)],
@@ -506,7 +539,7 @@ mod tests {
             &[master(10, 1.0, 1.0)],
             &f.open,
             &f.history,
-            &f.bases,
+            &f.memory,
             &Funds::default(),
             &specs(),
         );

@@ -4,6 +4,7 @@
 mod binary;
 mod broker;
 mod copy;
+mod faults;
 mod hardening;
 mod lease_sql;
 mod nodes;

@@ -4,6 +4,7 @@
 
 pub mod broker;
 pub mod chaos;
+pub mod faults;
 pub mod pg;
 pub mod process;
 
@@ -58,8 +59,20 @@ pub fn config(db: &TestDb, node_id: &str, capacity: u32, timing: Timing) -> Conf
 
 /// As [`config`], reaching the database at `url` (e.g. through a chaos proxy).
 pub fn config_url(url: &str, node_id: &str, capacity: u32, timing: Timing) -> Config {
+    config_listen(url, url, node_id, capacity, timing)
+}
+
+/// As [`config_url`], with LISTEN on `listen_url`.
+pub fn config_listen(
+    url: &str,
+    listen_url: &str,
+    node_id: &str,
+    capacity: u32,
+    timing: Timing,
+) -> Config {
     let flags = [
         ("database_url", Some(url.to_string())),
+        ("listen_database_url", Some(listen_url.to_string())),
         ("platform", Some("mt5".to_string())),
         ("node_id", Some(node_id.to_string())),
         ("capacity", Some(capacity.to_string())),
@@ -75,8 +88,13 @@ pub fn config_url(url: &str, node_id: &str, capacity: u32, timing: Timing) -> Co
 
 /// Starts a node in this runtime.
 pub async fn start_node(config: &Config) -> NodeHandle {
+    start_node_with(config, RunOptions::default()).await
+}
+
+/// Starts a node in this runtime with options (e.g. a fault-injecting broker connector).
+pub async fn start_node_with(config: &Config, options: RunOptions) -> NodeHandle {
     init_tracing();
-    app::start(config, RunOptions::default(), CancellationToken::new())
+    app::start(config, options, CancellationToken::new())
         .await
         .expect("starting a node")
 }
