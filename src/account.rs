@@ -25,6 +25,7 @@ use crate::db;
 use crate::db::copy::AccountRow;
 use crate::hub::Hub;
 use crate::lease::gate::AccountGate;
+use crate::metrics::Metrics;
 use crate::status_writer::{Lost, StatusWriter};
 
 /// What every account task of a node shares.
@@ -36,6 +37,7 @@ pub struct NodeServices {
     pub brokers: Arc<dyn BrokerConnector>,
     /// Report an account found lost by a fenced write (the supervisor stops its task).
     pub lost: mpsc::UnboundedSender<Lost>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Everything an account task may use.

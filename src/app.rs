@@ -17,11 +17,14 @@ use crate::account::NodeServices;
 use crate::brokers::{BrokerConnector, Brokers};
 use crate::config::{Config, show};
 use crate::db::{self, SessionBounds};
+use crate::http;
 use crate::hub::Hub;
 use crate::lease::trust::MonoBase;
 use crate::lease::{LeaseLoop, NodeState};
+use crate::metrics::Metrics;
 use crate::status_writer;
 use crate::supervisor::{Event, NodeShared, Supervisor};
+use tokio::net::TcpListener;
 
 /// How often a node deletes memberships of long-dead nodes that own nothing.
 const FORGET_DEAD_NODES_EVERY: Duration = Duration::from_secs(300);
@@ -40,6 +43,8 @@ pub struct RunOptions {
 pub struct NodeHandle {
     /// The node as it sees itself, updated after every cycle and ownership change.
     pub state: watch::Receiver<NodeState>,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub http_addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -107,6 +112,26 @@ pub async fn start(
         let listen_options = db::node_options(&config.listen_database_url, &node.node_id, bounds)
             .context("invalid `listen_database_url`")?;
 
+        // Health and metrics first: liveness holds while the node waits for its database.
+        let metrics = Arc::new(Metrics::new());
+        let (state_tx, state_rx) = watch::channel(NodeState {
+            node_id: node.node_id.clone(),
+            instance_id: instance_id.clone(),
+            ..NodeState::default()
+        });
+        let http_listener = TcpListener::bind(config.http_listen)
+            .await
+            .with_context(|| format!("cannot listen on `http_listen` {}", config.http_listen))?;
+        let http_addr = http_listener.local_addr()?;
+        info!(%http_addr, "serving /healthz, /readyz and /metrics on {http_addr}");
+        let http_cancel = CancellationToken::new();
+        tokio::spawn(http::serve(
+            http_listener,
+            state_rx.clone(),
+            metrics.clone(),
+            http_cancel.clone(),
+        ));
+
         check_schema(config, options.migrate, &shutdown).await?;
 
         let pool = db::node_pool(node_options.clone(), node.lease.saturating_sub(node.fence));
@@ -148,6 +173,7 @@ pub async fn start(
                 .clone()
                 .unwrap_or_else(|| Arc::new(Brokers::new(node.node_id.clone()))),
             lost: lost_for_tasks,
+            metrics: metrics.clone(),
         });
         let shared = NodeShared {
             services: services.clone(),
@@ -160,11 +186,6 @@ pub async fn start(
                 .in_current_span(),
         );
 
-        let (state_tx, state_rx) = watch::channel(NodeState {
-            node_id: node.node_id.clone(),
-            instance_id: instance_id.clone(),
-            ..NodeState::default()
-        });
         let lease_loop = LeaseLoop {
             node: node.clone(),
             instance_id,
@@ -173,6 +194,7 @@ pub async fn start(
             events: event_rx,
             wake,
             state: state_tx,
+            metrics,
         };
         let loop_shutdown = shutdown.clone();
         let task = tokio::spawn(
@@ -186,6 +208,7 @@ pub async fn start(
                 writer_cancel.cancel();
                 let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
                 pool.close().await;
+                http_cancel.cancel();
                 match &result {
                     Ok(()) => info!("node stopped"),
                     Err(e) => tracing::error!(error = %e, "node stopped"),
@@ -196,6 +219,7 @@ pub async fn start(
         );
         Ok(NodeHandle {
             state: state_rx,
+            http_addr,
             shutdown,
             task,
         })

@@ -22,9 +22,34 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Apply pending migrations and exit (safe to run from many replicas at once).
     Migrate(DbArgs),
+    /// The cluster as the database sees it: nodes, accounts per node, lease expiries, unowned
+    /// and disabled accounts.
+    Status(StatusArgs),
+    /// One command, one machine: a throwaway PostgreSQL, the simulated broker, three nodes and
+    /// masters with followers trading live, with a node killed and restarted on a schedule.
+    Demo(DemoArgs),
     /// The simulated trade server and its hand tools.
     #[command(subcommand)]
     SimBroker(SimBrokerCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Print exactly one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Stop after this long (e.g. `60s`); otherwise run until Ctrl-C.
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+    /// End with one JSON summary line (copies, duplicates, failovers, ...).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -26,7 +26,8 @@ use crate::db;
 /// What a subscriber receives.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Signal {
-    Notice(MasterNotice),
+    /// A master event, with the instant it arrived at the node (copy latency counts from it).
+    Notice(MasterNotice, tokio::time::Instant),
     /// The LISTEN connection was lost and restored: notifications may have been missed.
     Gap,
 }
@@ -291,7 +292,7 @@ fn dispatch(
         Ok(notice) => {
             if let Some(senders) = subs.by_master.get(&notice.master) {
                 for s in senders.values() {
-                    let _ = s.send(Signal::Notice(notice.clone()));
+                    let _ = s.send(Signal::Notice(notice.clone(), tokio::time::Instant::now()));
                 }
             }
         }

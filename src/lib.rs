@@ -19,11 +19,13 @@
 //! | [`copier`] | the copy engine: master sessions publish events, follower sessions apply and reconcile; pure copy rules |
 //! | [`hub`] | the node's one LISTEN connection: release announcements and master events, fanned out |
 //! | [`brokers`] | one broker connection per trade server, shared by the node's sessions |
+//! | [`http`], [`metrics`] | `/healthz`, `/readyz`, `/metrics` on `http_listen`; the node's Prometheus registry |
 //! | [`status_writer`] | batched status writes fenced by (node, epoch); reports rows found lost |
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
 //! | [`pgtmp`] | throwaway PostgreSQL clusters for tests and the demo |
+//! | [`cluster_status`], [`demo`] | `copier-node status` and `copier-node demo` |
 //!
 //! ## How a claimed lease becomes a running account session
 //!
@@ -46,11 +48,15 @@ pub mod app;
 pub mod broker;
 pub mod brokers;
 pub mod cli;
+pub mod cluster_status;
 pub mod config;
 pub mod copier;
 pub mod db;
+pub mod demo;
+pub mod http;
 pub mod hub;
 pub mod lease;
+pub mod metrics;
 pub mod pgtmp;
 pub mod shutdown;
 pub mod sim_broker;

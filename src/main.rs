@@ -4,14 +4,18 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use copier_node::cli::{Cli, Command, DbArgs, RunArgs, SimBrokerCommand, TradeAction};
+use copier_node::cli::{
+    Cli, Command, DbArgs, DemoArgs, RunArgs, SimBrokerCommand, StatusArgs, TradeAction,
+};
 use copier_node::config::{Config, Layers, LogFormat, parse_duration};
 use copier_node::sim_broker::{ServeOptions, SimBroker};
 use copier_node::telemetry::{self, Output};
-use copier_node::{app, db, shutdown};
+use copier_node::{app, cluster_status, db, shutdown};
 
 /// Exit code for configuration errors (as for command-line usage errors).
 const EXIT_CONFIG: u8 = 2;
+/// Exit code when the node id belongs to another live process: restarting cannot fix it.
+const EXIT_NODE_ID: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -29,6 +33,83 @@ fn main() -> ExitCode {
         Command::Run(args) => runtime.block_on(run(*args)),
         Command::Migrate(args) => runtime.block_on(migrate(args)),
         Command::SimBroker(command) => runtime.block_on(sim_broker(command)),
+        Command::Status(args) => runtime.block_on(status(args)),
+        Command::Demo(args) => runtime.block_on(demo(args)),
+    }
+}
+
+async fn status(args: StatusArgs) -> ExitCode {
+    use sqlx::{ConnectOptions, Connection};
+    let (config, _) = match load(args.db.config.as_deref(), &args.db.flags()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    telemetry::init(config.log_format, Output::Stderr);
+    let options = match db::admin_options(&config.database_url) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: invalid `database_url`: {}", db::describe(&e));
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let mut conn = match options.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "error: cannot connect to the database: {}",
+                db::describe(&e)
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = cluster_status::read(&mut conn).await;
+    let _ = conn.close().await;
+    match result {
+        Ok(s) if args.json => {
+            println!("{}", serde_json::to_string(&s).expect("status serialises"));
+            ExitCode::SUCCESS
+        }
+        Ok(s) => {
+            print!("{}", cluster_status::render_text(&s));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "error: reading the cluster's state failed: {} (is the database migrated? run `copier-node migrate`)",
+                db::describe(&e)
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn demo(args: DemoArgs) -> ExitCode {
+    telemetry::init(LogFormat::Text, Output::Stderr);
+    let duration = match args.duration.as_deref().map(parse_duration).transpose() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: invalid --duration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let options = copier_node::demo::DemoOptions {
+        duration,
+        json: args.json,
+        ..Default::default()
+    };
+    match copier_node::demo::run(options, shutdown::signal_received()).await {
+        Ok(summary) if summary.duplicates == 0 => ExitCode::SUCCESS,
+        Ok(summary) => {
+            eprintln!(
+                "error: {} duplicate copies in the journal",
+                summary.duplicates
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -162,7 +243,11 @@ async fn run(args: RunArgs) -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if e.downcast_ref::<copier_node::lease::NodeError>().is_some() {
+                ExitCode::from(EXIT_NODE_ID)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

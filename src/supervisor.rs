@@ -441,6 +441,7 @@ mod tests {
             ),
             brokers: Arc::new(crate::brokers::Brokers::new("n")),
             lost: lost_tx,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         });
         let shared = NodeShared {
             services,

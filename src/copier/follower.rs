@@ -174,7 +174,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
                 None => bail!("the broker session ended"),
             },
             signal = signals.recv() => match signal {
-                Some(Signal::Notice(n)) => f.on_notice(n).await,
+                Some(Signal::Notice(n, received)) => f.on_notice(n, received).await,
                 Some(Signal::Gap) => f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await,
                 None => bail!("the notification hub stopped"),
             },
@@ -327,6 +327,7 @@ impl Follower<'_> {
 
     /// Reconciles the follower's copies of master `m` to its snapshot.
     async fn reconcile_master(&mut self, m: i64, why: &str) {
+        self.ctx.node.metrics.reconciles.inc();
         if !self.ctx.gate.holds() {
             warn!(
                 master_id = m,
@@ -398,7 +399,7 @@ impl Follower<'_> {
                 if action.sends() {
                     sent += 1;
                 }
-                if !self.execute(&link, action).await {
+                if self.execute(&link, action).await == Sent::Gated {
                     break;
                 }
             }
@@ -448,7 +449,7 @@ impl Follower<'_> {
         }
     }
 
-    async fn on_notice(&mut self, n: MasterNotice) {
+    async fn on_notice(&mut self, n: MasterNotice, received: Instant) {
         let Some(&(epoch, seq)) = self.applied.get(&n.master) else {
             if self.links.iter().any(|l| l.master_id == n.master) {
                 self.reconcile_master(n.master, "event before the first reconcile")
@@ -481,8 +482,14 @@ impl Follower<'_> {
             self.refresh_master_funds(n.master).await;
         }
         for link in self.links_of(n.master) {
-            if let Some(action) = self.event_action(&link, &n.event) {
-                self.execute(&link, action).await;
+            if let Some(action) = self.event_action(&link, &n.event)
+                && self.execute(&link, action).await == Sent::Accepted
+            {
+                self.ctx
+                    .node
+                    .metrics
+                    .copy_latency
+                    .observe(received.elapsed().as_secs_f64());
             }
         }
     }
@@ -548,8 +555,8 @@ impl Follower<'_> {
         }
     }
 
-    /// Sends one action. False when the gate refused it (the rest of a plan is not sent either).
-    async fn execute(&mut self, link: &Link, action: Action) -> bool {
+    /// Sends one action. `Gated` when the gate refused it (the rest of a plan is not sent either).
+    async fn execute(&mut self, link: &Link, action: Action) -> Sent {
         let master_ticket = match &action {
             Action::Open { master_ticket, .. }
             | Action::Close { master_ticket, .. }
@@ -559,7 +566,7 @@ impl Follower<'_> {
         };
         if let Action::Skip { reason, .. } = &action {
             self.skip(link, master_ticket, reason).await;
-            return true;
+            return Sent::Nothing;
         }
         // HoldsLease, right before anything reaches the broker.
         if !self.ctx.gate.holds() {
@@ -567,10 +574,11 @@ impl Follower<'_> {
                 link_id = link.id,
                 master_ticket, "gate closed: order not sent (a reconcile runs once trust returns)"
             );
+            self.ctx.node.metrics.orders_gated.inc();
             self.owe("gate closed");
-            return false;
+            return Sent::Gated;
         }
-        match action {
+        let (kind, result): (&str, Result<(), BrokerError>) = match action {
             Action::Open { order, base, .. } => {
                 let (symbol, side, volume) = (order.symbol.clone(), order.side, order.volume);
                 match self.api.open(order.clone()).await {
@@ -594,6 +602,7 @@ impl Follower<'_> {
                             self.record_base(link, master_ticket, fill.ticket, master_volume)
                                 .await;
                         }
+                        ("open", Ok(()))
                     }
                     Err(BrokerError::Rejected(reason)) => {
                         warn!(link_id = link.id, master_ticket, reason = %reason, "copy rejected by the broker; not retried");
@@ -603,10 +612,12 @@ impl Follower<'_> {
                             &format!("rejected by the broker: {reason}"),
                         )
                         .await;
+                        ("open", Err(BrokerError::Rejected(reason)))
                     }
                     Err(e) => {
                         warn!(link_id = link.id, master_ticket, error = %e, "copy outcome unknown or not sent: reconciling by marker before anything is retried");
                         self.owe("open outcome unknown");
+                        ("open", Err(e))
                     }
                 }
             }
@@ -617,20 +628,25 @@ impl Follower<'_> {
                     client_order_id: Some(client_order_id(link.id, master_ticket, "close")),
                 };
                 match self.api.close(order).await {
-                    Ok(fill) => info!(
-                        link_id = link.id,
-                        master_ticket,
-                        ticket,
-                        volume = fill.closed_volume,
-                        reason,
-                        "copy closed"
-                    ),
+                    Ok(fill) => {
+                        info!(
+                            link_id = link.id,
+                            master_ticket,
+                            ticket,
+                            volume = fill.closed_volume,
+                            reason,
+                            "copy closed"
+                        );
+                        ("close", Ok(()))
+                    }
                     Err(BrokerError::Rejected(r)) if r.contains("unknown ticket") => {
-                        debug!(ticket, "copy already closed")
+                        debug!(ticket, "copy already closed");
+                        ("close", Err(BrokerError::Rejected(r)))
                     }
                     Err(e) => {
                         warn!(link_id = link.id, master_ticket, ticket, error = %e, "closing a copy failed; retried until it is confirmed closed");
                         self.owe("close failed");
+                        ("close", Err(e))
                     }
                 }
             }
@@ -651,51 +667,69 @@ impl Follower<'_> {
                     client_order_id: Some(id),
                 };
                 match self.api.close(order).await {
-                    Ok(fill) => info!(
-                        link_id = link.id,
-                        master_ticket,
-                        ticket,
-                        closed = fill.closed_volume,
-                        remaining = fill.remaining_volume,
-                        "copy partially closed"
-                    ),
+                    Ok(fill) => {
+                        info!(
+                            link_id = link.id,
+                            master_ticket,
+                            ticket,
+                            closed = fill.closed_volume,
+                            remaining = fill.remaining_volume,
+                            "copy partially closed"
+                        );
+                        ("close", Ok(()))
+                    }
                     Err(e) => {
                         warn!(link_id = link.id, master_ticket, ticket, error = %e, "partial close of a copy failed; reconciling");
                         self.owe("trim failed");
+                        ("close", Err(e))
                     }
                 }
             }
-            Action::Modify { ticket, sl, tp, .. } => {
-                match self
-                    .api
-                    .modify(ModifyOrder {
-                        ticket,
-                        sl,
-                        tp,
-                        client_order_id: None,
-                    })
-                    .await
-                {
-                    Ok(()) => info!(
+            Action::Modify { ticket, sl, tp, .. } => match self
+                .api
+                .modify(ModifyOrder {
+                    ticket,
+                    sl,
+                    tp,
+                    client_order_id: None,
+                })
+                .await
+            {
+                Ok(()) => {
+                    info!(
                         link_id = link.id,
                         master_ticket,
                         ticket,
                         ?sl,
                         ?tp,
                         "copy stops modified"
-                    ),
-                    Err(BrokerError::Rejected(r)) => {
-                        warn!(link_id = link.id, master_ticket, ticket, reason = %r, "modifying a copy's stops was rejected")
-                    }
-                    Err(e) => {
-                        warn!(link_id = link.id, master_ticket, ticket, error = %e, "modifying a copy's stops failed; reconciling");
-                        self.owe("modify failed");
-                    }
+                    );
+                    ("modify", Ok(()))
                 }
-            }
+                Err(BrokerError::Rejected(r)) => {
+                    warn!(link_id = link.id, master_ticket, ticket, reason = %r, "modifying a copy's stops was rejected");
+                    ("modify", Err(BrokerError::Rejected(r)))
+                }
+                Err(e) => {
+                    warn!(link_id = link.id, master_ticket, ticket, error = %e, "modifying a copy's stops failed; reconciling");
+                    self.owe("modify failed");
+                    ("modify", Err(e))
+                }
+            },
             Action::Skip { .. } => unreachable!("handled above"),
+        };
+        let outcome = match &result {
+            Ok(()) => "accepted",
+            Err(BrokerError::Rejected(_)) => "rejected",
+            Err(BrokerError::Unknown(_)) => "unknown",
+            Err(BrokerError::Unavailable(_)) => "unavailable",
+        };
+        self.ctx.node.metrics.order(kind, outcome);
+        if result.is_ok() {
+            Sent::Accepted
+        } else {
+            Sent::Failed
         }
-        true
     }
 
     /// Logs and records (once per link and ticket) why a master position is not copied.
@@ -752,6 +786,19 @@ impl Follower<'_> {
             warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
         }
     }
+}
+
+/// What became of one action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// The broker accepted the order.
+    Accepted,
+    /// Sent but rejected, or its outcome is unknown.
+    Failed,
+    /// Nothing to send (a skip).
+    Nothing,
+    /// The gate refused it.
+    Gated,
 }
 
 fn open_action(

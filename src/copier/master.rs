@@ -253,6 +253,7 @@ impl Master<'_> {
         match result {
             Ok(Published::Stored(stored)) => {
                 debug!(seq, kind = event.kind(), "master event published");
+                self.ctx.node.metrics.events_published.inc();
                 self.seq = seq;
                 self.dirty = false;
                 self.published = stored.into_iter().map(|p| (p.ticket, p)).collect();

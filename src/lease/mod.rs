@@ -25,6 +25,7 @@ use tracing::{debug, error, info, warn};
 use crate::config::{NodeConfig, show};
 use crate::db;
 use crate::db::lease::{CycleOutcome, CycleParams};
+use crate::metrics::Metrics;
 use crate::supervisor::{Event, Supervisor};
 
 /// How long a shutdown waits for account tasks to finish their work in flight before it
@@ -106,6 +107,7 @@ pub struct LeaseLoop {
     pub events: mpsc::UnboundedReceiver<Event>,
     pub wake: Arc<Notify>,
     pub state: watch::Sender<NodeState>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Mutable bookkeeping of a running loop.
@@ -227,6 +229,10 @@ impl LeaseLoop {
             return self.conflict(run, &outcome, acknowledged);
         }
         let deadline = trust::deadline(t0, lease, self.node.fence);
+        self.metrics
+            .lease_cycle_duration
+            .observe((acknowledged - t0).as_secs_f64());
+        self.metrics.lease_cycles.with_label_values(&["ok"]).inc();
         if run.failures > 0 || run.lapse_logged {
             let since = run
                 .last_ack
@@ -297,6 +303,10 @@ impl LeaseLoop {
     }
 
     fn failed(&mut self, run: &mut Run, reason: String) -> Instant {
+        self.metrics
+            .lease_cycles
+            .with_label_values(&["failed"])
+            .inc();
         run.conn = None;
         run.failures += 1;
         let backoff = retry_delay(run.failures, self.node.cycle);

@@ -8,4 +8,5 @@ mod faults;
 mod hardening;
 mod lease_sql;
 mod nodes;
+mod operate;
 mod support;

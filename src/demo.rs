@@ -1,0 +1,648 @@
+//! `copier-node demo`: the whole system on one machine. A throwaway PostgreSQL (or a fresh
+//! database on the server `DATABASE_URL` names), the simulated broker, three node processes,
+//! masters with followers on various link settings, and a trade generator; one node is killed
+//! (kill -9) and restarted on a schedule so failover is visible. Everything it creates is removed
+//! when it stops (Ctrl-C, or `--duration`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::broker::client::BridgeClient;
+use crate::broker::protocol::{PositionsResult, Request};
+use crate::broker::types::Side;
+use crate::config::Secret;
+use crate::db;
+use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
+use crate::sim_broker::{ServeOptions, SimBroker};
+
+/// What the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    pub duration: Option<Duration>,
+    pub json: bool,
+    pub nodes: usize,
+    pub masters: usize,
+    pub followers_per_master: usize,
+    /// When the first node is killed, and how long it stays down; then every `kill_every`.
+    pub first_kill: Duration,
+    pub down_for: Duration,
+    pub kill_every: Duration,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            duration: None,
+            json: false,
+            nodes: 3,
+            masters: 2,
+            followers_per_master: 4,
+            first_kill: Duration::from_secs(8),
+            down_for: Duration::from_secs(6),
+            kill_every: Duration::from_secs(25),
+        }
+    }
+}
+
+/// The demo's result (`--json` prints it as the last line).
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoSummary {
+    pub duration_s: f64,
+    pub nodes: usize,
+    pub masters: usize,
+    pub followers: usize,
+    pub master_orders: usize,
+    /// Copies opened on followers (accepted opens sent by nodes).
+    pub copies: usize,
+    /// (follower, marker) pairs with more than one accepted open: must be 0.
+    pub duplicates: usize,
+    /// Orders nodes sent, accepted or not.
+    pub node_orders: usize,
+    pub failovers: usize,
+    /// Milliseconds from a node's kill until all its accounts were owned by others.
+    pub failover_ms: Vec<i64>,
+    pub copy_latency_ms: Option<Latency>,
+    /// The scratch directory (removed when the demo ends).
+    pub workdir: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50: i64,
+    pub p99: i64,
+    pub max: i64,
+    pub samples: usize,
+}
+
+const NODE_TIMINGS: [&str; 6] = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
+
+/// Where the database comes from, and how it goes away.
+enum Database {
+    Throwaway(Cluster),
+    Existing { admin_url: String, name: String },
+}
+
+/// Everything the demo started; dropping it stops and removes everything.
+struct Scratch {
+    dir: PathBuf,
+    database: Option<Database>,
+    nodes: Vec<Option<Child>>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for child in self.nodes.iter_mut().flatten() {
+            let _ = child.start_kill();
+        }
+        match self.database.take() {
+            Some(Database::Throwaway(cluster)) => {
+                let _ = cluster.stop("immediate");
+            }
+            Some(Database::Existing { admin_url, name }) => {
+                // A blocking runtime of its own: this may run while the demo's runtime unwinds.
+                let _ = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .ok()?;
+                    rt.block_on(async {
+                        let mut c = PgConnection::connect(&admin_url).await.ok()?;
+                        c.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                            .await
+                            .ok()
+                    })
+                })
+                .join();
+            }
+            None => {}
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the demo until `duration` passes or `shutdown` resolves.
+pub async fn run(
+    options: DemoOptions,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<DemoSummary> {
+    let dir = std::env::temp_dir().join(format!(
+        "copier-demo-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    prepare_dir(&dir)?;
+    let mut scratch = Scratch {
+        dir: dir.clone(),
+        database: None,
+        nodes: Vec::new(),
+    };
+    say(&format!("copier-node demo: working in {}", dir.display()));
+
+    let url = start_database(&mut scratch).await?;
+    {
+        let mut conn = connect(&url).await?;
+        db::migrate::apply(&mut conn)
+            .await
+            .context("migrating the demo database")?;
+        let _ = conn.close().await;
+    }
+    let broker =
+        SimBroker::start(ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"))).await?;
+    let broker_addr = broker.addr.to_string();
+    say(&format!(
+        "simulated broker on {broker_addr}, journal {}",
+        dir.join("journal.jsonl").display()
+    ));
+    let followers = seed(&url, &broker_addr, &options).await?;
+
+    let exe = std::env::current_exe().context("finding this binary")?;
+    // Enough capacity that the others absorb a killed node's accounts, small enough that the
+    // accounts spread over the nodes.
+    let accounts = options.masters * (1 + options.followers_per_master);
+    let capacity = accounts.div_ceil(options.nodes.saturating_sub(1).max(1));
+    for i in 0..options.nodes {
+        let child = spawn_node(&exe, &url, &dir, i, capacity)?;
+        scratch.nodes.push(Some(child));
+    }
+    say(&format!(
+        "started {} nodes (capacity {capacity} each; lease 3s, fence 1s, cycle 500ms); Ctrl-C stops everything",
+        options.nodes
+    ));
+
+    let trader = BridgeClient::connect(broker_addr.clone(), "manual");
+    trader.wait_ready(Duration::from_secs(10)).await?;
+    let started = Instant::now();
+    let end = options.duration.map(|d| started + d);
+    tokio::pin!(shutdown);
+    let mut trade_tick = tokio::time::interval(Duration::from_millis(400));
+    let mut show_tick = tokio::time::interval(Duration::from_secs(1));
+    let mut next_kill = started + options.first_kill;
+    let mut down: Option<(usize, Instant, HashSet<i64>)> = None;
+    let mut failovers: Vec<i64> = Vec::new();
+    let mut pending_failover: Option<(Instant, HashSet<i64>, String)> = None;
+    let mut master_orders = 0usize;
+    let mut conn = connect(&url).await?;
+    loop {
+        let end_sleep = tokio::time::sleep_until(
+            end.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)),
+        );
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = end_sleep, if end.is_some() => break,
+            _ = trade_tick.tick() => {
+                if trade(&trader, options.masters).await {
+                    master_orders += 1;
+                }
+            }
+            _ = show_tick.tick() => {
+                let owners = owners(&mut conn).await.unwrap_or_default();
+                if let Some((since, accounts, node)) = &pending_failover
+                    && accounts.iter().all(|a| owners.get(a).is_some_and(|o| o != node))
+                {
+                    let ms = since.elapsed().as_millis() as i64;
+                    say(&format!("failover: all {} accounts of {node} owned by other nodes {ms} ms after its kill", accounts.len()));
+                    failovers.push(ms);
+                    pending_failover = None;
+                }
+                let journal = read_journal(&dir.join("journal.jsonl"));
+                let stats = Stats::from(&journal);
+                say(&format!(
+                    "[{:>4}s] {} | copies {} | duplicates {} | latency {} | failovers {}",
+                    started.elapsed().as_secs(),
+                    describe_owners(&owners, options.nodes, down.as_ref().map(|d| d.0)),
+                    stats.copies,
+                    stats.duplicates,
+                    stats.latency.as_ref().map(|l| format!("p50 {} ms, p99 {} ms", l.p50, l.p99)).unwrap_or_else(|| "-".into()),
+                    failovers.len()
+                ));
+                let now = Instant::now();
+                if down.is_none() && now >= next_kill {
+                    // Kill the node that owns the most accounts.
+                    let mut per: BTreeMap<String, HashSet<i64>> = BTreeMap::new();
+                    for (a, o) in &owners {
+                        per.entry(o.clone()).or_default().insert(*a);
+                    }
+                    if let Some((node, accounts)) = per.into_iter().max_by_key(|(_, a)| a.len()) {
+                        let i: usize = node.trim_start_matches("demo-n").parse::<usize>().unwrap_or(1) - 1;
+                        if let Some(Some(child)) = scratch.nodes.get_mut(i) {
+                            let _ = child.start_kill();
+                            let _ = child.wait().await;
+                            say(&format!("kill -9 {node} (it owned {} accounts); it comes back in {}s", accounts.len(), options.down_for.as_secs()));
+                            scratch.nodes[i] = None;
+                            pending_failover = Some((now, accounts.clone(), node));
+                            down = Some((i, now, accounts));
+                        }
+                    }
+                    next_kill = now + options.kill_every;
+                }
+                if let Some((i, since, _)) = &down
+                    && since.elapsed() >= options.down_for
+                {
+                    let i = *i;
+                    scratch.nodes[i] = Some(spawn_node(&exe, &url, &dir, i, capacity)?);
+                    say(&format!("restarted demo-n{}", i + 1));
+                    down = None;
+                }
+            }
+        }
+    }
+    say("stopping: SIGTERM to every node, then removing everything");
+    for child in scratch.nodes.iter_mut().flatten() {
+        if let Some(pid) = child.id() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await;
+        }
+    }
+    for child in scratch.nodes.iter_mut().flatten() {
+        if tokio::time::timeout(Duration::from_secs(15), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.start_kill();
+        }
+    }
+    let _ = conn.close().await;
+    trader.close();
+    broker.stop().await;
+    let journal = read_journal(&dir.join("journal.jsonl"));
+    let stats = Stats::from(&journal);
+    let summary = DemoSummary {
+        duration_s: started.elapsed().as_secs_f64(),
+        nodes: options.nodes,
+        masters: options.masters,
+        followers,
+        master_orders,
+        copies: stats.copies,
+        duplicates: stats.duplicates,
+        node_orders: stats.node_orders,
+        failovers: failovers.len(),
+        failover_ms: failovers,
+        copy_latency_ms: stats.latency,
+        workdir: dir.display().to_string(),
+    };
+    drop(scratch);
+    say(&format!(
+        "done: {} master orders, {} copies, {} duplicates, {} failovers; everything removed",
+        summary.master_orders, summary.copies, summary.duplicates, summary.failovers
+    ));
+    if options.json {
+        println!(
+            "{}",
+            serde_json::to_string(&summary).expect("the summary serialises")
+        );
+    }
+    Ok(summary)
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+}
+
+async fn connect(url: &str) -> anyhow::Result<PgConnection> {
+    let options = db::admin_options(&Secret::new(url))
+        .map_err(|e| anyhow::anyhow!("invalid database URL: {}", db::describe(&e)))?;
+    options
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to the demo database: {}", db::describe(&e)))
+}
+
+/// A throwaway cluster, or a fresh database on `DATABASE_URL`'s server.
+async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
+    if let Ok(url) = std::env::var("DATABASE_URL")
+        && !url.is_empty()
+    {
+        let name = format!(
+            "copier_demo_{}_{:06x}",
+            std::process::id(),
+            fastrand::u32(..0xffffff)
+        );
+        let mut admin = connect(&url).await?;
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .context("creating the demo database")?;
+        let _ = admin.close().await;
+        let demo_url = replace_database(&url, &name);
+        scratch.database = Some(Database::Existing {
+            admin_url: url,
+            name,
+        });
+        say("using the server DATABASE_URL names (a fresh database, dropped at the end)");
+        return Ok(demo_url);
+    }
+    let bins = PgBinaries::find()?;
+    let root = scratch.dir.join("pg");
+    let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<Cluster> {
+        Cluster::init(&bins, &root)?;
+        Cluster::start(&bins, &root)
+    })
+    .await??;
+    let url = cluster.url("postgres");
+    say(&format!(
+        "throwaway PostgreSQL on 127.0.0.1:{}",
+        cluster.port
+    ));
+    scratch.database = Some(Database::Throwaway(cluster));
+    Ok(url)
+}
+
+fn replace_database(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map(|(b, q)| (b, Some(q)))
+        .unwrap_or((url, None));
+    let start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let end = base[start..]
+        .find('/')
+        .map(|i| start + i)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{db}", &base[..end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// Masters and followers with a mix of link settings. Returns the number of followers.
+async fn seed(url: &str, broker: &str, options: &DemoOptions) -> anyhow::Result<usize> {
+    let mut conn = connect(url).await?;
+    let settings = [
+        ("multiplier", 1.0, false, "{}"),
+        ("multiplier", 0.5, false, "{}"),
+        ("fixed", 0.1, false, "{}"),
+        ("multiplier", 1.0, true, "{}"),
+        (
+            "balance_ratio",
+            1.0,
+            false,
+            r#"{"EURUSD": "EURUSD.m", "GBPUSD": "GBPUSD.m"}"#,
+        ),
+    ];
+    let mut id = 1i64;
+    let mut followers = 0;
+    for m in 1..=options.masters {
+        let master = id;
+        id += 1;
+        add_account(&mut conn, master, "master", broker, &format!("m{m}")).await?;
+        for f in 0..options.followers_per_master {
+            let follower = id;
+            id += 1;
+            followers += 1;
+            add_account(
+                &mut conn,
+                follower,
+                "follower",
+                broker,
+                &format!("f{follower}"),
+            )
+            .await?;
+            let (mode, value, reverse, map) = settings[f % settings.len()];
+            sqlx::query(
+                "INSERT INTO copy_links (master_id, follower_id, lot_mode, lot_value, reverse, symbol_map) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+            )
+            .bind(master)
+            .bind(follower)
+            .bind(mode)
+            .bind(value)
+            .bind(reverse)
+            .bind(map)
+            .execute(&mut conn)
+            .await?;
+        }
+    }
+    let _ = conn.close().await;
+    say(&format!(
+        "{} masters, {followers} followers (multiplier, fixed, reverse, balance ratio, symbol map)",
+        options.masters
+    ));
+    Ok(followers)
+}
+
+async fn add_account(
+    conn: &mut PgConnection,
+    id: i64,
+    role: &str,
+    server: &str,
+    login: &str,
+) -> anyhow::Result<()> {
+    sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) VALUES ($1, 'mt5', $2, $3, $4)")
+        .bind(id)
+        .bind(role)
+        .bind(server)
+        .bind(login)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+fn spawn_node(
+    exe: &Path,
+    url: &str,
+    dir: &Path,
+    i: usize,
+    capacity: usize,
+) -> anyhow::Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("node-{}.log", i + 1)))?;
+    Command::new(exe)
+        .arg("run")
+        .args([
+            "--platform",
+            "mt5",
+            "--node-id",
+            &format!("demo-n{}", i + 1),
+            "--capacity",
+            &capacity.to_string(),
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .args(NODE_TIMINGS)
+        .env("COPIER_DATABASE_URL", url)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a node process")
+}
+
+/// One random hand trade on a random master. True if the broker accepted it.
+async fn trade(trader: &BridgeClient, masters: usize) -> bool {
+    let login = format!("m{}", fastrand::usize(1..=masters));
+    let positions = match trader
+        .call(Request::Positions {
+            login: login.clone(),
+        })
+        .await
+    {
+        Ok(v) => serde_json::from_value::<PositionsResult>(v)
+            .map(|r| r.positions)
+            .unwrap_or_default(),
+        Err(_) => Vec::new(), // a new account: nothing open yet
+    };
+    let symbols = ["EURUSD", "GBPUSD", "XAUUSD", "USDJPY"];
+    let request = if positions.len() < 2 || (positions.len() < 4 && fastrand::bool()) {
+        let side = if fastrand::bool() {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
+        Request::Open {
+            login,
+            fence: None,
+            symbol: symbols[fastrand::usize(..symbols.len())].to_string(),
+            side,
+            volume: (fastrand::u32(1..=20) as f64) / 10.0,
+            sl: None,
+            tp: None,
+            magic: 0,
+            comment: String::new(),
+            client_order_id: None,
+        }
+    } else {
+        let p = &positions[fastrand::usize(..positions.len())];
+        match fastrand::u8(0..3) {
+            0 if p.volume >= 0.2 => Request::Close {
+                login,
+                fence: None,
+                ticket: p.ticket,
+                volume: Some(((p.volume * 50.0).round() / 100.0).max(0.01)),
+                client_order_id: None,
+            },
+            1 => {
+                let price = p.open_price;
+                let (sl, tp) = match p.side {
+                    Side::Buy => (price * 0.99, price * 1.01),
+                    Side::Sell => (price * 1.01, price * 0.99),
+                };
+                let r = |v: f64| (v * 1000.0).round() / 1000.0;
+                Request::Modify {
+                    login,
+                    fence: None,
+                    ticket: p.ticket,
+                    sl: Some(r(sl)),
+                    tp: Some(r(tp)),
+                    client_order_id: None,
+                }
+            }
+            _ => Request::Close {
+                login,
+                fence: None,
+                ticket: p.ticket,
+                volume: None,
+                client_order_id: None,
+            },
+        }
+    };
+    trader.call(request).await.is_ok()
+}
+
+async fn owners(conn: &mut PgConnection) -> Result<HashMap<i64, String>, sqlx::Error> {
+    let rows: Vec<(i64, String)> = sqlx::query_as("SELECT id, node_id FROM trading_accounts WHERE node_id IS NOT NULL AND lease_until >= now()").fetch_all(conn).await?;
+    Ok(rows.into_iter().collect())
+}
+
+fn describe_owners(owners: &HashMap<i64, String>, nodes: usize, down: Option<usize>) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for o in owners.values() {
+        *counts.entry(o.clone()).or_insert(0) += 1;
+    }
+    (1..=nodes)
+        .map(|i| {
+            let name = format!("demo-n{i}");
+            let n = counts.get(&name).copied().unwrap_or(0);
+            if down == Some(i - 1) {
+                format!("{name}: down")
+            } else {
+                format!("{name}: {n}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn read_journal(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// What the journal says about the copies.
+pub struct Stats {
+    pub copies: usize,
+    pub duplicates: usize,
+    pub node_orders: usize,
+    pub latency: Option<Latency>,
+}
+
+impl Stats {
+    /// Counts from journal lines: accepted opens by nodes (copies), (login, marker) pairs opened
+    /// more than once (duplicates), and the time from each master open to each of its copies.
+    pub fn from(journal: &[serde_json::Value]) -> Stats {
+        let is_node = |l: &serde_json::Value| l["client"] != "manual" && l["action"] != "login";
+        let mut opens: HashMap<(String, String), usize> = HashMap::new();
+        let mut master_open: HashMap<i64, i64> = HashMap::new();
+        let mut latencies = Vec::new();
+        for l in journal {
+            if l["client"] == "manual"
+                && l["action"] == "open"
+                && l["accepted"] == true
+                && let (Some(t), Some(ts)) = (l["ticket"].as_i64(), l["ts_ms"].as_i64())
+            {
+                master_open.insert(t, ts);
+            }
+        }
+        let mut node_orders = 0;
+        for l in journal.iter().filter(|l| is_node(l)) {
+            node_orders += 1;
+            if l["action"] == "open" && l["accepted"] == true {
+                let key = (
+                    l["login"].as_str().unwrap_or("").to_string(),
+                    l["comment"].as_str().unwrap_or("").to_string(),
+                );
+                *opens.entry(key).or_insert(0) += 1;
+                if let Some(t) = l["comment"].as_str().and_then(crate::copier::parse_marker)
+                    && let (Some(m), Some(ts)) = (master_open.get(&t), l["ts_ms"].as_i64())
+                {
+                    latencies.push(ts - m);
+                }
+            }
+        }
+        latencies.sort_unstable();
+        let latency = (!latencies.is_empty()).then(|| Latency {
+            p50: latencies[latencies.len() / 2],
+            p99: latencies[((latencies.len() as f64 * 0.99).ceil() as usize)
+                .saturating_sub(1)
+                .min(latencies.len() - 1)],
+            max: latencies[latencies.len() - 1],
+            samples: latencies.len(),
+        });
+        Stats {
+            copies: opens.values().sum(),
+            duplicates: opens.values().filter(|n| **n > 1).count(),
+            node_orders,
+            latency,
+        }
+    }
+}
