@@ -578,6 +578,7 @@ impl Follower<'_> {
             self.owe("gate closed");
             return Sent::Gated;
         }
+        failpoint_after_gate().await;
         let (kind, result): (&str, Result<(), BrokerError>) = match action {
             Action::Open { order, base, .. } => {
                 let (symbol, side, volume) = (order.symbol.clone(), order.side, order.volume);
@@ -785,6 +786,26 @@ impl Follower<'_> {
         if let Err(e) = result {
             warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
         }
+    }
+}
+
+/// Fault injection for the fault suite: when `COPIERTEST_PAUSE_AFTER_GATE` names a file, an order
+/// whose gate check passed while that file exists is held after the check and before the send
+/// until the file is removed: a process frozen between its gate check and its order, on demand.
+/// Unset (always, outside the fault suite), this is one cached lookup per order.
+async fn failpoint_after_gate() {
+    static PATH: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let Some(path) =
+        PATH.get_or_init(|| std::env::var_os("COPIERTEST_PAUSE_AFTER_GATE").map(Into::into))
+    else {
+        return;
+    };
+    if path.exists() {
+        warn!(path = %path.display(), "fault injection: holding an order after its gate check");
+        while path.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        warn!("fault injection: sending the held order");
     }
 }
 

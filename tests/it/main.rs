@@ -9,4 +9,5 @@ mod hardening;
 mod lease_sql;
 mod nodes;
 mod operate;
+mod suite;
 mod support;

@@ -31,7 +31,10 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        // KEEP_SCRATCH=1 keeps journals and logs for a failed test's post-mortem.
+        if std::env::var_os("KEEP_SCRATCH").is_none() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -28,6 +28,18 @@ pub struct NodeProcess {
     status: Option<ExitStatus>,
 }
 
+/// How to start a node process.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub node_id: String,
+    pub capacity: u32,
+    pub timing: Timing,
+    pub database_url: String,
+    pub listen_url: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub extra: Vec<String>,
+}
+
 impl NodeProcess {
     /// Starts `copier-node run` on platform mt5 with the given identity, capacity and timings.
     pub fn spawn(
@@ -37,16 +49,27 @@ impl NodeProcess {
         timing: Timing,
         extra: &[&str],
     ) -> NodeProcess {
-        let log = log_dir().join(format!(
-            "{}-{node_id}-{:08x}.log",
-            db.name,
-            fastrand::u32(..)
-        ));
+        Self::spawn_with(&NodeSpec {
+            node_id: node_id.to_string(),
+            capacity,
+            timing,
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: Vec::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// Starts `copier-node run` as `spec` says.
+    pub fn spawn_with(spec: &NodeSpec) -> NodeProcess {
+        let node_id = spec.node_id.as_str();
+        let log = log_dir().join(format!("{node_id}-{:08x}.log", fastrand::u32(..)));
         let out = File::create(&log).unwrap();
-        let child = Command::new(binary())
-            .arg("run")
+        let timing = spec.timing;
+        let mut cmd = Command::new(binary());
+        cmd.arg("run")
             .args(["--platform", "mt5", "--node-id", node_id])
-            .args(["--capacity", &capacity.to_string()])
+            .args(["--capacity", &spec.capacity.to_string()])
             .args([
                 "--lease",
                 timing.lease,
@@ -56,14 +79,19 @@ impl NodeProcess {
                 timing.cycle,
             ])
             .args(["--http-listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("DATABASE_URL", &db.url)
+            .args(&spec.extra)
+            .env("DATABASE_URL", &spec.database_url)
             .env("RUST_LOG", "info,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawning copier-node");
+            .stderr(out);
+        if let Some(listen) = &spec.listen_url {
+            cmd.env("COPIER_LISTEN_DATABASE_URL", listen);
+        }
+        for (k, v) in &spec.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawning copier-node");
         NodeProcess {
             node_id: node_id.to_string(),
             child,

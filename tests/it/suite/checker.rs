@@ -1,0 +1,208 @@
+//! The journal checker: what the simulated broker saw, judged against the guarantees.
+//!
+//! * S2: no two accepted opens for the same (follower login, magic, comment);
+//! * S1 seen from the broker: when the node sending for a follower changes from A to B without a
+//!   release by A, B's first order comes at least `fence` (minus a tolerance) after A's last,
+//!   unless the broker rejected A's late orders as stale; with a release, B's first order comes
+//!   after A's last;
+//! * no order accepted with a fence below one the broker had already seen for the login (only
+//!   possible with `--no-fence-check`: that count is what the fence check prevents).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+/// One journal line.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub ts: i64,
+    pub login: String,
+    pub client: String,
+    pub action: String,
+    pub accepted: bool,
+    pub fence: Option<i64>,
+    pub comment: Option<String>,
+    pub magic: Option<i64>,
+    pub reason: Option<String>,
+}
+
+pub fn load(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("journal line is not JSON ({e}): {l}"));
+            Line {
+                ts: v["ts_ms"].as_i64().expect("ts_ms is a number"),
+                login: v["login"].as_str().unwrap_or_default().to_string(),
+                client: v["client"].as_str().unwrap_or_default().to_string(),
+                action: v["action"].as_str().unwrap_or_default().to_string(),
+                accepted: v["accepted"].as_bool().unwrap_or(false),
+                fence: v["fence"].as_i64(),
+                comment: v["comment"].as_str().map(str::to_string),
+                magic: v["magic"].as_i64(),
+                reason: v["reason"].as_str().map(str::to_string),
+            }
+        })
+        .collect()
+}
+
+/// (login, magic, comment) with more than one accepted open by a node.
+pub fn duplicates(lines: &[Line]) -> Vec<String> {
+    let mut opens: HashMap<(String, Option<i64>, String), usize> = HashMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| l.action == "open" && l.accepted && l.client != "manual")
+    {
+        *opens
+            .entry((
+                l.login.clone(),
+                l.magic,
+                l.comment.clone().unwrap_or_default(),
+            ))
+            .or_insert(0) += 1;
+    }
+    let mut out: Vec<String> = opens
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|((login, magic, comment), n)| {
+            format!("{login} magic {magic:?} {comment}: {n} accepted opens")
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Orders accepted although their fence was below one already seen for the login.
+pub fn stale_accepted(lines: &[Line]) -> Vec<String> {
+    let mut highest: HashMap<&str, i64> = HashMap::new();
+    let mut out = Vec::new();
+    for l in lines {
+        let Some(f) = l.fence else { continue };
+        let h = highest.entry(&l.login).or_insert(f);
+        if l.accepted && l.action != "login" && f < *h {
+            out.push(format!(
+                "{} {} {} fence {f} < {h} accepted at {}",
+                l.login, l.client, l.action, l.ts
+            ));
+        }
+        if l.accepted || l.action == "login" {
+            *h = (*h).max(f);
+        }
+    }
+    out
+}
+
+/// Orders whose fence was below one already seen for the login and that were not stopped by the
+/// fence check (with `--no-fence-check`): (executed, caught by client-order-id dedupe instead).
+pub fn stale_passed(lines: &[Line]) -> (usize, usize) {
+    let mut highest: HashMap<&str, i64> = HashMap::new();
+    let (mut executed, mut deduped) = (0, 0);
+    for l in lines {
+        let Some(f) = l.fence else { continue };
+        let h = highest.entry(&l.login).or_insert(f);
+        if l.action != "login" && f < *h {
+            if l.accepted {
+                executed += 1;
+            } else if l
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("duplicate client_order_id"))
+            {
+                deduped += 1;
+            }
+        }
+        if l.accepted || l.action == "login" {
+            *h = (*h).max(f);
+        }
+    }
+    (executed, deduped)
+}
+
+/// Orders rejected as stale (what the fence check stopped).
+pub fn stale_rejected(lines: &[Line]) -> usize {
+    lines
+        .iter()
+        .filter(|l| {
+            !l.accepted
+                && l.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("stale fence"))
+                && l.action != "login"
+        })
+        .count()
+}
+
+/// A change of the node sending orders for a follower.
+#[derive(Debug, Clone)]
+pub struct Handover {
+    pub login: String,
+    pub from: String,
+    pub to: String,
+    /// From the old node's last order to the new node's first.
+    pub gap_ms: i64,
+}
+
+/// Every change of sending node per follower login (orders only, accepted or not, from nodes).
+pub fn handovers(lines: &[Line]) -> Vec<Handover> {
+    let mut by_login: BTreeMap<&str, Vec<&Line>> = BTreeMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| l.client != "manual" && l.action != "login")
+    {
+        by_login.entry(&l.login).or_default().push(l);
+    }
+    let mut out = Vec::new();
+    for (login, list) in by_login {
+        let mut list = list;
+        list.sort_by_key(|l| l.ts);
+        for pair in list.windows(2) {
+            if pair[0].client != pair[1].client {
+                out.push(Handover {
+                    login: login.to_string(),
+                    from: pair[0].client.clone(),
+                    to: pair[1].client.clone(),
+                    gap_ms: pair[1].ts - pair[0].ts,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// S1 seen from the broker. `released` holds the nodes that released their accounts (a clean
+/// stop): their successors need only come after them. Orders the broker rejected as stale do not
+/// count as acting.
+pub fn single_owner_violations(
+    lines: &[Line],
+    fence_ms: i64,
+    tolerance_ms: i64,
+    released: &HashSet<String>,
+) -> Vec<String> {
+    let acting: Vec<Line> = lines
+        .iter()
+        .filter(|l| {
+            !(l.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("stale fence")))
+        })
+        .cloned()
+        .collect();
+    handovers(&acting)
+        .into_iter()
+        .filter(|h| {
+            let min = if released.contains(&h.from) {
+                0
+            } else {
+                fence_ms - tolerance_ms
+            };
+            h.gap_ms < min
+        })
+        .map(|h| {
+            format!(
+                "{}: {} -> {} only {} ms apart",
+                h.login, h.from, h.to, h.gap_ms
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,639 @@
+//! The multi-process fault suite: real `copier-node` processes, each behind its own chaos proxies
+//! to PostgreSQL (one for its lease and write connections, one for LISTEN), one simulated broker
+//! process as the witness, masters trading continuously, faults injected, and a checker that
+//! reads the journal (`checker`). Scenarios are in `scenarios`.
+//!
+//! `COPIER_SUITE_ROUNDS=N` repeats every scenario N times with random timings (the long mode).
+
+pub mod checker;
+mod scenarios;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use copier_node::broker::client::BridgeClient;
+use copier_node::broker::protocol::{HistoryResult, PositionsResult, Request, SymbolsResult};
+use copier_node::broker::types::{ClosedPosition, Position, Side, SymbolSpec};
+use copier_node::copier::MasterPosition;
+use copier_node::copier::reconcile::{Memory, plan};
+use copier_node::copier::rules::{Funds, Link, LotMode};
+use copier_node::pgtmp::{Cluster, PgBinaries};
+use sqlx::Connection;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::broker::{BrokerProcess, Scratch};
+use crate::support::chaos::ChaosProxy;
+use crate::support::process::{NodeProcess, NodeSpec};
+use crate::support::{FAST, TestDb, Timing, add_account};
+
+/// The suite's timings (SPEC: lease 3 s, fence 1 s, cycle 500 ms).
+pub const TIMING: Timing = FAST;
+pub const FENCE_MS: i64 = 1000;
+/// Clock and scheduling slack allowed in the S1 gap check.
+pub const TOLERANCE_MS: i64 = 150;
+
+/// How many times each scenario runs (`COPIER_SUITE_ROUNDS`, default 1).
+pub fn rounds() -> usize {
+    std::env::var("COPIER_SUITE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// A random duration in [lo, hi] for the long mode (just `lo` in a single round).
+pub fn jitter(lo: Duration, hi: Duration) -> Duration {
+    if rounds() == 1 {
+        lo
+    } else {
+        lo + (hi - lo).mul_f64(fastrand::f64())
+    }
+}
+
+enum Database {
+    Shared(TestDb),
+    Private {
+        cluster: Cluster,
+        url: String,
+        _dir: Scratch,
+    },
+}
+
+/// One node process and its proxies.
+pub struct SuiteNode {
+    pub id: String,
+    pub process: NodeProcess,
+    pub db_proxy: ChaosProxy,
+    pub listen_proxy: ChaosProxy,
+}
+
+/// A copy link as the checker needs it.
+#[derive(Debug, Clone)]
+pub struct SuiteLink {
+    pub link: Link,
+    pub master_login: String,
+    pub follower_id: i64,
+    pub follower_login: String,
+}
+
+pub struct Suite {
+    pub name: String,
+    pub dir: Scratch,
+    db: Database,
+    pub broker: BrokerProcess,
+    pub broker_port: u16,
+    pub nodes: Vec<SuiteNode>,
+    pub links: Vec<SuiteLink>,
+    pub masters: Vec<String>,
+    generator: Option<(CancellationToken, JoinHandle<usize>)>,
+    /// Nodes stopped cleanly (their handovers need only be ordered).
+    pub released: HashSet<String>,
+    started: Instant,
+}
+
+impl Suite {
+    /// A suite on the shared test PostgreSQL.
+    pub async fn new(name: &str, broker_args: &[&str]) -> Suite {
+        let db = TestDb::new().await;
+        Self::build(name, Database::Shared(db), broker_args).await
+    }
+
+    /// A suite on a PostgreSQL cluster of its own (for restarting it).
+    pub async fn with_private_cluster(name: &str) -> Suite {
+        let dir = Scratch::new(&format!("{name}-pg"));
+        let root = dir.0.join("pg");
+        let bins = PgBinaries::find().unwrap();
+        let cluster = tokio::task::spawn_blocking(move || {
+            Cluster::init(&bins, &root).unwrap();
+            Cluster::start(&bins, &root).unwrap()
+        })
+        .await
+        .unwrap();
+        let url = cluster.url("postgres");
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        copier_node::db::migrate::apply(&mut conn).await.unwrap();
+        conn.close().await.unwrap();
+        Self::build(
+            name,
+            Database::Private {
+                cluster,
+                url,
+                _dir: dir,
+            },
+            &[],
+        )
+        .await
+    }
+
+    async fn build(name: &str, db: Database, broker_args: &[&str]) -> Suite {
+        let dir = Scratch::new(name);
+        let broker_port = crate::support::broker::free_port();
+        let mut args: Vec<String> = vec![
+            "--state".into(),
+            dir.path("broker-state.jsonl").display().to_string(),
+        ];
+        args.extend(broker_args.iter().map(|s| s.to_string()));
+        let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let broker = BrokerProcess::spawn_on(&dir, broker_port, &arg_refs).await;
+        let mut suite = Suite {
+            name: name.to_string(),
+            dir,
+            db,
+            broker,
+            broker_port,
+            nodes: Vec::new(),
+            links: Vec::new(),
+            masters: Vec::new(),
+            generator: None,
+            released: HashSet::new(),
+            started: Instant::now(),
+        };
+        suite.seed().await;
+        suite
+    }
+
+    pub fn url(&self) -> String {
+        match &self.db {
+            Database::Shared(db) => db.url.clone(),
+            Database::Private { url, .. } => url.clone(),
+        }
+    }
+
+    fn server_addr(&self) -> String {
+        match &self.db {
+            Database::Shared(db) => db.server_addr(),
+            Database::Private { cluster, .. } => format!("127.0.0.1:{}", cluster.port),
+        }
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        let url = self.url();
+        let start = url.find("://").map(|i| i + 3).unwrap_or(0);
+        let end = url[start..]
+            .find('/')
+            .map(|i| start + i)
+            .unwrap_or(url.len());
+        let authority = &url[start..end];
+        let userinfo = authority
+            .rsplit_once('@')
+            .map(|(u, _)| format!("{u}@"))
+            .unwrap_or_default();
+        format!("{}{userinfo}127.0.0.1:{port}{}", &url[..start], &url[end..])
+    }
+
+    /// The private cluster (panics for suites on the shared one).
+    pub fn cluster(&self) -> &Cluster {
+        match &self.db {
+            Database::Private { cluster, .. } => cluster,
+            Database::Shared(_) => panic!("this suite runs on the shared cluster"),
+        }
+    }
+
+    pub async fn conn(&self) -> sqlx::PgConnection {
+        sqlx::PgConnection::connect(&self.url()).await.unwrap()
+    }
+
+    /// Two masters (ids 1, 2: the lowest, so a node of capacity 2 started first owns them) with
+    /// three followers each: plain, half-size, and reversed copies.
+    async fn seed(&mut self) {
+        let mut conn = self.conn().await;
+        let addr = self.broker.addr.clone();
+        for m in 1..=2 {
+            let login = format!("m{m}");
+            add_account(&mut conn, m, "master", &addr, &login).await;
+            self.masters.push(login);
+        }
+        let mut follower = 3;
+        for master in 1..=2i64 {
+            for (lot_value, reverse) in [(1.0, false), (0.5, false), (1.0, true)] {
+                let login = format!("f{follower}");
+                add_account(&mut conn, follower, "follower", &addr, &login).await;
+                let (link_id, magic): (i64, i64) = sqlx::query_as(
+                    "INSERT INTO copy_links (master_id, follower_id, lot_value, reverse) VALUES ($1, $2, $3, $4) RETURNING id, magic",
+                )
+                .bind(master)
+                .bind(follower)
+                .bind(lot_value)
+                .bind(reverse)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+                self.links.push(SuiteLink {
+                    link: Link {
+                        id: link_id,
+                        master_id: master,
+                        enabled: true,
+                        magic,
+                        lot_mode: LotMode::Multiplier,
+                        lot_value,
+                        reverse,
+                        copy_sl_tp: true,
+                        symbol_map: HashMap::new(),
+                        // Every master position is eligible: links exist before any trade.
+                        copy_existing: true,
+                        created_at_ms: 0,
+                    },
+                    master_login: format!("m{master}"),
+                    follower_id: follower,
+                    follower_login: login,
+                });
+                follower += 1;
+            }
+        }
+    }
+
+    pub fn follower_ids(&self) -> Vec<i64> {
+        self.links.iter().map(|l| l.follower_id).collect()
+    }
+
+    /// Starts a node process behind two fresh proxies.
+    pub async fn start_node(
+        &mut self,
+        id: &str,
+        capacity: u32,
+        env: Vec<(String, String)>,
+    ) -> usize {
+        let db_proxy = ChaosProxy::start(self.server_addr()).await;
+        let listen_proxy = ChaosProxy::start(self.server_addr()).await;
+        let spec = NodeSpec {
+            node_id: id.to_string(),
+            capacity,
+            timing: TIMING,
+            database_url: self.url_via(db_proxy.port),
+            listen_url: Some(self.url_via(listen_proxy.port)),
+            env,
+            extra: Vec::new(),
+        };
+        let process = NodeProcess::spawn_with(&spec);
+        self.nodes.push(SuiteNode {
+            id: id.to_string(),
+            process,
+            db_proxy,
+            listen_proxy,
+        });
+        self.nodes.len() - 1
+    }
+
+    pub fn node(&mut self, id: &str) -> &mut SuiteNode {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    /// Accounts each node owns under a live lease.
+    pub async fn owners(&self) -> HashMap<i64, String> {
+        let mut conn = self.conn().await;
+        let rows: Vec<(i64, String)> = sqlx::query_as("SELECT id, node_id FROM trading_accounts WHERE node_id IS NOT NULL AND lease_until >= now()")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_default();
+        rows.into_iter().collect()
+    }
+
+    /// Waits until the accounts `ids` are all owned, none by a node in `not`; returns the time.
+    pub async fn wait_owned_by_others(
+        &self,
+        ids: &[i64],
+        not: &[&str],
+        within: Duration,
+    ) -> Duration {
+        let since = Instant::now();
+        loop {
+            let owners = self.owners().await;
+            if ids
+                .iter()
+                .all(|i| owners.get(i).is_some_and(|o| !not.contains(&o.as_str())))
+            {
+                return since.elapsed();
+            }
+            assert!(
+                since.elapsed() < within,
+                "{}: accounts {ids:?} not owned by other nodes within {within:?}: {owners:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until every follower session has reconciled once.
+    pub async fn wait_ready(&self) {
+        let ids = self.follower_ids();
+        let since = Instant::now();
+        let mut conn = self.conn().await;
+        loop {
+            let ready: i64 = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE id = ANY($1) AND status LIKE 'follower: master%'")
+                .bind(&ids)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            if ready == ids.len() as i64 {
+                return;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "{}: followers not ready",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the trade generator: every 150 ms a random open, modify, partial or full close on a
+    /// random master.
+    pub fn start_trading(&mut self) {
+        let cancel = CancellationToken::new();
+        let addr = self.broker.addr.clone();
+        let masters = self.masters.clone();
+        let token = cancel.clone();
+        let task = tokio::spawn(async move {
+            let client = BridgeClient::with_timeout(addr, "manual", Duration::from_secs(2));
+            let mut accepted = 0;
+            while !token.is_cancelled() {
+                let login = masters[fastrand::usize(..masters.len())].clone();
+                if trade_once(&client, &login).await {
+                    accepted += 1;
+                }
+                tokio::select! {
+                    _ = token.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(150)) => {}
+                }
+            }
+            accepted
+        });
+        self.generator = Some((cancel, task));
+    }
+
+    /// Stops the generator; returns how many master orders it placed.
+    pub async fn stop_trading(&mut self) -> usize {
+        let Some((cancel, task)) = self.generator.take() else {
+            return 0;
+        };
+        cancel.cancel();
+        task.await.unwrap()
+    }
+
+    /// L3: waits until every follower's copies match its master's positions under the link's
+    /// rules (nothing left to send); returns how long that took.
+    pub async fn converged(&self, within: Duration) -> Duration {
+        let since = Instant::now();
+        let client =
+            BridgeClient::with_timeout(self.broker.addr.clone(), "manual", Duration::from_secs(5));
+        let mut last;
+        loop {
+            match self.pending(&client).await {
+                Ok(pending) if pending.is_empty() => return since.elapsed(),
+                Ok(pending) => last = pending.join("; "),
+                Err(e) => last = e,
+            }
+            assert!(
+                since.elapsed() < within,
+                "{}: not converged within {within:?}: {last}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn pending(&self, client: &BridgeClient) -> Result<Vec<String>, String> {
+        let specs: SymbolsResult = decode(client.call(Request::Symbols).await)?;
+        let specs: HashMap<String, SymbolSpec> = specs
+            .symbols
+            .into_iter()
+            .map(|s| (s.symbol.clone(), s))
+            .collect();
+        let mut conn = self.conn().await;
+        let mut out = Vec::new();
+        for l in &self.links {
+            let (m_open, m_hist) = read(client, &l.master_login).await?;
+            let (f_open, f_hist) = read(client, &l.follower_login).await?;
+            // A position's volume when the master session first recorded it (copies scale against
+            // that), from the published snapshot; else from the broker's history.
+            let recorded: Option<String> =
+                sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = $1")
+                    .bind(l.link.master_id)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            let recorded: Vec<MasterPosition> = recorded
+                .map(|t| serde_json::from_str(&t).unwrap())
+                .unwrap_or_default();
+            let snapshot: Vec<MasterPosition> = m_open
+                .iter()
+                .map(|p| {
+                    let closed: f64 = m_hist
+                        .iter()
+                        .filter(|h| h.position.ticket == p.ticket)
+                        .map(|h| h.position.volume)
+                        .sum();
+                    let open_volume = recorded
+                        .iter()
+                        .find(|r| r.ticket == p.ticket)
+                        .map(|r| r.open_volume)
+                        .unwrap_or(((p.volume + closed) * 100.0).round() / 100.0);
+                    MasterPosition {
+                        ticket: p.ticket,
+                        symbol: p.symbol.clone(),
+                        side: p.side,
+                        volume: p.volume,
+                        open_volume,
+                        open_price: p.open_price,
+                        sl: p.sl,
+                        tp: p.tp,
+                        first_seen_ms: Some(1),
+                    }
+                })
+                .collect();
+            let bases: Vec<(i64, f64)> = sqlx::query_as(
+                "SELECT copy_ticket, master_volume FROM copy_bases WHERE follower_id = $1",
+            )
+            .bind(l.follower_id)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+            let memory = Memory {
+                bases: bases.into_iter().collect(),
+                copied: Default::default(),
+            };
+            for a in plan(
+                &l.link,
+                &snapshot,
+                &f_open,
+                &f_hist,
+                &memory,
+                &Funds::default(),
+                &specs,
+            )
+            .into_iter()
+            .filter(|a| a.sends())
+            {
+                out.push(format!("{}: {a:?}", l.follower_login));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks the journal and prints the figures; returns the handovers seen.
+    pub fn check(&self, expect_stale_accepted: bool) -> Vec<checker::Handover> {
+        let lines = checker::load(&self.dir.path("journal.jsonl"));
+        let dups = checker::duplicates(&lines);
+        let stale = checker::stale_accepted(&lines);
+        let handovers = checker::handovers(&lines);
+        let violations =
+            checker::single_owner_violations(&lines, FENCE_MS, TOLERANCE_MS, &self.released);
+        let node_orders = lines
+            .iter()
+            .filter(|l| l.client != "manual" && l.action != "login")
+            .count();
+        eprintln!(
+            "[{}] {:.1}s: {} journal lines, {} node orders, {} handovers (min gap {} ms), {} stale orders rejected, {} accepted, {} duplicates",
+            self.name,
+            self.started.elapsed().as_secs_f64(),
+            lines.len(),
+            node_orders,
+            handovers.len(),
+            handovers
+                .iter()
+                .map(|h| h.gap_ms)
+                .min()
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into()),
+            checker::stale_rejected(&lines),
+            stale.len(),
+            dups.len()
+        );
+        if !expect_stale_accepted {
+            assert!(dups.is_empty(), "{}: S2 duplicates: {dups:?}", self.name);
+            assert!(
+                stale.is_empty(),
+                "{}: stale orders accepted: {stale:?}",
+                self.name
+            );
+            assert!(
+                violations.is_empty(),
+                "{}: S1 seen from the broker: {violations:?}",
+                self.name
+            );
+        }
+        handovers
+    }
+}
+
+impl Drop for Suite {
+    fn drop(&mut self) {
+        // Nodes first (their processes are killed with them), then a private cluster.
+        self.nodes.clear();
+        if let Database::Private { cluster, .. } = &self.db {
+            let _ = cluster.stop("immediate");
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    r: Result<serde_json::Value, copier_node::broker::BrokerError>,
+) -> Result<T, String> {
+    serde_json::from_value(r.map_err(|e| e.to_string())?).map_err(|e| e.to_string())
+}
+
+async fn read(
+    client: &BridgeClient,
+    login: &str,
+) -> Result<(Vec<Position>, Vec<ClosedPosition>), String> {
+    let p: PositionsResult = match client
+        .call(Request::Positions {
+            login: login.into(),
+        })
+        .await
+    {
+        Err(copier_node::broker::BrokerError::Rejected(r)) if r.contains("unknown login") => {
+            PositionsResult {
+                positions: Vec::new(),
+            }
+        }
+        other => decode(other)?,
+    };
+    let h: HistoryResult = match client
+        .call(Request::History {
+            login: login.into(),
+        })
+        .await
+    {
+        Err(copier_node::broker::BrokerError::Rejected(r)) if r.contains("unknown login") => {
+            HistoryResult {
+                history: Vec::new(),
+            }
+        }
+        other => decode(other)?,
+    };
+    Ok((p.positions, h.history))
+}
+
+/// One random hand trade on `login`; true if accepted.
+async fn trade_once(client: &BridgeClient, login: &str) -> bool {
+    let positions = match client
+        .call(Request::Positions {
+            login: login.into(),
+        })
+        .await
+    {
+        Ok(v) => serde_json::from_value::<PositionsResult>(v)
+            .map(|r| r.positions)
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let request = if positions.len() < 2 || (positions.len() < 4 && fastrand::bool()) {
+        let symbols = ["EURUSD", "GBPUSD", "XAUUSD"];
+        Request::Open {
+            login: login.into(),
+            fence: None,
+            symbol: symbols[fastrand::usize(..symbols.len())].into(),
+            side: if fastrand::bool() {
+                Side::Buy
+            } else {
+                Side::Sell
+            },
+            volume: fastrand::u32(2..=20) as f64 / 10.0,
+            sl: None,
+            tp: None,
+            magic: 0,
+            comment: String::new(),
+            client_order_id: None,
+        }
+    } else {
+        let p = &positions[fastrand::usize(..positions.len())];
+        match fastrand::u8(0..3) {
+            0 if p.volume >= 0.2 => Request::Close {
+                login: login.into(),
+                fence: None,
+                ticket: p.ticket,
+                volume: Some(((p.volume * 50.0).round() / 100.0).max(0.1)),
+                client_order_id: None,
+            },
+            1 => {
+                let (sl, tp) = match p.side {
+                    Side::Buy => (p.open_price * 0.98, p.open_price * 1.02),
+                    Side::Sell => (p.open_price * 1.02, p.open_price * 0.98),
+                };
+                let r = |v: f64| (v * 100.0).round() / 100.0;
+                Request::Modify {
+                    login: login.into(),
+                    fence: None,
+                    ticket: p.ticket,
+                    sl: Some(r(sl)),
+                    tp: Some(r(tp)),
+                    client_order_id: None,
+                }
+            }
+            _ => Request::Close {
+                login: login.into(),
+                fence: None,
+                ticket: p.ticket,
+                volume: None,
+                client_order_id: None,
+            },
+        }
+    };
+    client.call(request).await.is_ok()
+}
