@@ -186,6 +186,12 @@ pub struct RunArgs {
     /// Direct connection for LISTEN (default: database_url).
     #[arg(long, value_name = "URL")]
     pub listen_database_url: Option<String>,
+    /// Fair share: hand accounts off once above the share by this fraction of it (default 0.1).
+    #[arg(long)]
+    pub rebalance_margin: Option<String>,
+    /// Fair share: hand off at most this fraction of the share per cycle (default 0.1).
+    #[arg(long)]
+    pub rebalance_step: Option<String>,
     /// Apply pending migrations before starting instead of refusing to start.
     #[arg(long)]
     pub migrate: bool,
@@ -204,6 +210,8 @@ impl RunArgs {
             ("http_listen", self.http_listen.clone()),
             ("log_format", self.log_format.clone()),
             ("listen_database_url", self.listen_database_url.clone()),
+            ("rebalance_margin", self.rebalance_margin.clone()),
+            ("rebalance_step", self.rebalance_step.clone()),
         ]);
         flags
     }

@@ -14,6 +14,8 @@ pub struct NodeRow {
     pub platform: String,
     pub capacity: i32,
     pub live: bool,
+    /// Live and renewing within its trust window (not gated): counts for fair shares.
+    pub trusted: bool,
     pub started_at_ms: i64,
     pub renewed_at_ms: i64,
     pub lease_until_ms: i64,
@@ -65,6 +67,7 @@ pub async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error>
         .await?;
     let node_rows = sqlx::query(
         "SELECT n.node_id, n.instance_id, n.platform, n.capacity, n.lease_until >= now() AS live,
+                n.lease_until >= now() AND coalesce(n.trust_until >= now(), false) AS trusted,
                 (extract(epoch FROM n.started_at) * 1000)::bigint AS started_at_ms,
                 (extract(epoch FROM n.renewed_at) * 1000)::bigint AS renewed_at_ms,
                 (extract(epoch FROM n.lease_until) * 1000)::bigint AS lease_until_ms,
@@ -85,6 +88,7 @@ pub async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error>
                 platform: r.try_get("platform")?,
                 capacity: r.try_get("capacity")?,
                 live: r.try_get("live")?,
+                trusted: r.try_get("trusted")?,
                 started_at_ms: r.try_get("started_at_ms")?,
                 renewed_at_ms: r.try_get("renewed_at_ms")?,
                 lease_until_ms: r.try_get("lease_until_ms")?,
@@ -164,7 +168,11 @@ pub fn render_text(s: &ClusterStatus) -> String {
                 "  {:<24} {:<8} {:<5} {:>8} {:>8} {:>14} {:>16}  {}",
                 n.node_id,
                 n.platform,
-                if n.live { "yes" } else { "no" },
+                match (n.live, n.trusted) {
+                    (true, true) => "yes",
+                    (true, false) => "gated",
+                    _ => "no",
+                },
                 n.accounts,
                 n.capacity,
                 secs(n.expires_in_ms),

@@ -20,6 +20,8 @@ pub const KEYS: &[&str] = &[
     "http_listen",
     "log_format",
     "listen_database_url",
+    "rebalance_margin",
+    "rebalance_step",
 ];
 
 /// Where a configuration value came from; shown in every error about it.
@@ -113,6 +115,10 @@ pub struct Config {
     pub http_listen: SocketAddr,
     pub log_format: LogFormat,
     pub listen_database_url: Secret,
+    /// Fair share: hand accounts off once above the share by this fraction of it (at least one).
+    pub rebalance_margin: f64,
+    /// Fair share: hand off at most this fraction of the share per cycle (at least one).
+    pub rebalance_step: f64,
 }
 
 /// What the `run` command needs on top of [`Config`]: a platform and a node id.
@@ -124,6 +130,8 @@ pub struct NodeConfig {
     pub lease: Duration,
     pub fence: Duration,
     pub cycle: Duration,
+    pub rebalance_margin: f64,
+    pub rebalance_step: f64,
 }
 
 impl Config {
@@ -141,6 +149,8 @@ impl Config {
             lease: self.lease,
             fence: self.fence,
             cycle: self.cycle,
+            rebalance_margin: self.rebalance_margin,
+            rebalance_step: self.rebalance_step,
         })
     }
 }
@@ -229,6 +239,7 @@ impl Layers {
             let text = match value {
                 toml::Value::String(s) => s,
                 toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
                 other => {
                     return Err(ConfigError::Invalid {
                         key: known,
@@ -307,6 +318,16 @@ impl Layers {
             .map(|(v, _)| Secret::new(v.clone()))
             .unwrap_or_else(|| database_url.clone());
 
+        let fraction = |v: &str| -> Result<f64, String> {
+            match v.parse::<f64>() {
+                Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+                _ => Err(format!(
+                    "expected a fraction of the share between 0 and 1 (e.g. 0.1), got {v:?}"
+                )),
+            }
+        };
+        let rebalance_margin = self.parse("rebalance_margin", "0.1", fraction)?;
+        let rebalance_step = self.parse("rebalance_step", "0.1", fraction)?;
         validate_timings(lease, fence, cycle)?;
         Ok(Config {
             database_url,
@@ -319,6 +340,8 @@ impl Layers {
             http_listen,
             log_format,
             listen_database_url,
+            rebalance_margin,
+            rebalance_step,
         })
     }
 
@@ -590,6 +613,10 @@ mod tests {
                 &["`http_listen`", "host:port"],
             ),
             (&[("COPIER_PLATFORM", " ")], &["`platform`", "empty"]),
+            (
+                &[("COPIER_REBALANCE_MARGIN", "2")],
+                &["`rebalance_margin`", "between 0 and 1"],
+            ),
         ];
         for (env, needles) in cases {
             let mut env = env.to_vec();

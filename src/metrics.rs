@@ -29,6 +29,8 @@ pub struct Metrics {
     pub reconciles: IntCounter,
     pub copy_latency: Histogram,
     pub events_published: IntCounter,
+    pub rebalance_moves: IntCounter,
+    pub target_accounts: IntGauge,
 }
 
 impl Default for Metrics {
@@ -90,6 +92,16 @@ impl Metrics {
             "Master events published by this node",
         )
         .expect("valid metric");
+        let rebalance_moves = IntCounter::new(
+            "copier_rebalance_moves_total",
+            "Accounts this node handed off to reach its fair share",
+        )
+        .expect("valid metric");
+        let target_accounts = IntGauge::new(
+            "copier_target_accounts",
+            "This node's fair share of its platform's accounts",
+        )
+        .expect("valid metric");
         for result in ["ok", "failed"] {
             lease_cycles.with_label_values(&[result]);
         }
@@ -108,6 +120,8 @@ impl Metrics {
             Box::new(reconciles.clone()),
             Box::new(copy_latency.clone()),
             Box::new(events_published.clone()),
+            Box::new(rebalance_moves.clone()),
+            Box::new(target_accounts.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -122,6 +136,8 @@ impl Metrics {
             reconciles,
             copy_latency,
             events_published,
+            rebalance_moves,
+            target_accounts,
         }
     }
 
@@ -134,6 +150,8 @@ impl Metrics {
     pub fn render(&self, state: &NodeState) -> String {
         self.owned_accounts.set(state.owned.len() as i64);
         self.lease_valid.set(i64::from(state.trusted()));
+        self.target_accounts
+            .set(state.target.map(i64::from).unwrap_or(0));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

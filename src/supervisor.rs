@@ -58,6 +58,8 @@ pub enum Event {
 #[derive(Debug)]
 struct Active {
     epoch: i64,
+    /// When this owner claimed the account (database clock): rebalancing moves the oldest first.
+    claimed_ms: i64,
     gate: Arc<AccountGate>,
     cancel: CancellationToken,
     /// The task is not running: it failed and waits for its restart.
@@ -143,7 +145,7 @@ impl Supervisor {
                 None => {}
             }
             if row.wanted && !self.shutting_down {
-                self.start(row.id, row.epoch, deadline);
+                self.start(row.id, row.epoch, row.claimed_ms, deadline);
             } else if !row.wanted {
                 info!(
                     account_id = row.id,
@@ -266,6 +268,27 @@ impl Supervisor {
         }
     }
 
+    /// Hands off `n` accounts, oldest-claimed first (fair share): each is stopped (gate closed,
+    /// work in flight finished) and then released and announced, so an under-share peer claims it
+    /// and its new session reconciles. Returns the accounts chosen.
+    pub fn rebalance(&mut self, n: usize) -> Vec<i64> {
+        let mut candidates: Vec<(i64, i64)> = self
+            .active
+            .iter()
+            .map(|(id, a)| (a.claimed_ms, *id))
+            .collect();
+        candidates.sort_unstable();
+        let chosen: Vec<i64> = candidates.into_iter().take(n).map(|(_, id)| id).collect();
+        for id in &chosen {
+            info!(
+                account_id = *id,
+                "handing the account off to rebalance (fair share)"
+            );
+            self.stop(*id, Some("released: rebalanced"));
+        }
+        chosen
+    }
+
     /// True when no task runs or stops and no release is in flight.
     pub fn is_idle(&self) -> bool {
         self.active.is_empty() && self.stopping.is_empty() && self.releasing.is_empty()
@@ -291,7 +314,7 @@ impl Supervisor {
         self.active.get(&account_id).map(|a| a.gate.clone())
     }
 
-    fn start(&mut self, account_id: i64, epoch: i64, deadline: Instant) {
+    fn start(&mut self, account_id: i64, epoch: i64, claimed_ms: i64, deadline: Instant) {
         info!(account_id, epoch, "account claimed: starting its session");
         let gate = Arc::new(AccountGate::new(
             account_id,
@@ -312,6 +335,7 @@ impl Supervisor {
             account_id,
             Active {
                 epoch,
+                claimed_ms,
                 gate,
                 cancel,
                 parked: false,
@@ -453,7 +477,27 @@ mod tests {
     }
 
     fn row(id: i64, epoch: i64, wanted: bool) -> OwnedRow {
-        OwnedRow { id, epoch, wanted }
+        OwnedRow {
+            id,
+            epoch,
+            wanted,
+            claimed_ms: id * 10,
+        }
+    }
+
+    #[tokio::test]
+    async fn rebalancing_hands_off_the_oldest_claimed_first() {
+        let (mut sup, _rx) = supervisor();
+        let now = Instant::now();
+        sup.apply(
+            &[row(3, 13, true), row(1, 11, true), row(2, 12, true)],
+            now,
+            now + Duration::from_secs(2),
+        );
+        let first = sup.gate(1).unwrap();
+        assert_eq!(sup.rebalance(2), vec![1, 2]);
+        assert!(first.is_closed());
+        assert_eq!(sup.owned(), BTreeMap::from([(3, 13)]));
     }
 
     #[tokio::test]

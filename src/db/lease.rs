@@ -19,8 +19,15 @@ pub struct CycleParams<'a> {
     pub node_id: &'a str,
     pub instance_id: &'a str,
     pub platform: &'a str,
-    /// The most accounts the node may own after this cycle.
+    /// The node's capacity (published in its membership).
     pub capacity: u32,
+    /// The most accounts the node may own after this cycle: its capacity, or its fair share
+    /// when that is lower.
+    pub claim_limit: u32,
+    /// `lease - fence`: how long the node trusts a renewal; `trust_until` tells the others.
+    pub trust: Duration,
+    /// Accounts the node runs sessions for (published for the others' shares).
+    pub owned: u32,
     pub lease: Duration,
     /// Epochs the node holds and may renew as they are. Any other row with `node_id = me`
     /// (left by an earlier instance, or expired) is re-claimed with a new epoch instead (R1).
@@ -36,13 +43,22 @@ pub struct OwnedRow {
     pub epoch: i64,
     /// Enabled and on this node's platform; false means: stop its task and release it.
     pub wanted: bool,
+    /// When this owner claimed it (database clock, Unix ms): rebalancing moves the oldest first.
+    pub claimed_ms: i64,
 }
 
-/// Another live node of the platform and how long its membership has left.
+/// Another node of the platform, as its membership row says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub node_id: String,
+    /// Until its membership (and every lease it holds) expires; zero once expired.
     pub expires_in: Duration,
+    /// Its membership lease is live.
+    pub live: bool,
+    /// Live and not gated (it renewed within its trust window): counts for fair shares.
+    pub trusted: bool,
+    pub capacity: u32,
+    pub owned: u32,
 }
 
 /// The live membership of another instance holding this node's id.
@@ -60,6 +76,8 @@ pub struct CycleOutcome {
     pub owned: Vec<OwnedRow>,
     pub conflict: Option<Conflict>,
     pub peers: Vec<Peer>,
+    /// Claimable rows of the platform.
+    pub free: u64,
 }
 
 /// The cycle statement. Indexes it relies on (see `migrations/0001_lease_core.sql`):
@@ -74,17 +92,22 @@ pub struct CycleOutcome {
 /// version before it is taken.
 ///
 /// Parameters: $1 node id, $2 instance id, $3 platform, $4 capacity (int4), $5 lease in
-/// milliseconds (int8), $6 held epochs (int8[]), $7 whether to claim (bool).
+/// milliseconds (int8), $6 held epochs (int8[]), $7 whether to claim (bool), $8 claim limit
+/// (int4: capacity, or the fair share when lower), $9 `lease - fence` in milliseconds (int8),
+/// $10 accounts owned (int4).
 pub const CYCLE_SQL: &str = r#"
 WITH member AS (
-    INSERT INTO nodes AS n (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at)
-    VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5 / 1000.0), now(), now())
+    INSERT INTO nodes AS n (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at, trust_until, owned)
+    VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5 / 1000.0), now(), now(),
+            now() + make_interval(secs => $9 / 1000.0), $10)
     ON CONFLICT (node_id) DO UPDATE
        SET instance_id = excluded.instance_id,
            platform    = excluded.platform,
            capacity    = excluded.capacity,
            lease_until = excluded.lease_until,
            renewed_at  = excluded.renewed_at,
+           trust_until = excluded.trust_until,
+           owned       = excluded.owned,
            started_at  = CASE WHEN n.instance_id = excluded.instance_id
                               THEN n.started_at ELSE excluded.started_at END
      WHERE n.instance_id = excluded.instance_id OR n.lease_until < now()
@@ -99,10 +122,11 @@ renewed AS (
                               THEN a.claimed_at ELSE now() END
      WHERE a.node_id = $1
        AND EXISTS (SELECT FROM member)
-    RETURNING a.id, a.owner_epoch, a.enabled AND a.platform = $3 AS wanted
+    RETURNING a.id, a.owner_epoch, a.enabled AND a.platform = $3 AS wanted,
+              (extract(epoch FROM a.claimed_at) * 1000)::bigint AS claimed_ms
 ),
 room AS (
-    SELECT greatest($4 - count(*) FILTER (WHERE wanted), 0) AS n FROM renewed
+    SELECT greatest($8 - count(*) FILTER (WHERE wanted), 0) AS n FROM renewed
 ),
 free AS (
     SELECT f.id FROM trading_accounts f
@@ -133,21 +157,26 @@ claimed AS (
              ORDER BY id LIMIT (SELECT n FROM room)) c
      WHERE a.id = c.id AND a.platform = $3 AND a.enabled
        AND (a.node_id IS NULL OR (a.node_id <> $1 AND a.lease_until < now()))
-    RETURNING a.id, a.owner_epoch
+    RETURNING a.id, a.owner_epoch, (extract(epoch FROM a.claimed_at) * 1000)::bigint AS claimed_ms
 )
-SELECT 'own' AS kind, id, owner_epoch, wanted, NULL::text AS name, NULL::bigint AS ms FROM renewed
+SELECT 'own' AS kind, id, owner_epoch, wanted, NULL::text AS name, claimed_ms AS ms,
+       NULL::int AS capacity, NULL::int AS owned, NULL::boolean AS trusted FROM renewed
 UNION ALL
-SELECT 'own', id, owner_epoch, true, NULL, NULL FROM claimed
+SELECT 'own', id, owner_epoch, true, NULL, claimed_ms, NULL, NULL, NULL FROM claimed
 UNION ALL
-SELECT 'member', NULL, NULL, NULL, node_id, NULL FROM member
+SELECT 'member', NULL, NULL, NULL, node_id, NULL, NULL, NULL, NULL FROM member
 UNION ALL
 SELECT 'conflict', NULL, NULL, NULL, c.instance_id,
-       greatest((extract(epoch FROM c.lease_until - now()) * 1000)::bigint, 0)
+       greatest((extract(epoch FROM c.lease_until - now()) * 1000)::bigint, 0), NULL, NULL, NULL
   FROM nodes c WHERE c.node_id = $1 AND NOT EXISTS (SELECT FROM member)
 UNION ALL
-SELECT 'peer', NULL, NULL, NULL, p.node_id,
-       greatest((extract(epoch FROM p.lease_until - now()) * 1000)::bigint, 0)
-  FROM nodes p WHERE p.platform = $3 AND p.node_id <> $1 AND p.lease_until >= now()
+SELECT 'peer', NULL, NULL, p.lease_until >= now(), p.node_id,
+       greatest((extract(epoch FROM p.lease_until - now()) * 1000)::bigint, 0),
+       p.capacity, p.owned, p.lease_until >= now() AND coalesce(p.trust_until >= now(), false)
+  FROM nodes p WHERE p.platform = $3 AND p.node_id <> $1
+UNION ALL
+SELECT 'free', NULL, NULL, NULL, NULL, count(*), NULL, NULL, NULL
+  FROM trading_accounts f WHERE f.free_platform = $3
 "#;
 
 /// Runs one lease cycle. The caller reads its monotonic `t0` before calling and trusts what
@@ -165,6 +194,9 @@ pub async fn cycle(
         .bind(i64::try_from(p.lease.as_millis()).unwrap_or(i64::MAX))
         .bind(p.held)
         .bind(p.claim)
+        .bind(i32::try_from(p.claim_limit).unwrap_or(i32::MAX))
+        .bind(i64::try_from(p.trust.as_millis()).unwrap_or(i64::MAX))
+        .bind(i32::try_from(p.owned).unwrap_or(i32::MAX))
         .fetch_all(conn)
         .await?;
     let mut out = CycleOutcome::default();
@@ -180,6 +212,7 @@ pub async fn cycle(
                 id: row.try_get("id")?,
                 epoch: row.try_get("owner_epoch")?,
                 wanted: row.try_get("wanted")?,
+                claimed_ms: row.try_get::<Option<i64>, _>("ms")?.unwrap_or(0),
             }),
             "member" => out.member = true,
             "conflict" => {
@@ -191,7 +224,12 @@ pub async fn cycle(
             "peer" => out.peers.push(Peer {
                 node_id: row.try_get("name")?,
                 expires_in: ms()?,
+                live: row.try_get("wanted")?,
+                trusted: row.try_get("trusted")?,
+                capacity: row.try_get::<i32, _>("capacity")?.max(0) as u32,
+                owned: row.try_get::<i32, _>("owned")?.max(0) as u32,
             }),
+            "free" => out.free = row.try_get::<i64, _>("ms")?.max(0) as u64,
             other => {
                 return Err(sqlx::Error::Protocol(format!(
                     "unexpected cycle row kind {other:?}"

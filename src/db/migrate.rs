@@ -23,6 +23,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "copy engine",
         include_str!("../../migrations/0002_copy_engine.sql"),
     ),
+    (
+        3,
+        "fair share",
+        include_str!("../../migrations/0003_fair_share.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -8,6 +8,7 @@
 //! renewal. Peers' membership expiries schedule an extra claim for the moment their leases end
 //! (failover at expiry), and a peer's release announcement triggers a claim at once (handoff).
 
+pub mod balance;
 pub mod gate;
 pub mod trust;
 
@@ -37,6 +38,9 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// `lease_until < now()` on the database's clock, and the expiry was read mid-statement.
 const EXPIRY_SLACK: Duration = Duration::from_millis(25);
 
+/// How soon a node with room claims again when free accounts remain after a cycle.
+const RECLAIM_SOON: Duration = Duration::from_millis(10);
+
 /// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
 const JITTER: f64 = 0.2;
 
@@ -59,6 +63,10 @@ pub struct NodeState {
     /// How many account gates were trusted again after their trust lapsed (each such account's
     /// task was told to reconcile before acting).
     pub trust_restorations: u64,
+    /// This node's fair share of the platform's accounts, once it knows its peers.
+    pub target: Option<u32>,
+    /// Accounts handed off to rebalance, so far.
+    pub rebalance_moves: u64,
 }
 
 impl NodeState {
@@ -124,6 +132,10 @@ struct Run {
     conflict_since: Option<Instant>,
     failures: u32,
     draining: Option<Instant>,
+    /// Fair share from the last cycle's view of the platform.
+    target: Option<u32>,
+    /// Handing accounts off until back at the share (hysteresis).
+    shedding: bool,
 }
 
 impl LeaseLoop {
@@ -141,6 +153,8 @@ impl LeaseLoop {
             conflict_since: None,
             failures: 0,
             draining: None,
+            target: None,
+            shedding: false,
         };
         let mut next = Instant::now();
         loop {
@@ -200,6 +214,11 @@ impl LeaseLoop {
             instance_id: &self.instance_id,
             platform: &self.node.platform,
             capacity: self.node.capacity,
+            claim_limit: run
+                .target
+                .map_or(self.node.capacity, |t| t.min(self.node.capacity)),
+            trust: window,
+            owned: self.supervisor.owned().len() as u32,
             lease,
             held: &run.held,
             claim: run.draining.is_none(),
@@ -259,6 +278,7 @@ impl LeaseLoop {
         run.deadline = Some(deadline);
         run.held = outcome.owned.iter().map(|r| r.epoch).collect();
         run.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
+        let moved = self.rebalance(run, &outcome);
         let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
         debug!(
             owned = run.wanted,
@@ -274,8 +294,76 @@ impl LeaseLoop {
             s.cycles += 1;
             s.last_error = None;
             s.trust_restorations += restored;
+            s.target = run.target;
+            s.rebalance_moves += moved;
         });
         Ok(self.schedule(run, t0, acknowledged, &outcome))
+    }
+
+    /// Computes this node's fair share from the cycle's view of the platform and hands off what
+    /// is above it (bounded per cycle, with hysteresis). Returns the accounts handed off.
+    fn rebalance(&mut self, run: &mut Run, outcome: &CycleOutcome) -> u64 {
+        let owned = self.supervisor.owned().len() as u32;
+        let me = &self.node.node_id;
+        let mut members = vec![balance::Member {
+            node_id: me.clone(),
+            capacity: self.node.capacity,
+        }];
+        members.extend(
+            outcome
+                .peers
+                .iter()
+                .filter(|p| p.trusted)
+                .map(|p| balance::Member {
+                    node_id: p.node_id.clone(),
+                    capacity: p.capacity,
+                }),
+        );
+        let total = owned as u64
+            + outcome
+                .peers
+                .iter()
+                .filter(|p| p.live)
+                .map(|p| p.owned as u64)
+                .sum::<u64>()
+            + outcome.free;
+        let shares = balance::shares(&members, total);
+        let target = shares.get(me).copied().unwrap_or(0);
+        if run.target != Some(target) {
+            info!(
+                target,
+                owned,
+                live_nodes = members.len(),
+                total,
+                "fair share"
+            );
+        }
+        run.target = Some(target);
+        self.metrics.target_accounts.set(target as i64);
+        if run.draining.is_some() {
+            return 0;
+        }
+        let knobs = balance::Knobs {
+            margin: self.node.rebalance_margin,
+            step: self.node.rebalance_step,
+        };
+        // A peer far below its share (a node that just joined) while no account is free.
+        let starved = outcome.free == 0
+            && outcome.peers.iter().filter(|p| p.trusted).any(|p| {
+                let share = shares.get(&p.node_id).copied().unwrap_or(0);
+                p.owned + balance::margin(share, knobs) < share
+            });
+        let n = balance::to_release(owned, target, starved, &mut run.shedding, knobs);
+        if n == 0 {
+            return 0;
+        }
+        let moved = self.supervisor.rebalance(n as usize);
+        info!(
+            handing_off = moved.len(),
+            owned, target, starved, "rebalancing: above the fair share, handing accounts off"
+        );
+        self.metrics.rebalance_moves.inc_by(moved.len() as u64);
+        moved.len() as u64
     }
 
     /// When the next cycle runs: a jittered period after `t0`, or earlier if a peer's membership
@@ -289,9 +377,17 @@ impl LeaseLoop {
     ) -> Instant {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * fastrand::f64());
         let mut next = t0 + period;
-        let room = (self.node.capacity as usize).saturating_sub(run.wanted) > 0;
+        let limit = run
+            .target
+            .map_or(self.node.capacity, |t| t.min(self.node.capacity)) as usize;
+        let room = limit.saturating_sub(run.wanted) > 0;
+        if room && run.draining.is_none() && outcome.free > 0 {
+            // Free accounts and room under a share that just grew (a peer left, accounts were
+            // added): claim them now rather than a cycle later.
+            next = next.min(acknowledged + RECLAIM_SOON);
+        }
         if room && run.draining.is_none() {
-            for peer in &outcome.peers {
+            for peer in outcome.peers.iter().filter(|p| p.live) {
                 let at = acknowledged + peer.expires_in + EXPIRY_SLACK;
                 if at < next {
                     info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");

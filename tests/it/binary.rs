@@ -139,7 +139,7 @@ async fn kill9_moves_accounts_only_after_their_leases_expire() {
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=30, "mt5").await;
-    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
+    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &["--rebalance-margin", "1"]);
     wait_owned(&mut conn, "a", 30, Duration::from_secs(20)).await;
     let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
     b.wait_for_output("joined the cluster", Duration::from_secs(20))
@@ -181,7 +181,13 @@ async fn a_hung_database_connection_moves_the_nodes_accounts_soon_after_its_last
     insert_accounts(&mut conn, 1..=20, "mt5").await;
     let proxy = ChaosProxy::start(db.server_addr()).await;
     let via = db.url_via(proxy.port);
-    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &["--database-url", &via]);
+    let mut a = NodeProcess::spawn(
+        &db,
+        "a",
+        100,
+        FAST,
+        &["--database-url", &via, "--rebalance-margin", "1"],
+    );
     wait_owned(&mut conn, "a", 20, Duration::from_secs(20)).await;
     let mut b = NodeProcess::spawn(&db, "b", 100, FAST, &[]);
     b.wait_for_output("joined the cluster", Duration::from_secs(20))
@@ -434,7 +440,7 @@ async fn an_unmigrated_database_is_refused_until_migrated() {
 
     let (code, stdout, _) = run_to_end(&["migrate"], &env);
     assert_eq!(code, 0);
-    assert_eq!(stdout.trim(), "applied migrations: 1, 2");
+    assert_eq!(stdout.trim(), "applied migrations: 1, 2, 3");
     let (code, stdout, _) = run_to_end(&["migrate", "--database-url", &url], &[]);
     assert_eq!(code, 0);
     assert_eq!(stdout.trim(), "no pending migrations");
@@ -462,7 +468,7 @@ async fn concurrent_migrate_commands_all_succeed() {
     for h in handles {
         let (code, stdout, stderr) = h.join().unwrap();
         assert_eq!(code, 0, "{stderr}");
-        if stdout.contains("applied migrations: 1, 2") {
+        if stdout.contains("applied migrations: 1, 2, 3") {
             applied += 1;
         }
     }

@@ -104,7 +104,10 @@ async fn a_hang_mid_cycle_holds_no_locks_and_a_peer_owns_the_accounts_soon_after
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=10, "mt5").await;
     let proxy = ChaosProxy::start(db.server_addr()).await;
-    let a = start_node(&config_url(&db.url_via(proxy.port), "a", 100, FAST)).await;
+    // a keeps everything (a margin of its whole share): this test is about expiry, not balance.
+    let mut a_config = config_url(&db.url_via(proxy.port), "a", 100, FAST);
+    a_config.rebalance_margin = 1.0;
+    let a = start_node(&a_config).await;
     wait_state(&a.state, "a owns all", Duration::from_secs(10), |s| {
         s.owned.len() == 10
     })

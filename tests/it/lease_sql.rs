@@ -22,6 +22,9 @@ fn params<'a>(
         instance_id,
         platform: "mt5",
         capacity,
+        claim_limit: capacity,
+        trust: Duration::from_secs(2),
+        owned: held.len() as u32,
         lease: LEASE,
         held,
         claim: true,
@@ -518,6 +521,9 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
             .bind(3000i64)
             .bind(&held)
             .bind(true)
+            .bind(200i32)
+            .bind(2000i64)
+            .bind(100i32)
             .fetch_one(&mut conn)
             .await
             .unwrap();

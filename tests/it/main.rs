@@ -1,6 +1,7 @@
 //! One integration test binary: the lease statements, whole nodes in-process, and the real
 //! binary as separate processes, all against a real PostgreSQL (see `support::pg`).
 
+mod balance;
 mod binary;
 mod broker;
 mod copy;

@@ -22,23 +22,42 @@ async fn sixteen_nodes_claim_a_thousand_rows_each_exactly_once_within_two_cycles
         .collect();
     let nodes = futures_join(configs.iter().map(start_node)).await;
 
-    // Two cycles of every node.
+    // Two cycles of every node: by then every row has been claimed.
     for node in &nodes {
         wait_state(&node.state, "two cycles", Duration::from_secs(30), |s| {
             s.cycles >= 2
         })
         .await;
     }
-    let db_owners = owners(&mut conn).await;
-    let unowned: Vec<i64> = db_owners
-        .iter()
-        .filter(|(_, o)| o.is_none())
-        .map(|(id, _)| *id)
-        .collect();
+    let never: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM trading_accounts WHERE owner_epoch = 0 ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
     assert!(
-        unowned.is_empty(),
-        "all rows claimed within two cycles; unowned: {unowned:?}"
+        never.is_empty(),
+        "all rows claimed within two cycles; never claimed: {never:?}"
     );
+    // Fair share then moves some (a row is free for a moment between a release and its claim);
+    // once that settles (no change for half a second), every row is owned, no node is over
+    // capacity, and every node's view agrees with the database.
+    let mut previous = BTreeMap::new();
+    let db_owners = eventually("ownership to settle", Duration::from_secs(60), async || {
+        let now = owners(&mut conn).await;
+        let settled = now == previous
+            && now.values().all(Option::is_some)
+            && nodes
+                .iter()
+                .map(|n| n.state.borrow().owned.len())
+                .sum::<usize>()
+                == 1000;
+        previous = now.clone();
+        if !settled {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        settled.then_some(now)
+    })
+    .await;
     let per_node = counts(&mut conn).await;
     for (node, n) in &per_node {
         assert!(*n <= CAPACITY, "{node} owns {n} > capacity {CAPACITY}");
@@ -81,7 +100,10 @@ async fn a_node_that_stops_renewing_keeps_its_rows_until_lease_until_passes() {
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=30, "mt5").await;
-    let mut a = IsolatedNode::start(&config(&db, "a", 100, FAST)).await;
+    // a keeps everything (a margin of its whole share): this test is about expiry, not balance.
+    let mut a_config = config(&db, "a", 100, FAST);
+    a_config.rebalance_margin = 1.0;
+    let mut a = IsolatedNode::start(&a_config).await;
     wait_state(&a.state, "a owns all", Duration::from_secs(10), |s| {
         s.owned.len() == 30
     })
@@ -165,7 +187,11 @@ async fn disabled_rows_are_released_in_the_owners_next_cycle() {
         |s| s.cycles >= 2,
     )
     .await;
-    assert!(other.state.borrow().owned.is_empty());
+    let taken = other.state.borrow().owned.clone();
+    assert!(
+        !taken.contains_key(&2) && !taken.contains_key(&5) && !taken.contains_key(&7),
+        "b took a disabled account: {taken:?}"
+    );
     for n in [node, other] {
         n.shutdown();
         n.wait().await.unwrap();

@@ -139,8 +139,19 @@ pub struct Handover {
     pub login: String,
     pub from: String,
     pub to: String,
+    /// The old node's last order and the new node's first (broker clock, Unix ms).
+    pub last_ms: i64,
+    pub first_ms: i64,
     /// From the old node's last order to the new node's first.
     pub gap_ms: i64,
+}
+
+/// An account a node released (from its log: rebalancing, disabling).
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub login: String,
+    pub node: String,
+    pub at_ms: i64,
 }
 
 /// Every change of sending node per follower login (orders only, accepted or not, from nodes).
@@ -162,6 +173,8 @@ pub fn handovers(lines: &[Line]) -> Vec<Handover> {
                     login: login.to_string(),
                     from: pair[0].client.clone(),
                     to: pair[1].client.clone(),
+                    last_ms: pair[0].ts,
+                    first_ms: pair[1].ts,
                     gap_ms: pair[1].ts - pair[0].ts,
                 });
             }
@@ -170,14 +183,16 @@ pub fn handovers(lines: &[Line]) -> Vec<Handover> {
     out
 }
 
-/// S1 seen from the broker. `released` holds the nodes that released their accounts (a clean
-/// stop): their successors need only come after them. Orders the broker rejected as stale do not
+/// S1 seen from the broker. A handover after a release needs only order: `released` holds the
+/// nodes that released everything (a clean stop), `releases` single accounts a node released
+/// between its last order and its successor's first. Orders the broker rejected as stale do not
 /// count as acting.
 pub fn single_owner_violations(
     lines: &[Line],
     fence_ms: i64,
     tolerance_ms: i64,
     released: &HashSet<String>,
+    releases: &[Release],
 ) -> Vec<String> {
     let acting: Vec<Line> = lines
         .iter()
@@ -191,7 +206,14 @@ pub fn single_owner_violations(
     handovers(&acting)
         .into_iter()
         .filter(|h| {
-            let min = if released.contains(&h.from) {
+            let after_release = released.contains(&h.from)
+                || releases.iter().any(|r| {
+                    r.login == h.login
+                        && r.node == h.from
+                        && r.at_ms + tolerance_ms >= h.last_ms
+                        && r.at_ms <= h.first_ms + tolerance_ms
+                });
+            let min = if after_release {
                 0
             } else {
                 fence_ms - tolerance_ms
@@ -205,4 +227,67 @@ pub fn single_owner_violations(
             )
         })
         .collect()
+}
+
+/// Accounts released by a node, from its text log (`account released account_id=N`). Logins in
+/// the suite are `m<id>` / `f<id>`.
+pub fn releases_in_log(node: &str, log: &str) -> Vec<Release> {
+    log.lines()
+        .filter(|l| l.contains("account released"))
+        .filter_map(|l| {
+            let at_ms = parse_rfc3339_ms(l.get(..27)?)?;
+            let id: i64 = l
+                .split("account_id=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            let login = if id <= 2 {
+                format!("m{id}")
+            } else {
+                format!("f{id}")
+            };
+            Some(Release {
+                login,
+                node: node.to_string(),
+                at_ms,
+            })
+        })
+        .collect()
+}
+
+/// `2026-11-30T04:01:01.123456Z` as Unix milliseconds.
+fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let time = time.trim_end_matches('Z');
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>());
+    let (hh, mm, ss) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    let ms: i64 = format!("{:0<3}", &frac[..frac.len().min(3)]).parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000 + ms)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_timestamps_parse() {
+        assert_eq!(
+            super::parse_rfc3339_ms("1970-01-01T00:00:01.500000Z"),
+            Some(1500)
+        );
+        assert_eq!(
+            super::parse_rfc3339_ms("2026-11-30T04:01:01.123456Z"),
+            Some(1_796_011_261_123)
+        );
+    }
 }

@@ -318,6 +318,58 @@ impl Suite {
         }
     }
 
+    /// Waits until every account is owned and ownership has not changed for a second (fair share
+    /// settled); returns the owners.
+    pub async fn wait_stable(&self) -> HashMap<i64, String> {
+        let since = Instant::now();
+        let mut previous = HashMap::new();
+        let mut stable_since = Instant::now();
+        loop {
+            let now = self.owners().await;
+            if now.len() != 8 || now != previous {
+                stable_since = Instant::now();
+            } else if stable_since.elapsed() >= Duration::from_secs(1) {
+                return now;
+            }
+            previous = now;
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "{}: ownership never settled: {previous:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The node owning the most followers (ties: the lowest node id).
+    pub async fn busiest_follower_node(&self) -> String {
+        let mut count: std::collections::BTreeMap<String, usize> = Default::default();
+        for (id, node) in self.owners().await {
+            if id > 2 {
+                *count.entry(node).or_insert(0) += 1;
+            }
+        }
+        let max = count.values().copied().max().expect("followers are owned");
+        count
+            .into_iter()
+            .find(|(_, n)| *n == max)
+            .map(|(node, _)| node)
+            .unwrap()
+    }
+
+    /// The accounts a node owns now.
+    pub async fn owned_by(&self, node: &str) -> Vec<i64> {
+        let mut ids: Vec<i64> = self
+            .owners()
+            .await
+            .into_iter()
+            .filter(|(_, o)| o == node)
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Waits until every follower session has reconciled once.
     pub async fn wait_ready(&self) {
         let ids = self.follower_ids();
@@ -481,8 +533,19 @@ impl Suite {
         let dups = checker::duplicates(&lines);
         let stale = checker::stale_accepted(&lines);
         let handovers = checker::handovers(&lines);
-        let violations =
-            checker::single_owner_violations(&lines, FENCE_MS, TOLERANCE_MS, &self.released);
+        // Accounts handed off by fair share are releases too (each node logs them).
+        let releases: Vec<checker::Release> = self
+            .nodes
+            .iter()
+            .flat_map(|n| checker::releases_in_log(&n.id, &n.process.output()))
+            .collect();
+        let violations = checker::single_owner_violations(
+            &lines,
+            FENCE_MS,
+            TOLERANCE_MS,
+            &self.released,
+            &releases,
+        );
         let node_orders = lines
             .iter()
             .filter(|l| l.client != "manual" && l.action != "login")

@@ -11,35 +11,24 @@ use crate::support::chaos::Mode;
 const CONVERGE: Duration = Duration::from_secs(30);
 const MOVE: Duration = Duration::from_secs(20);
 
-/// Master on `a` (capacity 2: both masters), followers on `b`, `c` standing by.
-async fn three_nodes(name: &str, broker_args: &[&str], b_env: Vec<(String, String)>) -> Suite {
+/// Three equal nodes a, b, c (started in that order) sharing two masters and six followers;
+/// returns once fair share has settled. Every node gets `env` with `{node}` replaced by its id.
+async fn three_nodes(name: &str, broker_args: &[&str], env: Vec<(String, String)>) -> Suite {
     let mut s = Suite::new(name, broker_args).await;
-    s.start_node("a", 2, Vec::new()).await;
-    wait_count(&s, "a", 2).await;
-    s.start_node("b", 100, b_env).await;
-    wait_count(&s, "b", 6).await;
-    s.start_node("c", 100, Vec::new()).await;
-    s.node("c")
-        .process
-        .wait_for_output("joined the cluster", MOVE)
-        .await;
+    for id in ["a", "b", "c"] {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.replace("{node}", id)))
+            .collect();
+        s.start_node(id, 100, env).await;
+        s.node(id)
+            .process
+            .wait_for_output("joined the cluster", MOVE)
+            .await;
+    }
+    s.wait_stable().await;
     s.wait_ready().await;
     s
-}
-
-async fn wait_count(s: &Suite, node: &str, n: usize) {
-    let since = Instant::now();
-    while s
-        .owners()
-        .await
-        .values()
-        .filter(|o| o.as_str() == node)
-        .count()
-        != n
-    {
-        assert!(since.elapsed() < MOVE, "{node} does not own {n} accounts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn trade_for(s: &mut Suite, d: Duration) {
@@ -69,12 +58,12 @@ async fn kill9_of_the_followers_node() {
             jitter(Duration::from_secs(2), Duration::from_secs(5)),
         )
         .await;
-        s.node("b").process.kill9();
-        let moved = s
-            .wait_owned_by_others(&s.follower_ids(), &["b"], MOVE)
-            .await;
+        let victim = s.busiest_follower_node().await;
+        let held = s.owned_by(&victim).await;
+        s.node(&victim).process.kill9();
+        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
         eprintln!(
-            "[{}] failover after kill -9: {} ms (lease 3 s)",
+            "[{}] failover after kill -9 of {victim}: {} ms (lease 3 s)",
             s.name,
             moved.as_millis()
         );
@@ -92,10 +81,12 @@ async fn kill9_of_the_masters_node() {
             jitter(Duration::from_secs(2), Duration::from_secs(5)),
         )
         .await;
-        s.node("a").process.kill9();
-        let moved = s.wait_owned_by_others(&[1, 2], &["a"], MOVE).await;
+        let victim = s.owners().await[&1].clone();
+        let held = s.owned_by(&victim).await;
+        s.node(&victim).process.kill9();
+        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
         eprintln!(
-            "[{}] master failover after kill -9: {} ms",
+            "[{}] master failover after kill -9 of {victim}: {} ms",
             s.name,
             moved.as_millis()
         );
@@ -113,18 +104,18 @@ async fn sigterm_hands_off() {
             jitter(Duration::from_secs(2), Duration::from_secs(5)),
         )
         .await;
+        let victim = s.busiest_follower_node().await;
+        let held = s.owned_by(&victim).await;
         let asked = Instant::now();
-        s.node("b").process.signal("TERM");
-        let status = s.node("b").process.wait_exit(MOVE).await;
-        assert!(status.success());
-        s.released.insert("b".into());
-        let moved = s
-            .wait_owned_by_others(&s.follower_ids(), &["b"], MOVE)
-            .await;
+        s.node(&victim).process.signal("TERM");
+        assert!(s.node(&victim).process.wait_exit(MOVE).await.success());
+        let exited = asked.elapsed();
+        s.released.insert(victim.clone());
+        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
         eprintln!(
-            "[{}] handoff: b exited {} ms after SIGTERM; peers owned everything {} ms after its exit",
+            "[{}] handoff: {victim} exited {} ms after SIGTERM; peers owned its accounts {} ms after its exit",
             s.name,
-            (asked.elapsed() - moved).as_millis(),
+            exited.as_millis(),
             moved.as_millis()
         );
         trade_for(&mut s, Duration::from_secs(2)).await;
@@ -138,13 +129,14 @@ async fn sigstop_shorter_than_the_fence_changes_nothing() {
         let mut s = three_nodes(&format!("suite-sigstop-short-{round}"), &[], Vec::new()).await;
         trade_for(&mut s, Duration::from_secs(2)).await;
         let before = s.owners().await;
-        s.node("b").process.signal("STOP");
+        let victim = s.busiest_follower_node().await;
+        s.node(&victim).process.signal("STOP");
         tokio::time::sleep(jitter(
             Duration::from_millis(500),
             Duration::from_millis(900),
         ))
         .await; // the pause itself
-        s.node("b").process.signal("CONT");
+        s.node(&victim).process.signal("CONT");
         trade_for(&mut s, Duration::from_secs(2)).await;
         assert_eq!(
             s.owners().await,
@@ -160,16 +152,20 @@ async fn sigstop_shorter_than_the_fence_changes_nothing() {
 /// orders. Returns (stale orders rejected by the fence, stale orders executed, stale orders
 /// caught by client-order-id dedupe instead, duplicate copies).
 async fn frozen_past_the_lease(name: &str, broker_args: &[&str]) -> (usize, usize, usize, usize) {
-    let hold = std::env::temp_dir().join(format!("{name}-{}-hold", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let env = vec![(
         "COPIERTEST_PAUSE_AFTER_GATE".to_string(),
-        hold.display().to_string(),
+        dir.join("hold-{node}").display().to_string(),
     )];
     let mut s = three_nodes(name, broker_args, env).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
     s.stop_trading().await;
+    // The node owning a follower of master 1 (accounts 3, 4, 5) freezes on its next order.
+    let victim = s.owners().await[&3].clone();
+    let held = s.owned_by(&victim).await;
+    let hold = dir.join(format!("hold-{victim}"));
     std::fs::write(&hold, b"hold").unwrap();
-    // The next master open makes b's follower sessions pass their gate and hold.
     let trader = crate::support::Trader {
         addr: s.broker.addr.clone(),
     };
@@ -183,30 +179,29 @@ async fn frozen_past_the_lease(name: &str, broker_args: &[&str]) -> (usize, usiz
             None,
         )
         .await;
-    s.node("b")
+    s.node(&victim)
         .process
         .wait_for_output("holding an order after its gate check", MOVE)
         .await;
-    s.node("b").process.signal("STOP");
-    let moved = s
-        .wait_owned_by_others(&s.follower_ids(), &["b"], MOVE)
-        .await;
-    // The new owner has logged in (raising the fence) and reconciled.
+    s.node(&victim).process.signal("STOP");
+    let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
+    // The new owners have logged in (raising the fence) and reconciled.
     s.converged(CONVERGE).await;
     eprintln!(
-        "[{name}] b frozen past its lease; c owned its followers after {} ms",
+        "[{name}] {victim} frozen past its lease; its accounts moved after {} ms",
         moved.as_millis()
     );
     std::fs::remove_file(&hold).unwrap();
-    s.node("b").process.signal("CONT");
-    s.node("b")
+    s.node(&victim).process.signal("CONT");
+    s.node(&victim)
         .process
         .wait_for_output("sending the held order", MOVE)
         .await;
-    s.node("b")
+    s.node(&victim)
         .process
         .wait_for_output("account lost", MOVE)
         .await;
+    let _ = std::fs::remove_dir_all(&dir);
     let lines = super::checker::load(&s.dir.path("journal.jsonl"));
     let rejected = super::checker::stale_rejected(&lines);
     let (executed, deduped) = super::checker::stale_passed(&lines);
@@ -249,12 +244,12 @@ async fn a_hung_database_connection_then_recovery() {
     for round in 0..rounds() {
         let mut s = three_nodes(&format!("suite-db-hang-{round}"), &[], Vec::new()).await;
         trade_for(&mut s, Duration::from_secs(2)).await;
-        s.node("b").db_proxy.set(Mode::Hang);
-        let moved = s
-            .wait_owned_by_others(&s.follower_ids(), &["b"], MOVE)
-            .await;
+        let victim = s.busiest_follower_node().await;
+        let held = s.owned_by(&victim).await;
+        s.node(&victim).db_proxy.set(Mode::Hang);
+        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
         eprintln!(
-            "[{}] b's database hung: its followers moved after {} ms",
+            "[{}] {victim}'s database hung: its accounts moved after {} ms",
             s.name,
             moved.as_millis()
         );
@@ -263,8 +258,8 @@ async fn a_hung_database_connection_then_recovery() {
             jitter(Duration::from_secs(1), Duration::from_secs(3)),
         )
         .await;
-        s.node("b").db_proxy.set(Mode::Forward);
-        s.node("b")
+        s.node(&victim).db_proxy.set(Mode::Forward);
+        s.node(&victim)
             .process
             .wait_for_output("lease cycle succeeded again", MOVE)
             .await;
@@ -276,22 +271,24 @@ async fn a_hung_database_connection_then_recovery() {
 #[tokio::test]
 async fn postgres_restarts_cleanly_and_immediately() {
     let mut s = Suite::with_private_cluster("suite-pg-restart").await;
-    s.start_node("a", 2, Vec::new()).await;
-    wait_count(&s, "a", 2).await;
-    s.start_node("b", 100, Vec::new()).await;
-    wait_count(&s, "b", 6).await;
+    for id in ["a", "b"] {
+        s.start_node(id, 100, Vec::new()).await;
+        s.node(id)
+            .process
+            .wait_for_output("joined the cluster", MOVE)
+            .await;
+    }
+    s.wait_stable().await;
     s.wait_ready().await;
     trade_for(&mut s, Duration::from_secs(2)).await;
     for mode in ["fast", "immediate"] {
         let cluster = s.cluster().clone();
-        let (held_before, epochs_before) = {
+        let before: Vec<(i64, i64)> = {
             let mut conn = s.conn().await;
-            let rows: Vec<(i64, i64)> =
-                sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
-                    .fetch_all(&mut conn)
-                    .await
-                    .unwrap();
-            (rows.len(), rows)
+            sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
         };
         let down = Instant::now();
         tokio::task::spawn_blocking(move || {
@@ -308,16 +305,16 @@ async fn postgres_restarts_cleanly_and_immediately() {
         // Acknowledged claims and renewals survived: every account still has its owner's epoch
         // (or a newer one, if a lease ran out meanwhile).
         let mut conn = s.conn().await;
-        let rows: Vec<(i64, i64)> =
+        let after: Vec<(i64, i64)> =
             sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
                 .fetch_all(&mut conn)
                 .await
                 .unwrap();
-        assert_eq!(rows.len(), held_before);
-        for ((id, before), (_, after)) in epochs_before.iter().zip(&rows) {
+        assert_eq!(after.len(), before.len());
+        for ((id, old), (_, new)) in before.iter().zip(&after) {
             assert!(
-                after >= before,
-                "account {id}: epoch went back from {before} to {after}"
+                new >= old,
+                "account {id}: epoch went back from {old} to {new}"
             );
         }
         trade_for(&mut s, Duration::from_secs(3)).await;
@@ -330,15 +327,16 @@ async fn only_the_listen_connection_is_cut() {
     for round in 0..rounds() {
         let mut s = three_nodes(&format!("suite-listen-cut-{round}"), &[], Vec::new()).await;
         trade_for(&mut s, Duration::from_secs(1)).await;
-        s.node("b").listen_proxy.set(Mode::Hang);
+        let victim = s.busiest_follower_node().await;
+        s.node(&victim).listen_proxy.set(Mode::Hang);
         trade_for(
             &mut s,
             jitter(Duration::from_secs(2), Duration::from_secs(4)),
         )
         .await;
-        s.node("b").listen_proxy.set(Mode::Forward);
-        s.node("b").listen_proxy.cut();
-        s.node("b")
+        s.node(&victim).listen_proxy.set(Mode::Forward);
+        s.node(&victim).listen_proxy.cut();
+        s.node(&victim)
             .process
             .wait_for_output("LISTEN connection", MOVE)
             .await;
@@ -360,13 +358,16 @@ async fn the_wall_clock_jumping_changes_nothing() {
         );
         return;
     }
-    let clock = std::env::temp_dir().join(format!("suite-faketime-{}", std::process::id()));
-    std::fs::write(&clock, "+0\n").unwrap();
+    // Every node runs under libfaketime with a clock file of its own; only b's is changed.
+    let base = std::env::temp_dir().join(format!("suite-faketime-{}", std::process::id()));
+    for id in ["a", "b", "c"] {
+        std::fs::write(format!("{}-{id}", base.display()), "+0\n").unwrap();
+    }
     let env = vec![
         ("LD_PRELOAD".to_string(), lib.to_string()),
         (
             "FAKETIME_TIMESTAMP_FILE".to_string(),
-            clock.display().to_string(),
+            format!("{}-{{node}}", base.display()),
         ),
         ("FAKETIME_NO_CACHE".to_string(), "1".to_string()),
         // The monotonic clock (all lease logic) is left alone; only the wall clock jumps.
@@ -375,6 +376,7 @@ async fn the_wall_clock_jumping_changes_nothing() {
     let mut s = three_nodes("suite-clock-jump", &[], env).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
     let before = s.owners().await;
+    let clock = format!("{}-b", base.display());
     for jump in ["+1h", "-1h", "+0"] {
         std::fs::write(&clock, format!("{jump}\n")).unwrap();
         trade_for(&mut s, Duration::from_secs(2)).await;
@@ -393,7 +395,9 @@ async fn the_wall_clock_jumping_changes_nothing() {
         .collect();
     assert!(hours.len() >= 2, "b's wall clock never jumped: {hours:?}");
     finish(&mut s).await;
-    let _ = std::fs::remove_file(&clock);
+    for id in ["a", "b", "c"] {
+        let _ = std::fs::remove_file(format!("{}-{id}", base.display()));
+    }
 }
 
 #[tokio::test]
@@ -408,7 +412,8 @@ async fn the_broker_restarts_with_its_state() {
     ];
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     s.broker = crate::support::broker::BrokerProcess::spawn_on(&s.dir, s.broker_port, &refs).await;
-    s.node("b")
+    let victim = s.busiest_follower_node().await;
+    s.node(&victim)
         .process
         .wait_for_output("broker connection restored", MOVE)
         .await;
@@ -420,9 +425,10 @@ async fn the_broker_restarts_with_its_state() {
 async fn scaling_out_to_four_and_back_in_to_one() {
     let mut s = Suite::new("suite-scale", &[]).await;
     s.start_node("n1", 100, Vec::new()).await;
-    wait_count(&s, "n1", 8).await;
+    s.wait_stable().await;
     s.wait_ready().await;
     trade_for(&mut s, Duration::from_secs(1)).await;
+    let since = Instant::now();
     for id in ["n2", "n3", "n4"] {
         s.start_node(id, 100, Vec::new()).await;
         s.node(id)
@@ -430,6 +436,27 @@ async fn scaling_out_to_four_and_back_in_to_one() {
             .wait_for_output("joined the cluster", MOVE)
             .await;
         trade_for(&mut s, Duration::from_secs(1)).await;
+    }
+    // Fair share spreads the eight accounts over the four nodes (two each, within the margin).
+    loop {
+        let owners = s.owners().await;
+        let per: Vec<usize> = ["n1", "n2", "n3", "n4"]
+            .iter()
+            .map(|n| owners.values().filter(|o| o.as_str() == *n).count())
+            .collect();
+        if owners.len() == 8 && per.iter().all(|n| (1..=3).contains(n)) {
+            eprintln!(
+                "[{}] scaled out to four nodes: {per:?} accounts, {} ms after the first new node started",
+                s.name,
+                since.elapsed().as_millis()
+            );
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(40),
+            "accounts never spread: {per:?}"
+        );
+        trade_for(&mut s, Duration::from_millis(100)).await;
     }
     // Scale in: each stop releases, and the survivors take over.
     for id in ["n4", "n3", "n2"] {
@@ -453,5 +480,58 @@ async fn a_duplicate_node_id_is_refused_and_duplicates_nothing() {
     let status = dup.process.wait_exit(MOVE).await;
     assert_eq!(status.code(), Some(3), "{}", dup.process.output());
     assert_eq!(s.owners().await, before);
+    finish(&mut s).await;
+}
+
+#[tokio::test]
+async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle() {
+    let mut s = three_nodes("suite-churn", &[], Vec::new()).await;
+    trade_for(&mut s, Duration::from_secs(1)).await;
+    for i in 0..3 {
+        let id = format!("d{i}");
+        s.start_node(&id, 100, Vec::new()).await;
+        s.node(&id)
+            .process
+            .wait_for_output("joined the cluster", MOVE)
+            .await;
+        trade_for(
+            &mut s,
+            jitter(Duration::from_millis(1500), Duration::from_secs(3)),
+        )
+        .await;
+        s.node(&id).process.signal("TERM");
+        assert!(s.node(&id).process.wait_exit(MOVE).await.success());
+        s.released.insert(id);
+        trade_for(&mut s, Duration::from_secs(1)).await;
+    }
+    // Every hand-off decision moved at most a tenth of the node's share (at least one) per cycle.
+    let mut decisions = 0;
+    for n in &s.nodes {
+        for line in n
+            .process
+            .output()
+            .lines()
+            .filter(|l| l.contains("handing accounts off"))
+        {
+            let field = |name: &str| -> u32 {
+                line.split(&format!("{name}="))
+                    .nth(1)
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap()
+            };
+            let (moved, target) = (field("handing_off"), field("target"));
+            assert!(
+                moved <= ((target as f64 * 0.1).round() as u32).max(1),
+                "{}: {line}",
+                n.id
+            );
+            decisions += 1;
+        }
+    }
+    eprintln!(
+        "[{}] {decisions} bounded hand-off decisions while nodes joined and left",
+        s.name
+    );
     finish(&mut s).await;
 }
