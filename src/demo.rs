@@ -17,12 +17,10 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::broker::client::BridgeClient;
-use crate::broker::protocol::{PositionsResult, Request};
-use crate::broker::types::Side;
 use crate::config::Secret;
 use crate::db;
 use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
-use crate::sim_broker::{ServeOptions, SimBroker};
+use crate::sim_broker::{ServeOptions, SimBroker, tools};
 
 /// What the demo runs.
 #[derive(Debug, Clone)]
@@ -487,73 +485,7 @@ fn spawn_node(
 
 /// One random hand trade on a random master. True if the broker accepted it.
 async fn trade(trader: &BridgeClient, masters: usize) -> bool {
-    let login = format!("m{}", fastrand::usize(1..=masters));
-    let positions = match trader
-        .call(Request::Positions {
-            login: login.clone(),
-        })
-        .await
-    {
-        Ok(v) => serde_json::from_value::<PositionsResult>(v)
-            .map(|r| r.positions)
-            .unwrap_or_default(),
-        Err(_) => Vec::new(), // a new account: nothing open yet
-    };
-    let symbols = ["EURUSD", "GBPUSD", "XAUUSD", "USDJPY"];
-    let request = if positions.len() < 2 || (positions.len() < 4 && fastrand::bool()) {
-        let side = if fastrand::bool() {
-            Side::Buy
-        } else {
-            Side::Sell
-        };
-        Request::Open {
-            login,
-            fence: None,
-            symbol: symbols[fastrand::usize(..symbols.len())].to_string(),
-            side,
-            volume: (fastrand::u32(1..=20) as f64) / 10.0,
-            sl: None,
-            tp: None,
-            magic: 0,
-            comment: String::new(),
-            client_order_id: None,
-        }
-    } else {
-        let p = &positions[fastrand::usize(..positions.len())];
-        match fastrand::u8(0..3) {
-            0 if p.volume >= 0.2 => Request::Close {
-                login,
-                fence: None,
-                ticket: p.ticket,
-                volume: Some(((p.volume * 50.0).round() / 100.0).max(0.01)),
-                client_order_id: None,
-            },
-            1 => {
-                let price = p.open_price;
-                let (sl, tp) = match p.side {
-                    Side::Buy => (price * 0.99, price * 1.01),
-                    Side::Sell => (price * 1.01, price * 0.99),
-                };
-                let r = |v: f64| (v * 1000.0).round() / 1000.0;
-                Request::Modify {
-                    login,
-                    fence: None,
-                    ticket: p.ticket,
-                    sl: Some(r(sl)),
-                    tp: Some(r(tp)),
-                    client_order_id: None,
-                }
-            }
-            _ => Request::Close {
-                login,
-                fence: None,
-                ticket: p.ticket,
-                volume: None,
-                client_order_id: None,
-            },
-        }
-    };
-    trader.call(request).await.is_ok()
+    tools::random_trade(trader, &format!("m{}", fastrand::usize(1..=masters))).await
 }
 
 async fn owners(conn: &mut PgConnection) -> Result<HashMap<i64, String>, sqlx::Error> {

@@ -145,3 +145,75 @@ pub async fn history(broker: &str, login: &str) -> Result<Vec<ClosedPosition>, B
         serde_json::from_value(value).map_err(|e| BrokerError::Unknown(e.to_string()))?;
     Ok(r.history)
 }
+
+/// One random hand trade on `login`, as a trade generator makes them (the demo, the fault suite):
+/// an open while few positions are open (0.1 to 2 lots of a random default symbol), otherwise a
+/// partial close of half, a stop change 1 % around the open price, or a full close. True if the
+/// broker accepted it.
+pub async fn random_trade(client: &BridgeClient, login: &str) -> bool {
+    let login = login.to_string();
+    let positions = match client
+        .call(Request::Positions {
+            login: login.clone(),
+        })
+        .await
+    {
+        Ok(v) => serde_json::from_value::<PositionsResult>(v)
+            .map(|r| r.positions)
+            .unwrap_or_default(),
+        Err(_) => Vec::new(), // a new account: nothing open yet
+    };
+    let symbols = ["EURUSD", "GBPUSD", "XAUUSD"];
+    let request = if positions.len() < 2 || (positions.len() < 4 && fastrand::bool()) {
+        Request::Open {
+            login,
+            fence: None,
+            symbol: symbols[fastrand::usize(..symbols.len())].to_string(),
+            side: if fastrand::bool() {
+                Side::Buy
+            } else {
+                Side::Sell
+            },
+            volume: fastrand::u32(1..=20) as f64 / 10.0,
+            sl: None,
+            tp: None,
+            magic: 0,
+            comment: String::new(),
+            client_order_id: None,
+        }
+    } else {
+        let p = &positions[fastrand::usize(..positions.len())];
+        match fastrand::u8(0..3) {
+            0 if p.volume >= 0.2 => Request::Close {
+                login,
+                fence: None,
+                ticket: p.ticket,
+                volume: Some(((p.volume * 50.0).round() / 100.0).max(0.1)),
+                client_order_id: None,
+            },
+            1 => {
+                let (sl, tp) = match p.side {
+                    Side::Buy => (p.open_price * 0.99, p.open_price * 1.01),
+                    Side::Sell => (p.open_price * 1.01, p.open_price * 0.99),
+                };
+                let r = |v: f64| (v * 1000.0).round() / 1000.0;
+                Request::Modify {
+                    login,
+                    fence: None,
+                    ticket: p.ticket,
+                    sl: Some(r(sl)),
+                    tp: Some(r(tp)),
+                    client_order_id: None,
+                }
+            }
+            _ => Request::Close {
+                login,
+                fence: None,
+                ticket: p.ticket,
+                volume: None,
+                client_order_id: None,
+            },
+        }
+    };
+    client.call(request).await.is_ok()
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::{HistoryResult, PositionsResult, Request, SymbolsResult};
-use copier_node::broker::types::{ClosedPosition, Position, Side, SymbolSpec};
+use copier_node::broker::types::{ClosedPosition, Position, SymbolSpec};
 use copier_node::copier::MasterPosition;
 use copier_node::copier::reconcile::{Memory, plan};
 use copier_node::copier::rules::{Funds, Link, LotMode};
@@ -405,7 +405,7 @@ impl Suite {
             let mut accepted = 0;
             while !token.is_cancelled() {
                 let login = masters[fastrand::usize(..masters.len())].clone();
-                if trade_once(&client, &login).await {
+                if copier_node::sim_broker::tools::random_trade(&client, &login).await {
                     accepted += 1;
                 }
                 tokio::select! {
@@ -631,72 +631,4 @@ async fn read(
         other => decode(other)?,
     };
     Ok((p.positions, h.history))
-}
-
-/// One random hand trade on `login`; true if accepted.
-async fn trade_once(client: &BridgeClient, login: &str) -> bool {
-    let positions = match client
-        .call(Request::Positions {
-            login: login.into(),
-        })
-        .await
-    {
-        Ok(v) => serde_json::from_value::<PositionsResult>(v)
-            .map(|r| r.positions)
-            .unwrap_or_default(),
-        Err(_) => Vec::new(),
-    };
-    let request = if positions.len() < 2 || (positions.len() < 4 && fastrand::bool()) {
-        let symbols = ["EURUSD", "GBPUSD", "XAUUSD"];
-        Request::Open {
-            login: login.into(),
-            fence: None,
-            symbol: symbols[fastrand::usize(..symbols.len())].into(),
-            side: if fastrand::bool() {
-                Side::Buy
-            } else {
-                Side::Sell
-            },
-            volume: fastrand::u32(2..=20) as f64 / 10.0,
-            sl: None,
-            tp: None,
-            magic: 0,
-            comment: String::new(),
-            client_order_id: None,
-        }
-    } else {
-        let p = &positions[fastrand::usize(..positions.len())];
-        match fastrand::u8(0..3) {
-            0 if p.volume >= 0.2 => Request::Close {
-                login: login.into(),
-                fence: None,
-                ticket: p.ticket,
-                volume: Some(((p.volume * 50.0).round() / 100.0).max(0.1)),
-                client_order_id: None,
-            },
-            1 => {
-                let (sl, tp) = match p.side {
-                    Side::Buy => (p.open_price * 0.98, p.open_price * 1.02),
-                    Side::Sell => (p.open_price * 1.02, p.open_price * 0.98),
-                };
-                let r = |v: f64| (v * 100.0).round() / 100.0;
-                Request::Modify {
-                    login: login.into(),
-                    fence: None,
-                    ticket: p.ticket,
-                    sl: Some(r(sl)),
-                    tp: Some(r(tp)),
-                    client_order_id: None,
-                }
-            }
-            _ => Request::Close {
-                login: login.into(),
-                fence: None,
-                ticket: p.ticket,
-                volume: None,
-                client_order_id: None,
-            },
-        }
-    };
-    client.call(request).await.is_ok()
 }
