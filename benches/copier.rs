@@ -855,8 +855,8 @@ async fn copy_latency(options: &Options, pg: &Pg, report: &mut Report) -> anyhow
     };
     let trades = if options.smoke { 3 } else { 20 };
     let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
-    let mut md = format!(
-        "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    let mut md = String::from(
+        "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for &(followers, nodes) in configs {
         let mut setup =
@@ -1259,8 +1259,8 @@ async fn notification_path(options: &Options, pg: &Pg, report: &mut Report) -> a
     report.markdown.push(format!(
         "## Notification path\n\nMaster events reach followers' nodes through PostgreSQL's NOTIFY: commits carrying a NOTIFY are serialised on one lock, so this is the ceiling on events per second across all masters ({}s windows, each publisher an autocommit `pg_notify`).\n\n{md}\nDelivery latency, from sending the NOTIFY to its arrival at each listening connection ({sends} notifications, every listener a sample):\n\n{md2}\nA stalled listener (a connection that LISTENs and stops reading): the others' delivery stays {} ms p50 / {} ms p99, and PostgreSQL's shared notification queue is held back by it (`pg_notification_queue_usage()` = {usage:.6} after the run): a node that stops reading its LISTEN connection delays no one, but if it stays stuck for long the queue (8 GB) fills and every NOTIFY fails. The node's hub reads continuously and reconnects on error.\n",
         window.as_secs_f64(),
-        format!("{:.2}", st.p50_ms),
-        format!("{:.2}", st.p99_ms)
+        (st.p50_ms * 100.0).round() / 100.0,
+        (st.p99_ms * 100.0).round() / 100.0
     ));
     Ok(())
 }

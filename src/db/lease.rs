@@ -86,7 +86,10 @@ pub struct CycleOutcome {
 /// handful of dead nodes and never by an ordered walk of the table: `lease_until` is in no
 /// index); `trading_accounts_free_idx` (on the generated `free_platform`) for free rows; the
 /// primary key for the claim's update. The test `at_a_million_rows_the_cycle_is_index_driven...`
-/// checks the custom and the generic plan.
+/// checks the custom and the generic plan. The held epochs are matched through
+/// `IN (SELECT unnest($6))`, a hashed subplan: `= ANY ($6)` is a linear search per row in the
+/// generic plan a prepared statement settles on, which made a node holding 10,000 accounts
+/// spend 0.8 s per cycle (BENCHMARKS.md measures it).
 /// `FOR UPDATE SKIP LOCKED` sits inside the claim subqueries, and the claim's outer `UPDATE`
 /// repeats the predicate, so a row changed since the snapshot is re-checked on its latest
 /// version before it is taken.
@@ -116,9 +119,9 @@ WITH member AS (
 renewed AS (
     UPDATE trading_accounts a
        SET lease_until = now() + make_interval(secs => $5 / 1000.0),
-           owner_epoch = CASE WHEN a.owner_epoch = ANY ($6) AND a.lease_until >= now()
+           owner_epoch = CASE WHEN a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now()
                               THEN a.owner_epoch ELSE nextval('owner_epoch_seq') END,
-           claimed_at  = CASE WHEN a.owner_epoch = ANY ($6) AND a.lease_until >= now()
+           claimed_at  = CASE WHEN a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now()
                               THEN a.claimed_at ELSE now() END
      WHERE a.node_id = $1
        AND EXISTS (SELECT FROM member)
@@ -256,7 +259,7 @@ pub async fn release(
 WITH released AS (
     UPDATE trading_accounts a
        SET node_id = NULL, lease_until = NULL, status = $3, status_at = now()
-     WHERE a.node_id = $1 AND a.owner_epoch = ANY ($2)
+     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
     RETURNING a.id, a.platform
 )
 SELECT id FROM released
@@ -297,7 +300,7 @@ pub async fn leave(
 WITH released AS (
     UPDATE trading_accounts a
        SET node_id = NULL, lease_until = NULL, status = 'released: node shut down', status_at = now()
-     WHERE a.node_id = $1 AND a.owner_epoch = ANY ($3)
+     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($3::bigint[]))
     RETURNING a.id
 ),
 gone AS (

@@ -527,6 +527,29 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
             .fetch_one(&mut conn)
             .await
             .unwrap();
+        // The held epochs are looked up in a hash, not searched linearly per row (a generic
+        // plan cannot hash `= ANY ($6)`: quadratic in the number of accounts held).
+        let verbose = format!("EXPLAIN (VERBOSE) {}", lease::CYCLE_SQL);
+        let text: Vec<String> = sqlx::query_scalar(&verbose)
+            .bind("x")
+            .bind("ix")
+            .bind("mt5")
+            .bind(200i32)
+            .bind(3000i64)
+            .bind(&held)
+            .bind(true)
+            .bind(200i32)
+            .bind(2000i64)
+            .bind(100i32)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        let text = text.join("\n");
+        let hashed = text.matches("(hashed SubPlan").count();
+        assert!(
+            hashed >= 2 && !text.contains("ANY ($6)"),
+            "{mode}: held epochs not looked up by hash: {text}"
+        );
         let mut nodes = Vec::new();
         plan_nodes(&plan, &mut nodes);
         let scans: Vec<_> = nodes
