@@ -52,8 +52,14 @@ impl SessionBounds {
 }
 
 /// Connection options for a running node: the bounds above, `synchronous_commit = on` (an
-/// acknowledged renewal or claim must survive a database restart), and an application name that
-/// shows the node in `pg_stat_activity`. All sent in the startup packet: no extra round trip.
+/// acknowledged renewal or claim must survive a database restart), `jit = off`, and an
+/// application name that shows the node in `pg_stat_activity`. All sent in the startup packet:
+/// no extra round trip.
+///
+/// JIT is off because the node's statements are short and index-driven, but the cycle's
+/// estimated cost grows with the table (the dead-node lookup is costed for a node owning a
+/// hundredth of it): at 1M rows the estimate passes `jit_above_cost` and compiling the
+/// expressions took 60 ms of a cycle whose execution takes 2 ms (BENCHMARKS.md).
 pub fn node_options(
     url: &Secret,
     node_id: &str,
@@ -70,6 +76,7 @@ pub fn node_options(
                 ms(bounds.idle_in_transaction),
             ),
             ("synchronous_commit", "on".to_string()),
+            ("jit", "off".to_string()),
         ]))
 }
 

@@ -464,6 +464,32 @@ fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, String, String)>)
 }
 
 #[tokio::test]
+async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() {
+    let db = TestDb::new().await;
+    let options = copier_node::db::node_options(
+        &copier_node::config::Secret::new(db.url.clone()),
+        "x",
+        copier_node::db::SessionBounds::for_fence(Duration::from_millis(1500)),
+    )
+    .unwrap();
+    let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();
+    for (setting, wanted) in [
+        ("statement_timeout", "500ms"),
+        ("lock_timeout", "300ms"),
+        ("idle_in_transaction_session_timeout", "500ms"),
+        ("synchronous_commit", "on"),
+        ("jit", "off"),
+        ("application_name", "copier-node x"),
+    ] {
+        let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(value, wanted, "{setting}");
+    }
+}
+
+#[tokio::test]
 async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
