@@ -167,30 +167,12 @@ impl Pg {
             .execute(format!("CREATE DATABASE {name}").as_str())
             .await?;
         admin.close().await?;
-        let url = with_database(&self.admin_url, name);
+        let url = db::with_database(&self.admin_url, name);
         let mut conn = PgConnection::connect(&url).await?;
         db::migrate::apply(&mut conn).await?;
         conn.close().await?;
         Ok(url)
     }
-}
-
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map(|(b, q)| (b, Some(q)))
-        .unwrap_or((url, None));
-    let start = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let end = base[start..]
-        .find('/')
-        .map(|i| start + i)
-        .unwrap_or(base.len());
-    let mut out = format!("{}/{db}", &base[..end]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
 }
 
 fn wanted(options: &Options, section: &str) -> bool {

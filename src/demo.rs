@@ -335,7 +335,7 @@ async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
             .await
             .context("creating the demo database")?;
         let _ = admin.close().await;
-        let demo_url = replace_database(&url, &name);
+        let demo_url = db::with_database(&url, &name);
         scratch.database = Some(Database::Existing {
             admin_url: url,
             name,
@@ -357,24 +357,6 @@ async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
     ));
     scratch.database = Some(Database::Throwaway(cluster));
     Ok(url)
-}
-
-fn replace_database(url: &str, db: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map(|(b, q)| (b, Some(q)))
-        .unwrap_or((url, None));
-    let start = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let end = base[start..]
-        .find('/')
-        .map(|i| start + i)
-        .unwrap_or(base.len());
-    let mut out = format!("{}/{db}", &base[..end]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
 }
 
 /// Masters and followers with a mix of link settings. Returns the number of followers.

@@ -80,6 +80,25 @@ pub fn node_options(
         ]))
 }
 
+/// `url` with its database name replaced by `db`; the rest (user, host, port, query) is kept.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map(|(b, q)| (b, Some(q)))
+        .unwrap_or((url, None));
+    let start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let end = base[start..]
+        .find('/')
+        .map(|i| start + i)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{db}", &base[..end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
 /// Options for administrative commands (`migrate`, `status`): no short timeouts, because a
 /// migration's advisory lock and index builds may take longer than any fence.
 pub fn admin_options(url: &Secret) -> Result<PgConnectOptions, sqlx::Error> {
@@ -122,6 +141,19 @@ mod tests {
         assert!(b.idle_in_transaction < Duration::from_secs(15));
         let tiny = SessionBounds::for_fence(Duration::from_millis(2));
         assert!(tiny.statement >= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn with_database_replaces_only_the_database_name() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5432/old?sslmode=disable", "new"),
+            "postgres://u:p@h:5432/new?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "new"), "postgres://h/new");
+        assert_eq!(
+            with_database("postgresql://h/old", "new"),
+            "postgresql://h/new"
+        );
     }
 
     #[test]

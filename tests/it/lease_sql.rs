@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use copier_node::db::lease::{self, CycleParams};
 use copier_node::db::status::{self, StatusUpdate};
-use sqlx::{Executor, PgConnection};
+use sqlx::{Executor, PgConnection, Row};
 
 use crate::support::{TestDb, eventually, insert_accounts};
 
@@ -489,6 +489,28 @@ async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() 
     }
 }
 
+/// `EXPLAIN (<options>)` of a steady-state cycle of node x holding `held`.
+async fn explain_cycle(
+    conn: &mut PgConnection,
+    options: &str,
+    held: &[i64],
+) -> Vec<sqlx::postgres::PgRow> {
+    sqlx::query(&format!("EXPLAIN ({options}) {}", lease::CYCLE_SQL))
+        .bind("x")
+        .bind("ix")
+        .bind("mt5")
+        .bind(200i32)
+        .bind(3000i64)
+        .bind(held)
+        .bind(true)
+        .bind(200i32)
+        .bind(2000i64)
+        .bind(100i32)
+        .fetch_all(conn)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
     let db = TestDb::new().await;
@@ -538,38 +560,16 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
         conn.execute(format!("SET plan_cache_mode = {mode}").as_str())
             .await
             .unwrap();
-        let explain = format!("EXPLAIN (FORMAT JSON) {}", lease::CYCLE_SQL);
-        let plan: serde_json::Value = sqlx::query_scalar(&explain)
-            .bind("x")
-            .bind("ix")
-            .bind("mt5")
-            .bind(200i32)
-            .bind(3000i64)
-            .bind(&held)
-            .bind(true)
-            .bind(200i32)
-            .bind(2000i64)
-            .bind(100i32)
-            .fetch_one(&mut conn)
-            .await
+        let plan: serde_json::Value = explain_cycle(&mut conn, "FORMAT JSON", &held).await[0]
+            .try_get(0)
             .unwrap();
         // The held epochs are looked up in a hash, not searched linearly per row (a generic
         // plan cannot hash `= ANY ($6)`: quadratic in the number of accounts held).
-        let verbose = format!("EXPLAIN (VERBOSE) {}", lease::CYCLE_SQL);
-        let text: Vec<String> = sqlx::query_scalar(&verbose)
-            .bind("x")
-            .bind("ix")
-            .bind("mt5")
-            .bind(200i32)
-            .bind(3000i64)
-            .bind(&held)
-            .bind(true)
-            .bind(200i32)
-            .bind(2000i64)
-            .bind(100i32)
-            .fetch_all(&mut conn)
+        let text: Vec<String> = explain_cycle(&mut conn, "VERBOSE", &held)
             .await
-            .unwrap();
+            .iter()
+            .map(|r| r.try_get(0).unwrap())
+            .collect();
         let text = text.join("\n");
         let hashed = text.matches("(hashed SubPlan").count();
         assert!(

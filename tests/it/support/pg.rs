@@ -114,7 +114,7 @@ done
 
 fn admin_url(db: &str) -> String {
     match server() {
-        Server::External(url) => with_database(url, db),
+        Server::External(url) => db::with_database(url, db),
         Server::Shared { cluster, .. } => cluster.url(db),
     }
 }
@@ -224,16 +224,6 @@ impl Drop for TestDb {
             .join();
         }
     }
-}
-
-/// `url` with its database name replaced by `db` (query parameters kept).
-fn with_database(url: &str, db: &str) -> String {
-    let (scheme, authority, rest) = split_url(url);
-    let query = rest
-        .split_once('?')
-        .map(|(_, q)| format!("?{q}"))
-        .unwrap_or_default();
-    format!("{scheme}{authority}/{db}{query}")
 }
 
 async fn connect(url: &str) -> PgConnection {
