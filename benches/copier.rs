@@ -4,7 +4,7 @@
 //!   cargo bench --bench copier                  # the full run: writes BENCHMARKS.md, benchmarks.json
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
-//!                                               #   failover, cost, notify)
+//!                                               #   failover, rebalance, cost, notify)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
@@ -22,6 +22,7 @@ use copier_node::broker::types::{PositionChange, Side};
 use copier_node::broker::{AccountLogin, Broker, SessionEvent};
 use copier_node::db;
 use copier_node::db::lease::{CycleParams, cycle};
+use copier_node::lease::balance::{self, Knobs, Member};
 use copier_node::pgtmp::{Cluster, PgBinaries, prepare_dir};
 use copier_node::sim_broker::{ServeOptions, SimBroker};
 use serde::Serialize;
@@ -77,6 +78,7 @@ struct Report {
     storm: Vec<serde_json::Value>,
     copy: Vec<serde_json::Value>,
     failover: Vec<serde_json::Value>,
+    rebalance: Vec<serde_json::Value>,
     cost: Vec<serde_json::Value>,
     notify: Vec<serde_json::Value>,
     markdown: Vec<String>,
@@ -196,6 +198,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "failover") {
         failover(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "rebalance") {
+        rebalance(&options, &pg, &mut report).await?;
     }
     if wanted(&options, "cost") {
         cost_per_account(&options, &pg, &mut report).await?;
@@ -1043,6 +1048,91 @@ async fn failover(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Re
     }
     report.markdown.push(format!(
         "## Failover and handoff\n\nTwo node processes (lease 3 s, fence 1 s, cycle 500 ms), one master, {followers} followers spread by fair share. The node that started first is killed (`kill -9`) or stopped (SIGTERM) and the master opens a position at once; the time is from the signal until every follower has its copy (served again, not just owned). Floor for kill -9: the lease (3 s), which a crashed node's accounts must wait out.\n\n{md}"
+    ));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rebalancing: scale out from one node to four; the time until the accounts are spread evenly.
+
+async fn rebalance(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Result<()> {
+    let runs = if options.smoke { 1 } else { 3 };
+    let (masters, per_master) = if options.smoke { (1, 19) } else { (2, 99) };
+    let accounts = masters * (1 + per_master);
+    let timing = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
+    let cycle = Duration::from_millis(500);
+    let knobs = Knobs::default();
+    let member = |i: usize| Member {
+        node_id: format!("r{i}"),
+        capacity: 100_000,
+    };
+    let mut samples: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
+    for run in 0..runs {
+        let mut setup =
+            Setup::new(pg, &format!("bench_rebalance_{run}"), masters, per_master).await?;
+        setup.spawn_node("r1", timing)?;
+        setup
+            .wait_settled(accounts, Duration::from_secs(60))
+            .await?;
+        for k in 2..=4usize {
+            let members: Vec<Member> = (1..=k).map(member).collect();
+            let joined = Instant::now();
+            setup.spawn_node(&format!("r{k}"), timing)?;
+            loop {
+                let mut owned: BTreeMap<String, u32> = BTreeMap::new();
+                for node in setup.owners().await?.into_values() {
+                    *owned.entry(node).or_default() += 1;
+                }
+                if balance::balanced(&owned, &members, accounts as u64, knobs) {
+                    samples.entry(k).or_default().push(joined.elapsed());
+                    break;
+                }
+                if joined.elapsed() > Duration::from_secs(120) {
+                    bail!("{k} nodes: not balanced 120 s after r{k} started: {owned:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        setup.stop().await;
+    }
+    let mut md = String::from(
+        "| scale-out | accounts | step-limited bound | until balanced p50 / p99 (runs) | max | p50 in cycles |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    for (&k, times) in &samples {
+        // The design's bound: each of the k - 1 nodes hands off at most a step of its new share
+        // per cycle, until it is within the margin of that share.
+        let before = balance::shares(&(1..k).map(member).collect::<Vec<_>>(), accounts as u64);
+        let after = balance::shares(&(1..=k).map(member).collect::<Vec<_>>(), accounts as u64);
+        let bound = before
+            .iter()
+            .map(|(n, &was)| {
+                let target = after[n];
+                let step = ((target as f64 * knobs.step).round() as u32).max(1);
+                was.saturating_sub(target + balance::margin(target, knobs))
+                    .div_ceil(step)
+            })
+            .max()
+            .unwrap_or(0);
+        let st = Stats::of(times);
+        let cycles = st.p50_ms / cycle.as_secs_f64() / 1000.0;
+        println!(
+            "rebalance {} -> {k} nodes: balanced after {} (max {:.0} ms, {cycles:.1} cycles; bound {bound} cycles)",
+            k - 1,
+            st.show(),
+            st.max_ms
+        );
+        let _ = writeln!(
+            md,
+            "| {} → {k} nodes | {accounts} | {bound} cycles | {} ({}) | {:.0} ms | {cycles:.1} |",
+            k - 1,
+            st.show(),
+            st.runs,
+            st.max_ms
+        );
+        report.rebalance.push(serde_json::json!({"from_nodes": k - 1, "to_nodes": k, "accounts": accounts, "bound_cycles": bound, "until_balanced": st, "cycle_ms": cycle.as_millis() as u64}));
+    }
+    report.markdown.push(format!(
+        "## Rebalancing\n\nScale-out under fair share: one node (lease 3 s, fence 1 s, cycle 500 ms) owns {accounts} accounts ({masters} masters, their followers); a second, third and fourth node start one at a time, each once the previous step is balanced ({runs} runs). The time is from the new node's start until every account is owned and every node is within its margin of its share (default knobs: margin and step a tenth of the share). Floor: the bound the design sets, the cycles the most loaded node needs to come within its margin at one step per cycle. The measured time also holds the new node's start-up and the cycle in which the others first see it, and is counted in nominal cycles: a node's cycle is 500 ms less jitter, so it can come in under the bound.\n\n{md}"
     ));
     Ok(())
 }

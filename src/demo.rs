@@ -1,8 +1,10 @@
 //! `copier-node demo`: the whole system on one machine. A throwaway PostgreSQL (or a fresh
-//! database on the server `DATABASE_URL` names), the simulated broker, three node processes,
-//! masters with followers on various link settings, and a trade generator; one node is killed
-//! (kill -9) and restarted on a schedule so failover is visible. Everything it creates is removed
-//! when it stops (Ctrl-C, or `--duration`).
+//! database on the server `DATABASE_URL` names), the simulated broker, masters with followers on
+//! various link settings, and a trade generator. The nodes scale out from one to four while the
+//! masters trade, so fair share is visible; then one node is killed (kill -9) and restarted on a
+//! schedule so failover is visible. At the end a final check closes every master position and
+//! copies one more: no follower may miss a copy or a close. Everything it creates is removed when
+//! it stops (Ctrl-C, or `--duration`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -16,9 +18,13 @@ use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use crate::broker::BrokerError;
 use crate::broker::client::BridgeClient;
+use crate::broker::protocol::{PositionsResult, Request};
+use crate::broker::types::{Position, Side};
 use crate::config::Secret;
 use crate::db;
+use crate::lease::balance::{self, Knobs, Member};
 use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
 use crate::sim_broker::{ServeOptions, SimBroker, tools};
 
@@ -27,7 +33,9 @@ use crate::sim_broker::{ServeOptions, SimBroker, tools};
 pub struct DemoOptions {
     pub duration: Option<Duration>,
     pub json: bool,
+    /// Nodes at the end of the scale-out: the first starts alone, the next every `join_every`.
     pub nodes: usize,
+    pub join_every: Duration,
     pub masters: usize,
     pub followers_per_master: usize,
     /// When the first node is killed, and how long it stays down; then every `kill_every`.
@@ -41,10 +49,11 @@ impl Default for DemoOptions {
         DemoOptions {
             duration: None,
             json: false,
-            nodes: 3,
-            masters: 2,
-            followers_per_master: 4,
-            first_kill: Duration::from_secs(8),
+            nodes: 4,
+            join_every: Duration::from_secs(3),
+            masters: 4,
+            followers_per_master: 5,
+            first_kill: Duration::from_secs(18),
             down_for: Duration::from_secs(6),
             kill_every: Duration::from_secs(25),
         }
@@ -68,6 +77,13 @@ pub struct DemoSummary {
     pub failovers: usize,
     /// Milliseconds from a node's kill until all its accounts were owned by others.
     pub failover_ms: Vec<i64>,
+    /// Milliseconds from a node's start (scale-out or restart) until the accounts were spread
+    /// evenly again (every node within its fair-share margin).
+    pub rebalance_ms: Vec<i64>,
+    /// Final check: followers without a copy of their master's last position, and copies still
+    /// open after their master's position closed. Both must be 0.
+    pub missed_copies: usize,
+    pub missed_closes: usize,
     pub copy_latency_ms: Option<Latency>,
     /// The scratch directory (removed when the demo ends).
     pub workdir: String,
@@ -160,20 +176,20 @@ pub async fn run(
         "simulated broker on {broker_addr}, journal {}",
         dir.join("journal.jsonl").display()
     ));
-    let followers = seed(&url, &broker_addr, &options).await?;
+    let links = seed(&url, &broker_addr, &options).await?;
+    let followers = links.len();
 
     let exe = std::env::current_exe().context("finding this binary")?;
-    // Enough capacity that the others absorb a killed node's accounts, small enough that the
-    // accounts spread over the nodes.
+    // Every node could hold every account: fair share, not capacity, spreads them.
     let accounts = options.masters * (1 + options.followers_per_master);
-    let capacity = accounts.div_ceil(options.nodes.saturating_sub(1).max(1));
-    for i in 0..options.nodes {
-        let child = spawn_node(&exe, &url, &dir, i, capacity)?;
-        scratch.nodes.push(Some(child));
-    }
+    let capacity = accounts;
+    scratch
+        .nodes
+        .push(Some(spawn_node(&exe, &url, &dir, 0, capacity)?));
     say(&format!(
-        "started {} nodes (capacity {capacity} each; lease 3s, fence 1s, cycle 500ms); Ctrl-C stops everything",
-        options.nodes
+        "started demo-n1 (capacity {capacity}; lease 3s, fence 1s, cycle 500ms); {} more join every {}s; Ctrl-C stops everything",
+        options.nodes.saturating_sub(1),
+        options.join_every.as_secs()
     ));
 
     let trader = BridgeClient::connect(broker_addr.clone(), "manual");
@@ -183,10 +199,16 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut trade_tick = tokio::time::interval(Duration::from_millis(400));
     let mut show_tick = tokio::time::interval(Duration::from_secs(1));
+    let mut poll_tick = tokio::time::interval(Duration::from_millis(200));
+    let mut next_join = started + options.join_every;
     let mut next_kill = started + options.first_kill;
     let mut down: Option<(usize, Instant, HashSet<i64>)> = None;
     let mut failovers: Vec<i64> = Vec::new();
     let mut pending_failover: Option<(Instant, HashSet<i64>, String)> = None;
+    let mut rebalances: Vec<i64> = Vec::new();
+    // The newest node start (a join or a restart), until the accounts are spread evenly over the
+    // running nodes. The next node joins, and the first kill comes, only once they are.
+    let mut pending_balance: Option<(Instant, String)> = None;
     let mut master_orders = 0usize;
     let mut conn = connect(&url).await?;
     loop {
@@ -201,7 +223,7 @@ pub async fn run(
                     master_orders += 1;
                 }
             }
-            _ = show_tick.tick() => {
+            _ = poll_tick.tick() => {
                 let owners = owners(&mut conn).await.unwrap_or_default();
                 if let Some((since, accounts, node)) = &pending_failover
                     && accounts.iter().all(|a| owners.get(a).is_some_and(|o| o != node))
@@ -211,19 +233,55 @@ pub async fn run(
                     failovers.push(ms);
                     pending_failover = None;
                 }
+                if let Some((since, node)) = &pending_balance {
+                    let members: Vec<Member> = scratch
+                        .nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.is_some())
+                        .map(|(i, _)| Member { node_id: format!("demo-n{}", i + 1), capacity: capacity as u32 })
+                        .collect();
+                    let mut owned: BTreeMap<String, u32> = BTreeMap::new();
+                    for o in owners.values() {
+                        *owned.entry(o.clone()).or_default() += 1;
+                    }
+                    if balance::balanced(&owned, &members, accounts as u64, Knobs::default()) {
+                        let ms = since.elapsed().as_millis() as i64;
+                        say(&format!(
+                            "balanced: {} ({ms} ms after {node} started)",
+                            describe_owners(&owners, scratch.nodes.len(), None)
+                        ));
+                        rebalances.push(ms);
+                        pending_balance = None;
+                    }
+                }
+            }
+            _ = show_tick.tick() => {
+                let owners = owners(&mut conn).await.unwrap_or_default();
                 let journal = read_journal(&dir.join("journal.jsonl"));
                 let stats = Stats::from(&journal);
                 say(&format!(
                     "[{:>4}s] {} | copies {} | duplicates {} | latency {} | failovers {}",
                     started.elapsed().as_secs(),
-                    describe_owners(&owners, options.nodes, down.as_ref().map(|d| d.0)),
+                    describe_owners(&owners, scratch.nodes.len(), down.as_ref().map(|d| d.0)),
                     stats.copies,
                     stats.duplicates,
                     stats.latency.as_ref().map(|l| format!("p50 {} ms, p99 {} ms", l.p50, l.p99)).unwrap_or_else(|| "-".into()),
                     failovers.len()
                 ));
                 let now = Instant::now();
-                if down.is_none() && now >= next_kill {
+                if scratch.nodes.len() < options.nodes && pending_balance.is_none() && now >= next_join {
+                    let i = scratch.nodes.len();
+                    scratch.nodes.push(Some(spawn_node(&exe, &url, &dir, i, capacity)?));
+                    say(&format!("scale-out: started demo-n{} ({} nodes)", i + 1, i + 1));
+                    pending_balance = Some((now, format!("demo-n{}", i + 1)));
+                    next_join = now + options.join_every;
+                }
+                if scratch.nodes.len() == options.nodes
+                    && pending_balance.is_none()
+                    && down.is_none()
+                    && now >= next_kill
+                {
                     // Kill the node that owns the most accounts.
                     let mut per: BTreeMap<String, HashSet<i64>> = BTreeMap::new();
                     for (a, o) in &owners {
@@ -248,11 +306,20 @@ pub async fn run(
                     let i = *i;
                     scratch.nodes[i] = Some(spawn_node(&exe, &url, &dir, i, capacity)?);
                     say(&format!("restarted demo-n{}", i + 1));
+                    pending_balance = Some((Instant::now(), format!("demo-n{}", i + 1)));
                     down = None;
                 }
             }
         }
     }
+    if let Some((i, _, _)) = down.take() {
+        scratch.nodes[i] = Some(spawn_node(&exe, &url, &dir, i, capacity)?);
+    }
+    say("final check: closing every master position, then copying one more");
+    let (missed_copies, missed_closes) = final_check(&trader, options.masters, &links).await?;
+    say(&format!(
+        "final check: {missed_copies} missed copies, {missed_closes} missed closes"
+    ));
     say("stopping: SIGTERM to every node, then removing everything");
     for child in scratch.nodes.iter_mut().flatten() {
         if let Some(pid) = child.id() {
@@ -287,13 +354,20 @@ pub async fn run(
         node_orders: stats.node_orders,
         failovers: failovers.len(),
         failover_ms: failovers,
+        rebalance_ms: rebalances,
+        missed_copies,
+        missed_closes,
         copy_latency_ms: stats.latency,
         workdir: dir.display().to_string(),
     };
     drop(scratch);
     say(&format!(
-        "done: {} master orders, {} copies, {} duplicates, {} failovers; everything removed",
-        summary.master_orders, summary.copies, summary.duplicates, summary.failovers
+        "done: {} master orders, {} copies, {} duplicates, {} missed, {} failovers; everything removed",
+        summary.master_orders,
+        summary.copies,
+        summary.duplicates,
+        summary.missed_copies + summary.missed_closes,
+        summary.failovers
     ));
     if options.json {
         println!(
@@ -359,8 +433,13 @@ async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
     Ok(url)
 }
 
-/// Masters and followers with a mix of link settings. Returns the number of followers.
-async fn seed(url: &str, broker: &str, options: &DemoOptions) -> anyhow::Result<usize> {
+/// Masters and followers with a mix of link settings. Returns (master login, follower login) of
+/// every link.
+async fn seed(
+    url: &str,
+    broker: &str,
+    options: &DemoOptions,
+) -> anyhow::Result<Vec<(String, String)>> {
     let mut conn = connect(url).await?;
     let settings = [
         ("multiplier", 1.0, false, "{}"),
@@ -375,7 +454,7 @@ async fn seed(url: &str, broker: &str, options: &DemoOptions) -> anyhow::Result<
         ),
     ];
     let mut id = 1i64;
-    let mut followers = 0;
+    let mut links = Vec::new();
     for m in 1..=options.masters {
         let master = id;
         id += 1;
@@ -383,7 +462,7 @@ async fn seed(url: &str, broker: &str, options: &DemoOptions) -> anyhow::Result<
         for f in 0..options.followers_per_master {
             let follower = id;
             id += 1;
-            followers += 1;
+            links.push((format!("m{m}"), format!("f{follower}")));
             add_account(
                 &mut conn,
                 follower,
@@ -408,10 +487,11 @@ async fn seed(url: &str, broker: &str, options: &DemoOptions) -> anyhow::Result<
     }
     let _ = conn.close().await;
     say(&format!(
-        "{} masters, {followers} followers (multiplier, fixed, reverse, balance ratio, symbol map)",
-        options.masters
+        "{} masters, {} followers (multiplier, fixed, reverse, balance ratio, symbol map)",
+        options.masters,
+        links.len()
     ));
-    Ok(followers)
+    Ok(links)
 }
 
 async fn add_account(
@@ -463,6 +543,114 @@ fn spawn_node(
         .kill_on_drop(true)
         .spawn()
         .context("starting a node process")
+}
+
+/// How long the final check waits for the followers to catch up.
+const CATCH_UP: Duration = Duration::from_secs(20);
+
+/// The demo's last word on copying (L3): close every master position and wait until no follower
+/// holds a copy; open one position on each master and wait until every follower holds exactly one
+/// copy of it; close those and wait until the followers are flat again. Returns (followers
+/// without their copy, copies left open after their master closed).
+async fn final_check(
+    trader: &BridgeClient,
+    masters: usize,
+    links: &[(String, String)],
+) -> anyhow::Result<(usize, usize)> {
+    close_all(trader, masters).await?;
+    let mut missed_closes = wait_flat(trader, links).await?;
+    let mut tickets = HashMap::new();
+    for m in 1..=masters {
+        let login = format!("m{m}");
+        let reply = trader
+            .call(Request::Open {
+                login: login.clone(),
+                fence: None,
+                symbol: "EURUSD".into(),
+                side: Side::Buy,
+                volume: 0.5,
+                sl: None,
+                tp: None,
+                magic: 0,
+                comment: String::new(),
+                client_order_id: None,
+            })
+            .await
+            .with_context(|| format!("final check: opening on {login}"))?;
+        let ticket = reply["ticket"]
+            .as_i64()
+            .with_context(|| format!("final check: no ticket in the reply for {login}"))?;
+        tickets.insert(login, ticket);
+    }
+    let copied = |open: &[Position], ticket: i64| {
+        open.iter()
+            .filter(|p| crate::copier::parse_marker(&p.comment) == Some(ticket))
+            .count()
+    };
+    let since = Instant::now();
+    let missed_copies = loop {
+        let mut missing = 0;
+        for (master, follower) in links {
+            if copied(&positions_of(trader, follower).await?, tickets[master]) != 1 {
+                missing += 1;
+            }
+        }
+        if missing == 0 || since.elapsed() > CATCH_UP {
+            break missing;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    close_all(trader, masters).await?;
+    missed_closes += wait_flat(trader, links).await?;
+    Ok((missed_copies, missed_closes))
+}
+
+/// An account's open positions; none for an account the broker has never seen log in.
+async fn positions_of(trader: &BridgeClient, login: &str) -> anyhow::Result<Vec<Position>> {
+    let value = match trader
+        .call(Request::Positions {
+            login: login.to_string(),
+        })
+        .await
+    {
+        Err(BrokerError::Rejected(r)) if r.contains("unknown login") => return Ok(Vec::new()),
+        other => other.with_context(|| format!("reading the positions of {login}"))?,
+    };
+    Ok(serde_json::from_value::<PositionsResult>(value)?.positions)
+}
+
+async fn close_all(trader: &BridgeClient, masters: usize) -> anyhow::Result<()> {
+    for m in 1..=masters {
+        let login = format!("m{m}");
+        for p in positions_of(trader, &login).await? {
+            trader
+                .call(Request::Close {
+                    login: login.clone(),
+                    fence: None,
+                    ticket: p.ticket,
+                    volume: None,
+                    client_order_id: None,
+                })
+                .await
+                .with_context(|| format!("final check: closing {} on {login}", p.ticket))?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until no follower holds a position; returns how many are left after [`CATCH_UP`].
+async fn wait_flat(trader: &BridgeClient, links: &[(String, String)]) -> anyhow::Result<usize> {
+    let since = Instant::now();
+    loop {
+        let mut left = 0;
+        for (_, follower) in links {
+            left += positions_of(trader, follower).await?.len();
+        }
+        if left == 0 || since.elapsed() > CATCH_UP {
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// One random hand trade on a random master. True if the broker accepted it.

@@ -98,11 +98,17 @@ async fn demo(args: DemoArgs) -> ExitCode {
         ..Default::default()
     };
     match copier_node::demo::run(options, shutdown::signal_received()).await {
-        Ok(summary) if summary.duplicates == 0 => ExitCode::SUCCESS,
+        Ok(summary)
+            if summary.duplicates == 0
+                && summary.missed_copies == 0
+                && summary.missed_closes == 0 =>
+        {
+            ExitCode::SUCCESS
+        }
         Ok(summary) => {
             eprintln!(
-                "error: {} duplicate copies in the journal",
-                summary.duplicates
+                "error: {} duplicate copies in the journal, {} missed copies, {} missed closes",
+                summary.duplicates, summary.missed_copies, summary.missed_closes
             );
             ExitCode::FAILURE
         }

@@ -113,9 +113,46 @@ pub fn to_release(
     (owned - target).min(step)
 }
 
+/// Whether `owned` (accounts per node) is a balanced spread of `total` accounts over `members`:
+/// every account owned by a member, and every member within its margin of its share. What the
+/// demo and the benchmarks wait for after a node joins.
+pub fn balanced(
+    owned: &BTreeMap<String, u32>,
+    members: &[Member],
+    total: u64,
+    knobs: Knobs,
+) -> bool {
+    let targets = shares(members, total);
+    let held: u64 = targets
+        .keys()
+        .map(|n| owned.get(n).copied().unwrap_or(0) as u64)
+        .sum();
+    held == total
+        && targets.iter().all(|(n, &target)| {
+            owned.get(n).copied().unwrap_or(0).abs_diff(target) <= margin(target, knobs)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn balanced_means_everything_owned_by_members_each_within_its_margin() {
+        let members = [m("a", 1000), m("b", 1000)];
+        let owned = |a: u32, b: u32| BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+        let k = Knobs::default();
+        assert!(balanced(&owned(100, 100), &members, 200, k));
+        assert!(balanced(&owned(110, 90), &members, 200, k));
+        assert!(!balanced(&owned(111, 89), &members, 200, k));
+        assert!(!balanced(&owned(100, 99), &members, 200, k), "one unowned");
+        let mut with_stranger = owned(100, 90);
+        with_stranger.insert("gone".into(), 10);
+        assert!(
+            !balanced(&with_stranger, &members, 200, k),
+            "owned by a non-member"
+        );
+    }
 
     fn m(id: &str, capacity: u32) -> Member {
         Member {

@@ -136,6 +136,9 @@ struct Run {
     target: Option<u32>,
     /// Handing accounts off until back at the share (hysteresis).
     shedding: bool,
+    /// When this node last handed accounts off: at most one step per cycle period, however
+    /// often peers' release announcements wake the loop early.
+    last_handoff: Option<Instant>,
 }
 
 impl LeaseLoop {
@@ -155,6 +158,7 @@ impl LeaseLoop {
             draining: None,
             target: None,
             shedding: false,
+            last_handoff: None,
         };
         let mut next = Instant::now();
         loop {
@@ -343,6 +347,13 @@ impl LeaseLoop {
         if run.draining.is_some() {
             return 0;
         }
+        // Cycles woken early (a peer's release announcement) claim, but hand nothing off: moves
+        // stay bounded per cycle period, and two shedding nodes cannot wake each other into a
+        // cascade of hand-offs.
+        let period = self.node.cycle.mul_f64(1.0 - JITTER);
+        if run.last_handoff.is_some_and(|at| at.elapsed() < period) {
+            return 0;
+        }
         let knobs = balance::Knobs {
             margin: self.node.rebalance_margin,
             step: self.node.rebalance_step,
@@ -358,6 +369,9 @@ impl LeaseLoop {
             return 0;
         }
         let moved = self.supervisor.rebalance(n as usize);
+        if !moved.is_empty() {
+            run.last_handoff = Some(Instant::now());
+        }
         info!(
             handing_off = moved.len(),
             owned, target, starved, "rebalancing: above the fair share, handing accounts off"

@@ -264,7 +264,7 @@ async fn status_reports_what_the_database_holds() {
 #[tokio::test]
 async fn the_demo_runs_end_to_end_and_leaves_nothing_behind() {
     let out = tokio::process::Command::new(binary())
-        .args(["demo", "--duration", "22s", "--json"])
+        .args(["demo", "--duration", "34s", "--json"])
         .env_remove("DATABASE_URL")
         .output()
         .await
@@ -275,11 +275,25 @@ async fn the_demo_runs_end_to_end_and_leaves_nothing_behind() {
         "demo failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("demo output:\n{stdout}"); // shown when an assertion below fails
     let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
         .expect("the last line is the JSON summary");
-    eprintln!("demo summary: {summary}");
     assert!(summary["copies"].as_u64().unwrap() > 0, "copies were made");
     assert_eq!(summary["duplicates"], 0, "no duplicate in the journal");
+    assert_eq!(
+        summary["missed_copies"], 0,
+        "every follower copied the last open"
+    );
+    assert_eq!(
+        summary["missed_closes"], 0,
+        "every copy closed with its master"
+    );
+    // Scale-out from one node to four: each join was followed by an even spread.
+    let rebalances = summary["rebalance_ms"].as_array().unwrap();
+    assert!(
+        rebalances.len() >= 3,
+        "three joins, each balanced: {rebalances:?}"
+    );
     assert!(
         summary["failovers"].as_u64().unwrap() >= 1,
         "the scheduled kill was followed by a failover"

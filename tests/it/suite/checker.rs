@@ -258,7 +258,7 @@ pub fn releases_in_log(node: &str, log: &str) -> Vec<Release> {
 }
 
 /// `2026-11-30T04:01:01.123456Z` as Unix milliseconds.
-fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
     let (date, time) = s.split_once('T')?;
     let mut d = date.split('-').map(|p| p.parse::<i64>());
     let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);

@@ -504,9 +504,12 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
         s.released.insert(id);
         trade_for(&mut s, Duration::from_secs(1)).await;
     }
-    // Every hand-off decision moved at most a tenth of the node's share (at least one) per cycle.
+    // Every hand-off decision moved at most a tenth of the node's share (at least one), and a
+    // node's decisions are at least a cycle period apart (500 ms less the 20 % jitter), however
+    // often peers' releases woke it.
     let mut decisions = 0;
     for n in &s.nodes {
+        let mut previous: Option<i64> = None;
         for line in n
             .process
             .output()
@@ -526,6 +529,20 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
                 "{}: {line}",
                 n.id
             );
+            let at = line
+                .split_whitespace()
+                .next()
+                .and_then(super::checker::parse_rfc3339_ms)
+                .unwrap_or_else(|| panic!("{}: no timestamp: {line}", n.id));
+            if let Some(before) = previous {
+                assert!(
+                    at - before >= 400,
+                    "{}: hand-offs {} ms apart: {line}",
+                    n.id,
+                    at - before
+                );
+            }
+            previous = Some(at);
             decisions += 1;
         }
     }
