@@ -881,18 +881,8 @@ async fn copy_latency(options: &Options, pg: &Pg, report: &mut Report) -> anyhow
         let mut samples = Vec::new();
         let mut last = Vec::new();
         for i in 0..trades {
-            let request = Request::Open {
-                login: "m1".into(),
-                fence: None,
-                symbol: "EURUSD".into(),
-                side: if i % 2 == 0 { Side::Buy } else { Side::Sell },
-                volume: 0.1,
-                sl: None,
-                tp: None,
-                magic: 0,
-                comment: String::new(),
-                client_order_id: None,
-            };
+            let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
+            let request = Request::hand_open("m1", "EURUSD", side, 0.1);
             let reply = trader.call(request).await?;
             let accepted = Instant::now();
             let ticket = reply["ticket"].as_i64().context("ticket")?;
@@ -993,18 +983,7 @@ async fn failover(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Re
                 .status()
                 .await;
             let reply = trader
-                .call(Request::Open {
-                    login: "m1".into(),
-                    fence: None,
-                    symbol: "EURUSD".into(),
-                    side: Side::Buy,
-                    volume: 0.1,
-                    sl: None,
-                    tp: None,
-                    magic: 0,
-                    comment: String::new(),
-                    client_order_id: None,
-                })
+                .call(Request::hand_open("m1", "EURUSD", Side::Buy, 0.1))
                 .await?;
             let ticket = reply["ticket"].as_i64().context("ticket")?;
             let mut seen = HashSet::new();
@@ -1234,18 +1213,7 @@ async fn cost_per_account(options: &Options, pg: &Pg, report: &mut Report) -> an
                             })
                             .await;
                     } else if let Ok(v) = t
-                        .call(Request::Open {
-                            login: m.clone(),
-                            fence: None,
-                            symbol: "EURUSD".into(),
-                            side: Side::Buy,
-                            volume: 0.1,
-                            sl: None,
-                            tp: None,
-                            magic: 0,
-                            comment: String::new(),
-                            client_order_id: None,
-                        })
+                        .call(Request::hand_open(&m, "EURUSD", Side::Buy, 0.1))
                         .await
                         && let Some(ticket) = v["ticket"].as_i64()
                     {

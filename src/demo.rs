@@ -563,18 +563,7 @@ async fn final_check(
     for m in 1..=masters {
         let login = format!("m{m}");
         let reply = trader
-            .call(Request::Open {
-                login: login.clone(),
-                fence: None,
-                symbol: "EURUSD".into(),
-                side: Side::Buy,
-                volume: 0.5,
-                sl: None,
-                tp: None,
-                magic: 0,
-                comment: String::new(),
-                client_order_id: None,
-            })
+            .call(Request::hand_open(&login, "EURUSD", Side::Buy, 0.5))
             .await
             .with_context(|| format!("final check: opening on {login}"))?;
         let ticket = reply["ticket"]

@@ -76,6 +76,25 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// A hand order as a person places it (client `manual`): open `volume` lots of `symbol` at
+    /// market, with no fence, stops, magic or comment.
+    pub fn hand_open(login: &str, symbol: &str, side: Side, volume: f64) -> Request {
+        Request::Open {
+            login: login.to_string(),
+            fence: None,
+            symbol: symbol.to_string(),
+            side,
+            volume,
+            sl: None,
+            tp: None,
+            magic: 0,
+            comment: String::new(),
+            client_order_id: None,
+        }
+    }
+}
+
 /// A line from the server: a reply to a request, or a pushed event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]

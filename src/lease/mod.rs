@@ -67,6 +67,8 @@ pub struct NodeState {
     pub target: Option<u32>,
     /// Accounts handed off to rebalance, so far.
     pub rebalance_moves: u64,
+    /// Hand-off decisions (cycles that handed at least one account off), so far.
+    pub handoffs: u64,
 }
 
 impl NodeState {
@@ -300,6 +302,7 @@ impl LeaseLoop {
             s.trust_restorations += restored;
             s.target = run.target;
             s.rebalance_moves += moved;
+            s.handoffs += u64::from(moved > 0);
         });
         Ok(self.schedule(run, t0, acknowledged, &outcome))
     }

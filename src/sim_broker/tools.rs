@@ -165,22 +165,16 @@ pub async fn random_trade(client: &BridgeClient, login: &str) -> bool {
     };
     let symbols = ["EURUSD", "GBPUSD", "XAUUSD"];
     let request = if positions.len() < 2 || (positions.len() < 4 && fastrand::bool()) {
-        Request::Open {
-            login,
-            fence: None,
-            symbol: symbols[fastrand::usize(..symbols.len())].to_string(),
-            side: if fastrand::bool() {
+        Request::hand_open(
+            &login,
+            symbols[fastrand::usize(..symbols.len())],
+            if fastrand::bool() {
                 Side::Buy
             } else {
                 Side::Sell
             },
-            volume: fastrand::u32(1..=20) as f64 / 10.0,
-            sl: None,
-            tp: None,
-            magic: 0,
-            comment: String::new(),
-            client_order_id: None,
-        }
+            fastrand::u32(1..=20) as f64 / 10.0,
+        )
     } else {
         let p = &positions[fastrand::usize(..positions.len())];
         match fastrand::u8(0..3) {
