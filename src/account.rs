@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use crate::broker::{AccountLogin, BrokerError, Session};
 use crate::brokers::BrokerConnector;
 use crate::copier;
+use crate::credentials::{self, CredentialsKey};
 use crate::db;
 use crate::db::copy::AccountRow;
 use crate::hub::Hub;
@@ -38,6 +39,8 @@ pub struct NodeServices {
     /// Report an account found lost by a fenced write (the supervisor stops its task).
     pub lost: mpsc::UnboundedSender<Lost>,
     pub metrics: Arc<Metrics>,
+    /// Decrypts the accounts' broker credentials (`None`: the node has no key).
+    pub credentials_key: Option<CredentialsKey>,
 }
 
 /// Everything an account task may use.
@@ -76,10 +79,17 @@ impl AccountContext {
     /// is unreachable. `None` if the task was stopped meanwhile; an error if the broker refused
     /// the login (bad credentials, a newer owner's fence).
     pub async fn login(&self, row: &AccountRow) -> anyhow::Result<Option<Session>> {
+        // Decrypted here, in the session that logs in, and nowhere else.
+        let password = row
+            .credentials
+            .as_ref()
+            .map(|stored| credentials::decrypt(self.node.credentials_key.as_ref(), stored))
+            .transpose()
+            .with_context(|| format!("account {} cannot log in to {}", row.id, row.server))?;
         let client = self.node.brokers.broker(&row.server);
         let account = AccountLogin {
             login: row.login.clone(),
-            password: row.credentials.clone(),
+            password,
             fence: Some(self.epoch()),
         };
         let mut delay = Duration::from_millis(250);

@@ -174,6 +174,7 @@ pub async fn start(
                 .unwrap_or_else(|| Arc::new(Brokers::new(node.node_id.clone()))),
             lost: lost_for_tasks,
             metrics: metrics.clone(),
+            credentials_key: config.credentials_key.clone(),
         });
         let shared = NodeShared {
             services: services.clone(),

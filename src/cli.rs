@@ -31,6 +31,31 @@ pub enum Command {
     /// The simulated trade server and its hand tools.
     #[command(subcommand)]
     SimBroker(SimBrokerCommand),
+    /// Broker credentials encrypted at rest: make a key, encrypt a password for the
+    /// `trading_accounts.credentials` column.
+    #[command(subcommand)]
+    Credentials(CredentialsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CredentialsCommand {
+    /// Print a new random credentials key (base64 of 32 bytes) for COPIER_CREDENTIALS_KEY or a
+    /// secrets file named by `credentials_key_file`.
+    Keygen,
+    /// Read a password from standard input (one line) and print the value to store in
+    /// `trading_accounts.credentials`, encrypted with the configured credentials key.
+    Encrypt(KeyArgs),
+}
+
+/// Where the credentials key comes from (besides COPIER_CREDENTIALS_KEY in the environment).
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// TOML configuration file (only `credentials_key_file` is read from it).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Secrets file holding the credentials key (base64 of 32 bytes).
+    #[arg(long, value_name = "PATH")]
+    pub credentials_key_file: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -192,6 +217,10 @@ pub struct RunArgs {
     /// Fair share: hand off at most this fraction of the share per cycle (default 0.1).
     #[arg(long)]
     pub rebalance_step: Option<String>,
+    /// Secrets file holding the key that decrypts broker credentials (or set
+    /// COPIER_CREDENTIALS_KEY; the key itself is never taken from the command line).
+    #[arg(long, value_name = "PATH")]
+    pub credentials_key_file: Option<String>,
     /// Apply pending migrations before starting instead of refusing to start.
     #[arg(long)]
     pub migrate: bool,
@@ -212,6 +241,7 @@ impl RunArgs {
             ("listen_database_url", self.listen_database_url.clone()),
             ("rebalance_margin", self.rebalance_margin.clone()),
             ("rebalance_step", self.rebalance_step.clone()),
+            ("credentials_key_file", self.credentials_key_file.clone()),
         ]);
         flags
     }

@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::credentials::CredentialsKey;
+
 /// The keys SPEC section 4 defines. Anything else in a file or on the command line is an error.
 pub const KEYS: &[&str] = &[
     "database_url",
@@ -22,6 +24,8 @@ pub const KEYS: &[&str] = &[
     "listen_database_url",
     "rebalance_margin",
     "rebalance_step",
+    "credentials_key",
+    "credentials_key_file",
 ];
 
 /// Where a configuration value came from; shown in every error about it.
@@ -119,6 +123,8 @@ pub struct Config {
     pub rebalance_margin: f64,
     /// Fair share: hand off at most this fraction of the share per cycle (at least one).
     pub rebalance_step: f64,
+    /// Decrypts broker credentials (`None`: accounts with credentials get an error status).
+    pub credentials_key: Option<CredentialsKey>,
 }
 
 /// What the `run` command needs on top of [`Config`]: a platform and a node id.
@@ -329,6 +335,7 @@ impl Layers {
         let rebalance_margin = self.parse("rebalance_margin", "0.1", fraction)?;
         let rebalance_step = self.parse("rebalance_step", "0.1", fraction)?;
         validate_timings(lease, fence, cycle)?;
+        let credentials_key = self.credentials_key()?;
         Ok(Config {
             database_url,
             platform,
@@ -342,7 +349,45 @@ impl Layers {
             listen_database_url,
             rebalance_margin,
             rebalance_step,
+            credentials_key,
         })
+    }
+
+    /// The credentials key, from `COPIER_CREDENTIALS_KEY` (`credentials_key`) or from the secrets
+    /// file `credentials_key_file` names; at most one of the two. Errors never show the key.
+    pub fn credentials_key(&self) -> Result<Option<CredentialsKey>, ConfigError> {
+        match (self.get("credentials_key"), self.get("credentials_key_file")) {
+            (Some((_, key_from)), Some((_, file_from))) => Err(ConfigError::Rule {
+                rule: format!(
+                    "set `credentials_key` (from {key_from}) or `credentials_key_file` (from {file_from}), not both"
+                ),
+            }),
+            (Some((_, origin @ Source::File(_))), None) => Err(ConfigError::Invalid {
+                key: "credentials_key",
+                origin: origin.clone(),
+                reason: "a key does not belong in the config file: set COPIER_CREDENTIALS_KEY in the environment, or point `credentials_key_file` at a secrets file".into(),
+            }),
+            (Some((value, origin)), None) => CredentialsKey::parse(value)
+                .map(Some)
+                .map_err(|reason| ConfigError::Invalid {
+                    key: "credentials_key",
+                    origin: origin.clone(),
+                    reason,
+                }),
+            (None, Some((path, origin))) => {
+                let invalid = |reason: String| ConfigError::Invalid {
+                    key: "credentials_key_file",
+                    origin: origin.clone(),
+                    reason,
+                };
+                let text = std::fs::read_to_string(path.trim())
+                    .map_err(|e| invalid(format!("cannot read {}: {e}", path.trim())))?;
+                CredentialsKey::parse(&text)
+                    .map(Some)
+                    .map_err(|reason| invalid(format!("{}: {reason}", path.trim())))
+            }
+            (None, None) => Ok(None),
+        }
     }
 
     fn text(&self, key: &'static str) -> Result<Option<String>, ConfigError> {
@@ -668,5 +713,58 @@ mod tests {
             msg.contains("`capacity`") && msg.contains("boolean"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn the_credentials_key_comes_from_the_environment_or_a_secrets_file_only() {
+        let key = CredentialsKey::generate();
+        let db = ("DATABASE_URL", "postgres://x");
+        let from_env = resolve(None, &[db, ("COPIER_CREDENTIALS_KEY", &key.encode())], &[]);
+        assert_eq!(from_env.unwrap().credentials_key, Some(key.clone()));
+        assert_eq!(resolve(None, &[db], &[]).unwrap().credentials_key, None);
+
+        let dir = std::env::temp_dir().join(format!("copier-key-test-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, format!("{}\n", key.encode())).unwrap();
+        let path = file.display().to_string();
+        let from_file = resolve(None, &[db], &[("credentials_key_file", &path)]).unwrap();
+        assert_eq!(from_file.credentials_key, Some(key.clone()));
+
+        // Both at once, a key in the config file, a missing file, a file without a key: each
+        // refused with the key named and the key's value never shown.
+        let both = resolve(
+            None,
+            &[db, ("COPIER_CREDENTIALS_KEY", &key.encode())],
+            &[("credentials_key_file", &path)],
+        );
+        let in_file = resolve(
+            Some(&format!(
+                "database_url = \"x\"\ncredentials_key = \"{}\"\n",
+                key.encode()
+            )),
+            &[],
+            &[],
+        );
+        std::fs::write(&file, "not a key").unwrap();
+        let bad_file = resolve(None, &[db], &[("credentials_key_file", &path)]);
+        let missing = resolve(None, &[db], &[("credentials_key_file", "/nonexistent/key")]);
+        let bad_env = resolve(None, &[db, ("COPIER_CREDENTIALS_KEY", "c2hvcnQ=")], &[]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        for (result, wants) in [
+            (both, "not both"),
+            (in_file, "does not belong in the config file"),
+            (bad_file, "credentials_key_file"),
+            (missing, "/nonexistent/key"),
+            (bad_env, "decodes to 5 bytes"),
+        ] {
+            let msg = result.unwrap_err().to_string();
+            assert!(msg.contains(wants), "{msg}");
+            assert!(msg.contains("credentials_key"), "{msg}");
+            assert!(
+                !msg.contains(&key.encode()) && !msg.contains("c2hvcnQ="),
+                "{msg}"
+            );
+        }
     }
 }

@@ -10,6 +10,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`cli`], [`config`] | the command line and the layered configuration (file < env < flags), validated with located errors |
+//! | [`credentials`] | broker credentials encrypted at rest (ChaCha20-Poly1305), decrypted only by the session that logs in |
 //! | [`telemetry`] | text or JSON log lines; every line carries `node_id`, and `account_id` where it concerns one |
 //! | [`app`] | wiring: waits for the database, checks migrations, starts the tasks below, runs until shutdown |
 //! | [`db`] | connection bounds, embedded migrations, and every SQL statement, one module per concern |
@@ -51,6 +52,7 @@ pub mod cli;
 pub mod cluster_status;
 pub mod config;
 pub mod copier;
+pub mod credentials;
 pub mod db;
 pub mod demo;
 pub mod http;

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use copier_node::cli::{
-    Cli, Command, DbArgs, DemoArgs, RunArgs, SimBrokerCommand, StatusArgs, TradeAction,
+    Cli, Command, CredentialsCommand, DbArgs, DemoArgs, RunArgs, SimBrokerCommand, StatusArgs,
+    TradeAction,
 };
 use copier_node::config::{Config, Layers, LogFormat, parse_duration};
 use copier_node::sim_broker::{ServeOptions, SimBroker};
@@ -35,6 +36,50 @@ fn main() -> ExitCode {
         Command::SimBroker(command) => runtime.block_on(sim_broker(command)),
         Command::Status(args) => runtime.block_on(status(args)),
         Command::Demo(args) => runtime.block_on(demo(args)),
+        Command::Credentials(command) => credentials(command),
+    }
+}
+
+fn credentials(command: CredentialsCommand) -> ExitCode {
+    use copier_node::credentials::CredentialsKey;
+    match command {
+        CredentialsCommand::Keygen => {
+            println!("{}", CredentialsKey::generate().encode());
+            ExitCode::SUCCESS
+        }
+        CredentialsCommand::Encrypt(args) => {
+            let flags = [("credentials_key_file", args.credentials_key_file)];
+            let key = Layers::load(args.config.as_deref(), std::env::vars(), &flags)
+                .and_then(|l| l.credentials_key());
+            let key = match key {
+                Ok(Some(key)) => key,
+                Ok(None) => {
+                    eprintln!(
+                        "error: no credentials key: set COPIER_CREDENTIALS_KEY or `credentials_key_file` (make a key with `copier-node credentials keygen`)"
+                    );
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let mut line = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut line) {
+                eprintln!("error: cannot read the password from standard input: {e}");
+                return ExitCode::FAILURE;
+            }
+            let password = line.strip_suffix('\n').unwrap_or(&line);
+            let password = password.strip_suffix('\r').unwrap_or(password);
+            if password.is_empty() {
+                eprintln!(
+                    "error: no password on standard input (an account without a password leaves `credentials` NULL)"
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            println!("{}", key.encrypt(password));
+            ExitCode::SUCCESS
+        }
     }
 }
 

@@ -466,6 +466,7 @@ mod tests {
             brokers: Arc::new(crate::brokers::Brokers::new("n")),
             lost: lost_tx,
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            credentials_key: None,
         });
         let shared = NodeShared {
             services,

@@ -5,6 +5,7 @@ mod balance;
 mod binary;
 mod broker;
 mod copy;
+mod credentials;
 mod faults;
 mod hardening;
 mod lease_sql;

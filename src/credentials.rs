@@ -1,0 +1,184 @@
+//! Broker credentials encrypted at rest (SPEC section 4, Security).
+//!
+//! `trading_accounts.credentials` holds `enc:v1:<base64 of nonce ‖ ciphertext ‖ tag>`:
+//! ChaCha20-Poly1305 with a 32-byte key and a random 96-bit nonce per value. The key comes from
+//! the node's environment (`COPIER_CREDENTIALS_KEY`) or a secrets file (`credentials_key_file`);
+//! `copier-node credentials keygen` makes one and `copier-node credentials encrypt` turns a
+//! password into a column value. A value is decrypted only in the account session that logs in,
+//! and neither the key, the value nor the password ever reaches a log line, a metric, `status`
+//! or an error message: errors say what is wrong, never what the value was.
+
+use std::fmt;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+
+use crate::config::Secret;
+
+/// What every encrypted value starts with (the format's version: a new format gets a new tag).
+pub const PREFIX: &str = "enc:v1:";
+const NONCE_LEN: usize = 12;
+
+/// The node's credentials key. `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CredentialsKey([u8; 32]);
+
+impl fmt::Debug for CredentialsKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CredentialsKey(<redacted>)")
+    }
+}
+
+impl CredentialsKey {
+    /// A new random key.
+    pub fn generate() -> Self {
+        CredentialsKey(ChaCha20Poly1305::generate_key(&mut OsRng).into())
+    }
+
+    /// Parses a key written as base64 (surrounding whitespace, such as a file's final newline,
+    /// is ignored). The error describes the problem without repeating the value.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bytes = STANDARD.decode(text.trim()).map_err(|_| {
+            "expected 32 bytes in base64 (make one with `copier-node credentials keygen`); the value is not base64".to_string()
+        })?;
+        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
+            format!(
+                "expected 32 bytes in base64 (make one with `copier-node credentials keygen`); the value decodes to {} bytes",
+                bytes.len()
+            )
+        })?;
+        Ok(CredentialsKey(key))
+    }
+
+    /// The key as base64, for `credentials keygen`.
+    pub fn encode(&self) -> String {
+        STANDARD.encode(self.0)
+    }
+
+    fn cipher(&self) -> ChaCha20Poly1305 {
+        ChaCha20Poly1305::new(Key::from_slice(&self.0))
+    }
+
+    /// Encrypts a password into a `credentials` column value.
+    pub fn encrypt(&self, plaintext: &str) -> String {
+        let nonce = ChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let sealed = self
+            .cipher()
+            .encrypt(&nonce, plaintext.as_bytes())
+            .expect("ChaCha20-Poly1305 encrypts any input that fits in memory");
+        let mut raw = nonce.to_vec();
+        raw.extend_from_slice(&sealed);
+        format!("{PREFIX}{}", STANDARD.encode(raw))
+    }
+}
+
+/// Why a stored value cannot be used to log in. The messages name the problem and the fix, and
+/// never the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    #[error(
+        "the credentials are encrypted but this node has no credentials key (set COPIER_CREDENTIALS_KEY or credentials_key_file and restart the node)"
+    )]
+    NoKey,
+    #[error(
+        "the credentials are not encrypted (a `credentials` value must start with `{PREFIX}`: encrypt it with `copier-node credentials encrypt`)"
+    )]
+    NotEncrypted,
+    #[error(
+        "the credentials do not decrypt with this node's credentials key (a different key, or an altered value)"
+    )]
+    WrongKey,
+    #[error("the credentials value is malformed ({0})")]
+    Malformed(&'static str),
+}
+
+/// Decrypts a `credentials` column value with the node's key (if it has one).
+pub fn decrypt(key: Option<&CredentialsKey>, stored: &Secret) -> Result<Secret, CredentialsError> {
+    let Some(body) = stored.expose().trim().strip_prefix(PREFIX) else {
+        return Err(CredentialsError::NotEncrypted);
+    };
+    let key = key.ok_or(CredentialsError::NoKey)?;
+    let raw = STANDARD
+        .decode(body)
+        .map_err(|_| CredentialsError::Malformed("not base64 after the prefix"))?;
+    if raw.len() < NONCE_LEN + 16 {
+        return Err(CredentialsError::Malformed(
+            "too short to hold a nonce and a tag",
+        ));
+    }
+    let (nonce, sealed) = raw.split_at(NONCE_LEN);
+    let plain = key
+        .cipher()
+        .decrypt(Nonce::from_slice(nonce), sealed)
+        .map_err(|_| CredentialsError::WrongKey)?;
+    String::from_utf8(plain)
+        .map(Secret::new)
+        .map_err(|_| CredentialsError::Malformed("the decrypted password is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_round_trips_and_two_encryptions_differ() {
+        let key = CredentialsKey::generate();
+        let a = key.encrypt("hunter2");
+        let b = key.encrypt("hunter2");
+        assert!(a.starts_with(PREFIX) && b.starts_with(PREFIX));
+        assert_ne!(a, b, "a fresh nonce per value");
+        assert!(!a.contains("hunter2"));
+        let plain = decrypt(Some(&key), &Secret::new(a)).unwrap();
+        assert_eq!(plain.expose(), "hunter2");
+    }
+
+    #[test]
+    fn each_unusable_value_is_refused_for_its_own_reason() {
+        let key = CredentialsKey::generate();
+        let other = CredentialsKey::generate();
+        let sealed = key.encrypt("pw");
+        assert_eq!(
+            decrypt(None, &Secret::new(sealed.clone())),
+            Err(CredentialsError::NoKey)
+        );
+        assert_eq!(
+            decrypt(Some(&other), &Secret::new(sealed.clone())),
+            Err(CredentialsError::WrongKey)
+        );
+        assert_eq!(
+            decrypt(Some(&key), &Secret::new("pw")),
+            Err(CredentialsError::NotEncrypted)
+        );
+        // One bit flipped in the ciphertext: the tag no longer matches.
+        let mut raw = STANDARD.decode(&sealed[PREFIX.len()..]).unwrap();
+        raw[NONCE_LEN] ^= 1;
+        let altered = format!("{PREFIX}{}", STANDARD.encode(raw));
+        assert_eq!(
+            decrypt(Some(&key), &Secret::new(altered)),
+            Err(CredentialsError::WrongKey)
+        );
+        assert!(matches!(
+            decrypt(Some(&key), &Secret::new(format!("{PREFIX}???"))),
+            Err(CredentialsError::Malformed(_))
+        ));
+        assert!(matches!(
+            decrypt(Some(&key), &Secret::new(format!("{PREFIX}AAAA"))),
+            Err(CredentialsError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn keys_parse_from_base64_of_32_bytes_and_never_show() {
+        let key = CredentialsKey::generate();
+        let text = format!("{}\n", key.encode());
+        assert_eq!(CredentialsKey::parse(&text).unwrap(), key);
+        assert_eq!(format!("{key:?}"), "CredentialsKey(<redacted>)");
+        let short = CredentialsKey::parse(&STANDARD.encode([1u8; 16])).unwrap_err();
+        assert!(short.contains("16 bytes"), "{short}");
+        let secret_looking = "not-base64-at-all!";
+        let bad = CredentialsKey::parse(secret_looking).unwrap_err();
+        assert!(!bad.contains(secret_looking), "{bad}");
+    }
+}
