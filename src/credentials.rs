@@ -79,7 +79,7 @@ impl CredentialsKey {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CredentialsError {
     #[error(
-        "the credentials are encrypted but this node has no credentials key (set COPIER_CREDENTIALS_KEY or credentials_key_file and restart the node)"
+        "the account has credentials but this node has no credentials key to decrypt them (set COPIER_CREDENTIALS_KEY or credentials_key_file and restart the node)"
     )]
     NoKey,
     #[error(
@@ -96,10 +96,10 @@ pub enum CredentialsError {
 
 /// Decrypts a `credentials` column value with the node's key (if it has one).
 pub fn decrypt(key: Option<&CredentialsKey>, stored: &Secret) -> Result<Secret, CredentialsError> {
+    let key = key.ok_or(CredentialsError::NoKey)?;
     let Some(body) = stored.expose().trim().strip_prefix(PREFIX) else {
         return Err(CredentialsError::NotEncrypted);
     };
-    let key = key.ok_or(CredentialsError::NoKey)?;
     let raw = STANDARD
         .decode(body)
         .map_err(|_| CredentialsError::Malformed("not base64 after the prefix"))?;
@@ -150,6 +150,10 @@ mod tests {
         assert_eq!(
             decrypt(Some(&key), &Secret::new("pw")),
             Err(CredentialsError::NotEncrypted)
+        );
+        assert_eq!(
+            decrypt(None, &Secret::new("pw")),
+            Err(CredentialsError::NoKey)
         );
         // One bit flipped in the ciphertext: the tag no longer matches.
         let mut raw = STANDARD.decode(&sealed[PREFIX.len()..]).unwrap();

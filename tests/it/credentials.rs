@@ -111,7 +111,7 @@ async fn credentials_are_decrypted_only_with_the_nodes_key_and_never_shown() {
         "nokey",
         &[
             (1, "no credentials key"),
-            (2, "not encrypted"),
+            (2, "no credentials key"),
             (3, "no credentials key"),
             (4, "master:"),
         ],
