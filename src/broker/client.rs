@@ -541,6 +541,7 @@ impl TradeApi for SessionApi {
                 magic: order.magic,
                 comment: order.comment,
                 client_order_id: order.client_order_id,
+                price_limit: order.price_limit,
             };
             decode(self.inner.call(request, false).await?)
         })

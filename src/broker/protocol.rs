@@ -58,6 +58,9 @@ pub enum Request {
         magic: i64,
         comment: String,
         client_order_id: Option<String>,
+        /// The worst price the order may fill at; absent: any price.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        price_limit: Option<f64>,
     },
     Close {
         login: String,
@@ -91,6 +94,7 @@ impl Request {
             magic: 0,
             comment: String::new(),
             client_order_id: None,
+            price_limit: None,
         }
     }
 }
@@ -179,6 +183,7 @@ mod tests {
                 magic: 100001,
                 comment: "mc123".into(),
                 client_order_id: Some("l1-m123-open".into()),
+                price_limit: None,
             },
         };
         let text = serde_json::to_string(&frame).unwrap();

@@ -117,6 +117,10 @@ pub struct OpenOrder {
     pub comment: String,
     /// Derived from (link, master ticket, action): a bridge that supports it deduplicates.
     pub client_order_id: Option<String>,
+    /// The worst price the order may fill at (the most a buy pays, the least a sell gets); the
+    /// broker rejects the order rather than fill beyond it. `None`: any price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_limit: Option<f64>,
 }
 
 /// Closes all (`volume: None`) or part of a position.

@@ -78,6 +78,7 @@ mod tests {
                     open_price: 2000.123,
                     sl: Some(2010.0),
                     tp: Some(1990.0),
+                    magic: 0,
                     first_seen_ms: Some(1_796_000_000_000),
                 },
             },

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use super::MasterPosition;
 use super::events::{MasterEvent, MasterNotice};
 use super::reconcile::{Action, Memory, plan};
-use super::rules::{Funds, Link, LotMode, follower_stops, open_order, round_to_step};
+use super::rules::{Inputs, Link, LotMode, follower_stops, open_order, round_to_step};
 use super::{client_order_id, parse_marker};
 use crate::account::AccountContext;
 use crate::broker::types::{
@@ -102,7 +102,7 @@ struct Follower<'a> {
     bad_links: HashSet<String>,
     subscriptions: HashMap<i64, Subscription>,
     specs: HashMap<String, SymbolSpec>,
-    funds: Funds,
+    funds: Inputs,
     master_funds: HashMap<i64, (Option<f64>, Option<f64>)>,
     /// Per master: the (epoch, seq) the copies match.
     applied: HashMap<i64, (i64, i64)>,
@@ -137,10 +137,10 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         bad_links: HashSet::new(),
         subscriptions: HashMap::new(),
         specs: HashMap::new(),
-        funds: Funds {
+        funds: Inputs {
             follower_balance: session.account.balance,
             follower_equity: session.account.equity,
-            ..Funds::default()
+            ..Inputs::default()
         },
         master_funds: HashMap::new(),
         applied: HashMap::new(),
@@ -379,11 +379,17 @@ impl Follower<'_> {
         self.memory.copied.extend(self.book.ever.iter().copied());
         self.book.rebuild(&positions, &history);
         self.memory.copied.extend(self.book.ever.iter().copied());
-        let (epoch, seq, snapshot) = match state {
-            Some(s) => (s.epoch, s.seq, s.positions),
-            None => (0, 0, Vec::new()),
+        let (epoch, seq, snapshot, now_ms) = match state {
+            Some(s) => (s.epoch, s.seq, s.positions, Some(s.now_ms)),
+            None => (0, 0, Vec::new(), None),
         };
-        let funds = self.funds_for(m);
+        if self.has_equity_stop(m) {
+            self.report_funds().await;
+        }
+        let funds = Inputs {
+            now_ms,
+            ..self.funds_for(m)
+        };
         let mut sent = 0;
         for link in self.links_of(m) {
             let actions = plan(
@@ -419,6 +425,14 @@ impl Follower<'_> {
         ));
     }
 
+    /// True when a link of master `m` stops copying at an equity level: the follower's equity is
+    /// read fresh before deciding on a new copy.
+    fn has_equity_stop(&self, m: i64) -> bool {
+        self.links
+            .iter()
+            .any(|l| l.master_id == m && l.protections.equity_stop.is_some())
+    }
+
     /// True when a ratio link of master `m` lacks the master's balance or equity.
     fn needs_master_funds(&self, m: i64) -> bool {
         let (balance, equity) = self.master_funds.get(&m).copied().unwrap_or((None, None));
@@ -440,9 +454,9 @@ impl Follower<'_> {
         }
     }
 
-    fn funds_for(&self, m: i64) -> Funds {
+    fn funds_for(&self, m: i64) -> Inputs {
         let (balance, equity) = self.master_funds.get(&m).copied().unwrap_or((None, None));
-        Funds {
+        Inputs {
             master_balance: balance,
             master_equity: equity,
             ..self.funds
@@ -478,11 +492,16 @@ impl Follower<'_> {
             return;
         }
         self.applied.insert(n.master, (n.epoch, n.seq));
-        if matches!(n.event, MasterEvent::Open { .. }) && self.needs_master_funds(n.master) {
-            self.refresh_master_funds(n.master).await;
+        if matches!(n.event, MasterEvent::Open { .. }) {
+            if self.needs_master_funds(n.master) {
+                self.refresh_master_funds(n.master).await;
+            }
+            if self.has_equity_stop(n.master) {
+                self.report_funds().await;
+            }
         }
         for link in self.links_of(n.master) {
-            if let Some(action) = self.event_action(&link, &n.event)
+            if let Some(action) = self.event_action(&link, &n.event, received)
                 && self.execute(&link, action).await == Sent::Accepted
             {
                 self.ctx
@@ -494,8 +513,9 @@ impl Follower<'_> {
         }
     }
 
-    /// What an event asks of one link, given the copies as last seen.
-    fn event_action(&self, link: &Link, event: &MasterEvent) -> Option<Action> {
+    /// What an event asks of one link, given the copies as last seen. `received`: when the
+    /// event arrived at this node.
+    fn event_action(&self, link: &Link, event: &MasterEvent, received: Instant) -> Option<Action> {
         match event {
             MasterEvent::Snapshot => None,
             MasterEvent::Open { position } => {
@@ -503,12 +523,16 @@ impl Follower<'_> {
                 if self.book.ever.contains(&key) || self.memory.copied.contains(&key) {
                     return None;
                 }
-                Some(open_action(
-                    link,
-                    position,
-                    &self.funds_for(link.master_id),
-                    &self.specs,
-                ))
+                // An open event is published when the master's session first records the position
+                // (its `first_seen_ms`, database clock) and delivered within milliseconds, so the
+                // decision's time is that plus how long the event has waited here.
+                let inputs = Inputs {
+                    now_ms: position
+                        .first_seen_ms
+                        .map(|seen| seen + received.elapsed().as_millis() as i64),
+                    ..self.funds_for(link.master_id)
+                };
+                Some(open_action(link, position, &inputs, &self.specs))
             }
             MasterEvent::Close { ticket } => {
                 let copy = self.book.open.get(&(link.magic, *ticket))?;
@@ -825,7 +849,7 @@ enum Sent {
 fn open_action(
     link: &Link,
     position: &MasterPosition,
-    funds: &Funds,
+    funds: &Inputs,
     specs: &HashMap<String, SymbolSpec>,
 ) -> Action {
     match open_order(link, position, funds, specs) {

@@ -348,6 +348,7 @@ fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
         open_price: p.open_price,
         sl: p.sl,
         tp: p.tp,
+        magic: p.magic,
         first_seen_ms: known.and_then(|k| k.first_seen_ms),
     }
 }

@@ -36,6 +36,9 @@ pub struct MasterPosition {
     pub open_price: f64,
     pub sl: Option<f64>,
     pub tp: Option<f64>,
+    /// The master position's magic number (0 for none; snapshots before it was recorded read 0).
+    #[serde(default)]
+    pub magic: i64,
     /// When a master session first recorded the position, on the database's clock (Unix ms);
     /// `None` until the database stamps it.
     pub first_seen_ms: Option<i64>,

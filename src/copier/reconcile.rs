@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::broker::types::{ClosedPosition, OpenOrder, Position, SymbolSpec};
 
-use super::rules::{Funds, Link, follower_stops, open_order, round_to_step, trimmed_volume};
+use super::rules::{Inputs, Link, follower_stops, open_order, round_to_step, trimmed_volume};
 use super::{MasterPosition, parse_marker};
 
 /// One thing a reconcile sends (or decides not to).
@@ -118,7 +118,7 @@ pub fn plan(
     open: &[Position],
     history: &[ClosedPosition],
     memory: &Memory,
-    funds: &Funds,
+    funds: &Inputs,
     specs: &HashMap<String, SymbolSpec>,
 ) -> Vec<Action> {
     let mut actions = Vec::new();
@@ -222,6 +222,7 @@ mod tests {
             symbol_map: HashMap::new(),
             copy_existing: false,
             created_at_ms: 1_000,
+            protections: Default::default(),
         }
     }
 
@@ -254,6 +255,7 @@ mod tests {
             open_price: 1.1,
             sl: Some(1.0),
             tp: None,
+            magic: 0,
             first_seen_ms: Some(2_000),
         }
     }
@@ -352,7 +354,7 @@ mod tests {
             &f.open,
             &f.history,
             &f.memory,
-            &Funds::default(),
+            &Inputs::default(),
             &specs(),
         )
     }
@@ -540,7 +542,7 @@ mod tests {
             &f.open,
             &f.history,
             &f.memory,
-            &Funds::default(),
+            &Inputs::default(),
             &specs(),
         );
         assert!(

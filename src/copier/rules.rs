@@ -19,6 +19,10 @@ pub enum LotMode {
     BalanceRatio,
     /// Master volume × follower equity / master equity × `lot_value`.
     EquityRatio,
+    /// Whatever volume risks `lot_value` percent of the follower's equity between the copy's
+    /// open price and its stop loss (contract size × distance per lot; a copy without a stop
+    /// loss is skipped).
+    RiskPercent,
 }
 
 impl FromStr for LotMode {
@@ -29,7 +33,63 @@ impl FromStr for LotMode {
             "multiplier" => Ok(LotMode::Multiplier),
             "balance_ratio" => Ok(LotMode::BalanceRatio),
             "equity_ratio" => Ok(LotMode::EquityRatio),
+            "risk_percent" => Ok(LotMode::RiskPercent),
             other => Err(format!("unknown lot_mode {other:?}")),
+        }
+    }
+}
+
+/// Which of the master's sides a link copies (before `reverse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sides {
+    Both,
+    Buy,
+    Sell,
+}
+
+impl FromStr for Sides {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "both" => Ok(Sides::Both),
+            "buy" => Ok(Sides::Buy),
+            "sell" => Ok(Sides::Sell),
+            other => Err(format!("unknown sides {other:?} (both, buy or sell)")),
+        }
+    }
+}
+
+/// A link's protections: each only ever stops or shrinks a new copy (SPEC section 3a).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Protections {
+    /// Copy only these master symbols (`None`: all).
+    pub symbols: Option<Vec<String>>,
+    /// Copy only master positions with these magic numbers (`None`: all).
+    pub magics: Option<Vec<i64>>,
+    pub sides: Sides,
+    /// Copy nothing new; open copies still follow the master.
+    pub close_only: bool,
+    /// Cap on a copy's volume.
+    pub max_lot: Option<f64>,
+    /// No copy opened more than this long after the master position was first recorded.
+    pub max_delay_ms: Option<i64>,
+    /// The worst fill a copy accepts, as a distance from the master's open price.
+    pub max_slippage: Option<f64>,
+    /// No new copies while the follower's equity is at or below this.
+    pub equity_stop: Option<f64>,
+}
+
+impl Default for Protections {
+    fn default() -> Self {
+        Protections {
+            symbols: None,
+            magics: None,
+            sides: Sides::Both,
+            close_only: false,
+            max_lot: None,
+            max_delay_ms: None,
+            max_slippage: None,
+            equity_stop: None,
         }
     }
 }
@@ -51,15 +111,19 @@ pub struct Link {
     pub copy_existing: bool,
     /// When the link took effect (database clock, Unix ms).
     pub created_at_ms: i64,
+    pub protections: Protections,
 }
 
-/// Money figures the ratio lot modes need.
+/// What a decision needs besides the link and the position: the money figures of the ratio and
+/// risk lot modes and of the equity stop, and the time of the decision.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Funds {
+pub struct Inputs {
     pub follower_balance: f64,
     pub follower_equity: f64,
     pub master_balance: Option<f64>,
     pub master_equity: Option<f64>,
+    /// The moment of the decision on the database's clock (Unix ms), when known (`max_delay_ms`).
+    pub now_ms: Option<i64>,
 }
 
 /// The follower's symbol for a master symbol.
@@ -86,17 +150,62 @@ pub fn follower_stops(link: &Link, sl: Option<f64>, tp: Option<f64>) -> (Option<
 }
 
 /// Why a link does not copy a master position at all (before any volume is computed).
-pub fn eligibility(link: &Link, position: &MasterPosition) -> Result<(), String> {
+pub fn eligibility(link: &Link, position: &MasterPosition, inputs: &Inputs) -> Result<(), String> {
+    let p = &link.protections;
     if !link.enabled {
         return Err("link disabled: close-only".into());
     }
-    match position.first_seen_ms {
-        Some(seen) if seen < link.created_at_ms && !link.copy_existing => Err(format!(
-            "position was open before the link took effect (first recorded {seen} ms, link {} ms) and the link does not copy existing positions",
-            link.created_at_ms
-        )),
-        _ => Ok(()),
+    if p.close_only {
+        return Err("link is close-only: no new copies".into());
     }
+    if let Some(symbols) = &p.symbols
+        && !symbols.contains(&position.symbol)
+    {
+        return Err(format!(
+            "master symbol {} is not in the link's symbols {symbols:?}",
+            position.symbol
+        ));
+    }
+    if let Some(magics) = &p.magics
+        && !magics.contains(&position.magic)
+    {
+        return Err(format!(
+            "master magic {} is not in the link's magics {magics:?}",
+            position.magic
+        ));
+    }
+    match (p.sides, position.side) {
+        (Sides::Buy, Side::Sell) => return Err("the link copies only the master's buys".into()),
+        (Sides::Sell, Side::Buy) => return Err("the link copies only the master's sells".into()),
+        _ => {}
+    }
+    match position.first_seen_ms {
+        Some(seen) if seen < link.created_at_ms && !link.copy_existing => {
+            return Err(format!(
+                "position was open before the link took effect (first recorded {seen} ms, link {} ms) and the link does not copy existing positions",
+                link.created_at_ms
+            ));
+        }
+        _ => {}
+    }
+    if let (Some(max), Some(seen), Some(now)) =
+        (p.max_delay_ms, position.first_seen_ms, inputs.now_ms)
+        && now - seen > max
+    {
+        return Err(format!(
+            "too late: the copy would open {} ms after the master position was first recorded, over the link's max_delay_ms {max}",
+            now - seen
+        ));
+    }
+    if let Some(stop) = p.equity_stop
+        && inputs.follower_equity <= stop
+    {
+        return Err(format!(
+            "equity stop: the follower's equity {:.2} is at or below the link's equity_stop {stop:.2}",
+            inputs.follower_equity
+        ));
+    }
+    Ok(())
 }
 
 /// Rounds to the nearest multiple of `step` (with a guard against binary fractions).
@@ -108,13 +217,25 @@ pub fn round_to_step(volume: f64, step: f64) -> f64 {
     ((steps * step) * 1e8).round() / 1e8
 }
 
+/// Rounds down to a multiple of `step` (a cap is never exceeded by rounding).
+fn floor_to_step(volume: f64, step: f64) -> f64 {
+    if step <= 0.0 {
+        return volume;
+    }
+    let steps = (volume / step + 1e-9).floor();
+    ((steps * step) * 1e8).round() / 1e8
+}
+
 /// The copy's volume for a master volume, rounded to the follower symbol's step and capped at
-/// its maximum; below the minimum it is skipped (with the reason), never silently resized.
+/// its maximum and the link's `max_lot`; below the minimum it is skipped (with the reason),
+/// never silently resized. `stop_distance` is the distance from the copy's open price to its
+/// stop loss (for `risk_percent`).
 pub fn copy_volume(
     link: &Link,
     master_volume: f64,
-    funds: &Funds,
+    funds: &Inputs,
     spec: &SymbolSpec,
+    stop_distance: Option<f64>,
 ) -> Result<f64, String> {
     let raw = match link.lot_mode {
         LotMode::Fixed => link.lot_value,
@@ -133,11 +254,22 @@ pub fn copy_volume(
                 .ok_or("equity_ratio needs the master's equity, which is not known yet")?;
             master_volume * funds.follower_equity / master * link.lot_value
         }
+        LotMode::RiskPercent => {
+            let distance = stop_distance.filter(|d| *d > 0.0).ok_or(
+                "risk_percent needs a stop loss on the copy (the master position has none, or the link does not copy stops)",
+            )?;
+            funds.follower_equity * link.lot_value / 100.0 / (distance * spec.contract_size)
+        }
     };
     if !raw.is_finite() || raw <= 0.0 {
         return Err(format!("computed volume {raw} is not positive"));
     }
-    let rounded = round_to_step(raw, spec.volume_step).min(spec.volume_max);
+    let mut rounded = round_to_step(raw, spec.volume_step).min(spec.volume_max);
+    if let Some(cap) = link.protections.max_lot
+        && rounded > cap
+    {
+        rounded = floor_to_step(cap, spec.volume_step);
+    }
     if rounded + 1e-9 < spec.volume_min {
         return Err(format!(
             "volume {raw:.4} rounds to {rounded} on {}, below its minimum {}: skipped, not resized",
@@ -151,25 +283,35 @@ pub fn copy_volume(
 pub fn open_order(
     link: &Link,
     position: &MasterPosition,
-    funds: &Funds,
+    funds: &Inputs,
     specs: &HashMap<String, SymbolSpec>,
 ) -> Result<OpenOrder, String> {
-    eligibility(link, position)?;
+    eligibility(link, position, funds)?;
     let symbol = follower_symbol(link, &position.symbol);
     let spec = specs
         .get(&symbol)
         .ok_or_else(|| format!("symbol {symbol} is unknown on the follower's broker"))?;
-    let volume = copy_volume(link, position.volume, funds, spec)?;
     let (sl, tp) = follower_stops(link, position.sl, position.tp);
+    // The risk of a copy: from the master's open price (where the copy means to open) to the
+    // copy's own stop loss (the master's take profit when the link reverses; none when the link
+    // does not copy stops).
+    let stop_distance = sl.map(|s| (position.open_price - s).abs());
+    let volume = copy_volume(link, position.volume, funds, spec, stop_distance)?;
+    let side = follower_side(link, position.side);
+    let price_limit = link.protections.max_slippage.map(|s| match side {
+        Side::Buy => position.open_price + s,
+        Side::Sell => position.open_price - s,
+    });
     Ok(OpenOrder {
         symbol,
-        side: follower_side(link, position.side),
+        side,
         volume,
         sl,
         tp,
         magic: link.magic,
         comment: marker(position.ticket),
         client_order_id: Some(client_order_id(link.id, position.ticket, "open")),
+        price_limit,
     })
 }
 
@@ -220,6 +362,7 @@ mod tests {
             symbol_map: HashMap::new(),
             copy_existing: false,
             created_at_ms: 1_000,
+            protections: Default::default(),
         }
     }
 
@@ -233,6 +376,7 @@ mod tests {
             open_price: 1.1,
             sl: Some(1.09),
             tp: Some(1.12),
+            magic: 0,
             first_seen_ms: Some(2_000),
         }
     }
@@ -246,11 +390,12 @@ mod tests {
 
     #[test]
     fn lot_modes_compute_and_round_to_the_step() {
-        let funds = Funds {
+        let funds = Inputs {
             follower_balance: 5_000.0,
             follower_equity: 2_500.0,
             master_balance: Some(10_000.0),
             master_equity: Some(10_000.0),
+            now_ms: None,
         };
         let cases = [
             (LotMode::Fixed, 0.3, 1.0, Ok(0.3)),
@@ -269,7 +414,7 @@ mod tests {
                 ..link()
             };
             assert_eq!(
-                copy_volume(&l, master_volume, &funds, &spec("EURUSD")),
+                copy_volume(&l, master_volume, &funds, &spec("EURUSD"), None),
                 want,
                 "{mode:?} {value} {master_volume}"
             );
@@ -282,7 +427,7 @@ mod tests {
             lot_value: 0.1,
             ..link()
         };
-        let err = copy_volume(&l, 0.04, &Funds::default(), &spec("EURUSD")).unwrap_err();
+        let err = copy_volume(&l, 0.04, &Inputs::default(), &spec("EURUSD"), None).unwrap_err();
         assert!(
             err.contains("below its minimum 0.01") && err.contains("not resized"),
             "{err}"
@@ -292,7 +437,7 @@ mod tests {
             ..link()
         };
         assert!(
-            copy_volume(&ratio, 1.0, &Funds::default(), &spec("EURUSD"))
+            copy_volume(&ratio, 1.0, &Inputs::default(), &spec("EURUSD"), None)
                 .unwrap_err()
                 .contains("master's balance")
         );
@@ -304,9 +449,9 @@ mod tests {
             reverse: true,
             ..link()
         };
-        let o = open_order(&l, &position(1.0), &Funds::default(), &specs()).unwrap();
+        let o = open_order(&l, &position(1.0), &Inputs::default(), &specs()).unwrap();
         assert_eq!((o.side, o.sl, o.tp), (Side::Sell, Some(1.12), Some(1.09)));
-        let plain = open_order(&link(), &position(1.0), &Funds::default(), &specs()).unwrap();
+        let plain = open_order(&link(), &position(1.0), &Inputs::default(), &specs()).unwrap();
         assert_eq!(
             (plain.side, plain.sl, plain.tp),
             (Side::Buy, Some(1.09), Some(1.12))
@@ -315,13 +460,13 @@ mod tests {
             copy_sl_tp: false,
             ..link()
         };
-        let o = open_order(&no_stops, &position(1.0), &Funds::default(), &specs()).unwrap();
+        let o = open_order(&no_stops, &position(1.0), &Inputs::default(), &specs()).unwrap();
         assert_eq!((o.sl, o.tp), (None, None));
     }
 
     #[test]
     fn orders_carry_magic_marker_and_client_order_id() {
-        let o = open_order(&link(), &position(1.0), &Funds::default(), &specs()).unwrap();
+        let o = open_order(&link(), &position(1.0), &Inputs::default(), &specs()).unwrap();
         assert_eq!(
             (o.magic, o.comment.as_str(), o.client_order_id.as_deref()),
             (100_007, "mc42", Some("l7-m42-open"))
@@ -333,14 +478,14 @@ mod tests {
         let mut l = link();
         l.symbol_map.insert("EURUSD".into(), "EURUSD.m".into());
         assert_eq!(
-            open_order(&l, &position(1.0), &Funds::default(), &specs())
+            open_order(&l, &position(1.0), &Inputs::default(), &specs())
                 .unwrap()
                 .symbol,
             "EURUSD.m"
         );
         l.symbol_map.insert("EURUSD".into(), "EURUSD.x".into());
         assert!(
-            open_order(&l, &position(1.0), &Funds::default(), &specs())
+            open_order(&l, &position(1.0), &Inputs::default(), &specs())
                 .unwrap_err()
                 .contains("EURUSD.x is unknown")
         );
@@ -353,7 +498,7 @@ mod tests {
             ..position(1.0)
         };
         assert!(
-            eligibility(&link(), &earlier)
+            eligibility(&link(), &earlier, &Inputs::default())
                 .unwrap_err()
                 .contains("before the link took effect")
         );
@@ -363,22 +508,277 @@ mod tests {
                     copy_existing: true,
                     ..link()
                 },
-                &earlier
+                &earlier,
+                &Inputs::default()
             )
             .is_ok()
         );
-        assert!(eligibility(&link(), &position(1.0)).is_ok());
+        assert!(eligibility(&link(), &position(1.0), &Inputs::default()).is_ok());
         assert!(
             eligibility(
                 &Link {
                     enabled: false,
                     ..link()
                 },
-                &position(1.0)
+                &position(1.0),
+                &Inputs::default()
             )
             .unwrap_err()
             .contains("close-only")
         );
+    }
+
+    #[test]
+    fn protections_stop_new_copies_each_with_its_reason() {
+        let with = |p: Protections| Link {
+            protections: p,
+            ..link()
+        };
+        let equity = |e: f64| Inputs {
+            follower_equity: e,
+            ..Inputs::default()
+        };
+        let at = |now: i64| Inputs {
+            now_ms: Some(now),
+            ..Inputs::default()
+        };
+        let sell = MasterPosition {
+            side: Side::Sell,
+            ..position(1.0)
+        };
+        let magic5 = MasterPosition {
+            magic: 5,
+            ..position(1.0)
+        };
+        let none = Inputs::default();
+        let p = Protections::default;
+        // (link, position, inputs, Err containing / None for Ok)
+        let cases: Vec<(Link, MasterPosition, Inputs, Option<&str>)> = vec![
+            (with(p()), position(1.0), none, None),
+            (
+                with(Protections {
+                    close_only: true,
+                    ..p()
+                }),
+                position(1.0),
+                none,
+                Some("close-only"),
+            ),
+            (
+                with(Protections {
+                    symbols: Some(vec!["GBPUSD".into()]),
+                    ..p()
+                }),
+                position(1.0),
+                none,
+                Some("master symbol EURUSD is not in the link's symbols"),
+            ),
+            (
+                with(Protections {
+                    symbols: Some(vec!["EURUSD".into()]),
+                    ..p()
+                }),
+                position(1.0),
+                none,
+                None,
+            ),
+            (
+                with(Protections {
+                    magics: Some(vec![5]),
+                    ..p()
+                }),
+                position(1.0),
+                none,
+                Some("master magic 0 is not in the link's magics"),
+            ),
+            (
+                with(Protections {
+                    magics: Some(vec![5]),
+                    ..p()
+                }),
+                magic5,
+                none,
+                None,
+            ),
+            (
+                with(Protections {
+                    sides: Sides::Sell,
+                    ..p()
+                }),
+                position(1.0),
+                none,
+                Some("only the master's sells"),
+            ),
+            (
+                with(Protections {
+                    sides: Sides::Buy,
+                    ..p()
+                }),
+                sell.clone(),
+                none,
+                Some("only the master's buys"),
+            ),
+            (
+                with(Protections {
+                    sides: Sides::Sell,
+                    ..p()
+                }),
+                sell,
+                none,
+                None,
+            ),
+            // Sides filter the master's side, before `reverse`.
+            (
+                Link {
+                    reverse: true,
+                    ..with(Protections {
+                        sides: Sides::Buy,
+                        ..p()
+                    })
+                },
+                position(1.0),
+                none,
+                None,
+            ),
+            // First recorded at 2 000 ms.
+            (
+                with(Protections {
+                    max_delay_ms: Some(1_000),
+                    ..p()
+                }),
+                position(1.0),
+                at(3_000),
+                None,
+            ),
+            (
+                with(Protections {
+                    max_delay_ms: Some(1_000),
+                    ..p()
+                }),
+                position(1.0),
+                at(3_001),
+                Some(
+                    "1001 ms after the master position was first recorded, over the link's max_delay_ms 1000",
+                ),
+            ),
+            (
+                with(Protections {
+                    equity_stop: Some(1_000.0),
+                    ..p()
+                }),
+                position(1.0),
+                equity(1_000.5),
+                None,
+            ),
+            (
+                with(Protections {
+                    equity_stop: Some(1_000.0),
+                    ..p()
+                }),
+                position(1.0),
+                equity(1_000.0),
+                Some(
+                    "equity stop: the follower's equity 1000.00 is at or below the link's equity_stop 1000.00",
+                ),
+            ),
+        ];
+        for (l, position, inputs, want) in cases {
+            let got = eligibility(&l, &position, &inputs);
+            match want {
+                None => assert_eq!(got, Ok(()), "{:?}", l.protections),
+                Some(text) => {
+                    let err = got.unwrap_err();
+                    assert!(err.contains(text), "{:?}: {err}", l.protections);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_lot_caps_without_rounding_over_the_cap() {
+        let capped = |cap: f64| Link {
+            protections: Protections {
+                max_lot: Some(cap),
+                ..Protections::default()
+            },
+            ..link()
+        };
+        let s = spec("EURUSD");
+        let none = Inputs::default();
+        assert_eq!(copy_volume(&capped(0.155), 1.0, &none, &s, None), Ok(0.15));
+        assert_eq!(copy_volume(&capped(0.5), 0.3, &none, &s, None), Ok(0.3));
+        assert_eq!(copy_volume(&capped(2.0), 3.0, &none, &s, None), Ok(2.0));
+        assert!(
+            copy_volume(&capped(0.005), 1.0, &none, &s, None)
+                .unwrap_err()
+                .contains("below its minimum")
+        );
+    }
+
+    #[test]
+    fn risk_percent_sizes_by_the_copys_stop_loss() {
+        let risk = Link {
+            lot_mode: LotMode::RiskPercent,
+            lot_value: 1.0,
+            ..link()
+        };
+        let inputs = Inputs {
+            follower_equity: 10_000.0,
+            ..Inputs::default()
+        };
+        // 1 % of 10 000 = 100; the stop is 0.01 away and a lot moves 100 000 per 1.0: 0.1 lots.
+        let o = open_order(&risk, &position(1.0), &inputs, &specs()).unwrap();
+        assert_eq!(o.volume, 0.1);
+        // Reversed, the copy's stop is the master's take profit (0.02 away): half the volume.
+        let reversed = Link {
+            reverse: true,
+            ..risk.clone()
+        };
+        let o = open_order(&reversed, &position(1.0), &inputs, &specs()).unwrap();
+        assert_eq!((o.side, o.volume), (Side::Sell, 0.05));
+        let no_stop = MasterPosition {
+            sl: None,
+            ..position(1.0)
+        };
+        for (l, p) in [
+            (risk.clone(), no_stop),
+            (
+                Link {
+                    copy_sl_tp: false,
+                    ..risk.clone()
+                },
+                position(1.0),
+            ),
+        ] {
+            assert!(
+                open_order(&l, &p, &inputs, &specs())
+                    .unwrap_err()
+                    .contains("risk_percent needs a stop loss")
+            );
+        }
+    }
+
+    #[test]
+    fn max_slippage_becomes_the_orders_price_limit_on_the_copys_side() {
+        let slip = Link {
+            protections: Protections {
+                max_slippage: Some(0.0005),
+                ..Protections::default()
+            },
+            ..link()
+        };
+        let none = Inputs::default();
+        let o = open_order(&slip, &position(1.0), &none, &specs()).unwrap();
+        assert_eq!((o.side, o.price_limit), (Side::Buy, Some(1.1005)));
+        let reversed = Link {
+            reverse: true,
+            ..slip
+        };
+        let o = open_order(&reversed, &position(1.0), &none, &specs()).unwrap();
+        assert_eq!(o.side, Side::Sell);
+        assert!((o.price_limit.unwrap() - 1.0995).abs() < 1e-12);
+        let plain = open_order(&link(), &position(1.0), &none, &specs()).unwrap();
+        assert_eq!(plain.price_limit, None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use sqlx::{PgConnection, Row};
 use crate::config::Secret;
 use crate::copier::MasterPosition;
 use crate::copier::events::{MasterEvent, MasterNotice, channel};
-use crate::copier::rules::{Link, LotMode};
+use crate::copier::rules::{Link, LotMode, Protections, Sides};
 
 /// An account row as its session needs it. `credentials` never reaches a log line.
 #[derive(Debug, Clone)]
@@ -59,7 +59,8 @@ pub async fn load_links(
 ) -> Result<Vec<Result<Link, String>>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
-                copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms
+                copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
+                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop
            FROM copy_links WHERE follower_id = $1 ORDER BY id",
     )
     .bind(follower_id)
@@ -70,6 +71,7 @@ pub async fn load_links(
             let id: i64 = r.try_get("id")?;
             let lot_mode: String = r.try_get("lot_mode")?;
             let map_text: String = r.try_get("symbol_map")?;
+            let sides: String = r.try_get("sides")?;
             let parsed = lot_mode
                 .parse::<LotMode>()
                 .and_then(|mode| {
@@ -77,11 +79,11 @@ pub async fn load_links(
                         .map_err(|e| {
                             format!("symbol_map must map symbol names to symbol names: {e}")
                         })?;
-                    Ok((mode, symbol_map))
+                    Ok((mode, symbol_map, sides.parse::<Sides>()?))
                 })
                 .map_err(|e| format!("copy link {id}: {e}"));
             Ok(match parsed {
-                Ok((lot_mode, symbol_map)) => Ok(Link {
+                Ok((lot_mode, symbol_map, sides)) => Ok(Link {
                     id,
                     master_id: r.try_get("master_id")?,
                     enabled: r.try_get("enabled")?,
@@ -93,6 +95,16 @@ pub async fn load_links(
                     symbol_map,
                     copy_existing: r.try_get("copy_existing")?,
                     created_at_ms: r.try_get("created_at_ms")?,
+                    protections: Protections {
+                        symbols: r.try_get("symbols")?,
+                        magics: r.try_get("magics")?,
+                        sides,
+                        close_only: r.try_get("close_only")?,
+                        max_lot: r.try_get("max_lot")?,
+                        max_delay_ms: r.try_get("max_delay_ms")?,
+                        max_slippage: r.try_get("max_slippage")?,
+                        equity_stop: r.try_get("equity_stop")?,
+                    },
                 }),
                 Err(e) => Err(e),
             })
@@ -106,6 +118,8 @@ pub struct MasterState {
     pub epoch: i64,
     pub seq: i64,
     pub positions: Vec<MasterPosition>,
+    /// The database's clock when this was read (Unix ms): a reconcile's decisions are timed by it.
+    pub now_ms: i64,
 }
 
 /// Reads a master's published state, if it ever published.
@@ -114,7 +128,9 @@ pub async fn master_state(
     master_id: i64,
 ) -> Result<Option<MasterState>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT epoch, seq, positions::text AS positions FROM master_state WHERE master_id = $1",
+        "SELECT epoch, seq, positions::text AS positions,
+                (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+           FROM master_state WHERE master_id = $1",
     )
     .bind(master_id)
     .fetch_optional(conn)
@@ -127,6 +143,7 @@ pub async fn master_state(
             epoch: r.try_get("epoch")?,
             seq: r.try_get("seq")?,
             positions,
+            now_ms: r.try_get("now_ms")?,
         })
     })
     .transpose()

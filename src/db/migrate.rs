@@ -28,6 +28,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fair share",
         include_str!("../../migrations/0003_fair_share.sql"),
     ),
+    (
+        4,
+        "copy protections",
+        include_str!("../../migrations/0004_copy_protections.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

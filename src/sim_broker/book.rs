@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::journal::JournalEntry;
-use super::market::{Market, check_stops, round_volume};
+use super::market::{Market, check_price_limit, check_stops, round_volume};
 use crate::broker::protocol::LoginResult;
 use crate::broker::types::{
     AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, ModifyOrder, OpenFill, OpenOrder,
@@ -391,6 +391,7 @@ impl Book {
                 .ok_or_else(|| format!("unknown symbol {}", order.symbol))?;
             self.market.check_volume(&order.symbol, order.volume)?;
             check_stops(order.side, price, order.sl, order.tp)?;
+            check_price_limit(order.side, price, order.price_limit)?;
             let ticket = self.next_ticket;
             let position = Position {
                 ticket,
@@ -773,6 +774,7 @@ mod tests {
             magic: 7,
             comment: "mc1".into(),
             client_order_id: Some("o1".into()),
+            price_limit: None,
         }
     }
 
@@ -818,6 +820,38 @@ mod tests {
         let a = b.account("1").unwrap();
         assert!(a.positions.is_empty());
         assert_eq!(a.history[1].closed_by, ClosedBy::Manual);
+    }
+
+    #[test]
+    fn an_order_never_fills_beyond_its_price_limit() {
+        let mut b = Book::new(10_000.0, true);
+        let price = b.open("n", "1", None, &order(0.1), 1).result.unwrap().price;
+        let limited = |side: Side, limit: f64| OpenOrder {
+            side,
+            price_limit: Some(limit),
+            client_order_id: None,
+            ..order(0.1)
+        };
+        for (side, limit, fills) in [
+            (Side::Buy, price + 0.0001, true),
+            (Side::Buy, price, true),
+            (Side::Buy, price - 0.0001, false),
+            (Side::Sell, price - 0.0001, true),
+            (Side::Sell, price + 0.0001, false),
+        ] {
+            let e = b.open("n", "1", None, &limited(side, limit), 2);
+            match e.result {
+                Ok(fill) => assert!(fills && fill.price == price, "{side:?} {limit}"),
+                Err(reason) => {
+                    assert!(!fills, "{side:?} {limit}: {reason}");
+                    assert!(
+                        reason.contains("beyond the order's price limit"),
+                        "{reason}"
+                    );
+                    assert!(!e.journal.unwrap().accepted);
+                }
+            }
+        }
     }
 
     #[test]

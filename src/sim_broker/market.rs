@@ -133,6 +133,22 @@ pub fn check_volume(spec: &SymbolSpec, volume: f64) -> Result<(), String> {
     Ok(())
 }
 
+/// A buy fills at most at its price limit, a sell at least at it.
+pub fn check_price_limit(side: Side, price: f64, limit: Option<f64>) -> Result<(), String> {
+    let beyond = match (side, limit) {
+        (_, None) => false,
+        (Side::Buy, Some(l)) => price > l + 1e-9,
+        (Side::Sell, Some(l)) => price < l - 1e-9,
+    };
+    if beyond {
+        return Err(format!(
+            "price {price} is beyond the order's price limit {}",
+            limit.unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
 /// Checks stop loss and take profit against the side and the current price: a buy's stop is
 /// below the price and its target above; a sell's the other way round.
 pub fn check_stops(side: Side, price: f64, sl: Option<f64>, tp: Option<f64>) -> Result<(), String> {

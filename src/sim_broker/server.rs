@@ -358,6 +358,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             magic,
             comment,
             client_order_id,
+            price_limit,
         } => {
             let order = OpenOrder {
                 symbol,
@@ -368,6 +369,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 magic,
                 comment,
                 client_order_id,
+                price_limit,
             };
             let effects = core.book.open(&client, &login, fence, &order, now);
             commit(&mut core, id, effects)

@@ -85,6 +85,7 @@ pub async fn trade(
             magic,
             comment,
             client_order_id: None,
+            price_limit: None,
         },
         HandOrder::Close { ticket, volume } => Request::Close {
             login,

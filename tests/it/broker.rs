@@ -33,6 +33,7 @@ fn buy(symbol: &str, volume: f64, coid: Option<&str>) -> OpenOrder {
         magic: 100_001,
         comment: "mc42".into(),
         client_order_id: coid.map(Into::into),
+        price_limit: None,
     }
 }
 

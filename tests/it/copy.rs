@@ -456,3 +456,170 @@ async fn one_master_and_twenty_followers_on_two_node_processes() {
         assert!(n.wait_exit(WAIT).await.success(), "{}", n.output());
     }
 }
+
+/// The reason recorded for not copying `master_ticket` under `link`, once there is one.
+async fn skip_reason(conn: &mut sqlx::PgConnection, link: i64, master_ticket: i64) -> String {
+    eventually(
+        format!("a recorded reason for link {link} not copying {master_ticket}"),
+        WAIT,
+        async || {
+            sqlx::query_scalar::<_, String>(
+                "SELECT reason FROM copy_skips WHERE link_id = $1 AND master_ticket = $2",
+            )
+            .bind(link)
+            .bind(master_ticket)
+            .fetch_optional(&mut *conn)
+            .await
+            .unwrap()
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn protections_stop_or_shrink_new_copies_and_record_why() {
+    let db = TestDb::new().await;
+    let dir = Scratch::new("copy-protections");
+    let broker = start_sim(&dir).await;
+    let addr = broker.addr.to_string();
+    let t = Trader { addr: addr.clone() };
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=11 {
+        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
+    }
+    // (follower, link settings, protection as SQL)
+    let settings: [(i64, LinkSpec, &str); 8] = [
+        (2, LinkSpec::default(), "symbols = '{GBPUSD}'"),
+        (3, LinkSpec::default(), "sides = 'sell'"),
+        (4, LinkSpec::default(), "close_only = true"),
+        (5, LinkSpec::default(), "max_lot = 0.2"),
+        (
+            6,
+            LinkSpec {
+                symbol_map: r#"{"EURUSD": "GBPUSD"}"#,
+                ..Default::default()
+            },
+            "max_slippage = 0.0001",
+        ),
+        (7, LinkSpec::default(), "equity_stop = 20000"),
+        (8, LinkSpec::default(), "magics = '{7}'"),
+        (
+            9,
+            LinkSpec {
+                lot_mode: "risk_percent",
+                lot_value: 1.0,
+                ..Default::default()
+            },
+            "sides = 'both'",
+        ),
+    ];
+    let mut links = HashMap::new();
+    for (f, spec, protection) in settings {
+        let (id, magic) = add_link(&mut conn, 1, f, spec).await;
+        conn.execute(format!("UPDATE copy_links SET {protection} WHERE id = {id}").as_str())
+            .await
+            .unwrap();
+        links.insert(f, (id, magic));
+    }
+    let node = start_node(&config(&db, "a", 100, FAST)).await;
+    wait_state(&node.state, "a owns every account", WAIT, |s| {
+        s.owned.len() == 11
+    })
+    .await;
+    followers_ready(&mut conn, &[2, 3, 4, 5, 6, 7, 8, 9]).await;
+
+    // 1 % of the follower's 10 000 over a stop 0.01 away, at 100 000 per lot: 0.1 lots.
+    let ticket = t
+        .open("m1", "EURUSD", Side::Buy, 0.5, Some(1.09), None)
+        .await;
+    let (_, magic5) = links[&5];
+    let capped = t.copy_of("f5", magic5, ticket, WAIT).await;
+    assert!(close(Some(capped.volume), 0.2), "max_lot: {capped:?}");
+    let (_, magic9) = links[&9];
+    let sized = t.copy_of("f9", magic9, ticket, WAIT).await;
+    assert!(close(Some(sized.volume), 0.1), "risk_percent: {sized:?}");
+    for (f, why) in [
+        (2, "master symbol EURUSD is not in the link's symbols"),
+        (3, "the link copies only the master's sells"),
+        (4, "close-only"),
+        (6, "beyond the order's price limit"),
+        (
+            7,
+            "equity stop: the follower's equity 10000.00 is at or below the link's equity_stop 20000.00",
+        ),
+        (8, "master magic 0 is not in the link's magics"),
+    ] {
+        let reason = skip_reason(&mut conn, links[&f].0, ticket).await;
+        assert!(reason.contains(why), "follower {f}: {reason}");
+        assert!(
+            t.positions(&format!("f{f}")).await.is_empty(),
+            "follower {f} got a copy"
+        );
+    }
+
+    // A master position with magic 7 passes follower 8's filter.
+    let with_magic = copier_node::sim_broker::tools::trade(
+        &addr,
+        "m1",
+        copier_node::sim_broker::tools::HandOrder::Open {
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            volume: 0.1,
+            sl: None,
+            tp: None,
+            magic: 7,
+            comment: String::new(),
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let (_, magic8) = links[&8];
+    t.copy_of("f8", magic8, with_magic, WAIT).await;
+
+    // Late copies: links created once the first position is more than a second old, both
+    // copying existing positions; the one with max_delay_ms 1000 does not copy it, the one
+    // without a limit does (within the reconcile a new link triggers).
+    eventually("the position to be over a second old", WAIT, async || {
+        let age: i64 = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint - min((p->>'first_seen_ms')::bigint)
+               FROM master_state, jsonb_array_elements(positions) p WHERE master_id = 1",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        (age > 1_100).then_some(())
+    })
+    .await;
+    let existing = LinkSpec {
+        copy_existing: true,
+        ..Default::default()
+    };
+    let (late, _) = add_link(&mut conn, 1, 10, existing.clone()).await;
+    conn.execute(format!("UPDATE copy_links SET max_delay_ms = 1000 WHERE id = {late}").as_str())
+        .await
+        .unwrap();
+    let (_, magic11) = add_link(&mut conn, 1, 11, existing).await;
+    t.copy_of("f11", magic11, ticket, Duration::from_secs(30))
+        .await;
+    let reason = skip_reason(&mut conn, late, ticket).await;
+    assert!(
+        reason.contains("too late") && reason.contains("over the link's max_delay_ms 1000"),
+        "{reason}"
+    );
+    assert!(t.positions("f10").await.is_empty());
+
+    // Protections only ever hold back new copies: closes follow the master as always.
+    t.close("m1", ticket, None).await;
+    t.close("m1", with_magic, None).await;
+    for f in [5, 8, 9, 11] {
+        eventually(format!("f{f} flat"), WAIT, async || {
+            t.positions(&format!("f{f}")).await.is_empty().then_some(())
+        })
+        .await;
+    }
+    node.shutdown();
+    node.wait().await.unwrap();
+    broker.stop().await;
+}

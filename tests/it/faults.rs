@@ -543,6 +543,7 @@ async fn a_stale_owners_late_order_is_rejected_by_the_brokers_fence() {
         magic: 1,
         comment: "mc1".into(),
         client_order_id: None,
+        price_limit: None,
     };
     let err = stale.api.open(order).await.unwrap_err();
     assert!(

@@ -16,7 +16,7 @@ use copier_node::broker::protocol::{HistoryResult, PositionsResult, Request, Sym
 use copier_node::broker::types::{ClosedPosition, Position, SymbolSpec};
 use copier_node::copier::MasterPosition;
 use copier_node::copier::reconcile::{Memory, plan};
-use copier_node::copier::rules::{Funds, Link, LotMode};
+use copier_node::copier::rules::{Inputs, Link, LotMode};
 use copier_node::pgtmp::{Cluster, PgBinaries};
 use sqlx::Connection;
 use tokio::task::JoinHandle;
@@ -234,6 +234,7 @@ impl Suite {
                         // Every master position is eligible: links exist before any trade.
                         copy_existing: true,
                         created_at_ms: 0,
+                        protections: Default::default(),
                     },
                     master_login: format!("m{master}"),
                     follower_id: follower,
@@ -494,6 +495,7 @@ impl Suite {
                         open_price: p.open_price,
                         sl: p.sl,
                         tp: p.tp,
+                        magic: p.magic,
                         first_seen_ms: Some(1),
                     }
                 })
@@ -515,7 +517,7 @@ impl Suite {
                 &f_open,
                 &f_hist,
                 &memory,
-                &Funds::default(),
+                &Inputs::default(),
                 &specs,
             )
             .into_iter()
