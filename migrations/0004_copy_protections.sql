@@ -8,8 +8,8 @@
 -- sides         copy only the master's buys or sells ('both', 'buy', 'sell'), before `reverse`
 -- close_only    copy nothing new; open copies still follow the master until they close
 -- max_lot       cap on a copy's volume (rounded down to the follower symbol's step)
--- max_delay_ms  do not open a copy more than this long after the master's position was first
---               recorded (database clock): no late copies after an outage or a failover
+-- max_delay_ms  do not open a copy more than this long after the master's session first
+--               recorded the position (database clock): no late copies after a follower outage
 -- max_slippage  worst price a copy may fill at, as a distance from the master's open price (in
 --               price units of the follower's symbol); sent with the order as its price limit
 -- equity_stop   no new copies while the follower's equity is at or below this
