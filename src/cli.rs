@@ -45,6 +45,22 @@ pub enum CredentialsCommand {
     /// Read a password from standard input (one line) and print the value to store in
     /// `trading_accounts.credentials`, encrypted with the configured credentials key.
     Encrypt(KeyArgs),
+    /// Re-encrypt every stored value with the current (first) credentials key: run it after
+    /// putting a new key first (`COPIER_CREDENTIALS_KEY=new,old`) on every replica, then drop the
+    /// old key. Prints what it did; exits 1 if a value could not be read.
+    Rotate(RotateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RotateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Secrets file holding the credentials keys (new first).
+    #[arg(long, value_name = "PATH")]
+    pub credentials_key_file: Option<String>,
+    /// Also encrypt values stored in plaintext (from before encryption at rest).
+    #[arg(long)]
+    pub encrypt_plaintext: bool,
 }
 
 /// Where the credentials key comes from (besides COPIER_CREDENTIALS_KEY in the environment).

@@ -21,51 +21,78 @@ use crate::config::Secret;
 pub const PREFIX: &str = "enc:v1:";
 const NONCE_LEN: usize = 12;
 
-/// The node's credentials key. `Debug` never shows it.
+/// The node's credentials key: one key, or during a rotation the new key first and the old ones
+/// after it (`new,old`). New values are encrypted with the first; a value decrypts with any.
+/// `Debug` never shows them.
 #[derive(Clone, PartialEq, Eq)]
-pub struct CredentialsKey([u8; 32]);
+pub struct CredentialsKey(Vec<[u8; 32]>);
 
 impl fmt::Debug for CredentialsKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CredentialsKey(<redacted>)")
+        write!(f, "CredentialsKey(<{} redacted>)", self.0.len())
     }
 }
 
 impl CredentialsKey {
     /// A new random key.
     pub fn generate() -> Self {
-        CredentialsKey(ChaCha20Poly1305::generate_key(&mut OsRng).into())
+        CredentialsKey(vec![ChaCha20Poly1305::generate_key(&mut OsRng).into()])
     }
 
-    /// Parses a key written as base64 (surrounding whitespace, such as a file's final newline,
-    /// is ignored). The error describes the problem without repeating the value.
+    /// Parses keys written as base64, separated by commas or whitespace (so a file's final
+    /// newline is ignored). The error describes the problem without repeating a value.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let bytes = STANDARD.decode(text.trim()).map_err(|_| {
-            "expected 32 bytes in base64 (make one with `copier-node credentials keygen`); the value is not base64".to_string()
-        })?;
-        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-            format!(
-                "expected 32 bytes in base64 (make one with `copier-node credentials keygen`); the value decodes to {} bytes",
-                bytes.len()
-            )
-        })?;
-        Ok(CredentialsKey(key))
+        let mut keys = Vec::new();
+        for (n, part) in text
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|p| !p.is_empty())
+            .enumerate()
+        {
+            let which = if n == 0 {
+                "the key".to_string()
+            } else {
+                format!("key {} of the list", n + 1)
+            };
+            let bytes = STANDARD.decode(part).map_err(|_| {
+                format!("expected 32 bytes in base64 (make one with `copier-node credentials keygen`); {which} is not base64")
+            })?;
+            let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
+                format!(
+                    "expected 32 bytes in base64 (make one with `copier-node credentials keygen`); {which} decodes to {} bytes",
+                    bytes.len()
+                )
+            })?;
+            keys.push(key);
+        }
+        if keys.is_empty() {
+            return Err("expected a key (base64 of 32 bytes), got nothing".into());
+        }
+        Ok(CredentialsKey(keys))
     }
 
-    /// The key as base64, for `credentials keygen`.
+    /// The keys as base64, the current one first, comma-separated (one key for `keygen`).
     pub fn encode(&self) -> String {
-        STANDARD.encode(self.0)
+        self.0
+            .iter()
+            .map(|k| STANDARD.encode(k))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
-    fn cipher(&self) -> ChaCha20Poly1305 {
-        ChaCha20Poly1305::new(Key::from_slice(&self.0))
+    /// These keys with `older` ones after them (a rotation: new values use the first).
+    pub fn then(mut self, older: &CredentialsKey) -> Self {
+        self.0.extend_from_slice(&older.0);
+        self
     }
 
-    /// Encrypts a password into a `credentials` column value.
+    fn cipher(key: &[u8; 32]) -> ChaCha20Poly1305 {
+        ChaCha20Poly1305::new(Key::from_slice(key))
+    }
+
+    /// Encrypts a password into a `credentials` column value, with the current key.
     pub fn encrypt(&self, plaintext: &str) -> String {
         let nonce = ChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let sealed = self
-            .cipher()
+        let sealed = Self::cipher(&self.0[0])
             .encrypt(&nonce, plaintext.as_bytes())
             .expect("ChaCha20-Poly1305 encrypts any input that fits in memory");
         let mut raw = nonce.to_vec();
@@ -94,6 +121,34 @@ pub enum CredentialsError {
     Malformed(&'static str),
 }
 
+/// What rotating one stored value comes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reseal {
+    /// Already encrypted with the current key.
+    Current,
+    /// Encrypted with an older key of the list: this is the value under the current key.
+    Resealed(String),
+    /// Stored in plaintext: the value encrypted with the current key, if asked for.
+    Plaintext(Option<String>),
+    /// Not readable with any key of the list.
+    Unreadable(CredentialsError),
+}
+
+/// Decides how to bring one stored value to the current key.
+pub fn reseal(key: &CredentialsKey, stored: &Secret, encrypt_plaintext: bool) -> Reseal {
+    if !stored.expose().trim().starts_with(PREFIX) {
+        return Reseal::Plaintext(encrypt_plaintext.then(|| key.encrypt(stored.expose())));
+    }
+    let current = CredentialsKey(vec![key.0[0]]);
+    if decrypt(Some(&current), stored).is_ok() {
+        return Reseal::Current;
+    }
+    match decrypt(Some(key), stored) {
+        Ok(plain) => Reseal::Resealed(key.encrypt(plain.expose())),
+        Err(e) => Reseal::Unreadable(e),
+    }
+}
+
 /// Decrypts a `credentials` column value with the node's key (if it has one).
 pub fn decrypt(key: Option<&CredentialsKey>, stored: &Secret) -> Result<Secret, CredentialsError> {
     let key = key.ok_or(CredentialsError::NoKey)?;
@@ -110,9 +165,14 @@ pub fn decrypt(key: Option<&CredentialsKey>, stored: &Secret) -> Result<Secret, 
     }
     let (nonce, sealed) = raw.split_at(NONCE_LEN);
     let plain = key
-        .cipher()
-        .decrypt(Nonce::from_slice(nonce), sealed)
-        .map_err(|_| CredentialsError::WrongKey)?;
+        .0
+        .iter()
+        .find_map(|k| {
+            CredentialsKey::cipher(k)
+                .decrypt(Nonce::from_slice(nonce), sealed)
+                .ok()
+        })
+        .ok_or(CredentialsError::WrongKey)?;
     String::from_utf8(plain)
         .map(Secret::new)
         .map_err(|_| CredentialsError::Malformed("the decrypted password is not UTF-8"))
@@ -178,11 +238,76 @@ mod tests {
         let key = CredentialsKey::generate();
         let text = format!("{}\n", key.encode());
         assert_eq!(CredentialsKey::parse(&text).unwrap(), key);
-        assert_eq!(format!("{key:?}"), "CredentialsKey(<redacted>)");
+        assert_eq!(format!("{key:?}"), "CredentialsKey(<1 redacted>)");
         let short = CredentialsKey::parse(&STANDARD.encode([1u8; 16])).unwrap_err();
-        assert!(short.contains("16 bytes"), "{short}");
+        assert!(short.contains("the key decodes to 16 bytes"), "{short}");
+        let second = format!("{},{}", key.encode(), STANDARD.encode([1u8; 16]));
+        let err = CredentialsKey::parse(&second).unwrap_err();
+        assert!(
+            err.contains("key 2 of the list decodes to 16 bytes"),
+            "{err}"
+        );
+        assert!(CredentialsKey::parse(" \n").is_err());
         let secret_looking = "not-base64-at-all!";
         let bad = CredentialsKey::parse(secret_looking).unwrap_err();
         assert!(!bad.contains(secret_looking), "{bad}");
+    }
+
+    #[test]
+    fn a_rotation_decrypts_old_and_new_values_and_encrypts_with_the_new_key() {
+        let old = CredentialsKey::generate();
+        let new = CredentialsKey::generate();
+        let before = old.encrypt("pw-old");
+        let ring = CredentialsKey::parse(&format!("{}, {}\n", new.encode(), old.encode())).unwrap();
+        assert_eq!(ring, new.clone().then(&old));
+        assert_eq!(
+            decrypt(Some(&ring), &Secret::new(before.clone()))
+                .unwrap()
+                .expose(),
+            "pw-old"
+        );
+        let after = ring.encrypt("pw-new");
+        assert_eq!(
+            decrypt(Some(&new), &Secret::new(after.clone()))
+                .unwrap()
+                .expose(),
+            "pw-new"
+        );
+        assert_eq!(
+            decrypt(Some(&old), &Secret::new(after)),
+            Err(CredentialsError::WrongKey),
+            "new values use the first key"
+        );
+        assert_eq!(
+            decrypt(Some(&new), &Secret::new(before)),
+            Err(CredentialsError::WrongKey),
+            "once the old key is dropped, its values no longer decrypt"
+        );
+    }
+
+    #[test]
+    fn resealing_brings_every_readable_value_to_the_current_key() {
+        let old = CredentialsKey::generate();
+        let new = CredentialsKey::generate();
+        let ring = new.clone().then(&old);
+        let stranger = CredentialsKey::generate();
+        let check = |value: &str| reseal(&ring, &Secret::new(value), false);
+        assert_eq!(check(&new.encrypt("a")), Reseal::Current);
+        let Reseal::Resealed(v) = check(&old.encrypt("b")) else {
+            panic!("an old key's value is resealed")
+        };
+        assert_eq!(decrypt(Some(&new), &Secret::new(v)).unwrap().expose(), "b");
+        assert_eq!(check("plain"), Reseal::Plaintext(None));
+        let Reseal::Plaintext(Some(v)) = reseal(&ring, &Secret::new("plain"), true) else {
+            panic!("plaintext is encrypted when asked")
+        };
+        assert_eq!(
+            decrypt(Some(&new), &Secret::new(v)).unwrap().expose(),
+            "plain"
+        );
+        assert_eq!(
+            check(&stranger.encrypt("c")),
+            Reseal::Unreadable(CredentialsError::WrongKey)
+        );
     }
 }

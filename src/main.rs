@@ -36,13 +36,35 @@ fn main() -> ExitCode {
         Command::SimBroker(command) => runtime.block_on(sim_broker(command)),
         Command::Status(args) => runtime.block_on(status(args)),
         Command::Demo(args) => runtime.block_on(demo(args)),
-        Command::Credentials(command) => credentials(command),
+        Command::Credentials(command) => runtime.block_on(credentials(command)),
     }
 }
 
-fn credentials(command: CredentialsCommand) -> ExitCode {
+async fn credentials(command: CredentialsCommand) -> ExitCode {
     use copier_node::credentials::CredentialsKey;
     match command {
+        CredentialsCommand::Rotate(args) => {
+            let mut flags = args.db.flags();
+            flags.push(("credentials_key_file", args.credentials_key_file.clone()));
+            let (config, _) = match load(args.db.config.as_deref(), &flags) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let Some(key) = config.credentials_key.clone() else {
+                eprintln!(
+                    "error: no credentials key: set COPIER_CREDENTIALS_KEY (new key first: new,old) or `credentials_key_file`"
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            };
+            match rotate_credentials(&config, &key, args.encrypt_plaintext).await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         CredentialsCommand::Keygen => {
             println!("{}", CredentialsKey::generate().encode());
             ExitCode::SUCCESS
@@ -324,6 +346,65 @@ async fn migrate(args: DbArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `credentials rotate`: every stored value to the current key. True if every value was read.
+async fn rotate_credentials(
+    config: &Config,
+    key: &copier_node::credentials::CredentialsKey,
+    encrypt_plaintext: bool,
+) -> anyhow::Result<bool> {
+    use anyhow::Context;
+    use copier_node::config::Secret;
+    use copier_node::credentials::{Reseal, reseal};
+    use sqlx::{ConnectOptions, Connection};
+    let options = db::admin_options(&config.database_url).context("invalid `database_url`")?;
+    let mut conn = options
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to the database: {}", db::describe(&e)))?;
+    let (mut current, mut resealed, mut encrypted, mut problems) = (0, 0, 0, 0);
+    for (id, stored) in db::credentials::stored(&mut conn).await? {
+        let (new, was_plaintext) = match reseal(
+            key,
+            &Secret::new(stored.clone()),
+            encrypt_plaintext,
+        ) {
+            Reseal::Current => {
+                current += 1;
+                continue;
+            }
+            Reseal::Resealed(v) => (v, false),
+            Reseal::Plaintext(Some(v)) => (v, true),
+            Reseal::Plaintext(None) => {
+                problems += 1;
+                eprintln!(
+                    "account {id}: the credentials are stored in plaintext (rerun with --encrypt-plaintext to encrypt them)"
+                );
+                continue;
+            }
+            Reseal::Unreadable(e) => {
+                problems += 1;
+                eprintln!("account {id}: {e}; left as it is");
+                continue;
+            }
+        };
+        if !db::credentials::replace(&mut conn, id, &stored, &new).await? {
+            problems += 1;
+            eprintln!(
+                "account {id}: the value changed meanwhile; left as it is (run rotate again)"
+            );
+        } else if was_plaintext {
+            encrypted += 1;
+        } else {
+            resealed += 1;
+        }
+    }
+    let _ = conn.close().await;
+    println!(
+        "credentials: {resealed} re-encrypted with the current key, {encrypted} plaintext encrypted, {current} already current, {problems} left as they were"
+    );
+    Ok(problems == 0)
 }
 
 async fn migrate_database(config: &Config) -> anyhow::Result<Vec<i64>> {

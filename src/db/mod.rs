@@ -5,6 +5,7 @@
 //! integration tests against a real PostgreSQL.
 
 pub mod copy;
+pub mod credentials;
 pub mod lease;
 pub mod migrate;
 pub mod status;

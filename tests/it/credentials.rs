@@ -172,3 +172,87 @@ async fn credentials_are_decrypted_only_with_the_nodes_key_and_never_shown() {
     }
     broker.stop().await;
 }
+
+#[tokio::test]
+async fn rotate_brings_every_value_to_the_new_key_and_names_what_it_cannot_read() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let old = CredentialsKey::generate();
+    let new = CredentialsKey::generate();
+    let stranger = CredentialsKey::generate();
+    let values = [
+        (1, old.encrypt("pw-a")),
+        (2, new.encrypt("pw-b")),
+        (3, "pw-c".to_string()),
+        (4, stranger.encrypt("pw-d")),
+    ];
+    for (id, value) in &values {
+        add_account(&mut conn, *id, "follower", "127.0.0.1:1", &format!("l{id}")).await;
+        sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
+            .bind(id)
+            .bind(value)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let ring = new.clone().then(&old).encode();
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("COPIER_CREDENTIALS_KEY", ring.as_str()),
+    ];
+    let stored = async |conn: &mut PgConnection, id: i64| -> String {
+        sqlx::query_scalar("SELECT credentials FROM trading_accounts WHERE id = $1")
+            .bind(id)
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    let plain = |value: String| {
+        copier_node::credentials::decrypt(Some(&new), &Secret::new(value))
+            .map(|p| p.expose().to_string())
+    };
+
+    let (code, out, err) = run_to_end(&["credentials", "rotate"], &env);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("1 re-encrypted with the current key, 0 plaintext encrypted, 1 already current, 2 left as they were"),
+        "{out}"
+    );
+    assert!(
+        err.contains("account 3: the credentials are stored in plaintext"),
+        "{err}"
+    );
+    assert!(
+        err.contains("account 4: the credentials do not decrypt"),
+        "{err}"
+    );
+    assert_eq!(plain(stored(&mut conn, 1).await).as_deref(), Ok("pw-a"));
+    assert_eq!(
+        stored(&mut conn, 2).await,
+        values[1].1,
+        "a current value is not rewritten"
+    );
+    assert_eq!(stored(&mut conn, 3).await, "pw-c");
+    assert_eq!(stored(&mut conn, 4).await, values[3].1);
+
+    let (code, out2, err2) = run_to_end(&["credentials", "rotate", "--encrypt-plaintext"], &env);
+    assert_eq!(code, 1, "{out2}{err2}");
+    assert_eq!(plain(stored(&mut conn, 3).await).as_deref(), Ok("pw-c"));
+    sqlx::query("UPDATE trading_accounts SET credentials = NULL WHERE id = 4")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (code, out3, err3) = run_to_end(&["credentials", "rotate"], &env);
+    assert_eq!(code, 0, "{out3}{err3}");
+    assert!(
+        out3.contains(
+            "0 re-encrypted with the current key, 0 plaintext encrypted, 3 already current, 0 left"
+        ),
+        "{out3}"
+    );
+
+    let shown = [out, err, out2, err2, out3, err3].join("\n");
+    for secret in ["pw-a", "pw-b", "pw-c", "pw-d", &ring, &stranger.encode()] {
+        assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+    }
+}
