@@ -31,6 +31,7 @@ pub struct Metrics {
     pub events_published: IntCounter,
     pub rebalance_moves: IntCounter,
     pub target_accounts: IntGauge,
+    pub copies_skipped: IntCounter,
 }
 
 impl Default for Metrics {
@@ -102,6 +103,11 @@ impl Metrics {
             "This node's fair share of its platform's accounts",
         )
         .expect("valid metric");
+        let copies_skipped = IntCounter::new(
+            "copier_copies_skipped_total",
+            "Master positions a link decided not to copy (each reason is in copy_skips)",
+        )
+        .expect("valid metric");
         for result in ["ok", "failed"] {
             lease_cycles.with_label_values(&[result]);
         }
@@ -122,6 +128,7 @@ impl Metrics {
             Box::new(events_published.clone()),
             Box::new(rebalance_moves.clone()),
             Box::new(target_accounts.clone()),
+            Box::new(copies_skipped.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -138,6 +145,7 @@ impl Metrics {
             events_published,
             rebalance_moves,
             target_accounts,
+            copies_skipped,
         }
     }
 
@@ -175,6 +183,7 @@ mod tests {
             "copier_orders_gated_total 0",
             "copier_reconciles_total 0",
             "copier_copy_latency_seconds_bucket{le=\"0.001\"} 0",
+            "copier_copies_skipped_total 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

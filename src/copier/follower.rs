@@ -763,6 +763,7 @@ impl Follower<'_> {
             return;
         }
         info!(link_id = link.id, master_ticket, reason, "not copied");
+        self.ctx.node.metrics.copies_skipped.inc();
         let result = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
             db::copy::record_skip(

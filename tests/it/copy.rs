@@ -7,6 +7,7 @@ use copier_node::broker::types::Side;
 use sqlx::Executor;
 
 use crate::support::broker::{Scratch, journal, start_sim};
+use crate::support::http::{get, sample};
 use crate::support::{
     FAST, LinkSpec, TestDb, Trader, add_account, add_link, config, eventually, start_node,
     wait_state,
@@ -609,6 +610,12 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
         "{reason}"
     );
     assert!(t.positions("f10").await.is_empty());
+
+    let (_, metrics) = get(node.http_addr, "/metrics").await;
+    assert!(
+        sample(&metrics, "copier_copies_skipped_total") >= 7.0,
+        "{metrics}"
+    );
 
     // Protections only ever hold back new copies: closes follow the master as always.
     t.close("m1", ticket, None).await;
