@@ -23,6 +23,7 @@ use crate::broker::client::BridgeClient;
 use crate::broker::protocol::{PositionsResult, Request};
 use crate::broker::types::{Position, Side};
 use crate::config::Secret;
+use crate::credentials::CredentialsKey;
 use crate::db;
 use crate::lease::balance::{self, Knobs, Member};
 use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
@@ -176,7 +177,10 @@ pub async fn run(
         "simulated broker on {broker_addr}, journal {}",
         dir.join("journal.jsonl").display()
     ));
-    let links = seed(&url, &broker_addr, &options).await?;
+    // Every account logs in with its own broker password, stored encrypted; the nodes share the
+    // key, and only the session that logs an account in decrypts its password.
+    let key = CredentialsKey::generate();
+    let links = seed(&url, &broker_addr, &options, &key).await?;
     let followers = links.len();
 
     let exe = std::env::current_exe().context("finding this binary")?;
@@ -185,7 +189,7 @@ pub async fn run(
     let capacity = accounts;
     scratch
         .nodes
-        .push(Some(spawn_node(&exe, &url, &dir, 0, capacity)?));
+        .push(Some(spawn_node(&exe, &url, &key, &dir, 0, capacity)?));
     say(&format!(
         "started demo-n1 (capacity {capacity}; lease 3s, fence 1s, cycle 500ms); {} more join every {}s; Ctrl-C stops everything",
         options.nodes.saturating_sub(1),
@@ -272,7 +276,7 @@ pub async fn run(
                 let now = Instant::now();
                 if scratch.nodes.len() < options.nodes && pending_balance.is_none() && now >= next_join {
                     let i = scratch.nodes.len();
-                    scratch.nodes.push(Some(spawn_node(&exe, &url, &dir, i, capacity)?));
+                    scratch.nodes.push(Some(spawn_node(&exe, &url, &key, &dir, i, capacity)?));
                     say(&format!("scale-out: started demo-n{} ({} nodes)", i + 1, i + 1));
                     pending_balance = Some((now, format!("demo-n{}", i + 1)));
                     next_join = now + options.join_every;
@@ -304,7 +308,7 @@ pub async fn run(
                     && since.elapsed() >= options.down_for
                 {
                     let i = *i;
-                    scratch.nodes[i] = Some(spawn_node(&exe, &url, &dir, i, capacity)?);
+                    scratch.nodes[i] = Some(spawn_node(&exe, &url, &key, &dir, i, capacity)?);
                     say(&format!("restarted demo-n{}", i + 1));
                     pending_balance = Some((Instant::now(), format!("demo-n{}", i + 1)));
                     down = None;
@@ -313,7 +317,7 @@ pub async fn run(
         }
     }
     if let Some((i, _, _)) = down.take() {
-        scratch.nodes[i] = Some(spawn_node(&exe, &url, &dir, i, capacity)?);
+        scratch.nodes[i] = Some(spawn_node(&exe, &url, &key, &dir, i, capacity)?);
     }
     say("final check: closing every master position, then copying one more");
     let (missed_copies, missed_closes) = final_check(&trader, options.masters, &links).await?;
@@ -439,6 +443,7 @@ async fn seed(
     url: &str,
     broker: &str,
     options: &DemoOptions,
+    key: &CredentialsKey,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let mut conn = connect(url).await?;
     let settings = [
@@ -485,9 +490,21 @@ async fn seed(
             .await?;
         }
     }
+    // A password per account (the simulated broker keeps the one an account first logged in
+    // with), stored as `copier-node credentials encrypt` would.
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM trading_accounts")
+        .fetch_all(&mut conn)
+        .await?;
+    for id in ids {
+        sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
+            .bind(id)
+            .bind(key.encrypt(&format!("demo-password-{id}-{}", fastrand::u64(..))))
+            .execute(&mut conn)
+            .await?;
+    }
     let _ = conn.close().await;
     say(&format!(
-        "{} masters, {} followers (multiplier, fixed, reverse, balance ratio, symbol map)",
+        "{} masters, {} followers (multiplier, fixed, reverse, balance ratio, symbol map); broker passwords encrypted at rest",
         options.masters,
         links.len()
     ));
@@ -514,6 +531,7 @@ async fn add_account(
 fn spawn_node(
     exe: &Path,
     url: &str,
+    key: &CredentialsKey,
     dir: &Path,
     i: usize,
     capacity: usize,
@@ -536,6 +554,7 @@ fn spawn_node(
         ])
         .args(NODE_TIMINGS)
         .env("COPIER_DATABASE_URL", url)
+        .env("COPIER_CREDENTIALS_KEY", key.encode())
         .env_remove("DATABASE_URL")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
