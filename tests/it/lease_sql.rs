@@ -464,7 +464,7 @@ fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, String, String)>)
 }
 
 #[tokio::test]
-async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() {
+async fn node_connections_carry_the_session_bounds_durable_commits_no_jit_and_the_lease_loop_generic_plans() {
     let db = TestDb::new().await;
     let options = copier_node::db::node_options(
         &copier_node::config::Secret::new(db.url.clone()),
@@ -472,20 +472,24 @@ async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() 
         copier_node::db::SessionBounds::for_fence(Duration::from_millis(1500)),
     )
     .unwrap();
-    let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();
-    for (setting, wanted) in [
+    let common = [
         ("statement_timeout", "500ms"),
         ("lock_timeout", "300ms"),
         ("idle_in_transaction_session_timeout", "500ms"),
         ("synchronous_commit", "on"),
         ("jit", "off"),
         ("application_name", "copier-node x"),
-    ] {
-        let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(value, wanted, "{setting}");
+    ];
+    let lease = copier_node::db::lease_options(options.clone());
+    for (options, plans) in [(options, "auto"), (lease, "force_generic_plan")] {
+        let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();
+        for (setting, wanted) in common.iter().chain([&("plan_cache_mode", plans)]) {
+            let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(value, *wanted, "{setting}");
+        }
     }
 }
 
