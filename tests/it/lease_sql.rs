@@ -464,7 +464,7 @@ fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, String, String)>)
 }
 
 #[tokio::test]
-async fn node_connections_carry_the_session_bounds_durable_commits_no_jit_and_the_lease_loop_generic_plans() {
+async fn node_and_lease_connections_carry_their_session_settings() {
     let db = TestDb::new().await;
     let options = copier_node::db::node_options(
         &copier_node::config::Secret::new(db.url.clone()),
