@@ -54,6 +54,9 @@ pub struct ClusterStatus {
     /// Enabled accounts without a live owner.
     pub unowned: Vec<i64>,
     pub disabled: Vec<i64>,
+    /// Owned accounts whose session reports an error (status `error: ...`): bad credentials, a
+    /// refused login, a malformed row. Their status says why.
+    pub errors: Vec<i64>,
 }
 
 /// Reads the cluster's state in one snapshot (one transaction, repeatable read).
@@ -135,12 +138,20 @@ pub async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error>
         .filter(|a| !a.enabled)
         .map(|a| a.id)
         .collect();
+    let errors = accounts
+        .iter()
+        .filter(|a| {
+            a.owner.is_some() && a.status.as_deref().is_some_and(|s| s.starts_with("error:"))
+        })
+        .map(|a| a.id)
+        .collect();
     Ok(ClusterStatus {
         now_ms,
         nodes,
         accounts,
         unowned,
         disabled,
+        errors,
     })
 }
 
@@ -194,6 +205,9 @@ pub fn render_text(s: &ClusterStatus) -> String {
     }
     if !s.disabled.is_empty() {
         let _ = writeln!(out, "  disabled: {}", ids(&s.disabled));
+    }
+    if !s.errors.is_empty() {
+        let _ = writeln!(out, "  in error (see their status): {}", ids(&s.errors));
     }
     let _ = writeln!(
         out,

@@ -158,10 +158,14 @@ async fn credentials_are_decrypted_only_with_the_nodes_key_and_never_shown() {
     .await;
     let (code, status, _) = run_to_end(&["status", "--json"], &[("DATABASE_URL", &db.url)]);
     assert_eq!(code, 0);
+    let doc: serde_json::Value = serde_json::from_str(status.trim()).unwrap();
+    assert_eq!(doc["errors"], serde_json::json!([2, 3]), "{status}");
+    let (_, text, _) = run_to_end(&["status"], &[("DATABASE_URL", &db.url)]);
+    assert!(text.contains("in error (see their status): 2, 3"), "{text}");
     with.signal("TERM");
     assert!(with.wait_exit(WAIT).await.success(), "{}", with.output());
 
-    let shown = [without.output(), with.output(), status].join("\n");
+    let shown = [without.output(), with.output(), status, text].join("\n");
     for secret in passwords.iter().map(|p| p.to_string()).chain([
         sealed,
         sealed_other,
