@@ -25,7 +25,7 @@ use super::MasterPosition;
 use super::events::{MasterEvent, MasterNotice};
 use super::reconcile::{Action, Memory, plan};
 use super::rules::{Inputs, Link, LotMode, follower_stops, open_order, round_to_step};
-use super::{client_order_id, parse_marker};
+use super::{client_order_id, parse_marker, spread_interval};
 use crate::account::AccountContext;
 use crate::broker::types::{
     CloseOrder, ClosedPosition, ModifyOrder, Position, PositionChange, SymbolSpec,
@@ -157,10 +157,9 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         return Ok(());
     }
     f.reconcile_all("session start").await;
-    let mut background =
-        tokio::time::interval_at(Instant::now() + BACKGROUND_RECONCILE, BACKGROUND_RECONCILE);
-    let mut links = tokio::time::interval_at(Instant::now() + LINKS_EVERY, LINKS_EVERY);
-    let mut funds = tokio::time::interval_at(Instant::now() + FUNDS_EVERY, FUNDS_EVERY);
+    let mut background = spread_interval(BACKGROUND_RECONCILE);
+    let mut links = spread_interval(LINKS_EVERY);
+    let mut funds = spread_interval(FUNDS_EVERY);
     loop {
         let retry_at = f.retry_at;
         tokio::select! {

@@ -14,11 +14,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::bail;
-use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::MasterPosition;
 use super::events::MasterEvent;
+use super::{MasterPosition, spread_interval};
 use crate::account::AccountContext;
 use crate::broker::types::{ClosedPosition, Position, PositionChange};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
@@ -68,9 +67,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
     }
     // A new owner always publishes once under its epoch, so followers reconcile early.
     m.sync(session.api.as_ref(), true).await?;
-    let mut background =
-        tokio::time::interval_at(Instant::now() + BACKGROUND_SYNC, BACKGROUND_SYNC);
-    let mut funds = tokio::time::interval_at(Instant::now() + FUNDS_EVERY, FUNDS_EVERY);
+    let mut background = spread_interval(BACKGROUND_SYNC);
+    let mut funds = spread_interval(FUNDS_EVERY);
     loop {
         let retry = tokio::time::sleep(RETRY);
         tokio::select! {

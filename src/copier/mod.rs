@@ -19,9 +19,23 @@ pub mod master;
 pub mod reconcile;
 pub mod rules;
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::broker::types::Side;
+
+/// A session's periodic timer, `period` apart, whose first tick falls at a random point between
+/// half a period and one and a half: a node starts hundreds of sessions in one cycle, and timers
+/// started together would fire together (a burst of link reloads and broker reads that holds up
+/// the copies of a trade arriving at that moment). A late tick is delayed, never fired in a burst.
+pub fn spread_interval(period: Duration) -> Interval {
+    let first = period.mul_f64(0.5 + fastrand::f64());
+    let mut interval = tokio::time::interval_at(Instant::now() + first, period);
+    interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    interval
+}
 
 /// A master position as published in the master's snapshot and events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,5 +86,28 @@ mod tests {
             assert_eq!(parse_marker(other), None, "{other}");
         }
         assert_eq!(client_order_id(7, 1000042, "open"), "l7-m1000042-open");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn session_timers_started_together_fire_apart() {
+        let period = Duration::from_secs(5);
+        let mut firsts = Vec::new();
+        for _ in 0..20 {
+            let mut timer = spread_interval(period);
+            let t0 = Instant::now();
+            timer.tick().await;
+            let first = t0.elapsed();
+            assert!(
+                first >= period / 2 && first <= period * 3 / 2,
+                "first tick after {first:?}"
+            );
+            firsts.push(first);
+            let t1 = Instant::now();
+            timer.tick().await;
+            assert_eq!(t1.elapsed(), period, "then one period apart");
+        }
+        firsts.sort();
+        firsts.dedup();
+        assert!(firsts.len() >= 15, "first ticks spread: {firsts:?}");
     }
 }
