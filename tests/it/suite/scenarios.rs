@@ -372,6 +372,12 @@ async fn the_wall_clock_jumping_changes_nothing() {
         ("FAKETIME_NO_CACHE".to_string(), "1".to_string()),
         // The monotonic clock (all lease logic) is left alone; only the wall clock jumps.
         ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
+        // A line per lease cycle, so b's log shows its wall clock in every window below,
+        // whatever accounts b happens to own (a node owning only masters logs little else).
+        (
+            "RUST_LOG".to_string(),
+            "info,copier_node::lease=debug,sqlx=warn".to_string(),
+        ),
     ];
     let mut s = three_nodes("suite-clock-jump", &[], env).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
