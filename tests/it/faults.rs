@@ -11,6 +11,7 @@ use sqlx::Executor;
 use crate::support::broker::{BrokerProcess, Scratch, journal, start_sim};
 use crate::support::chaos::{ChaosProxy, Mode};
 use crate::support::faults::FaultyBrokers;
+use crate::support::http::{get, sample};
 use crate::support::process::NodeProcess;
 use crate::support::{
     FAST, LinkSpec, TestDb, Trader, add_account, add_link, config, config_listen, config_url,
@@ -363,6 +364,15 @@ async fn disabling_and_removing_a_link_behave_as_documented() {
     t.copy_of("f2", m2, p1, WAIT).await;
     t.copy_of("f3", m3, p1, WAIT).await;
 
+    // Each session re-reads its links at its own phase: f2 has seen its link disabled once it has
+    // reconciled for the change (the only reconcile this node runs meanwhile).
+    let reconciles = async || {
+        sample(
+            &get(node.http_addr, "/metrics").await.1,
+            "copier_reconciles_total",
+        )
+    };
+    let before = reconciles().await;
     conn.execute(format!("UPDATE copy_links SET enabled = false WHERE id = {disabled}").as_str())
         .await
         .unwrap();
@@ -376,6 +386,10 @@ async fn disabling_and_removing_a_link_behave_as_documented() {
                 .await
                 .unwrap();
         (s.as_deref() == Some("follower: no copy links")).then_some(())
+    })
+    .await;
+    eventually("f2 to reconcile with its disabled link", WAIT, async || {
+        (reconciles().await > before).then_some(())
     })
     .await;
     // A disabled link opens nothing new (the reason is recorded) ...
