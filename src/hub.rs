@@ -3,7 +3,9 @@
 //!
 //! * release announcements (`copier_released`) from other nodes of the platform wake the lease
 //!   loop to claim at once (instant handoff);
-//! * master events (`copier_master_<id>`) go to every follower session subscribed to that master.
+//! * master events (`copier_master_<id>`) go to every follower session subscribed to that master;
+//! * link changes (`copier_links`, from a trigger on `copy_links`) go to the session of the
+//!   follower whose links changed.
 //!
 //! [`Hub::subscribe`] returns only once the server has confirmed the LISTEN, so a follower that
 //! subscribes and then reads its master's snapshot misses nothing in between. When the connection
@@ -28,19 +30,31 @@ use crate::db;
 pub enum Signal {
     /// A master event, with the instant it arrived at the node (copy latency counts from it).
     Notice(MasterNotice, tokio::time::Instant),
-    /// The LISTEN connection was lost and restored: notifications may have been missed.
+    /// The follower's copy links changed: re-read them.
+    LinksChanged,
+    /// The LISTEN connection was lost and restored: notifications may have been missed (once
+    /// per subscriber channel).
     Gap,
+}
+
+/// What a subscription is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Topic {
+    /// A master's events (its own channel, listened to while someone on the node subscribes).
+    Master(i64),
+    /// A follower's link changes (one channel for all, always listened to).
+    Links(i64),
 }
 
 enum Command {
     Subscribe {
-        master_id: i64,
+        topic: Topic,
         id: u64,
         sender: mpsc::UnboundedSender<Signal>,
         ready: oneshot::Sender<()>,
     },
     Unsubscribe {
-        master_id: i64,
+        topic: Topic,
         id: u64,
     },
 }
@@ -52,19 +66,19 @@ pub struct Hub {
     next_id: Arc<AtomicU64>,
 }
 
-/// A live subscription to one master's events; dropping it stops the LISTEN when nobody else
-/// on the node needs that master.
+/// A live subscription; dropping it stops the LISTEN of a master's channel when nobody else on
+/// the node needs that master.
 #[derive(Debug)]
 pub struct Subscription {
     hub: Hub,
-    master_id: i64,
+    topic: Topic,
     id: u64,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
         let _ = self.hub.commands.send(Command::Unsubscribe {
-            master_id: self.master_id,
+            topic: self.topic,
             id: self.id,
         });
     }
@@ -90,18 +104,18 @@ impl Hub {
         }
     }
 
-    /// Subscribes `sender` to master `master_id`'s events. Resolves once the LISTEN is confirmed
-    /// (waiting while the database is unreachable); `None` if the hub has stopped.
+    /// Subscribes `sender` to `topic`. Resolves once the LISTEN is confirmed (waiting while the
+    /// database is unreachable); `None` if the hub has stopped.
     pub async fn subscribe(
         &self,
-        master_id: i64,
+        topic: Topic,
         sender: mpsc::UnboundedSender<Signal>,
     ) -> Option<Subscription> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (ready, confirmed) = oneshot::channel();
         self.commands
             .send(Command::Subscribe {
-                master_id,
+                topic,
                 id,
                 sender,
                 ready,
@@ -109,7 +123,7 @@ impl Hub {
             .ok()?;
         let subscription = Subscription {
             hub: self.clone(),
-            master_id,
+            topic,
             id,
         };
         confirmed.await.ok()?;
@@ -117,11 +131,61 @@ impl Hub {
     }
 }
 
+type Senders = HashMap<u64, mpsc::UnboundedSender<Signal>>;
+
 #[derive(Default)]
 struct Subscribers {
-    by_master: HashMap<i64, HashMap<u64, mpsc::UnboundedSender<Signal>>>,
+    by_master: HashMap<i64, Senders>,
+    by_follower: HashMap<i64, Senders>,
     /// Subscriptions waiting for their LISTEN to be confirmed.
     waiting: Vec<oneshot::Sender<()>>,
+}
+
+impl Subscribers {
+    fn of(&mut self, topic: Topic) -> (&mut HashMap<i64, Senders>, i64) {
+        match topic {
+            Topic::Master(m) => (&mut self.by_master, m),
+            Topic::Links(f) => (&mut self.by_follower, f),
+        }
+    }
+
+    fn add(&mut self, topic: Topic, id: u64, sender: mpsc::UnboundedSender<Signal>) {
+        let (map, key) = self.of(topic);
+        map.entry(key).or_default().insert(id, sender);
+    }
+
+    /// Removes a subscriber; true when it was the last one of its topic.
+    fn remove(&mut self, topic: Topic, id: u64) -> bool {
+        let (map, key) = self.of(topic);
+        let empty = map
+            .get_mut(&key)
+            .map(|s| {
+                s.remove(&id);
+                s.is_empty()
+            })
+            .unwrap_or(false);
+        if empty {
+            map.remove(&key);
+        }
+        empty
+    }
+
+    /// One `Gap` per subscriber channel (a follower subscribed to masters and to its links hears
+    /// it once).
+    fn send_gap(&self) {
+        let mut sent: Vec<&mpsc::UnboundedSender<Signal>> = Vec::new();
+        for s in self
+            .by_master
+            .values()
+            .chain(self.by_follower.values())
+            .flat_map(|m| m.values())
+        {
+            if !sent.iter().any(|o| o.same_channel(s)) {
+                let _ = s.send(Signal::Gap);
+                sent.push(s);
+            }
+        }
+    }
 }
 
 async fn run(
@@ -188,12 +252,8 @@ async fn run(
                 "LISTEN connection restored; subscribers reconcile"
             );
         }
-        for senders in subs.by_master.values() {
-            for s in senders.values() {
-                if !first {
-                    let _ = s.send(Signal::Gap);
-                }
-            }
+        if !first {
+            subs.send_gap();
         }
         for ready in subs.waiting.drain(..) {
             let _ = ready.send(());
@@ -208,9 +268,11 @@ async fn run(
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
                     match cmd {
-                        Command::Subscribe { master_id, id, sender, ready } => {
-                            subs.by_master.entry(master_id).or_default().insert(id, sender);
-                            if !listening.contains(&master_id) {
+                        Command::Subscribe { topic, id, sender, ready } => {
+                            subs.add(topic, id, sender);
+                            if let Topic::Master(master_id) = topic
+                                && !listening.contains(&master_id)
+                            {
                                 if let Err(e) = listener.listen(&channel(master_id)).await {
                                     warn!(error = %db::describe(&e), master_id, "LISTEN failed; reconnecting");
                                     subs.waiting.push(ready);
@@ -220,13 +282,13 @@ async fn run(
                             }
                             let _ = ready.send(());
                         }
-                        Command::Unsubscribe { master_id, id } => {
-                            let empty = subs.by_master.get_mut(&master_id).map(|s| { s.remove(&id); s.is_empty() }).unwrap_or(false);
-                            if empty {
-                                subs.by_master.remove(&master_id);
-                                if listening.remove(&master_id) && listener.unlisten(&channel(master_id)).await.is_err() {
-                                    break;
-                                }
+                        Command::Unsubscribe { topic, id } => {
+                            if subs.remove(topic, id)
+                                && let Topic::Master(master_id) = topic
+                                && listening.remove(&master_id)
+                                && listener.unlisten(&channel(master_id)).await.is_err()
+                            {
+                                break;
                             }
                         }
                     }
@@ -250,24 +312,16 @@ async fn run(
 fn apply_offline(subs: &mut Subscribers, cmd: Command) {
     match cmd {
         Command::Subscribe {
-            master_id,
+            topic,
             id,
             sender,
             ready,
         } => {
-            subs.by_master
-                .entry(master_id)
-                .or_default()
-                .insert(id, sender);
+            subs.add(topic, id, sender);
             subs.waiting.push(ready);
         }
-        Command::Unsubscribe { master_id, id } => {
-            if let Some(s) = subs.by_master.get_mut(&master_id) {
-                s.remove(&id);
-                if s.is_empty() {
-                    subs.by_master.remove(&master_id);
-                }
-            }
+        Command::Unsubscribe { topic, id } => {
+            subs.remove(topic, id);
         }
     }
 }
@@ -285,6 +339,25 @@ fn dispatch(
         if from_platform == platform && from_node != node_id {
             debug!(from_node, "release announced");
             wake.notify_one();
+        }
+        return;
+    }
+    if channel_name == db::LINKS_CHANNEL {
+        match payload.parse::<i64>() {
+            Ok(follower) => {
+                for s in subs
+                    .by_follower
+                    .get(&follower)
+                    .into_iter()
+                    .flat_map(|m| m.values())
+                {
+                    let _ = s.send(Signal::LinksChanged);
+                }
+            }
+            Err(_) => warn!(
+                payload,
+                "unreadable link-change notice ignored (the periodic re-read repairs it)"
+            ),
         }
         return;
     }
@@ -312,6 +385,7 @@ async fn connect(
         .connect_lazy_with(options.clone());
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(db::RELEASED_CHANNEL).await?;
+    listener.listen(db::LINKS_CHANNEL).await?;
     let mut listening = HashSet::new();
     for m in masters {
         listener.listen(&channel(m)).await?;

@@ -18,7 +18,7 @@
 //! | [`supervisor`] | one task per owned (account, epoch): start on claim, stop on loss, release after stop |
 //! | [`account`] | the account task and the context it acts through (gate, epoch, fenced writes, broker login) |
 //! | [`copier`] | the copy engine: master sessions publish events, follower sessions apply and reconcile; pure copy rules |
-//! | [`hub`] | the node's one LISTEN connection: release announcements and master events, fanned out |
+//! | [`hub`] | the node's one LISTEN connection: release announcements, master events and link changes, fanned out |
 //! | [`brokers`] | one broker connection per trade server, shared by the node's sessions |
 //! | [`http`], [`metrics`] | `/healthz`, `/readyz`, `/metrics` on `http_listen`; the node's Prometheus registry |
 //! | [`status_writer`] | batched status writes fenced by (node, epoch); reports rows found lost |

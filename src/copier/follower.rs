@@ -33,13 +33,14 @@ use crate::broker::types::{
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::AccountRow;
-use crate::hub::{Signal, Subscription};
+use crate::hub::{Signal, Subscription, Topic};
 use crate::status_writer::StatusUpdate;
 
 /// A slow reconcile of every master, so a lost last event is repaired too.
 const BACKGROUND_RECONCILE: Duration = Duration::from_secs(180);
-/// How often links are re-read (new, changed, disabled and removed links take effect).
-const LINKS_EVERY: Duration = Duration::from_secs(5);
+/// How often links are re-read regardless: a trigger on `copy_links` announces every change, so
+/// this only repairs an announcement lost in a way the LISTEN connection did not notice.
+const LINKS_EVERY: Duration = Duration::from_secs(60);
 /// How often balance and equity are reported.
 const FUNDS_EVERY: Duration = Duration::from_secs(30);
 /// First and longest delay before a reconcile that is owed (after an unknown outcome, a failed
@@ -127,6 +128,14 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         "follower logged in (fence raised); reconciling before anything else"
     );
     let (tx, mut signals) = mpsc::unbounded_channel();
+    // Link changes are announced; listen before the first read so none is missed.
+    let _links_changes = tokio::select! {
+        _ = ctx.cancel.cancelled() => return Ok(()),
+        s = ctx.node.hub.subscribe(Topic::Links(row.id), tx.clone()) => match s {
+            Some(s) => s,
+            None => bail!("the notification hub stopped"),
+        },
+    };
     let mut f = Follower {
         ctx,
         id: row.id,
@@ -174,7 +183,17 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
             },
             signal = signals.recv() => match signal {
                 Some(Signal::Notice(n, received)) => f.on_notice(n, received).await,
-                Some(Signal::Gap) => f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await,
+                Some(Signal::LinksChanged) => {
+                    if !f.reload_links().await {
+                        return Ok(());
+                    }
+                }
+                Some(Signal::Gap) => {
+                    if !f.reload_links().await {
+                        return Ok(());
+                    }
+                    f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await;
+                }
                 None => bail!("the notification hub stopped"),
             },
             _ = tokio::time::sleep_until(retry_at), if f.owed && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,
@@ -262,7 +281,7 @@ impl Follower<'_> {
             if !self.subscriptions.contains_key(m) {
                 let sub = tokio::select! {
                     _ = self.ctx.cancel.cancelled() => return false,
-                    s = self.ctx.node.hub.subscribe(*m, self.signals.clone()) => s,
+                    s = self.ctx.node.hub.subscribe(Topic::Master(*m), self.signals.clone()) => s,
                 };
                 match sub {
                     Some(s) => {

@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "copy protections",
         include_str!("../../migrations/0004_copy_protections.sql"),
     ),
+    (
+        5,
+        "link change notices",
+        include_str!("../../migrations/0005_link_change_notices.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

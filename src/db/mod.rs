@@ -21,6 +21,10 @@ use crate::config::Secret;
 /// `<platform> <node_id>`: peers of that platform claim at once; the sender ignores its own.
 pub const RELEASED_CHANNEL: &str = "copier_released";
 
+/// The channel on which a trigger on `copy_links` announces that a follower's links changed
+/// (payload: the follower's id), so its session re-reads them at once.
+pub const LINKS_CHANNEL: &str = "copier_links";
+
 /// Splits a [`RELEASED_CHANNEL`] payload into (platform, sending node id).
 pub fn parse_announcement(payload: &str) -> (&str, &str) {
     payload.split_once(' ').unwrap_or((payload, ""))

@@ -597,10 +597,14 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
         copy_existing: true,
         ..Default::default()
     };
-    let (late, _) = add_link(&mut conn, 1, 10, existing.clone()).await;
-    conn.execute(format!("UPDATE copy_links SET max_delay_ms = 1000 WHERE id = {late}").as_str())
+    // Created with its protection in one transaction: link changes are announced at commit, and
+    // a session would copy at once under a link committed without it.
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    let (late, _) = add_link(&mut tx, 1, 10, existing.clone()).await;
+    tx.execute(format!("UPDATE copy_links SET max_delay_ms = 1000 WHERE id = {late}").as_str())
         .await
         .unwrap();
+    tx.commit().await.unwrap();
     let (_, magic11) = add_link(&mut conn, 1, 11, existing).await;
     t.copy_of("f11", magic11, ticket, Duration::from_secs(30))
         .await;
@@ -629,4 +633,46 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
     node.shutdown();
     node.wait().await.unwrap();
     broker.stop().await;
+}
+
+#[tokio::test]
+async fn link_changes_are_announced_to_the_followers_subscribers_only() {
+    use copier_node::hub::{Hub, Signal, Topic};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", "127.0.0.1:1", "m1").await;
+    add_account(&mut conn, 2, "follower", "127.0.0.1:1", "f2").await;
+    add_account(&mut conn, 3, "follower", "127.0.0.1:1", "f3").await;
+    let hub = Hub::spawn(
+        db.url.parse().unwrap(),
+        "mt5".into(),
+        "t".into(),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let (tx2, mut rx2) = tokio::sync::mpsc::unbounded_channel();
+    let (tx3, mut rx3) = tokio::sync::mpsc::unbounded_channel();
+    let _s2 = hub.subscribe(Topic::Links(2), tx2).await.unwrap();
+    let _s3 = hub.subscribe(Topic::Links(3), tx3).await.unwrap();
+    let mut heard = async |what: &str| {
+        let signal = tokio::time::timeout(WAIT, rx2.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no announcement for follower 2 after {what}"));
+        assert_eq!(signal, Some(Signal::LinksChanged), "{what}");
+    };
+    let (link, _) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    heard("an insert").await;
+    conn.execute(format!("UPDATE copy_links SET lot_value = 3 WHERE id = {link}").as_str())
+        .await
+        .unwrap();
+    heard("an update").await;
+    conn.execute(format!("DELETE FROM copy_links WHERE id = {link}").as_str())
+        .await
+        .unwrap();
+    heard("a delete").await;
+    // Announcements arrive in commit order on one connection: follower 3's would be here by now.
+    assert!(
+        rx3.try_recv().is_err(),
+        "follower 3 heard about follower 2's links"
+    );
 }

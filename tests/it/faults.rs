@@ -364,7 +364,7 @@ async fn disabling_and_removing_a_link_behave_as_documented() {
     t.copy_of("f2", m2, p1, WAIT).await;
     t.copy_of("f3", m3, p1, WAIT).await;
 
-    // Each session re-reads its links at its own phase: f2 has seen its link disabled once it has
+    // Each session hears of its own link changes: f2 has seen its link disabled once it has
     // reconciled for the change (the only reconcile this node runs meanwhile).
     let reconciles = async || {
         sample(
