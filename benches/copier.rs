@@ -341,15 +341,14 @@ const SEED_CLAIM: &str = "UPDATE seed_accounts SET node_id = $1, lease_until = n
 const SEED_READ: &str =
     "SELECT id FROM seed_accounts WHERE node_id = $1 AND platform = $2 AND enabled";
 
-/// A connection with a running node's lease-loop settings (`db::lease_options`: bounds for a
-/// generous fence, durable commits, no JIT, generic plans), so the cycle is measured as a node
-/// runs it.
+/// A connection with a running node's session settings (`db::node_options`: bounds for a
+/// generous fence, durable commits, no JIT), so the cycle is measured as a node runs it.
 async fn node_connection(url: &str) -> anyhow::Result<PgConnection> {
-    let options = db::lease_options(db::node_options(
+    let options = db::node_options(
         &copier_node::config::Secret::new(url),
         "bench",
         db::SessionBounds::for_fence(Duration::from_secs(60)),
-    )?);
+    )?;
     Ok(sqlx::ConnectOptions::connect(&options).await?)
 }
 

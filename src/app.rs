@@ -190,7 +190,7 @@ pub async fn start(
         let lease_loop = LeaseLoop {
             node: node.clone(),
             instance_id,
-            connect: db::lease_options(node_options),
+            connect: node_options,
             supervisor: Supervisor::new(shared, event_tx),
             events: event_rx,
             wake,

@@ -85,17 +85,6 @@ pub fn node_options(
         ]))
 }
 
-/// Connection options for the lease loop's own connection: [`node_options`] with prepared
-/// statements always run on their generic plan.
-///
-/// The cycle's generic plan is index-driven at any table size (tested at 1M rows), but its
-/// estimates are for a node owning a hundredth of the table, so PostgreSQL's plan cache judged
-/// it costlier than a custom plan and re-planned every cycle: at 1M rows the planning alone took
-/// about 1 ms, as long as executing the cycle (BENCHMARKS.md).
-pub fn lease_options(node_options: PgConnectOptions) -> PgConnectOptions {
-    node_options.options([("plan_cache_mode", "force_generic_plan")])
-}
-
 /// `url` with its database name replaced by `db`; the rest (user, host, port, query) is kept.
 pub fn with_database(url: &str, db: &str) -> String {
     let (base, query) = url

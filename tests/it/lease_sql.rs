@@ -464,7 +464,7 @@ fn plan_nodes(plan: &serde_json::Value, out: &mut Vec<(String, String, String)>)
 }
 
 #[tokio::test]
-async fn node_and_lease_connections_carry_their_session_settings() {
+async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() {
     let db = TestDb::new().await;
     let options = copier_node::db::node_options(
         &copier_node::config::Secret::new(db.url.clone()),
@@ -472,24 +472,20 @@ async fn node_and_lease_connections_carry_their_session_settings() {
         copier_node::db::SessionBounds::for_fence(Duration::from_millis(1500)),
     )
     .unwrap();
-    let common = [
+    let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();
+    for (setting, wanted) in [
         ("statement_timeout", "500ms"),
         ("lock_timeout", "300ms"),
         ("idle_in_transaction_session_timeout", "500ms"),
         ("synchronous_commit", "on"),
         ("jit", "off"),
         ("application_name", "copier-node x"),
-    ];
-    let lease = copier_node::db::lease_options(options.clone());
-    for (options, plans) in [(options, "auto"), (lease, "force_generic_plan")] {
-        let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();
-        for (setting, wanted) in common.iter().chain([&("plan_cache_mode", plans)]) {
-            let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(value, *wanted, "{setting}");
-        }
+    ] {
+        let value: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(value, wanted, "{setting}");
     }
 }
 
