@@ -85,6 +85,11 @@ impl CredentialsKey {
         self
     }
 
+    /// The first key alone: the one new values are encrypted with.
+    fn current(&self) -> CredentialsKey {
+        CredentialsKey(vec![self.0[0]])
+    }
+
     fn cipher(key: &[u8; 32]) -> ChaCha20Poly1305 {
         ChaCha20Poly1305::new(Key::from_slice(key))
     }
@@ -139,8 +144,7 @@ pub fn reseal(key: &CredentialsKey, stored: &Secret, encrypt_plaintext: bool) ->
     if !stored.expose().trim().starts_with(PREFIX) {
         return Reseal::Plaintext(encrypt_plaintext.then(|| key.encrypt(stored.expose())));
     }
-    let current = CredentialsKey(vec![key.0[0]]);
-    if decrypt(Some(&current), stored).is_ok() {
+    if decrypt(Some(&key.current()), stored).is_ok() {
         return Reseal::Current;
     }
     match decrypt(Some(key), stored) {

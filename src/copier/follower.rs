@@ -189,7 +189,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
                     }
                 }
                 Some(Signal::Gap) => {
-                    if !f.reload_links().await {
+                    // Link changes may have been missed too; every master is reconciled below.
+                    if !f.reload_links_only().await {
                         return Ok(());
                     }
                     f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await;
@@ -249,6 +250,16 @@ impl Follower<'_> {
     /// Re-reads the links; subscribes to new masters (before any snapshot of theirs is read) and
     /// reconciles masters whose links changed. False if the task was stopped meanwhile.
     async fn reload_links(&mut self) -> bool {
+        self.load_links(true).await
+    }
+
+    /// As [`Self::reload_links`], leaving the reconciles to the caller (who reconciles every
+    /// master anyway).
+    async fn reload_links_only(&mut self) -> bool {
+        self.load_links(false).await
+    }
+
+    async fn load_links(&mut self, reconcile_changed: bool) -> bool {
         let loaded = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
             db::copy::load_links(&mut conn, self.id).await
@@ -316,7 +327,9 @@ impl Follower<'_> {
         if !first {
             for m in changed.keys().filter(|m| wanted.contains(m)) {
                 self.applied.remove(m);
-                self.reconcile_master(*m, "copy link changed").await;
+                if reconcile_changed {
+                    self.reconcile_master(*m, "copy link changed").await;
+                }
             }
         }
         true

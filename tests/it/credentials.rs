@@ -39,6 +39,15 @@ fn encrypt_with_the_cli(key: &CredentialsKey, password: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+async fn set_credentials(conn: &mut PgConnection, id: i64, value: &str) {
+    sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
+        .bind(id)
+        .bind(value)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
 async fn status_of(conn: &mut PgConnection, id: i64) -> String {
     sqlx::query_scalar::<_, Option<String>>("SELECT status FROM trading_accounts WHERE id = $1")
         .bind(id)
@@ -95,12 +104,7 @@ async fn credentials_are_decrypted_only_with_the_nodes_key_and_never_shown() {
         (2, passwords[1]), // stored in plaintext: refused, never sent
         (3, sealed_other.as_str()),
     ] {
-        sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
-            .bind(id)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        set_credentials(&mut conn, id, value).await;
     }
 
     // A node without the key: every account with credentials is in an error status saying why,
@@ -192,12 +196,7 @@ async fn rotate_brings_every_value_to_the_new_key_and_names_what_it_cannot_read(
     ];
     for (id, value) in &values {
         add_account(&mut conn, *id, "follower", "127.0.0.1:1", &format!("l{id}")).await;
-        sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
-            .bind(id)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        set_credentials(&mut conn, *id, value).await;
     }
     let ring = new.clone().then(&old).encode();
     let env = [
