@@ -119,6 +119,14 @@ pub struct ServeArgs {
     /// Accept stale fences (to measure what the fence check prevents).
     #[arg(long)]
     pub no_fence_check: bool,
+    /// Execute every request, even one whose client order id was already executed (MT4/MT5
+    /// servers deduplicate nothing).
+    #[arg(long)]
+    pub no_dedupe: bool,
+    /// Send each reply before the position updates it caused (the bridge protocol allows either
+    /// order; by default updates go first).
+    #[arg(long)]
+    pub reply_first: bool,
     /// Balance of a new account.
     #[arg(long, default_value_t = 10_000.0)]
     pub balance: f64,

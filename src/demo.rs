@@ -18,10 +18,10 @@ use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::broker::BrokerError;
 use crate::broker::client::BridgeClient;
 use crate::broker::protocol::{PositionsResult, Request};
 use crate::broker::types::{Position, Side};
+use crate::broker::{BrokerError, RejectCode};
 use crate::config::Secret;
 use crate::credentials::CredentialsKey;
 use crate::db;
@@ -621,7 +621,9 @@ async fn positions_of(trader: &BridgeClient, login: &str) -> anyhow::Result<Vec<
         })
         .await
     {
-        Err(BrokerError::Rejected(r)) if r.contains("unknown login") => return Ok(Vec::new()),
+        Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownLogin => {
+            return Ok(Vec::new());
+        }
         other => other.with_context(|| format!("reading the positions of {login}"))?,
     };
     Ok(serde_json::from_value::<PositionsResult>(value)?.positions)

@@ -207,6 +207,8 @@ async fn sim_broker(command: SimBrokerCommand) -> ExitCode {
                 journal: args.journal,
                 state: args.state,
                 fence_check: !args.no_fence_check,
+                dedupe: !args.no_dedupe,
+                reply_first: args.reply_first,
                 balance: args.balance,
                 price_walk,
             };

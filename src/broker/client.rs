@@ -29,7 +29,10 @@ use super::types::{
     AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
     SymbolSpec,
 };
-use super::{AccountLogin, BoxFuture, Broker, BrokerError, Session, SessionEvent, TradeApi};
+use super::{
+    AccountLogin, BoxFuture, Broker, BrokerError, RejectCode, Rejection, Session, SessionEvent,
+    TradeApi,
+};
 
 /// How long a request waits for its reply before its outcome is called unknown.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -258,11 +261,14 @@ impl Inner {
         if reply.ok {
             Ok(reply.result.unwrap_or(serde_json::Value::Null))
         } else {
-            let reason = reply
+            let (reason, code) = reply
                 .error
-                .map(|e| e.reason)
-                .unwrap_or_else(|| "no reason given".into());
-            Err(BrokerError::Rejected(reason))
+                .map(|e| (e.reason, e.code))
+                .unwrap_or_else(|| ("no reason given".into(), None));
+            Err(BrokerError::Rejected(Rejection::new(
+                code.unwrap_or(RejectCode::Rejected),
+                reason,
+            )))
         }
     }
 
@@ -381,7 +387,7 @@ async fn serve_connection(
                 .await;
             let event = match result {
                 Ok(_) => SessionEvent::Reconnected,
-                Err(BrokerError::Rejected(reason)) => SessionEvent::LoginLost(reason),
+                Err(BrokerError::Rejected(r)) => SessionEvent::LoginLost(r.reason),
                 Err(e) => return Err(e),
             };
             let state = client.state.lock().expect("bridge state");

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::config::Secret;
@@ -32,9 +33,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Why a broker call failed, and so what the caller may do next.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BrokerError {
-    /// The server refused the request and changed nothing: do not retry it blindly.
+    /// The server refused the request and changed nothing: do not retry it blindly (its code
+    /// says whether a later attempt may succeed).
     #[error("rejected by the broker: {0}")]
-    Rejected(String),
+    Rejected(Rejection),
     /// The request may have been executed (the connection dropped after it was sent, or no
     /// reply came in time): find out from positions and history before sending anything again.
     #[error("outcome unknown: {0}")]
@@ -42,6 +44,86 @@ pub enum BrokerError {
     /// Nothing was sent (no connection): safe to try again later.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+}
+
+/// Why a server refused a request, as a closed set: the bridge protocol's `code` (a bridge that
+/// sends none, or a code this node does not know, reads as [`RejectCode::Rejected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectCode {
+    /// The symbol does not exist on this server.
+    UnknownSymbol,
+    /// Volume outside the symbol's minimum, maximum or step (or more than the position holds).
+    InvalidVolume,
+    /// Stop loss or take profit on the wrong side of the price, or not a price.
+    InvalidStops,
+    /// The price moved beyond the order's price limit.
+    Slippage,
+    /// The server offers a new price: try again.
+    Requote,
+    /// The symbol's market is closed now: try again when it opens.
+    MarketClosed,
+    /// Not enough free margin.
+    NoMoney,
+    /// The ticket is not an open position of the account.
+    UnknownTicket,
+    /// A fence below the highest the server has seen for the login.
+    StaleFence,
+    /// Login refused: wrong password.
+    InvalidCredentials,
+    /// The login does not exist on the server.
+    UnknownLogin,
+    /// Any other refusal: definitive.
+    #[serde(other)]
+    Rejected,
+}
+
+impl RejectCode {
+    /// True when the same request may succeed later (the server is not refusing the request
+    /// itself, only now): such an open is retried within the link's `max_delay_ms`.
+    pub fn transient(self) -> bool {
+        matches!(self, RejectCode::Requote | RejectCode::MarketClosed)
+    }
+
+    /// The code as the protocol and the skip records spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectCode::UnknownSymbol => "unknown_symbol",
+            RejectCode::InvalidVolume => "invalid_volume",
+            RejectCode::InvalidStops => "invalid_stops",
+            RejectCode::Slippage => "slippage",
+            RejectCode::Requote => "requote",
+            RejectCode::MarketClosed => "market_closed",
+            RejectCode::NoMoney => "no_money",
+            RejectCode::UnknownTicket => "unknown_ticket",
+            RejectCode::StaleFence => "stale_fence",
+            RejectCode::InvalidCredentials => "invalid_credentials",
+            RejectCode::UnknownLogin => "unknown_login",
+            RejectCode::Rejected => "rejected",
+        }
+    }
+}
+
+/// A refusal: its code (what the node decides by) and the server's reason (for people).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub code: RejectCode,
+    pub reason: String,
+}
+
+impl Rejection {
+    pub fn new(code: RejectCode, reason: impl Into<String>) -> Self {
+        Rejection {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
 }
 
 /// What an account session logs in with. `password` never reaches a log line.

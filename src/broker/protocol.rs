@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::RejectCode;
 use super::types::{AccountInfo, ClosedPosition, Position, PositionChange, Side, SymbolSpec};
 
 /// Protocol version sent in `hello`.
@@ -77,6 +78,15 @@ pub enum Request {
         tp: Option<f64>,
         client_order_id: Option<String>,
     },
+    /// The simulated broker's fault switch (not part of what a bridge implements): refuse the
+    /// next `count` orders of kind `order` (`open`, `close`, `modify`) that nodes send for
+    /// `login`, with `reason`.
+    Refuse {
+        login: String,
+        order: String,
+        count: u32,
+        reason: String,
+    },
 }
 
 impl Request {
@@ -124,6 +134,10 @@ pub struct ReplyFrame {
 pub struct ErrorBody {
     pub kind: String,
     pub reason: String,
+    /// What kind of refusal (`rejected` only; absent from bridges that predate it, which then
+    /// reads as the definitive `rejected`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<RejectCode>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

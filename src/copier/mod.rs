@@ -6,15 +6,17 @@
 //! * [`follower`]: a follower's session LISTENs (through the node's [`crate::hub`]) before it reads
 //!   a snapshot, reconciles, then applies events in order; a gap, an unknown epoch, a reconnect,
 //!   a lapse of trust or a timer sends it back to reconcile.
-//! * [`rules`] and [`reconcile`]: the pure decisions (what to send for an event, what a follower
-//!   owes its masters), unit-tested table-style.
+//! * [`rules`], [`index`] and [`reconcile`]: the pure decisions: a link's rules, the follower's
+//!   copies by marker, and what a follower owes its masters (one function for the event path and
+//!   reconcile), unit-tested table-style and by a property test.
 //!
-//! Markers: every copy carries its link's magic number and the comment `mc<masterTicket>`, and a
-//! client order id derived from (link, master ticket, action); that is how any node recognises
-//! copies that already exist or existed.
+//! Markers: every copy carries its link's magic number and the comment `mc<masterTicket>`; that
+//! is how any node recognises copies that already exist or existed. Every order carries a client
+//! order id naming its one intent ([`intent`]).
 
 pub mod events;
 pub mod follower;
+pub mod index;
 pub mod master;
 pub mod reconcile;
 pub mod rules;
@@ -68,10 +70,34 @@ pub fn parse_marker(comment: &str) -> Option<i64> {
     comment.strip_prefix("mc")?.parse().ok()
 }
 
-/// The client order id of `action` on the copy of `master_ticket` under `link_id`: the same
-/// request sent twice is executed once by a bridge that deduplicates.
-pub fn client_order_id(link_id: i64, master_ticket: i64, action: &str) -> String {
-    format!("l{link_id}-m{master_ticket}-{action}")
+/// Client order ids. Each names one intent, derived only from data any owner of the follower can
+/// see (link, master ticket, copy ticket, target volume, the master's published (epoch, seq)),
+/// so a new owner after a failover retries an intent under the same id (a deduplicating bridge
+/// executes it once) and distinct intents never share one (a deduplicating bridge never
+/// swallows the second).
+pub mod intent {
+    /// Open the copy of `master_ticket` under `link`: once per (link, master ticket), ever.
+    pub fn open(link: i64, master_ticket: i64) -> String {
+        format!("l{link}-m{master_ticket}-open")
+    }
+
+    /// Close copy ticket `copy` entirely: once per copy.
+    pub fn close(link: i64, master_ticket: i64, copy: i64) -> String {
+        format!("l{link}-m{master_ticket}-c{copy}-close")
+    }
+
+    /// Bring copy `copy` down to `target` lots: a copy's volume only falls, so each target is
+    /// reached once.
+    pub fn trim(link: i64, master_ticket: i64, copy: i64, target: f64) -> String {
+        format!("l{link}-m{master_ticket}-c{copy}-trim{target}")
+    }
+
+    /// Set copy `copy`'s stops to those of the master's snapshot at (epoch, seq): every change
+    /// of the master's stops is a new seq, so stops moved away and back are a new id; the same
+    /// snapshot decided again (a retry, a new owner) is the same id.
+    pub fn stops(link: i64, master_ticket: i64, copy: i64, at: (i64, i64)) -> String {
+        format!("l{link}-m{master_ticket}-c{copy}-stops-e{}s{}", at.0, at.1)
+    }
 }
 
 #[cfg(test)]
@@ -85,7 +111,40 @@ mod tests {
         for other in ["", "mc", "mcx1", "hello", "from #5", "MC12"] {
             assert_eq!(parse_marker(other), None, "{other}");
         }
-        assert_eq!(client_order_id(7, 1000042, "open"), "l7-m1000042-open");
+    }
+
+    #[test]
+    fn intent_ids_name_one_intent_each() {
+        assert_eq!(intent::open(7, 1000042), "l7-m1000042-open");
+        // Two copies of one master position: two closes, two ids.
+        assert_ne!(intent::close(7, 10, 901), intent::close(7, 10, 902));
+        assert_eq!(intent::close(7, 10, 901), "l7-m10-c901-close");
+        assert_eq!(intent::trim(7, 10, 901, 0.25), "l7-m10-c901-trim0.25");
+        assert_ne!(
+            intent::trim(7, 10, 901, 0.25),
+            intent::trim(7, 10, 901, 0.2)
+        );
+        assert_ne!(
+            intent::trim(7, 10, 901, 0.25),
+            intent::trim(7, 10, 902, 0.25)
+        );
+        assert_eq!(
+            intent::stops(7, 10, 901, (5, 12)),
+            "l7-m10-c901-stops-e5s12"
+        );
+        assert_ne!(
+            intent::stops(7, 10, 901, (5, 12)),
+            intent::stops(7, 10, 901, (5, 14))
+        );
+        let all = [
+            intent::open(7, 10),
+            intent::close(7, 10, 901),
+            intent::trim(7, 10, 901, 0.5),
+            intent::stops(7, 10, 901, (5, 12)),
+            intent::open(71, 0),
+        ];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,24 +1,30 @@
-//! Reconcile (SPEC R2), as a pure plan: compare a master's snapshot with the follower's open
-//! positions and history, by marker, and say what to send.
+//! The follower's decisions, as pure functions: what a link owes its master, by marker. Both the
+//! event path (one master ticket, right after an event) and reconcile (every ticket of a
+//! snapshot) decide through [`plan_ticket`], over the one copy index ([`CopyIndex`]):
 //!
-//! * a master position with no copy, whose copy never existed on the follower: open one (if the
-//!   link's rules copy it);
+//! * a master position with no copy, whose copy never existed on the follower and that no final
+//!   decision skipped: open one (if the link's rules copy it now), or record why not (a final
+//!   skip), or wait for a missing input;
 //! * a copy the follower closed itself (by hand, a stop, the broker): not owed, never reopened;
 //! * a copy whose master position is gone: close it;
-//! * a copy larger than the master's partial closes allow: trim it;
+//! * a copy larger than the master's partial closes allow: trim it (scaled from the copy's
+//!   original volume against the master volume it was sized for);
 //! * stops that differ from the master's (under the link's rules): modify them;
 //! * two open copies of one master position (which nothing should produce): close the extra.
 //!
 //! Executing the plan and planning again yields nothing to send: reconcile is idempotent.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
-use crate::broker::types::{ClosedPosition, OpenOrder, Position, SymbolSpec};
+use crate::broker::types::{OpenOrder, Position, SymbolSpec};
 
-use super::rules::{Inputs, Link, follower_stops, open_order, round_to_step, trimmed_volume};
-use super::{MasterPosition, parse_marker};
+use super::index::CopyIndex;
+use super::rules::{
+    Inputs, Link, NotNow, SkipCode, follower_stops, open_order, round_to_step, trimmed_volume,
+};
+use super::{MasterPosition, intent};
 
-/// One thing a reconcile sends (or decides not to).
+/// One thing to send (or to record instead).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// `base` is set for a late copy (opened after the master closed part of its position):
@@ -33,63 +39,68 @@ pub enum Action {
         master_ticket: i64,
         ticket: i64,
         reason: &'static str,
+        client_order_id: String,
     },
     Trim {
         master_ticket: i64,
         ticket: i64,
         close_volume: f64,
         target: f64,
+        client_order_id: String,
     },
     Modify {
         master_ticket: i64,
         ticket: i64,
         sl: Option<f64>,
         tp: Option<f64>,
+        client_order_id: String,
     },
+    /// A final decision not to copy: recorded, and never reconsidered for this master ticket.
     Skip {
         master_ticket: i64,
+        code: SkipCode,
         reason: String,
     },
+    /// Not now: an input is missing. Decided again once it is known.
+    Wait { master_ticket: i64, reason: String },
 }
 
 impl Action {
     /// True for actions that send an order.
     pub fn sends(&self) -> bool {
-        !matches!(self, Action::Skip { .. })
+        !matches!(self, Action::Skip { .. } | Action::Wait { .. })
     }
-}
 
-/// The follower's open copies of `link`, by master ticket, oldest first.
-pub fn copies<'a>(link: &Link, open: &'a [Position]) -> BTreeMap<i64, Vec<&'a Position>> {
-    let mut out: BTreeMap<i64, Vec<&Position>> = BTreeMap::new();
-    for p in open.iter().filter(|p| p.magic == link.magic) {
-        if let Some(t) = parse_marker(&p.comment) {
-            out.entry(t).or_default().push(p);
+    pub fn master_ticket(&self) -> i64 {
+        match self {
+            Action::Open { master_ticket, .. }
+            | Action::Close { master_ticket, .. }
+            | Action::Trim { master_ticket, .. }
+            | Action::Modify { master_ticket, .. }
+            | Action::Skip { master_ticket, .. }
+            | Action::Wait { master_ticket, .. } => *master_ticket,
         }
     }
-    for list in out.values_mut() {
-        list.sort_by_key(|p| p.ticket);
-    }
-    out
 }
 
-/// Master tickets the follower ever held a copy of under `link`, from its history.
-pub fn ever_copied(link: &Link, history: &[ClosedPosition]) -> HashSet<i64> {
-    history
-        .iter()
-        .filter(|h| h.position.magic == link.magic)
-        .filter_map(|h| parse_marker(&h.position.comment))
-        .collect()
+/// What the follower knows besides its broker's reads (from the database).
+#[derive(Debug, Default, Clone)]
+pub struct Memory {
+    /// Copy tickets of late copies -> the master volume they were sized for (other copies scale
+    /// against the master's open volume).
+    pub bases: HashMap<i64, f64>,
+    /// (link id, master ticket) that a final decision says never to copy.
+    pub decided: HashSet<(i64, i64)>,
 }
 
-/// A copy's volume when it was opened: what is open plus everything closed of it.
-pub fn original_volume(copy: &Position, history: &[ClosedPosition]) -> f64 {
-    let closed: f64 = history
-        .iter()
-        .filter(|h| h.position.ticket == copy.ticket)
-        .map(|h| h.position.volume)
-        .sum();
-    round_to_step(copy.volume + closed, 0.01)
+/// Everything a decision reads besides the link and the copies.
+#[derive(Debug, Clone, Copy)]
+pub struct Situation<'a> {
+    pub memory: &'a Memory,
+    pub funds: &'a Inputs,
+    pub specs: &'a HashMap<String, SymbolSpec>,
+    /// The master's published (epoch, seq) the decision follows (names stop changes).
+    pub at: (i64, i64),
 }
 
 fn same(a: Option<f64>, b: Option<f64>) -> bool {
@@ -100,112 +111,154 @@ fn same(a: Option<f64>, b: Option<f64>) -> bool {
     }
 }
 
-/// What the follower knows besides its broker's reads.
-#[derive(Debug, Default, Clone)]
-pub struct Memory {
-    /// Copy tickets of late copies -> the master volume they were sized for (other copies scale
-    /// against the master's open volume).
-    pub bases: HashMap<i64, f64>,
-    /// Master tickets this session has already seen a copy of, per link magic: a broker read
-    /// that comes back empty or partial (a glitch) must not make a copy look never-opened.
-    pub copied: HashSet<(i64, i64)>,
-}
-
 /// What `link` owes its master's `snapshot` on this follower.
 pub fn plan(
     link: &Link,
     snapshot: &[MasterPosition],
-    open: &[Position],
-    history: &[ClosedPosition],
-    memory: &Memory,
-    funds: &Inputs,
-    specs: &HashMap<String, SymbolSpec>,
+    index: &CopyIndex,
+    at: &Situation<'_>,
 ) -> Vec<Action> {
-    let mut actions = Vec::new();
-    let mut copies = copies(link, open);
-    let mut ever = ever_copied(link, history);
-    ever.extend(
-        memory
-            .copied
-            .iter()
-            .filter(|(magic, _)| *magic == link.magic)
-            .map(|(_, t)| *t),
-    );
-    let bases = &memory.bases;
     let mut masters: Vec<&MasterPosition> = snapshot.iter().collect();
     masters.sort_by_key(|m| m.ticket);
-    for m in masters {
-        match copies.remove(&m.ticket) {
-            Some(list) => {
-                let (copy, extra) = list.split_first().expect("groups are never empty");
-                for dup in extra {
-                    actions.push(Action::Close {
-                        master_ticket: m.ticket,
-                        ticket: dup.ticket,
-                        reason: "duplicate copy",
-                    });
-                }
-                if let Some(spec) = specs.get(&copy.symbol) {
-                    let base = bases.get(&copy.ticket).copied().unwrap_or(m.open_volume);
-                    let target =
-                        trimmed_volume(original_volume(copy, history), base, m.volume, spec);
-                    let excess = round_to_step(copy.volume - target, spec.volume_step);
-                    if excess + 1e-9 >= spec.volume_step {
-                        actions.push(Action::Trim {
-                            master_ticket: m.ticket,
-                            ticket: copy.ticket,
-                            close_volume: excess,
-                            target,
-                        });
-                    }
-                }
-                if link.copy_sl_tp {
-                    let (sl, tp) = follower_stops(link, m.sl, m.tp);
-                    if !same(sl, copy.sl) || !same(tp, copy.tp) {
-                        actions.push(Action::Modify {
-                            master_ticket: m.ticket,
-                            ticket: copy.ticket,
-                            sl,
-                            tp,
-                        });
-                    }
-                }
-            }
-            None if ever.contains(&m.ticket) => {
-                // The follower held a copy and closed it (by hand, a stop, the broker): not owed.
-            }
-            None => match open_order(link, m, funds, specs) {
-                Ok(order) => {
-                    let base = (m.volume + 1e-9 < m.open_volume).then_some(m.volume);
-                    actions.push(Action::Open {
-                        master_ticket: m.ticket,
-                        order,
-                        base,
-                    });
-                }
-                Err(reason) => actions.push(Action::Skip {
-                    master_ticket: m.ticket,
-                    reason,
-                }),
-            },
+    let mut actions: Vec<Action> = masters
+        .iter()
+        .flat_map(|m| plan_ticket(link, m.ticket, Some(m), index, at))
+        .collect();
+    let open: HashSet<i64> = masters.iter().map(|m| m.ticket).collect();
+    let orphans: Vec<i64> = index
+        .copies_of_link(link.magic)
+        .map(|(t, _)| t)
+        .filter(|t| !open.contains(t))
+        .collect();
+    for t in orphans {
+        actions.extend(plan_ticket(link, t, None, index, at));
+    }
+    actions
+}
+
+/// What `link` owes master ticket `ticket`, whose position is `master` (`None`: closed).
+pub fn plan_ticket(
+    link: &Link,
+    ticket: i64,
+    master: Option<&MasterPosition>,
+    index: &CopyIndex,
+    at: &Situation<'_>,
+) -> Vec<Action> {
+    let copies = index.copies((link.magic, ticket));
+    let Some(m) = master else {
+        return copies
+            .iter()
+            .map(|c| close(link, ticket, c, "master position closed"))
+            .collect();
+    };
+    let Some((copy, extra)) = copies.split_first() else {
+        if index.ever((link.magic, ticket)) || at.memory.decided.contains(&(link.id, ticket)) {
+            // Held and closed by the follower (by hand, a stop, the broker), or decided never.
+            return Vec::new();
+        }
+        return vec![open_decision(link, m, at.funds, at.specs)];
+    };
+    let mut actions: Vec<Action> = extra
+        .iter()
+        .map(|dup| close(link, ticket, dup, "duplicate copy"))
+        .collect();
+    if let Some(spec) = at.specs.get(&copy.symbol) {
+        let base = at
+            .memory
+            .bases
+            .get(&copy.ticket)
+            .copied()
+            .unwrap_or(m.open_volume);
+        let target = trimmed_volume(index.original_volume(copy), base, m.volume, spec);
+        let excess = round_to_step(copy.volume - target, spec.volume_step);
+        if excess + 1e-9 >= spec.volume_step {
+            actions.push(Action::Trim {
+                master_ticket: ticket,
+                ticket: copy.ticket,
+                close_volume: excess,
+                target,
+                client_order_id: intent::trim(link.id, ticket, copy.ticket, target),
+            });
         }
     }
-    for (master_ticket, list) in copies {
-        for copy in list {
-            actions.push(Action::Close {
-                master_ticket,
+    if link.copy_sl_tp {
+        let (sl, tp) = follower_stops(link, m.sl, m.tp);
+        if !same(sl, copy.sl) || !same(tp, copy.tp) {
+            actions.push(Action::Modify {
+                master_ticket: ticket,
                 ticket: copy.ticket,
-                reason: "master position closed",
+                sl,
+                tp,
+                client_order_id: intent::stops(link.id, ticket, copy.ticket, at.at),
             });
         }
     }
     actions
 }
 
+fn close(link: &Link, master_ticket: i64, copy: &Position, reason: &'static str) -> Action {
+    Action::Close {
+        master_ticket,
+        ticket: copy.ticket,
+        reason,
+        client_order_id: intent::close(link.id, master_ticket, copy.ticket),
+    }
+}
+
+/// Open a copy of `m`, or say why not (now, or ever).
+pub fn open_decision(
+    link: &Link,
+    m: &MasterPosition,
+    funds: &Inputs,
+    specs: &HashMap<String, SymbolSpec>,
+) -> Action {
+    match open_order(link, m, funds, specs) {
+        Ok(order) => Action::Open {
+            master_ticket: m.ticket,
+            order,
+            base: (m.volume + 1e-9 < m.open_volume).then_some(m.volume),
+        },
+        Err(NotNow::Skip(code, reason)) => Action::Skip {
+            master_ticket: m.ticket,
+            code,
+            reason,
+        },
+        Err(NotNow::Wait(reason)) => Action::Wait {
+            master_ticket: m.ticket,
+            reason,
+        },
+    }
+}
+
+/// A master's snapshot after one of its events (the event path keeps the snapshot it last
+/// reconciled to current this way, and decides from it exactly as reconcile would).
+pub fn apply_event(snapshot: &mut Vec<MasterPosition>, event: &super::events::MasterEvent) {
+    use super::events::MasterEvent;
+    match event {
+        MasterEvent::Snapshot => {}
+        MasterEvent::Open { position } => {
+            snapshot.retain(|p| p.ticket != position.ticket);
+            snapshot.push(position.clone());
+        }
+        MasterEvent::Close { ticket } => snapshot.retain(|p| p.ticket != *ticket),
+        MasterEvent::Partial { ticket, after, .. } => {
+            if let Some(p) = snapshot.iter_mut().find(|p| p.ticket == *ticket) {
+                p.volume = *after;
+            }
+        }
+        MasterEvent::Modify { ticket, sl, tp } => {
+            if let Some(p) = snapshot.iter_mut().find(|p| p.ticket == *ticket) {
+                p.sl = *sl;
+                p.tp = *tp;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::types::{ClosedBy, Side};
+    use crate::broker::types::{ClosedBy, ClosedPosition, Side};
     use crate::copier::marker;
     use crate::copier::rules::LotMode;
 
@@ -341,21 +394,29 @@ mod tests {
                         p.sl = *sl;
                         p.tp = *tp;
                     }
-                    Action::Skip { .. } => {}
+                    Action::Skip { .. } | Action::Wait { .. } => {}
                 }
             }
         }
     }
 
     fn run(f: &Follower, snapshot: &[MasterPosition]) -> Vec<Action> {
+        run_link(&link(), f, snapshot)
+    }
+
+    fn run_link(l: &Link, f: &Follower, snapshot: &[MasterPosition]) -> Vec<Action> {
+        let specs = specs();
+        let index = CopyIndex::from_read(&f.open, &f.history);
         plan(
-            &link(),
+            l,
             snapshot,
-            &f.open,
-            &f.history,
-            &f.memory,
-            &Inputs::default(),
-            &specs(),
+            &index,
+            &Situation {
+                memory: &f.memory,
+                funds: &Inputs::default(),
+                specs: &specs,
+                at: (5, 12),
+            },
         )
     }
 
@@ -374,7 +435,8 @@ mod tests {
             Action::Close {
                 master_ticket: 99,
                 ticket: 1,
-                reason: "master position closed"
+                reason: "master position closed",
+                client_order_id: "l7-m99-c1-close".into(),
             }
         );
         assert_eq!(actions.len(), 2);
@@ -406,7 +468,8 @@ mod tests {
                 master_ticket: 10,
                 ticket: 1,
                 close_volume: 0.3,
-                target: 0.2
+                target: 0.2,
+                client_order_id: "l7-m10-c1-trim0.2".into(),
             }
         );
         assert_eq!(
@@ -415,7 +478,8 @@ mod tests {
                 master_ticket: 10,
                 ticket: 1,
                 sl: Some(1.0),
-                tp: None
+                tp: None,
+                client_order_id: "l7-m10-c1-stops-e5s12".into(),
             }
         );
     }
@@ -451,19 +515,65 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_remembered_by_the_session_is_not_reopened_after_an_empty_read() {
+    fn a_final_decision_is_respected_and_is_per_link() {
         let mut f = Follower::default();
-        f.memory.copied.insert((100_007, 10));
+        f.memory.decided.insert((7, 10));
         assert!(
             run(&f, &[master(10, 1.0, 1.0)]).is_empty(),
-            "an empty read is not proof the copy never existed"
+            "skipped once, never copied later"
         );
-        f.memory.copied = [(555, 10)].into();
+        f.memory.decided = [(8, 10)].into();
         assert_eq!(
             run(&f, &[master(10, 1.0, 1.0)]).len(),
             1,
-            "memory is per link"
+            "decisions are per link"
         );
+    }
+
+    #[test]
+    fn a_missing_input_waits_and_a_protection_skips() {
+        let ratio = Link {
+            lot_mode: crate::copier::rules::LotMode::BalanceRatio,
+            ..link()
+        };
+        let f = Follower::default();
+        assert!(matches!(
+            &run_link(&ratio, &f, &[master(10, 1.0, 1.0)])[..],
+            [Action::Wait { master_ticket: 10, reason }] if reason.contains("master's balance")
+        ));
+        let filtered = Link {
+            protections: crate::copier::rules::Protections {
+                symbols: Some(vec!["GBPUSD".into()]),
+                ..Default::default()
+            },
+            ..link()
+        };
+        assert!(matches!(
+            &run_link(&filtered, &f, &[master(10, 1.0, 1.0)])[..],
+            [Action::Skip {
+                master_ticket: 10,
+                code: SkipCode::Filtered,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn two_copies_of_one_master_position_are_closed_under_two_ids() {
+        let f = Follower {
+            open: vec![copy(1, 10, 0.5), copy(2, 10, 0.5)],
+            ..Default::default()
+        };
+        let ids: Vec<String> = run(&f, &[])
+            .into_iter()
+            .map(|a| match a {
+                Action::Close {
+                    client_order_id, ..
+                } => client_order_id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, vec!["l7-m10-c1-close", "l7-m10-c2-close"]);
     }
 
     #[test]
@@ -477,7 +587,8 @@ mod tests {
             vec![Action::Close {
                 master_ticket: 10,
                 ticket: 2,
-                reason: "duplicate copy"
+                reason: "duplicate copy",
+                client_order_id: "l7-m10-c2-close".into(),
             }]
         );
     }
@@ -536,17 +647,9 @@ mod tests {
             open: vec![copy(1, 99, 0.5)],
             ..Default::default()
         };
-        let actions = plan(
-            &l,
-            &[master(10, 1.0, 1.0)],
-            &f.open,
-            &f.history,
-            &f.memory,
-            &Inputs::default(),
-            &specs(),
-        );
+        let actions = run_link(&l, &f, &[master(10, 1.0, 1.0)]);
         assert!(
-            matches!(&actions[0], Action::Skip { master_ticket: 10, reason } if reason.contains("close-only"))
+            matches!(&actions[0], Action::Skip { master_ticket: 10, code: SkipCode::LinkDisabled, reason } if reason.contains("close-only"))
         );
         assert!(matches!(
             &actions[1],

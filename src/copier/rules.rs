@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use crate::broker::types::{OpenOrder, Side, SymbolSpec};
 
-use super::{MasterPosition, client_order_id, marker};
+use super::{MasterPosition, intent, marker};
 
 /// How a copy's volume is computed from the master's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,63 +149,202 @@ pub fn follower_stops(link: &Link, sl: Option<f64>, tp: Option<f64>) -> (Option<
     }
 }
 
+/// Why a link does not copy a master position, as a closed set (stored in `copy_skips.code`);
+/// a human message goes beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipCode {
+    /// The link is disabled: close-only.
+    LinkDisabled,
+    /// The link's `close_only` protection.
+    CloseOnly,
+    /// The link's symbols, magics or sides filter.
+    Filtered,
+    /// Open before the link took effect, and the link does not copy existing positions.
+    OpenedBeforeLink,
+    /// Past the link's `max_delay_ms` (first decided late, or retried until then).
+    TooLate,
+    /// The follower's equity is at or below the link's `equity_stop`.
+    EquityStop,
+    /// The follower's broker has no such symbol.
+    SymbolNotFound,
+    /// The computed volume rounds below the symbol's minimum.
+    BelowMinVolume,
+    /// The computed volume is not a positive number.
+    InvalidVolume,
+    /// `risk_percent` without a stop loss on the copy.
+    NoStopLoss,
+    /// The fill would have been beyond the link's `max_slippage` (the broker refused it).
+    Slippage,
+    /// The broker refused the open definitively.
+    Rejected,
+    /// Transient, retried: the market is closed.
+    MarketClosed,
+    /// Transient, retried: the broker asked for a new price.
+    Requote,
+    /// Transient, retried: the broker could not be reached, or the order's outcome is being
+    /// resolved.
+    Unavailable,
+    /// Transient, retried: an input is not known yet (e.g. the master's balance).
+    Waiting,
+}
+
+impl SkipCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipCode::LinkDisabled => "link_disabled",
+            SkipCode::CloseOnly => "close_only",
+            SkipCode::Filtered => "filtered",
+            SkipCode::OpenedBeforeLink => "opened_before_link",
+            SkipCode::TooLate => "too_late",
+            SkipCode::EquityStop => "equity_stop",
+            SkipCode::SymbolNotFound => "symbol_not_found",
+            SkipCode::BelowMinVolume => "below_min_volume",
+            SkipCode::InvalidVolume => "invalid_volume",
+            SkipCode::NoStopLoss => "no_stop_loss",
+            SkipCode::Slippage => "slippage",
+            SkipCode::Rejected => "rejected",
+            SkipCode::MarketClosed => "market_closed",
+            SkipCode::Requote => "requote",
+            SkipCode::Unavailable => "unavailable",
+            SkipCode::Waiting => "waiting",
+        }
+    }
+
+    /// True for the codes of a final decision: the link never copies that master position.
+    pub fn is_final(self) -> bool {
+        !matches!(
+            self,
+            SkipCode::MarketClosed | SkipCode::Requote | SkipCode::Unavailable | SkipCode::Waiting
+        )
+    }
+}
+
+/// Why a copy is not opened now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotNow {
+    /// Final: the link never copies this master position (SPEC: a protection's skip is final).
+    Skip(SkipCode, String),
+    /// An input is missing (e.g. the master's balance, not read yet): decide again once it is
+    /// known. A wait, not a skip.
+    Wait(String),
+}
+
+impl NotNow {
+    pub fn message(&self) -> &str {
+        match self {
+            NotNow::Skip(_, m) | NotNow::Wait(m) => m,
+        }
+    }
+
+    pub fn code(&self) -> SkipCode {
+        match self {
+            NotNow::Skip(code, _) => *code,
+            NotNow::Wait(_) => SkipCode::Waiting,
+        }
+    }
+}
+
+fn skip(code: SkipCode, message: impl Into<String>) -> NotNow {
+    NotNow::Skip(code, message.into())
+}
+
 /// Why a link does not copy a master position at all (before any volume is computed).
-pub fn eligibility(link: &Link, position: &MasterPosition, inputs: &Inputs) -> Result<(), String> {
+pub fn eligibility(link: &Link, position: &MasterPosition, inputs: &Inputs) -> Result<(), NotNow> {
     let p = &link.protections;
     if !link.enabled {
-        return Err("link disabled: close-only".into());
+        return Err(skip(SkipCode::LinkDisabled, "link disabled: close-only"));
     }
     if p.close_only {
-        return Err("link is close-only: no new copies".into());
+        return Err(skip(
+            SkipCode::CloseOnly,
+            "link is close-only: no new copies",
+        ));
     }
     if let Some(symbols) = &p.symbols
         && !symbols.contains(&position.symbol)
     {
-        return Err(format!(
-            "master symbol {} is not in the link's symbols {symbols:?}",
-            position.symbol
+        return Err(skip(
+            SkipCode::Filtered,
+            format!(
+                "master symbol {} is not in the link's symbols {symbols:?}",
+                position.symbol
+            ),
         ));
     }
     if let Some(magics) = &p.magics
         && !magics.contains(&position.magic)
     {
-        return Err(format!(
-            "master magic {} is not in the link's magics {magics:?}",
-            position.magic
+        return Err(skip(
+            SkipCode::Filtered,
+            format!(
+                "master magic {} is not in the link's magics {magics:?}",
+                position.magic
+            ),
         ));
     }
     match (p.sides, position.side) {
-        (Sides::Buy, Side::Sell) => return Err("the link copies only the master's buys".into()),
-        (Sides::Sell, Side::Buy) => return Err("the link copies only the master's sells".into()),
-        _ => {}
-    }
-    match position.first_seen_ms {
-        Some(seen) if seen < link.created_at_ms && !link.copy_existing => {
-            return Err(format!(
-                "position was open before the link took effect (first recorded {seen} ms, link {} ms) and the link does not copy existing positions",
-                link.created_at_ms
+        (Sides::Buy, Side::Sell) => {
+            return Err(skip(
+                SkipCode::Filtered,
+                "the link copies only the master's buys",
+            ));
+        }
+        (Sides::Sell, Side::Buy) => {
+            return Err(skip(
+                SkipCode::Filtered,
+                "the link copies only the master's sells",
             ));
         }
         _ => {}
     }
-    if let (Some(max), Some(seen), Some(now)) =
-        (p.max_delay_ms, position.first_seen_ms, inputs.now_ms)
-        && now - seen > max
-    {
-        return Err(format!(
-            "too late: the copy would open {} ms after the master position was first recorded, over the link's max_delay_ms {max}",
-            now - seen
-        ));
+    match position.first_seen_ms {
+        Some(seen) if seen < link.created_at_ms && !link.copy_existing => {
+            return Err(skip(
+                SkipCode::OpenedBeforeLink,
+                format!(
+                    "position was open before the link took effect (first recorded {seen} ms, link {} ms) and the link does not copy existing positions",
+                    link.created_at_ms
+                ),
+            ));
+        }
+        _ => {}
+    }
+    if let Some(late) = too_late(link, position, inputs) {
+        return Err(late);
     }
     if let Some(stop) = p.equity_stop
         && inputs.follower_equity <= stop
     {
-        return Err(format!(
-            "equity stop: the follower's equity {:.2} is at or below the link's equity_stop {stop:.2}",
-            inputs.follower_equity
+        return Err(skip(
+            SkipCode::EquityStop,
+            format!(
+                "equity stop: the follower's equity {:.2} is at or below the link's equity_stop {stop:.2}",
+                inputs.follower_equity
+            ),
         ));
     }
     Ok(())
+}
+
+/// The `too_late` skip when a copy decided at `inputs.now_ms` would open more than the link's
+/// `max_delay_ms` after the master's session first recorded the position. Without a
+/// `max_delay_ms` nothing is too late: a retried open is retried while the master position is
+/// open.
+pub fn too_late(link: &Link, position: &MasterPosition, inputs: &Inputs) -> Option<NotNow> {
+    let (max, seen, now) = (
+        link.protections.max_delay_ms?,
+        position.first_seen_ms?,
+        inputs.now_ms?,
+    );
+    (now - seen > max).then(|| {
+        skip(
+            SkipCode::TooLate,
+            format!(
+                "too late: the copy would open {} ms after the master position was first recorded, over the link's max_delay_ms {max}",
+                now - seen
+            ),
+        )
+    })
 }
 
 /// Rounds to the nearest multiple of `step` (with a guard against binary fractions).
@@ -236,33 +375,39 @@ pub fn copy_volume(
     funds: &Inputs,
     spec: &SymbolSpec,
     stop_distance: Option<f64>,
-) -> Result<f64, String> {
+) -> Result<f64, NotNow> {
     let raw = match link.lot_mode {
         LotMode::Fixed => link.lot_value,
         LotMode::Multiplier => master_volume * link.lot_value,
         LotMode::BalanceRatio => {
-            let master = funds
-                .master_balance
-                .filter(|b| *b > 0.0)
-                .ok_or("balance_ratio needs the master's balance, which is not known yet")?;
+            let master = funds.master_balance.filter(|b| *b > 0.0).ok_or_else(|| {
+                NotNow::Wait(
+                    "balance_ratio needs the master's balance, which is not known yet".into(),
+                )
+            })?;
             master_volume * funds.follower_balance / master * link.lot_value
         }
         LotMode::EquityRatio => {
-            let master = funds
-                .master_equity
-                .filter(|e| *e > 0.0)
-                .ok_or("equity_ratio needs the master's equity, which is not known yet")?;
+            let master = funds.master_equity.filter(|e| *e > 0.0).ok_or_else(|| {
+                NotNow::Wait(
+                    "equity_ratio needs the master's equity, which is not known yet".into(),
+                )
+            })?;
             master_volume * funds.follower_equity / master * link.lot_value
         }
         LotMode::RiskPercent => {
-            let distance = stop_distance.filter(|d| *d > 0.0).ok_or(
+            let distance = stop_distance.filter(|d| *d > 0.0).ok_or_else(|| skip(
+                SkipCode::NoStopLoss,
                 "risk_percent needs a stop loss on the copy (the master position has none, or the link does not copy stops)",
-            )?;
+            ))?;
             funds.follower_equity * link.lot_value / 100.0 / (distance * spec.contract_size)
         }
     };
     if !raw.is_finite() || raw <= 0.0 {
-        return Err(format!("computed volume {raw} is not positive"));
+        return Err(skip(
+            SkipCode::InvalidVolume,
+            format!("computed volume {raw} is not positive"),
+        ));
     }
     let mut rounded = round_to_step(raw, spec.volume_step).min(spec.volume_max);
     if let Some(cap) = link.protections.max_lot
@@ -271,9 +416,12 @@ pub fn copy_volume(
         rounded = floor_to_step(cap, spec.volume_step);
     }
     if rounded + 1e-9 < spec.volume_min {
-        return Err(format!(
-            "volume {raw:.4} rounds to {rounded} on {}, below its minimum {}: skipped, not resized",
-            spec.symbol, spec.volume_min
+        return Err(skip(
+            SkipCode::BelowMinVolume,
+            format!(
+                "volume {raw:.4} rounds to {rounded} on {}, below its minimum {}: skipped, not resized",
+                spec.symbol, spec.volume_min
+            ),
         ));
     }
     Ok(rounded)
@@ -285,12 +433,15 @@ pub fn open_order(
     position: &MasterPosition,
     funds: &Inputs,
     specs: &HashMap<String, SymbolSpec>,
-) -> Result<OpenOrder, String> {
+) -> Result<OpenOrder, NotNow> {
     eligibility(link, position, funds)?;
     let symbol = follower_symbol(link, &position.symbol);
-    let spec = specs
-        .get(&symbol)
-        .ok_or_else(|| format!("symbol {symbol} is unknown on the follower's broker"))?;
+    let spec = specs.get(&symbol).ok_or_else(|| {
+        skip(
+            SkipCode::SymbolNotFound,
+            format!("symbol {symbol} is unknown on the follower's broker"),
+        )
+    })?;
     let (sl, tp) = follower_stops(link, position.sl, position.tp);
     // The risk of a copy: from the master's open price (where the copy means to open) to the
     // copy's own stop loss (the master's take profit when the link reverses; none when the link
@@ -310,7 +461,7 @@ pub fn open_order(
         tp,
         magic: link.magic,
         comment: marker(position.ticket),
-        client_order_id: Some(client_order_id(link.id, position.ticket, "open")),
+        client_order_id: Some(intent::open(link.id, position.ticket)),
         price_limit,
     })
 }
@@ -428,19 +579,29 @@ mod tests {
             ..link()
         };
         let err = copy_volume(&l, 0.04, &Inputs::default(), &spec("EURUSD"), None).unwrap_err();
+        assert_eq!(err.code(), SkipCode::BelowMinVolume);
         assert!(
-            err.contains("below its minimum 0.01") && err.contains("not resized"),
-            "{err}"
+            err.message().contains("below its minimum 0.01")
+                && err.message().contains("not resized"),
+            "{err:?}"
         );
-        let ratio = Link {
-            lot_mode: LotMode::BalanceRatio,
-            ..link()
-        };
-        assert!(
-            copy_volume(&ratio, 1.0, &Inputs::default(), &spec("EURUSD"), None)
-                .unwrap_err()
-                .contains("master's balance")
-        );
+    }
+
+    #[test]
+    fn a_missing_master_balance_or_equity_is_a_wait_not_a_skip() {
+        for mode in [LotMode::BalanceRatio, LotMode::EquityRatio] {
+            let ratio = Link {
+                lot_mode: mode,
+                ..link()
+            };
+            let err =
+                copy_volume(&ratio, 1.0, &Inputs::default(), &spec("EURUSD"), None).unwrap_err();
+            assert!(
+                matches!(&err, NotNow::Wait(m) if m.contains("not known yet")),
+                "{mode:?}: {err:?}"
+            );
+            assert!(!err.code().is_final());
+        }
     }
 
     #[test]
@@ -487,6 +648,7 @@ mod tests {
         assert!(
             open_order(&l, &position(1.0), &Inputs::default(), &specs())
                 .unwrap_err()
+                .message()
                 .contains("EURUSD.x is unknown")
         );
     }
@@ -500,6 +662,7 @@ mod tests {
         assert!(
             eligibility(&link(), &earlier, &Inputs::default())
                 .unwrap_err()
+                .message()
                 .contains("before the link took effect")
         );
         assert!(
@@ -524,6 +687,7 @@ mod tests {
                 &Inputs::default()
             )
             .unwrap_err()
+            .message()
             .contains("close-only")
         );
     }
@@ -688,7 +852,11 @@ mod tests {
                 None => assert_eq!(got, Ok(()), "{:?}", l.protections),
                 Some(text) => {
                     let err = got.unwrap_err();
-                    assert!(err.contains(text), "{:?}: {err}", l.protections);
+                    assert!(
+                        err.message().contains(text) && err.code().is_final(),
+                        "{:?}: {err:?}",
+                        l.protections
+                    );
                 }
             }
         }
@@ -711,6 +879,7 @@ mod tests {
         assert!(
             copy_volume(&capped(0.005), 1.0, &none, &s, None)
                 .unwrap_err()
+                .message()
                 .contains("below its minimum")
         );
     }
@@ -753,6 +922,7 @@ mod tests {
             assert!(
                 open_order(&l, &p, &inputs, &specs())
                     .unwrap_err()
+                    .message()
                     .contains("risk_percent needs a stop loss")
             );
         }

@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "link change notices",
         include_str!("../../migrations/0005_link_change_notices.sql"),
     ),
+    (
+        6,
+        "copy decisions",
+        include_str!("../../migrations/0006_copy_decisions.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -99,6 +99,10 @@ pub struct Book {
     next_ticket: i64,
     default_balance: f64,
     fence_check: bool,
+    /// Execute a client order id once (off: every request executes, as on MT4/MT5 servers).
+    dedupe: bool,
+    /// Fault switch: (login, op) -> (how many more node orders to refuse, the reason).
+    refusals: HashMap<(String, String), (u32, String)>,
 }
 
 impl Book {
@@ -109,7 +113,39 @@ impl Book {
             next_ticket: FIRST_TICKET,
             default_balance,
             fence_check,
+            dedupe: true,
+            refusals: HashMap::new(),
         }
+    }
+
+    /// Fault switch for tests: refuse the next `count` orders of kind `op` (`open`, `close` or
+    /// `modify`) that a node (not a hand client) sends for `login`, with `reason` (which names
+    /// the protocol code: `market closed`, `requote`, `not enough money`, ...). Kept in memory
+    /// only.
+    pub fn refuse(&mut self, login: &str, op: &str, count: u32, reason: &str) {
+        self.refusals.insert(
+            (login.to_string(), op.to_string()),
+            (count, reason.to_string()),
+        );
+    }
+
+    /// The injected refusal for this order, if one is pending (and counts it).
+    fn refused(&mut self, client: &str, login: &str, op: &str) -> Result<(), String> {
+        if client == MANUAL {
+            return Ok(());
+        }
+        match self.refusals.get_mut(&(login.to_string(), op.to_string())) {
+            Some((n, reason)) if *n > 0 => {
+                *n -= 1;
+                Err(reason.clone())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Turns client-order-id deduplication off (real MT4/MT5 servers have none) or on.
+    pub fn set_dedupe(&mut self, on: bool) {
+        self.dedupe = on;
     }
 
     /// Applies a durable change (live, or replayed from the state file).
@@ -378,9 +414,11 @@ impl Book {
         self.ensure_account(login, None, &mut records);
         let result = (|| {
             self.fence(login, fence, &mut records)?;
+            self.refused(client, login, "open")?;
             if let Some(Done::Open(fill)) = order
                 .client_order_id
                 .as_ref()
+                .filter(|_| self.dedupe)
                 .and_then(|id| self.accounts[login].done.get(id))
             {
                 return Err(duplicate(fill.ticket));
@@ -472,9 +510,11 @@ impl Book {
         };
         let result = (|| {
             self.fence(login, fence, &mut records)?;
+            self.refused(client, login, "close")?;
             if let Some(Done::Close(fill)) = order
                 .client_order_id
                 .as_ref()
+                .filter(|_| self.dedupe)
                 .and_then(|id| self.accounts[login].done.get(id))
             {
                 return Err(duplicate(fill.ticket));
@@ -558,6 +598,7 @@ impl Book {
         }
         let result = (|| {
             self.fence(login, fence, &mut records)?;
+            self.refused(client, login, "modify")?;
             let position = self.accounts[login]
                 .positions
                 .get(&order.ticket)

@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 use super::book::{Book, Effects};
 use super::journal::Journal;
 use super::store::Store;
+use crate::broker::RejectCode;
 use crate::broker::protocol::{
     ErrorBody, EventFrame, HelloResult, HistoryResult, PROTOCOL_VERSION, PositionsResult,
     ReplyFrame, Request, RequestFrame, SymbolsResult,
@@ -39,6 +40,11 @@ pub struct ServeOptions {
     pub state: Option<PathBuf>,
     /// Reject logins and orders whose fence is below the highest seen (on by default).
     pub fence_check: bool,
+    /// Execute a client order id once, answering a repeat with the first result (on by
+    /// default; MT4/MT5 servers do not).
+    pub dedupe: bool,
+    /// Send each reply before the position updates it caused (off by default: updates first).
+    pub reply_first: bool,
     /// Balance of a new account.
     pub balance: f64,
     /// Move prices every this often and trigger stop loss / take profit (off by default:
@@ -53,6 +59,8 @@ impl ServeOptions {
             journal: journal.into(),
             state: None,
             fence_check: true,
+            dedupe: true,
+            reply_first: false,
             balance: 10_000.0,
             price_walk: None,
         }
@@ -65,6 +73,9 @@ struct Core {
     store: Option<Store>,
     /// login -> connection id -> that connection's outbound lines.
     subscribers: HashMap<String, HashMap<u64, mpsc::UnboundedSender<String>>>,
+    /// Send replies before the updates they caused: updates wait here until the reply is queued.
+    reply_first: bool,
+    deferred: Vec<(String, PositionChange)>,
 }
 
 struct Shared {
@@ -83,6 +94,7 @@ impl SimBroker {
     /// Binds, loads the state file (if any) and starts serving.
     pub async fn start(options: ServeOptions) -> anyhow::Result<SimBroker> {
         let mut book = Book::new(options.balance, options.fence_check);
+        book.set_dedupe(options.dedupe);
         let store = match &options.state {
             Some(path) => Some(Store::open(path, &mut book)?),
             None => None,
@@ -93,13 +105,15 @@ impl SimBroker {
             .await
             .with_context(|| format!("binding {}", options.listen))?;
         let addr = listener.local_addr()?;
-        info!(%addr, accounts = book.account_count(), fence_check = options.fence_check, state = ?options.state, "sim-broker listening on {addr}");
+        info!(%addr, accounts = book.account_count(), fence_check = options.fence_check, dedupe = options.dedupe, reply_first = options.reply_first, state = ?options.state, "sim-broker listening on {addr}");
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 book,
                 journal,
                 store,
                 subscribers: HashMap::new(),
+                reply_first: options.reply_first,
+                deferred: Vec::new(),
             }),
             next_conn: AtomicU64::new(1),
         });
@@ -225,6 +239,11 @@ async fn connection(
                 if tx.send(reply).is_err() {
                     break;
                 }
+                let mut core = shared.core.lock().expect("sim-broker state lock");
+                if !core.deferred.is_empty() {
+                    let deferred = std::mem::take(&mut core.deferred);
+                    broadcast(&mut core, deferred);
+                }
             }
             Err(e) => {
                 warn!(%peer, error = %e, "connection read failed");
@@ -341,6 +360,21 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             Some(info) => ok(id, &info),
             None => rejected(id, &format!("unknown login {login}")),
         },
+        Request::Refuse {
+            login,
+            order,
+            count,
+            reason,
+        } => {
+            if !["open", "close", "modify"].contains(&order.as_str()) {
+                return invalid(
+                    id,
+                    &format!("refuse: unknown order {order:?} (open, close, modify)"),
+                );
+            }
+            core.book.refuse(&login, &order, count, &reason);
+            ok(id, &serde_json::json!({}))
+        }
         Request::Symbols => ok(
             id,
             &SymbolsResult {
@@ -432,7 +466,11 @@ fn commit<T: Serialize>(core: &mut Core, id: u64, effects: Effects<T>) -> String
     {
         error!(error = %e, path = %store.path().display(), "writing the state file failed");
     }
-    broadcast(core, effects.events);
+    if core.reply_first {
+        core.deferred.extend(effects.events);
+    } else {
+        broadcast(core, effects.events);
+    }
     match effects.result {
         Ok(result) => ok(id, &result),
         Err(reason) => rejected(id, &reason),
@@ -465,14 +503,41 @@ fn ok<T: Serialize>(id: u64, result: &T) -> String {
 }
 
 fn rejected(id: u64, reason: &str) -> String {
-    error_frame(id, "rejected", reason)
+    error_frame(id, "rejected", reason, Some(reject_code(reason)))
 }
 
 fn invalid(id: u64, reason: &str) -> String {
-    error_frame(id, "invalid", reason)
+    error_frame(id, "invalid", reason, None)
 }
 
-fn error_frame(id: u64, kind: &str, reason: &str) -> String {
+/// The protocol's code for one of this server's reasons (every reason it gives starts with one
+/// of these phrases; the table test below sends each kind of bad request).
+pub fn reject_code(reason: &str) -> RejectCode {
+    const CODES: &[(&str, RejectCode)] = &[
+        ("unknown symbol", RejectCode::UnknownSymbol),
+        ("invalid volume", RejectCode::InvalidVolume),
+        ("volume", RejectCode::InvalidVolume),
+        ("close volume", RejectCode::InvalidVolume),
+        ("invalid stops", RejectCode::InvalidStops),
+        ("invalid sl", RejectCode::InvalidStops),
+        ("invalid tp", RejectCode::InvalidStops),
+        ("price ", RejectCode::Slippage),
+        ("market closed", RejectCode::MarketClosed),
+        ("not enough money", RejectCode::NoMoney),
+        ("requote", RejectCode::Requote),
+        ("unknown ticket", RejectCode::UnknownTicket),
+        ("stale fence", RejectCode::StaleFence),
+        ("invalid credentials", RejectCode::InvalidCredentials),
+        ("unknown login", RejectCode::UnknownLogin),
+    ];
+    CODES
+        .iter()
+        .find(|(prefix, _)| reason.starts_with(prefix))
+        .map(|(_, code)| *code)
+        .unwrap_or(RejectCode::Rejected)
+}
+
+fn error_frame(id: u64, kind: &str, reason: &str, code: Option<RejectCode>) -> String {
     let frame = ReplyFrame {
         id,
         ok: false,
@@ -480,6 +545,7 @@ fn error_frame(id: u64, kind: &str, reason: &str) -> String {
         error: Some(ErrorBody {
             kind: kind.into(),
             reason: reason.into(),
+            code,
         }),
     };
     serde_json::to_string(&frame).expect("replies serialise")

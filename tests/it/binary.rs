@@ -440,7 +440,7 @@ async fn an_unmigrated_database_is_refused_until_migrated() {
 
     let (code, stdout, _) = run_to_end(&["migrate"], &env);
     assert_eq!(code, 0);
-    assert_eq!(stdout.trim(), "applied migrations: 1, 2, 3, 4, 5");
+    assert_eq!(stdout.trim(), "applied migrations: 1, 2, 3, 4, 5, 6");
     let (code, stdout, _) = run_to_end(&["migrate", "--database-url", &url], &[]);
     assert_eq!(code, 0);
     assert_eq!(stdout.trim(), "no pending migrations");
@@ -468,7 +468,7 @@ async fn concurrent_migrate_commands_all_succeed() {
     for h in handles {
         let (code, stdout, stderr) = h.join().unwrap();
         assert_eq!(code, 0, "{stderr}");
-        if stdout.contains("applied migrations: 1, 2, 3, 4, 5") {
+        if stdout.contains("applied migrations: 1, 2, 3, 4, 5, 6") {
             applied += 1;
         }
     }

@@ -8,7 +8,9 @@ use copier_node::broker::client::BridgeClient;
 use copier_node::broker::types::{
     CloseOrder, ClosedBy, ModifyOrder, OpenOrder, PositionChange, Side,
 };
-use copier_node::broker::{AccountLogin, Broker, BrokerError, Session, SessionEvent};
+use copier_node::broker::{
+    AccountLogin, Broker, BrokerError, RejectCode, Rejection, Session, SessionEvent,
+};
 use copier_node::config::Secret;
 use copier_node::sim_broker::{ServeOptions, SimBroker};
 
@@ -154,15 +156,44 @@ async fn each_rejection_has_its_reason_and_is_journaled() {
     let server = start_sim(&dir).await;
     let client = BridgeClient::connect(server.addr.to_string(), "node-a");
     let s = client.login(&account("2002", Some(10))).await.unwrap();
-    let cases: Vec<(OpenOrder, &str)> = vec![
-        (buy("BTCUSD", 1.0, None), "unknown symbol BTCUSD"),
-        (buy("EURUSD", 0.015, None), "not a multiple of the step"),
-        (buy("EURUSD", 0.001, None), "below the minimum"),
-        (buy("EURUSD", 101.0, None), "above the maximum"),
+    let mut limited = buy("EURUSD", 0.1, None);
+    limited.price_limit = Some(1.0);
+    let mut bad_stop = buy("EURUSD", 0.1, None);
+    bad_stop.sl = Some(1.2);
+    let cases: Vec<(OpenOrder, &str, RejectCode)> = vec![
+        (
+            buy("BTCUSD", 1.0, None),
+            "unknown symbol BTCUSD",
+            RejectCode::UnknownSymbol,
+        ),
+        (
+            buy("EURUSD", 0.015, None),
+            "not a multiple of the step",
+            RejectCode::InvalidVolume,
+        ),
+        (
+            buy("EURUSD", 0.001, None),
+            "below the minimum",
+            RejectCode::InvalidVolume,
+        ),
+        (
+            buy("EURUSD", 101.0, None),
+            "above the maximum",
+            RejectCode::InvalidVolume,
+        ),
+        (bad_stop, "invalid stops", RejectCode::InvalidStops),
+        (
+            limited,
+            "beyond the order's price limit",
+            RejectCode::Slippage,
+        ),
     ];
-    for (order, why) in cases {
+    for (order, why, code) in cases {
         match s.api.open(order).await {
-            Err(BrokerError::Rejected(reason)) => assert!(reason.contains(why), "{reason}"),
+            Err(BrokerError::Rejected(r)) => {
+                assert!(r.reason.contains(why), "{r:?}");
+                assert_eq!(r.code, code, "{why}");
+            }
             other => panic!("{why}: {other:?}"),
         }
     }
@@ -175,19 +206,25 @@ async fn each_rejection_has_its_reason_and_is_journaled() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err, BrokerError::Rejected("unknown ticket 999".into()));
+    assert_eq!(
+        err,
+        BrokerError::Rejected(Rejection::new(
+            RejectCode::UnknownTicket,
+            "unknown ticket 999"
+        ))
+    );
 
     // A stale fence, at login and on an order of the older session.
     let other = BridgeClient::connect(server.addr.to_string(), "node-b");
     let err = other.login(&account("2002", Some(9))).await.unwrap_err();
     assert!(
-        matches!(&err, BrokerError::Rejected(r) if r.contains("stale fence 9")),
+        matches!(&err, BrokerError::Rejected(r) if r.reason.contains("stale fence 9") && r.code == RejectCode::StaleFence),
         "{err:?}"
     );
     let _newer = other.login(&account("2002", Some(11))).await.unwrap();
     let err = s.api.open(buy("EURUSD", 0.1, None)).await.unwrap_err();
     assert!(
-        matches!(&err, BrokerError::Rejected(r) if r.contains("stale fence 10")),
+        matches!(&err, BrokerError::Rejected(r) if r.reason.contains("stale fence 10") && r.code == RejectCode::StaleFence),
         "{err:?}"
     );
 
@@ -305,7 +342,7 @@ async fn a_restarted_server_with_state_keeps_positions_history_and_fences() {
     let client = BridgeClient::connect(server.addr.to_string(), "node-b");
     let err = client.login(&account("4004", Some(19))).await.unwrap_err();
     assert!(
-        matches!(&err, BrokerError::Rejected(r) if r.contains("stale fence 19")),
+        matches!(&err, BrokerError::Rejected(r) if r.reason.contains("stale fence 19")),
         "the fence survived: {err:?}"
     );
     let s = client.login(&account("4004", Some(21))).await.unwrap();
@@ -479,7 +516,13 @@ async fn credentials_are_checked_and_never_journaled() {
     };
     client.login(&with("hunter2")).await.unwrap();
     let err = client.login(&with("wrong")).await.unwrap_err();
-    assert_eq!(err, BrokerError::Rejected("invalid credentials".into()));
+    assert_eq!(
+        err,
+        BrokerError::Rejected(Rejection::new(
+            RejectCode::InvalidCredentials,
+            "invalid credentials"
+        ))
+    );
     let text = std::fs::read_to_string(dir.path("journal.jsonl")).unwrap();
     assert!(!text.contains("hunter2") && !text.contains("wrong"));
     server.stop().await;

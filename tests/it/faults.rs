@@ -561,7 +561,7 @@ async fn a_stale_owners_late_order_is_rejected_by_the_brokers_fence() {
     };
     let err = stale.api.open(order).await.unwrap_err();
     assert!(
-        matches!(&err, BrokerError::Rejected(r) if r.contains("stale fence")),
+        matches!(&err, BrokerError::Rejected(r) if r.reason.contains("stale fence")),
         "{err:?}"
     );
     new.shutdown();

@@ -6,17 +6,16 @@
 //! `COPIER_SUITE_ROUNDS=N` repeats every scenario N times with random timings (the long mode).
 
 pub mod checker;
+pub mod oracle;
 mod scenarios;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use copier_node::broker::client::BridgeClient;
-use copier_node::broker::protocol::{HistoryResult, PositionsResult, Request, SymbolsResult};
-use copier_node::broker::types::{ClosedPosition, Position, SymbolSpec};
-use copier_node::copier::MasterPosition;
-use copier_node::copier::reconcile::{Memory, plan};
-use copier_node::copier::rules::{Inputs, Link, LotMode};
+use copier_node::broker::protocol::{HistoryResult, PositionsResult, Request};
+use copier_node::broker::types::{ClosedPosition, Position};
+use copier_node::copier::rules::{Link, LotMode};
 use copier_node::pgtmp::{Cluster, PgBinaries};
 use sqlx::Connection;
 use tokio::task::JoinHandle;
@@ -450,56 +449,22 @@ impl Suite {
         }
     }
 
+    /// What the followers still owe, by the independent oracle ([`oracle`]).
     async fn pending(&self, client: &BridgeClient) -> Result<Vec<String>, String> {
-        let specs: SymbolsResult = decode(client.call(Request::Symbols).await)?;
-        let specs: HashMap<String, SymbolSpec> = specs
-            .symbols
-            .into_iter()
-            .map(|s| (s.symbol.clone(), s))
-            .collect();
         let mut conn = self.conn().await;
         let mut out = Vec::new();
         for l in &self.links {
             let (m_open, m_hist) = read(client, &l.master_login).await?;
             let (f_open, f_hist) = read(client, &l.follower_login).await?;
-            // A position's volume when the master session first recorded it (copies scale against
-            // that), from the published snapshot; else from the broker's history.
-            let recorded: Option<String> =
+            let first: Option<String> =
                 sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = $1")
                     .bind(l.link.master_id)
                     .fetch_optional(&mut conn)
                     .await
                     .map_err(|e| e.to_string())?;
-            let recorded: Vec<MasterPosition> = recorded
+            let first: Vec<serde_json::Value> = first
                 .map(|t| serde_json::from_str(&t).unwrap())
                 .unwrap_or_default();
-            let snapshot: Vec<MasterPosition> = m_open
-                .iter()
-                .map(|p| {
-                    let closed: f64 = m_hist
-                        .iter()
-                        .filter(|h| h.position.ticket == p.ticket)
-                        .map(|h| h.position.volume)
-                        .sum();
-                    let open_volume = recorded
-                        .iter()
-                        .find(|r| r.ticket == p.ticket)
-                        .map(|r| r.open_volume)
-                        .unwrap_or(((p.volume + closed) * 100.0).round() / 100.0);
-                    MasterPosition {
-                        ticket: p.ticket,
-                        symbol: p.symbol.clone(),
-                        side: p.side,
-                        volume: p.volume,
-                        open_volume,
-                        open_price: p.open_price,
-                        sl: p.sl,
-                        tp: p.tp,
-                        magic: p.magic,
-                        first_seen_ms: Some(1),
-                    }
-                })
-                .collect();
             let bases: Vec<(i64, f64)> = sqlx::query_as(
                 "SELECT copy_ticket, master_volume FROM copy_bases WHERE follower_id = $1",
             )
@@ -507,24 +472,30 @@ impl Suite {
             .fetch_all(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-            let memory = Memory {
+            let recorded = oracle::Recorded {
+                first_volume: first
+                    .iter()
+                    .filter_map(|p| Some((p["ticket"].as_i64()?, p["open_volume"].as_f64()?)))
+                    .collect(),
                 bases: bases.into_iter().collect(),
-                copied: Default::default(),
             };
-            for a in plan(
-                &l.link,
-                &snapshot,
-                &f_open,
-                &f_hist,
-                &memory,
-                &Inputs::default(),
-                &specs,
-            )
-            .into_iter()
-            .filter(|a| a.sends())
-            {
-                out.push(format!("{}: {a:?}", l.follower_login));
-            }
+            out.extend(oracle::owed(
+                &oracle::Expect {
+                    follower: l.follower_login.clone(),
+                    magic: l.link.magic,
+                    lot_value: l.link.lot_value,
+                    reverse: l.link.reverse,
+                },
+                &oracle::Account {
+                    open: m_open,
+                    history: m_hist,
+                },
+                &oracle::Account {
+                    open: f_open,
+                    history: f_hist,
+                },
+                &recorded,
+            ));
         }
         Ok(out)
     }
@@ -612,7 +583,9 @@ async fn read(
         })
         .await
     {
-        Err(copier_node::broker::BrokerError::Rejected(r)) if r.contains("unknown login") => {
+        Err(copier_node::broker::BrokerError::Rejected(r))
+            if r.code == copier_node::broker::RejectCode::UnknownLogin =>
+        {
             PositionsResult {
                 positions: Vec::new(),
             }
@@ -625,7 +598,9 @@ async fn read(
         })
         .await
     {
-        Err(copier_node::broker::BrokerError::Rejected(r)) if r.contains("unknown login") => {
+        Err(copier_node::broker::BrokerError::Rejected(r))
+            if r.code == copier_node::broker::RejectCode::UnknownLogin =>
+        {
             HistoryResult {
                 history: Vec::new(),
             }

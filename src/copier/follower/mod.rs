@@ -1,0 +1,508 @@
+//! A follower's session: copy its masters' events onto the follower's broker account, one at a
+//! time, and reconcile whenever continuity is in doubt.
+//!
+//! Order of business (SPEC section 2): log in with the epoch as the fence (the server learns
+//! the new owner's fence before anything else), LISTEN to every master of the follower's links
+//! (confirmed), then reconcile each master against its snapshot, remembering the snapshot and its
+//! (epoch, seq). An event at exactly seq + 1 of that epoch is applied to the remembered snapshot
+//! and the affected ticket is decided exactly as reconcile decides it ([`plan_ticket`]); one at
+//! or below it (or of an older epoch) is dropped; anything else (a gap, a new epoch, a snapshot
+//! event) reconciles. So do a LISTEN reconnect, a broker reconnect, trust that lapsed and came
+//! back, an order whose outcome is unknown, a failed close, an input not known yet, and a timer
+//! every few minutes.
+//!
+//! * [`links`]: reading the follower's links and subscribing to their masters;
+//! * [`send`]: executing decisions: the gate right before every order, then the broker, and the
+//!   records (final skips, late-copy bases).
+//!
+//! Every order is preceded by the gate check for this (account, epoch); a refused order is
+//! logged and not queued: the reconcile after the gate reopens does what is still owed.
+
+mod links;
+mod send;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::events::{MasterEvent, MasterNotice};
+use super::index::CopyIndex;
+use super::reconcile::{Action, Memory, Situation, apply_event, plan, plan_ticket};
+use super::rules::{Inputs, Link, LotMode, SkipCode};
+use super::{MasterPosition, spread_interval};
+use crate::account::AccountContext;
+use crate::broker::types::{ClosedPosition, Position, SymbolSpec};
+use crate::broker::{BrokerError, SessionEvent, TradeApi};
+use crate::db;
+use crate::db::copy::AccountRow;
+use crate::hub::{Signal, Subscription, Topic};
+use crate::status_writer::StatusUpdate;
+use send::Sent;
+
+/// A slow reconcile of every master, so a lost last event is repaired too.
+pub const BACKGROUND_RECONCILE: Duration = Duration::from_secs(180);
+/// How often links are re-read regardless: a trigger on `copy_links` announces every change, so
+/// this only repairs an announcement lost in a way the LISTEN connection did not notice.
+const LINKS_EVERY: Duration = Duration::from_secs(60);
+/// How often balance and equity are reported.
+const FUNDS_EVERY: Duration = Duration::from_secs(30);
+/// First and longest delay before a reconcile that is owed (after an unknown outcome, a failed
+/// close, a read error, an input not known yet) is retried.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// A master's snapshot as the follower's copies follow it.
+#[derive(Debug, Clone)]
+struct MasterView {
+    epoch: i64,
+    seq: i64,
+    positions: Vec<MasterPosition>,
+}
+
+struct Follower<'a> {
+    ctx: &'a AccountContext,
+    id: i64,
+    api: Arc<dyn TradeApi>,
+    signals: mpsc::UnboundedSender<Signal>,
+    links: Vec<Link>,
+    /// The links were read at least once (later changes reconcile the masters concerned).
+    links_loaded: bool,
+    bad_links: HashSet<String>,
+    subscriptions: HashMap<i64, Subscription>,
+    specs: HashMap<String, SymbolSpec>,
+    funds: Inputs,
+    master_funds: HashMap<i64, (Option<f64>, Option<f64>)>,
+    /// Per master: the snapshot the copies match, at its (epoch, seq).
+    masters: HashMap<i64, MasterView>,
+    /// The follower's copies by marker.
+    index: CopyIndex,
+    /// Late-copy bases and final decisions (from the database).
+    memory: Memory,
+    /// Transient refusals already recorded this session (one history row per kind).
+    noted: HashSet<(i64, i64, SkipCode)>,
+    /// A reconcile is owed; retried at `retry_at`.
+    owed: bool,
+    retry_delay: Duration,
+    retry_at: Instant,
+    copies_sent: u64,
+}
+
+/// Runs the follower session until stopped.
+pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
+    let Some(mut session) = ctx.login(row).await? else {
+        return Ok(());
+    };
+    info!(
+        balance = session.account.balance,
+        "follower logged in (fence raised); reconciling before anything else"
+    );
+    let (tx, mut signals) = mpsc::unbounded_channel();
+    // Link changes are announced; listen before the first read so none is missed.
+    let _links_changes = tokio::select! {
+        _ = ctx.cancel.cancelled() => return Ok(()),
+        s = ctx.node.hub.subscribe(Topic::Links(row.id), tx.clone()) => match s {
+            Some(s) => s,
+            None => bail!("the notification hub stopped"),
+        },
+    };
+    let mut f = Follower {
+        ctx,
+        id: row.id,
+        api: session.api.clone(),
+        signals: tx,
+        links: Vec::new(),
+        links_loaded: false,
+        bad_links: HashSet::new(),
+        subscriptions: HashMap::new(),
+        specs: HashMap::new(),
+        funds: Inputs {
+            follower_balance: session.account.balance,
+            follower_equity: session.account.equity,
+            ..Inputs::default()
+        },
+        master_funds: HashMap::new(),
+        masters: HashMap::new(),
+        index: CopyIndex::default(),
+        memory: Memory::default(),
+        noted: HashSet::new(),
+        owed: false,
+        retry_delay: RETRY_FIRST,
+        retry_at: Instant::now(),
+        copies_sent: 0,
+    };
+    f.report_funds().await;
+    if !f.reload_links().await {
+        return Ok(());
+    }
+    f.reconcile_all("session start").await;
+    let mut background = spread_interval(BACKGROUND_RECONCILE);
+    let mut links = spread_interval(LINKS_EVERY);
+    let mut funds = spread_interval(FUNDS_EVERY);
+    loop {
+        let retry_at = f.retry_at;
+        tokio::select! {
+            biased;
+            _ = ctx.cancel.cancelled() => return Ok(()),
+            _ = ctx.gate.restored() => f.reconcile_all("lease trust restored after a lapse").await,
+            event = session.events.recv() => match event {
+                Some(SessionEvent::Position(change)) => f.index.apply(&change),
+                Some(SessionEvent::Reconnected) => f.reconcile_all("broker reconnected").await,
+                Some(SessionEvent::LoginLost(reason)) => bail!("the broker refused the follower's login after a reconnect: {reason}"),
+                None => bail!("the broker session ended"),
+            },
+            signal = signals.recv() => match signal {
+                Some(Signal::Notice(n, received)) => f.on_notice(n, received).await,
+                Some(Signal::LinksChanged) => {
+                    if !f.reload_links().await {
+                        return Ok(());
+                    }
+                }
+                Some(Signal::Gap) => {
+                    // Link changes may have been missed too; every master is reconciled below.
+                    if !f.reload_links_only().await {
+                        return Ok(());
+                    }
+                    f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await;
+                }
+                None => bail!("the notification hub stopped"),
+            },
+            _ = tokio::time::sleep_until(retry_at), if f.owed && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,
+            _ = links.tick() => {
+                if !f.reload_links().await {
+                    return Ok(());
+                }
+            }
+            _ = background.tick() => f.reconcile_all("background reconcile").await,
+            _ = funds.tick() => {
+                f.report_funds().await;
+                let masters: Vec<i64> = f.master_funds.keys().copied().collect();
+                for m in masters {
+                    f.refresh_master_funds(m).await;
+                }
+            }
+        }
+    }
+}
+
+impl Follower<'_> {
+    fn links_of(&self, master: i64) -> Vec<Link> {
+        self.links
+            .iter()
+            .filter(|l| l.master_id == master)
+            .cloned()
+            .collect()
+    }
+
+    fn owe(&mut self, why: &str) {
+        if !self.owed {
+            debug!(why, "reconcile owed");
+        }
+        self.owed = true;
+        self.retry_at = Instant::now() + self.retry_delay;
+        self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+    }
+
+    async fn report_funds(&mut self) {
+        if let Ok(info) = self.api.account().await {
+            self.funds.follower_balance = info.balance;
+            self.funds.follower_equity = info.equity;
+            self.ctx.status.send(StatusUpdate {
+                account_id: self.id,
+                epoch: self.ctx.epoch(),
+                status: None,
+                balance: Some(info.balance),
+                equity: Some(info.equity),
+            });
+        }
+    }
+
+    async fn reconcile_all(&mut self, why: &str) {
+        self.owed = false;
+        let masters: Vec<i64> = self
+            .links
+            .iter()
+            .map(|l| l.master_id)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if masters.is_empty() {
+            self.ctx.set_status("follower: no copy links");
+            return;
+        }
+        for m in masters {
+            self.reconcile_master(m, why).await;
+        }
+        if !self.owed {
+            self.retry_delay = RETRY_FIRST;
+        }
+    }
+
+    /// Reconciles the follower's copies of master `m` to its snapshot.
+    async fn reconcile_master(&mut self, m: i64, why: &str) {
+        self.ctx.node.metrics.reconciles.inc();
+        if !self.ctx.gate.holds() {
+            warn!(
+                master_id = m,
+                why, "gate closed: reconcile deferred until trust returns"
+            );
+            self.owe("gate closed");
+            return;
+        }
+        if self.specs.is_empty() {
+            match self.api.symbols().await {
+                Ok(list) => self.specs = list.into_iter().map(|s| (s.symbol.clone(), s)).collect(),
+                Err(e) => {
+                    warn!(error = %e, "reading the follower broker's symbols failed");
+                    self.owe("symbols unavailable");
+                    return;
+                }
+            }
+        }
+        let db_read = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            let state = db::copy::master_state(&mut conn, m).await?;
+            let funds = db::copy::account_funds(&mut conn, m).await?;
+            let bases = db::copy::load_bases(&mut conn, self.id).await?;
+            let decided = db::copy::load_decided(&mut conn, self.id).await?;
+            Ok::<_, sqlx::Error>((state, funds, bases, decided))
+        }
+        .await;
+        let (state, master_funds, bases, decided) = match db_read {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(master_id = m, error = %db::describe(&e), "reconcile could not read the master's snapshot; retrying later");
+                self.masters.remove(&m);
+                self.owe("database unavailable");
+                return;
+            }
+        };
+        self.master_funds.insert(m, master_funds);
+        self.memory.bases = bases;
+        // Decisions recorded by this session whose write failed still count.
+        self.memory.decided.extend(decided);
+        let (positions, history) = match read_follower(self.api.as_ref()).await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(master_id = m, error = %e, "reconcile could not read the follower's positions; retrying later");
+                self.masters.remove(&m);
+                self.owe("broker read failed");
+                return;
+            }
+        };
+        self.index.rebuild(&positions, &history);
+        let view = match state {
+            Some(s) => (
+                MasterView {
+                    epoch: s.epoch,
+                    seq: s.seq,
+                    positions: s.positions,
+                },
+                Some(s.now_ms),
+            ),
+            None => (
+                MasterView {
+                    epoch: 0,
+                    seq: 0,
+                    positions: Vec::new(),
+                },
+                None,
+            ),
+        };
+        let (view, now_ms) = view;
+        if self.has_equity_stop(m) {
+            self.report_funds().await;
+        }
+        let funds = Inputs {
+            now_ms,
+            ..self.funds_for(m)
+        };
+        let mut sent = 0;
+        for link in self.links_of(m) {
+            let actions = plan(
+                &link,
+                &view.positions,
+                &self.index,
+                &Situation {
+                    memory: &self.memory,
+                    funds: &funds,
+                    specs: &self.specs,
+                    at: (view.epoch, view.seq),
+                },
+            );
+            for action in actions {
+                if action.sends() {
+                    sent += 1;
+                }
+                if self.execute(&link, action).await == Sent::Gated {
+                    break;
+                }
+            }
+        }
+        let (epoch, seq) = (view.epoch, view.seq);
+        self.masters.insert(m, view);
+        if sent > 0 {
+            info!(master_id = m, why, orders = sent, epoch, seq, "reconciled");
+        } else {
+            debug!(
+                master_id = m,
+                why, epoch, seq, "reconciled: nothing to send"
+            );
+        }
+        self.ctx.set_status(format!(
+            "follower: master {m} at epoch {epoch} seq {seq}; {} copies sent",
+            self.copies_sent
+        ));
+    }
+
+    /// True when a link of master `m` stops copying at an equity level: the follower's equity is
+    /// read fresh before deciding on a new copy.
+    fn has_equity_stop(&self, m: i64) -> bool {
+        self.links
+            .iter()
+            .any(|l| l.master_id == m && l.protections.equity_stop.is_some())
+    }
+
+    /// True when a ratio link of master `m` lacks the master's balance or equity.
+    fn needs_master_funds(&self, m: i64) -> bool {
+        let (balance, equity) = self.master_funds.get(&m).copied().unwrap_or((None, None));
+        self.links.iter().any(|l| {
+            l.master_id == m
+                && ((l.lot_mode == LotMode::BalanceRatio && balance.is_none())
+                    || (l.lot_mode == LotMode::EquityRatio && equity.is_none()))
+        })
+    }
+
+    async fn refresh_master_funds(&mut self, m: i64) {
+        let result = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::account_funds(&mut conn, m).await
+        }
+        .await;
+        if let Ok(funds) = result {
+            self.master_funds.insert(m, funds);
+        }
+    }
+
+    fn funds_for(&self, m: i64) -> Inputs {
+        let (balance, equity) = self.master_funds.get(&m).copied().unwrap_or((None, None));
+        Inputs {
+            master_balance: balance,
+            master_equity: equity,
+            ..self.funds
+        }
+    }
+
+    async fn on_notice(&mut self, n: MasterNotice, received: Instant) {
+        let Some(view) = self.masters.get(&n.master) else {
+            if self.links.iter().any(|l| l.master_id == n.master) {
+                self.reconcile_master(n.master, "event before the first reconcile")
+                    .await;
+            }
+            return;
+        };
+        let (epoch, seq) = (view.epoch, view.seq);
+        if n.epoch < epoch || (n.epoch == epoch && n.seq <= seq) {
+            debug!(
+                master_id = n.master,
+                epoch = n.epoch,
+                seq = n.seq,
+                "event already covered; dropped"
+            );
+            return;
+        }
+        if n.epoch != epoch || n.seq != seq + 1 || n.event == MasterEvent::Snapshot {
+            let why = if n.event == MasterEvent::Snapshot {
+                "master published a snapshot"
+            } else if n.epoch != epoch {
+                "master changed owner (new epoch)"
+            } else {
+                "gap in the master's sequence"
+            };
+            self.reconcile_master(n.master, why).await;
+            return;
+        }
+        let Some(ticket) = event_ticket(&n.event) else {
+            return;
+        };
+        let view = self.masters.get_mut(&n.master).expect("checked above");
+        apply_event(&mut view.positions, &n.event);
+        view.seq = n.seq;
+        let position = view.positions.iter().find(|p| p.ticket == ticket).cloned();
+        let is_open = matches!(n.event, MasterEvent::Open { .. });
+        if is_open {
+            if self.needs_master_funds(n.master) {
+                self.refresh_master_funds(n.master).await;
+            }
+            if self.has_equity_stop(n.master) {
+                self.report_funds().await;
+            }
+        }
+        // An open event is published when the master's session first records the position
+        // (its `first_seen_ms`, database clock) and delivered within milliseconds, so the
+        // decision's time is that plus how long the event has waited here. Other events carry
+        // no clock: a copy they find owed is left to a reconcile, which reads the database's.
+        let funds = Inputs {
+            now_ms: position
+                .as_ref()
+                .and_then(|p| p.first_seen_ms)
+                .filter(|_| is_open)
+                .map(|seen| seen + received.elapsed().as_millis() as i64),
+            ..self.funds_for(n.master)
+        };
+        for link in self.links_of(n.master) {
+            let actions = plan_ticket(
+                &link,
+                ticket,
+                position.as_ref(),
+                &self.index,
+                &Situation {
+                    memory: &self.memory,
+                    funds: &funds,
+                    specs: &self.specs,
+                    at: (n.epoch, n.seq),
+                },
+            );
+            for action in actions {
+                if !is_open && matches!(action, Action::Open { .. }) {
+                    self.owe("a copy is owed; a reconcile decides it on the database's clock");
+                    continue;
+                }
+                let opens = matches!(action, Action::Open { .. });
+                match self.execute(&link, action).await {
+                    Sent::Accepted if opens => self
+                        .ctx
+                        .node
+                        .metrics
+                        .copy_latency
+                        .observe(received.elapsed().as_secs_f64()),
+                    Sent::Gated => break,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// The master ticket an event concerns.
+fn event_ticket(event: &MasterEvent) -> Option<i64> {
+    match event {
+        MasterEvent::Snapshot => None,
+        MasterEvent::Open { position } => Some(position.ticket),
+        MasterEvent::Close { ticket }
+        | MasterEvent::Partial { ticket, .. }
+        | MasterEvent::Modify { ticket, .. } => Some(*ticket),
+    }
+}
+
+async fn read_follower(
+    api: &dyn TradeApi,
+) -> Result<(Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+    let positions = api.positions().await?;
+    let history = api.history().await?;
+    Ok((positions, history))
+}

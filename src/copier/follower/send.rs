@@ -1,0 +1,354 @@
+//! Executing a decision: the gate right before anything reaches the broker, the order, what its
+//! outcome means (SPEC section 2, Decisions), and the records that outlive the session.
+//!
+//! | outcome | open | close, trim, stop change |
+//! | --- | --- | --- |
+//! | accepted | copy indexed (from the reply: the stream may come later) | indexed |
+//! | rejected, transient (market closed, requote) | retried until `max_delay_ms`, then `too_late` (final) | retried until confirmed |
+//! | rejected, definitive | final skip (`rejected`, `slippage`): never retried | retried until confirmed (an unknown ticket is already closed) |
+//! | unknown, unavailable | reconcile by marker first, then as transient | reconcile, then retried |
+//! | gate closed | not sent; reconcile when trust returns | the same |
+
+use tracing::{debug, info, warn};
+
+use super::Follower;
+use crate::broker::types::{CloseOrder, ModifyOrder, Position};
+use crate::broker::{BrokerError, RejectCode};
+use crate::copier::reconcile::Action;
+use crate::copier::rules::{Link, SkipCode};
+use crate::db;
+
+/// What became of one action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sent {
+    /// The broker accepted the order.
+    Accepted,
+    /// Sent but rejected, or its outcome is unknown.
+    Failed,
+    /// Nothing to send (a skip or a wait).
+    Nothing,
+    /// The gate refused it.
+    Gated,
+}
+
+impl Follower<'_> {
+    /// Sends one action. `Gated` when the gate refused it (the rest of a plan is not sent either).
+    pub(super) async fn execute(&mut self, link: &Link, action: Action) -> Sent {
+        let master_ticket = action.master_ticket();
+        match &action {
+            Action::Skip { code, reason, .. } => {
+                self.decided(link, master_ticket, *code, reason).await;
+                return Sent::Nothing;
+            }
+            Action::Wait { reason, .. } => {
+                self.transient(link, master_ticket, SkipCode::Waiting, reason)
+                    .await;
+                return Sent::Nothing;
+            }
+            _ => {}
+        }
+        // HoldsLease, right before anything reaches the broker.
+        if !self.ctx.gate.holds() {
+            warn!(
+                link_id = link.id,
+                master_ticket, "gate closed: order not sent (a reconcile runs once trust returns)"
+            );
+            self.ctx.node.metrics.orders_gated.inc();
+            self.owe("gate closed");
+            return Sent::Gated;
+        }
+        failpoint_after_gate().await;
+        let (kind, result) = match action {
+            Action::Open { order, base, .. } => {
+                let result = self.api.open(order.clone()).await;
+                match &result {
+                    Ok(fill) => {
+                        self.copies_sent += 1;
+                        info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = order.volume, duplicate = fill.duplicate, "copy opened");
+                        self.index.opened(Position {
+                            ticket: fill.ticket,
+                            symbol: order.symbol.clone(),
+                            side: order.side,
+                            volume: order.volume,
+                            open_price: fill.price,
+                            sl: order.sl,
+                            tp: order.tp,
+                            magic: order.magic,
+                            comment: order.comment.clone(),
+                            open_time_ms: 0,
+                        });
+                        if let Some(master_volume) = base {
+                            self.record_base(link, master_ticket, fill.ticket, master_volume)
+                                .await;
+                        }
+                    }
+                    Err(BrokerError::Rejected(r)) if r.code.transient() => {
+                        let code = if r.code == RejectCode::MarketClosed {
+                            SkipCode::MarketClosed
+                        } else {
+                            SkipCode::Requote
+                        };
+                        self.transient(link, master_ticket, code, &r.reason).await;
+                    }
+                    Err(BrokerError::Rejected(r)) => {
+                        let code = if r.code == RejectCode::Slippage {
+                            SkipCode::Slippage
+                        } else {
+                            SkipCode::Rejected
+                        };
+                        let reason =
+                            format!("rejected by the broker ({}): {}", r.code.as_str(), r.reason);
+                        self.decided(link, master_ticket, code, &reason).await;
+                    }
+                    Err(e) => {
+                        warn!(link_id = link.id, master_ticket, error = %e, "copy outcome unknown or not sent: reconciling by marker before anything is retried");
+                        self.transient(link, master_ticket, SkipCode::Unavailable, &e.to_string())
+                            .await;
+                    }
+                }
+                ("open", result.map(|_| ()))
+            }
+            Action::Close {
+                ticket,
+                reason,
+                client_order_id,
+                ..
+            } => {
+                let order = CloseOrder {
+                    ticket,
+                    volume: None,
+                    client_order_id: Some(client_order_id),
+                };
+                let result = self.api.close(order).await;
+                match &result {
+                    Ok(fill) => {
+                        info!(
+                            link_id = link.id,
+                            master_ticket,
+                            ticket,
+                            volume = fill.closed_volume,
+                            reason,
+                            "copy closed"
+                        );
+                        self.index.reduced(ticket, 0.0);
+                    }
+                    Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
+                        debug!(ticket, "copy already closed");
+                        self.index.reduced(ticket, 0.0);
+                    }
+                    Err(e) => {
+                        warn!(link_id = link.id, master_ticket, ticket, error = %e, "closing a copy failed; retried until it is confirmed closed");
+                        self.owe("close failed");
+                    }
+                }
+                ("close", result.map(|_| ()))
+            }
+            Action::Trim {
+                ticket,
+                close_volume,
+                client_order_id,
+                ..
+            } => {
+                let order = CloseOrder {
+                    ticket,
+                    volume: Some(close_volume),
+                    client_order_id: Some(client_order_id),
+                };
+                let result = self.api.close(order).await;
+                match &result {
+                    Ok(fill) => {
+                        info!(
+                            link_id = link.id,
+                            master_ticket,
+                            ticket,
+                            closed = fill.closed_volume,
+                            remaining = fill.remaining_volume,
+                            "copy partially closed"
+                        );
+                        self.index.reduced(ticket, fill.remaining_volume);
+                    }
+                    Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
+                        debug!(ticket, "copy already closed");
+                        self.index.reduced(ticket, 0.0);
+                    }
+                    Err(e) => {
+                        warn!(link_id = link.id, master_ticket, ticket, error = %e, "partial close of a copy failed; retried until confirmed");
+                        self.owe("trim failed");
+                    }
+                }
+                ("close", result.map(|_| ()))
+            }
+            Action::Modify {
+                ticket,
+                sl,
+                tp,
+                client_order_id,
+                ..
+            } => {
+                let order = ModifyOrder {
+                    ticket,
+                    sl,
+                    tp,
+                    client_order_id: Some(client_order_id),
+                };
+                let result = self.api.modify(order).await;
+                match &result {
+                    Ok(()) => {
+                        info!(
+                            link_id = link.id,
+                            master_ticket,
+                            ticket,
+                            ?sl,
+                            ?tp,
+                            "copy stops modified"
+                        );
+                        self.index.stops(ticket, sl, tp);
+                    }
+                    Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
+                        debug!(ticket, "copy already closed; its stops need no change");
+                        self.index.reduced(ticket, 0.0);
+                    }
+                    Err(e) => {
+                        warn!(link_id = link.id, master_ticket, ticket, error = %e, "modifying a copy's stops failed; retried until confirmed");
+                        self.owe("modify failed");
+                    }
+                }
+                ("modify", result)
+            }
+            Action::Skip { .. } | Action::Wait { .. } => unreachable!("handled above"),
+        };
+        let outcome = match &result {
+            Ok(()) => "accepted",
+            Err(BrokerError::Rejected(_)) => "rejected",
+            Err(BrokerError::Unknown(_)) => "unknown",
+            Err(BrokerError::Unavailable(_)) => "unavailable",
+        };
+        self.ctx.node.metrics.order(kind, outcome);
+        if result.is_ok() {
+            Sent::Accepted
+        } else {
+            Sent::Failed
+        }
+    }
+
+    /// A final decision not to copy: logged, counted, recorded (fenced), and respected by every
+    /// later reconcile, on any node.
+    async fn decided(&mut self, link: &Link, master_ticket: i64, code: SkipCode, reason: &str) {
+        if !self.memory.decided.insert((link.id, master_ticket)) {
+            return;
+        }
+        info!(
+            link_id = link.id,
+            master_ticket,
+            code = code.as_str(),
+            reason,
+            "not copied (final)"
+        );
+        self.ctx.node.metrics.copies_skipped.inc();
+        self.record(link, master_ticket, code, reason, true).await;
+    }
+
+    /// A refusal for now: retried by a reconcile (within the link's `max_delay_ms`, after which
+    /// the decision is `too_late`); recorded once per session and kind as history.
+    async fn transient(&mut self, link: &Link, master_ticket: i64, code: SkipCode, reason: &str) {
+        self.owe(code.as_str());
+        if !self.noted.insert((link.id, master_ticket, code)) {
+            return;
+        }
+        info!(
+            link_id = link.id,
+            master_ticket,
+            code = code.as_str(),
+            reason,
+            "not copied yet; retrying"
+        );
+        self.record(link, master_ticket, code, reason, false).await;
+    }
+
+    async fn record(
+        &mut self,
+        link: &Link,
+        master_ticket: i64,
+        code: SkipCode,
+        reason: &str,
+        is_final: bool,
+    ) {
+        let result = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::record_decision(
+                &mut conn,
+                &self.ctx.node.node_id,
+                self.id,
+                self.ctx.epoch(),
+                link.id,
+                master_ticket,
+                code.as_str(),
+                reason,
+                is_final,
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(true) => {}
+            Ok(false) => self.ctx.lost().await,
+            Err(e) => {
+                warn!(error = %db::describe(&e), link_id = link.id, master_ticket, "recording a copy decision failed")
+            }
+        }
+    }
+
+    async fn record_base(
+        &mut self,
+        link: &Link,
+        master_ticket: i64,
+        copy_ticket: i64,
+        master_volume: f64,
+    ) {
+        self.memory.bases.insert(copy_ticket, master_volume);
+        let result = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::record_base(
+                &mut conn,
+                &self.ctx.node.node_id,
+                self.id,
+                self.ctx.epoch(),
+                copy_ticket,
+                link.id,
+                master_ticket,
+                master_volume,
+            )
+            .await
+        }
+        .await;
+        if let Err(e) = result {
+            warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
+        }
+    }
+}
+
+/// Fault injection for the fault suite (built only with the `failpoints` feature, which the test
+/// command enables; a release build contains none of it): when `COPIERTEST_PAUSE_AFTER_GATE`
+/// names a file, an order whose gate check passed while that file exists is held after the check
+/// and before the send until the file is removed: a process frozen between its gate check and
+/// its order, on demand.
+#[cfg(feature = "failpoints")]
+async fn failpoint_after_gate() {
+    use std::time::Duration;
+    static PATH: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let Some(path) =
+        PATH.get_or_init(|| std::env::var_os("COPIERTEST_PAUSE_AFTER_GATE").map(Into::into))
+    else {
+        return;
+    };
+    if path.exists() {
+        warn!(path = %path.display(), "fault injection: holding an order after its gate check");
+        while path.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        warn!("fault injection: sending the held order");
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn failpoint_after_gate() {}

@@ -1,0 +1,270 @@
+//! The follower's copies by marker: the one index both the event path and reconcile decide from.
+//!
+//! Built from a broker read (open positions and history), then kept current by the broker's
+//! position stream and by the replies to the follower's own orders, in either order: the bridge
+//! protocol lets a server send a reply before or after the stream update it caused. So every
+//! update is idempotent and monotone: a copy's volume only ever falls (a hedging position keeps
+//! its ticket through partial closes and never grows), a closed ticket stays closed, and the set
+//! of master tickets ever copied only grows (a broker read that comes back empty or partial
+//! must not make a copy look never-opened).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::broker::types::{ClosedPosition, Position, PositionChange};
+
+use super::parse_marker;
+
+/// A copy: (link magic, master ticket).
+pub type Key = (i64, i64);
+
+#[derive(Debug, Default, Clone)]
+pub struct CopyIndex {
+    /// Open copies by key, oldest ticket first (two means a duplicate, which reconcile closes).
+    open: BTreeMap<Key, Vec<Position>>,
+    /// Every key the follower ever held a copy for (open or closed).
+    ever: HashSet<Key>,
+    /// Copy ticket -> its volume when it was opened (partial closes scale against it).
+    original: HashMap<i64, f64>,
+    /// Copy tickets seen closed: a late update about one changes nothing.
+    closed: HashSet<i64>,
+}
+
+impl CopyIndex {
+    /// An index from a broker read.
+    pub fn from_read(open: &[Position], history: &[ClosedPosition]) -> Self {
+        let mut index = CopyIndex::default();
+        index.rebuild(open, history);
+        index
+    }
+
+    /// Replaces what is open with a fresh broker read. What was ever copied is kept.
+    pub fn rebuild(&mut self, open: &[Position], history: &[ClosedPosition]) {
+        self.open.clear();
+        self.closed.clear();
+        let mut closed_volume: HashMap<i64, f64> = HashMap::new();
+        for h in history {
+            if let Some(t) = parse_marker(&h.position.comment) {
+                self.ever.insert((h.position.magic, t));
+            }
+            *closed_volume.entry(h.position.ticket).or_default() += h.position.volume;
+            if h.remaining_volume <= 1e-9 {
+                self.closed.insert(h.position.ticket);
+            }
+        }
+        for p in open {
+            self.closed.remove(&p.ticket);
+            let original = p.volume + closed_volume.get(&p.ticket).copied().unwrap_or(0.0);
+            self.original
+                .insert(p.ticket, (original * 1e8).round() / 1e8);
+            self.insert(p.clone());
+        }
+    }
+
+    fn insert(&mut self, p: Position) {
+        let Some(t) = parse_marker(&p.comment) else {
+            return;
+        };
+        let key = (p.magic, t);
+        self.ever.insert(key);
+        let list = self.open.entry(key).or_default();
+        match list.iter_mut().find(|c| c.ticket == p.ticket) {
+            Some(existing) => {
+                // Monotone: a late update never raises a volume back.
+                let volume = existing.volume.min(p.volume);
+                *existing = Position { volume, ..p };
+            }
+            None => {
+                list.push(p);
+                list.sort_by_key(|c| c.ticket);
+            }
+        }
+    }
+
+    /// A position opened (a fill this session received, or the stream's update of it).
+    pub fn opened(&mut self, p: Position) {
+        if self.closed.contains(&p.ticket) {
+            return;
+        }
+        self.original.entry(p.ticket).or_insert(p.volume);
+        self.insert(p);
+    }
+
+    /// Part or all of copy `ticket` closed, leaving `remaining` open.
+    pub fn reduced(&mut self, ticket: i64, remaining: f64) {
+        if remaining <= 1e-9 {
+            self.closed.insert(ticket);
+            for list in self.open.values_mut() {
+                list.retain(|c| c.ticket != ticket);
+            }
+            self.open.retain(|_, list| !list.is_empty());
+            return;
+        }
+        for list in self.open.values_mut() {
+            for c in list.iter_mut().filter(|c| c.ticket == ticket) {
+                c.volume = c.volume.min(remaining);
+            }
+        }
+    }
+
+    /// Copy `ticket`'s stops changed.
+    pub fn stops(&mut self, ticket: i64, sl: Option<f64>, tp: Option<f64>) {
+        for list in self.open.values_mut() {
+            for c in list.iter_mut().filter(|c| c.ticket == ticket) {
+                c.sl = sl;
+                c.tp = tp;
+            }
+        }
+    }
+
+    /// Applies one update from the broker's position stream.
+    pub fn apply(&mut self, change: &PositionChange) {
+        match change {
+            PositionChange::Opened { position } => self.opened(position.clone()),
+            PositionChange::Modified { position } => {
+                if !self.closed.contains(&position.ticket) {
+                    self.stops(position.ticket, position.sl, position.tp);
+                }
+            }
+            PositionChange::PartiallyClosed { position, .. } => {
+                self.reduced(position.ticket, position.volume)
+            }
+            PositionChange::Closed { closed } => self.reduced(closed.position.ticket, 0.0),
+        }
+    }
+
+    /// The open copies of `key`, oldest first.
+    pub fn copies(&self, key: Key) -> &[Position] {
+        self.open.get(&key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Every open copy under link magic `magic`, by master ticket.
+    pub fn copies_of_link(&self, magic: i64) -> impl Iterator<Item = (i64, &[Position])> {
+        self.open
+            .range((magic, i64::MIN)..=(magic, i64::MAX))
+            .map(|((_, t), list)| (*t, list.as_slice()))
+    }
+
+    /// True when the follower ever held a copy for `key`.
+    pub fn ever(&self, key: Key) -> bool {
+        self.ever.contains(&key)
+    }
+
+    /// Copy `ticket`'s volume when it was opened (its current volume if unknown).
+    pub fn original_volume(&self, copy: &Position) -> f64 {
+        self.original
+            .get(&copy.ticket)
+            .copied()
+            .unwrap_or(copy.volume)
+    }
+
+    /// Remembers that `key` was copied (an open whose outcome is unknown counts: the next read
+    /// tells, and a deduplicating bridge is the second line).
+    pub fn mark_copied(&mut self, key: Key) {
+        self.ever.insert(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::types::{ClosedBy, Side};
+    use crate::copier::marker;
+
+    fn copy(ticket: i64, master: i64, volume: f64) -> Position {
+        Position {
+            ticket,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            volume,
+            open_price: 1.1,
+            sl: None,
+            tp: None,
+            magic: 77,
+            comment: marker(master),
+            open_time_ms: 0,
+        }
+    }
+
+    fn closed(p: &Position, volume: f64, remaining: f64) -> ClosedPosition {
+        ClosedPosition {
+            position: Position {
+                volume,
+                ..p.clone()
+            },
+            close_price: 1.1,
+            close_time_ms: 0,
+            closed_by: ClosedBy::Client,
+            remaining_volume: remaining,
+            profit: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_read_gives_open_copies_ever_copied_and_original_volumes() {
+        let a = copy(1, 10, 0.3);
+        let gone = copy(2, 11, 0.5);
+        let index = CopyIndex::from_read(
+            std::slice::from_ref(&a),
+            &[closed(&a, 0.2, 0.3), closed(&gone, 0.5, 0.0)],
+        );
+        assert_eq!(index.copies((77, 10)).len(), 1);
+        assert_eq!(index.original_volume(&a), 0.5);
+        assert!(index.ever((77, 11)) && index.copies((77, 11)).is_empty());
+        assert!(!index.ever((78, 10)), "per link magic");
+    }
+
+    #[test]
+    fn reply_and_stream_in_either_order_end_in_the_same_state() {
+        let start = copy(1, 10, 1.0);
+        let after_first = copy(1, 10, 0.6);
+        let after_second = copy(1, 10, 0.3);
+        let stream = |p: &Position, prev: f64| PositionChange::PartiallyClosed {
+            position: p.clone(),
+            closed: closed(p, prev - p.volume, p.volume),
+        };
+        // Stream first.
+        let mut a = CopyIndex::from_read(std::slice::from_ref(&start), &[]);
+        a.apply(&stream(&after_first, 1.0));
+        a.reduced(1, 0.6);
+        a.apply(&stream(&after_second, 0.6));
+        a.reduced(1, 0.3);
+        // Replies first, the stream's updates arriving late.
+        let mut b = CopyIndex::from_read(std::slice::from_ref(&start), &[]);
+        b.reduced(1, 0.6);
+        b.reduced(1, 0.3);
+        b.apply(&stream(&after_first, 1.0));
+        assert_eq!(
+            b.copies((77, 10))[0].volume,
+            0.3,
+            "a late update never raises a volume back"
+        );
+        b.apply(&stream(&after_second, 0.6));
+        assert_eq!(a.copies((77, 10)), b.copies((77, 10)));
+        // A close reply, then a late open or modify of that ticket: it stays closed.
+        b.reduced(1, 0.0);
+        b.apply(&PositionChange::Opened {
+            position: start.clone(),
+        });
+        b.apply(&PositionChange::Modified {
+            position: start.clone(),
+        });
+        assert!(b.copies((77, 10)).is_empty() && b.ever((77, 10)));
+    }
+
+    #[test]
+    fn what_was_copied_survives_a_read_that_lost_it() {
+        let mut index = CopyIndex::from_read(&[copy(1, 10, 1.0)], &[]);
+        index.rebuild(&[], &[]);
+        assert!(index.copies((77, 10)).is_empty());
+        assert!(index.ever((77, 10)), "an empty read is not proof of never");
+    }
+
+    #[test]
+    fn two_copies_of_one_master_position_are_both_indexed_oldest_first() {
+        let index = CopyIndex::from_read(&[copy(5, 10, 1.0), copy(3, 10, 1.0)], &[]);
+        let tickets: Vec<i64> = index.copies((77, 10)).iter().map(|c| c.ticket).collect();
+        assert_eq!(tickets, vec![3, 5]);
+        assert_eq!(index.copies_of_link(77).count(), 1);
+        assert_eq!(index.copies_of_link(78).count(), 0);
+    }
+}

@@ -1,0 +1,341 @@
+//! L3, judged independently of the product: what each follower should hold, computed here from
+//! the broker's record of both accounts (open positions and history, as the journal shows them)
+//! and the link's settings, with arithmetic written for this check alone. No function of the
+//! product's decision code (rules, index, plan) is called.
+//!
+//! The suite's links are plain (multiplier 1.0 or 0.5, reverse or not, stops copied, no
+//! protections, links made before any trade) and nothing closes a copy by hand, so:
+//!
+//! * every open master position has exactly one open copy per link, on the link's side, with the
+//!   master's stops (swapped when reversed), and a volume of its original volume scaled like the
+//!   master's (never below 0.01);
+//! * no copy is open whose master position is closed;
+//! * no copy was closed entirely while its master position was still open, unless another copy
+//!   of the same master position was open then (an extra copy, closed by rule).
+
+use std::collections::HashMap;
+
+use copier_node::broker::types::{ClosedPosition, Position, Side};
+
+/// What the oracle needs of one link.
+#[derive(Debug, Clone)]
+pub struct Expect {
+    pub follower: String,
+    pub magic: i64,
+    pub lot_value: f64,
+    pub reverse: bool,
+}
+
+/// One account as the broker shows it.
+#[derive(Debug, Clone, Default)]
+pub struct Account {
+    pub open: Vec<Position>,
+    pub history: Vec<ClosedPosition>,
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn ticket_of(comment: &str) -> Option<i64> {
+    comment.strip_prefix("mc")?.parse().ok()
+}
+
+fn original(ticket: i64, open: f64, history: &[ClosedPosition]) -> f64 {
+    round2(
+        open + history
+            .iter()
+            .filter(|h| h.position.ticket == ticket)
+            .map(|h| h.position.volume)
+            .sum::<f64>(),
+    )
+}
+
+fn close_enough(a: Option<f64>, b: Option<f64>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => (x - y).abs() < 1e-6,
+        _ => false,
+    }
+}
+
+/// What the nodes recorded that the oracle takes as data: the master volume each position had
+/// when its session first recorded it (a position opened and partly closed while no session
+/// watched is copied from what was first seen), and late copies (copy ticket -> the master
+/// volume they were sized for).
+#[derive(Debug, Clone, Default)]
+pub struct Recorded {
+    pub first_volume: HashMap<i64, f64>,
+    pub bases: HashMap<i64, f64>,
+}
+
+/// Everything the follower still owes under `link`. Empty when converged.
+pub fn owed(
+    link: &Expect,
+    master: &Account,
+    follower: &Account,
+    recorded: &Recorded,
+) -> Vec<String> {
+    let bases = &recorded.bases;
+    let mut out = Vec::new();
+    let who = &link.follower;
+    let mut copies: HashMap<i64, Vec<&Position>> = HashMap::new();
+    for p in follower.open.iter().filter(|p| p.magic == link.magic) {
+        if let Some(t) = ticket_of(&p.comment) {
+            copies.entry(t).or_default().push(p);
+        }
+    }
+    for m in &master.open {
+        let list = copies.remove(&m.ticket).unwrap_or_default();
+        let [copy] = list.as_slice() else {
+            out.push(format!(
+                "{who}: master ticket {} has {} open copies, wants 1",
+                m.ticket,
+                list.len()
+            ));
+            continue;
+        };
+        let side = if link.reverse {
+            match m.side {
+                Side::Buy => Side::Sell,
+                Side::Sell => Side::Buy,
+            }
+        } else {
+            m.side
+        };
+        if copy.side != side {
+            out.push(format!(
+                "{who}: copy {} is {:?}, wants {side:?}",
+                copy.ticket, copy.side
+            ));
+        }
+        let (sl, tp) = if link.reverse {
+            (m.tp, m.sl)
+        } else {
+            (m.sl, m.tp)
+        };
+        if !close_enough(copy.sl, sl) || !close_enough(copy.tp, tp) {
+            out.push(format!(
+                "{who}: copy {} stops {:?}/{:?}, wants {sl:?}/{tp:?}",
+                copy.ticket, copy.sl, copy.tp
+            ));
+        }
+        let master_original = recorded
+            .first_volume
+            .get(&m.ticket)
+            .copied()
+            .unwrap_or_else(|| original(m.ticket, m.volume, &master.history));
+        let copy_original = original(copy.ticket, copy.volume, &follower.history);
+        let base = bases.get(&copy.ticket).copied().unwrap_or(master_original);
+        // The exact scaled volume; the copy holds it rounded to the 0.01 step, either way at a
+        // tie (0.185 may be 0.18 or 0.19).
+        let want = (copy_original * m.volume / base).clamp(0.01, copy_original);
+        if (copy.volume - want).abs() > 0.005 + 1e-6 {
+            out.push(format!(
+                "{who}: copy {} holds {} lots, wants {want} ({copy_original} scaled by the master's {} of {base})",
+                copy.ticket, copy.volume, m.volume
+            ));
+        }
+        if bases.get(&copy.ticket).is_none() {
+            let sized = master_original * link.lot_value;
+            if (copy_original - sized).abs() > 0.005 + 1e-6 {
+                out.push(format!(
+                    "{who}: copy {} opened at {copy_original} lots, wants {sized} ({master_original} x {})",
+                    copy.ticket, link.lot_value
+                ));
+            }
+        }
+    }
+    for (t, list) in copies {
+        for c in list {
+            out.push(format!(
+                "{who}: copy {} of master ticket {t} is open, the master position is closed",
+                c.ticket
+            ));
+        }
+    }
+    out.extend(closed_while_master_open(link, master, follower));
+    out
+}
+
+/// Copies closed entirely while their master position was open, with no other copy of it open
+/// at that moment.
+pub fn closed_while_master_open(
+    link: &Expect,
+    master: &Account,
+    follower: &Account,
+) -> Vec<String> {
+    let master_closed_at: HashMap<i64, i64> = master
+        .history
+        .iter()
+        .filter(|h| h.remaining_volume <= 1e-9)
+        .map(|h| (h.position.ticket, h.close_time_ms))
+        .collect();
+    let master_open: std::collections::HashSet<i64> =
+        master.open.iter().map(|p| p.ticket).collect();
+    // Every copy ticket ever held per master ticket, with its open and close times.
+    let mut spans: HashMap<i64, Vec<(i64, i64, i64)>> = HashMap::new();
+    let closed_at: HashMap<i64, i64> = follower
+        .history
+        .iter()
+        .filter(|h| h.remaining_volume <= 1e-9)
+        .map(|h| (h.position.ticket, h.close_time_ms))
+        .collect();
+    let all = follower
+        .open
+        .iter()
+        .chain(follower.history.iter().map(|h| &h.position))
+        .filter(|p| p.magic == link.magic);
+    let mut seen = std::collections::HashSet::new();
+    for p in all {
+        if let Some(t) = ticket_of(&p.comment)
+            && seen.insert(p.ticket)
+        {
+            let end = closed_at.get(&p.ticket).copied().unwrap_or(i64::MAX);
+            spans
+                .entry(t)
+                .or_default()
+                .push((p.ticket, p.open_time_ms, end));
+        }
+    }
+    let mut out = Vec::new();
+    for (t, list) in &spans {
+        let master_end = if master_open.contains(t) {
+            i64::MAX
+        } else {
+            match master_closed_at.get(t) {
+                Some(at) => *at,
+                None => continue, // not the master's (another link's marker space)
+            }
+        };
+        for (ticket, _, end) in list {
+            if *end == i64::MAX || *end >= master_end {
+                continue;
+            }
+            let other_open = list
+                .iter()
+                .any(|(o, start, stop)| o != ticket && *start <= *end && *stop >= *end);
+            if !other_open {
+                out.push(format!(
+                    "{}: copy {ticket} of master ticket {t} was closed at {end} ms while the master position was open (until {})",
+                    link.follower,
+                    if master_end == i64::MAX { "now".to_string() } else { format!("{master_end} ms") }
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use copier_node::broker::types::ClosedBy;
+
+    fn pos(ticket: i64, comment: &str, side: Side, volume: f64, open_ms: i64) -> Position {
+        Position {
+            ticket,
+            symbol: "EURUSD".into(),
+            side,
+            volume,
+            open_price: 1.1,
+            sl: None,
+            tp: None,
+            magic: if comment.is_empty() { 0 } else { 500 },
+            comment: comment.into(),
+            open_time_ms: open_ms,
+        }
+    }
+
+    fn closed(p: &Position, volume: f64, remaining: f64, at: i64) -> ClosedPosition {
+        ClosedPosition {
+            position: Position {
+                volume,
+                ..p.clone()
+            },
+            close_price: 1.1,
+            close_time_ms: at,
+            closed_by: ClosedBy::Client,
+            remaining_volume: remaining,
+            profit: 0.0,
+        }
+    }
+
+    fn link() -> Expect {
+        Expect {
+            follower: "f".into(),
+            magic: 500,
+            lot_value: 0.5,
+            reverse: true,
+        }
+    }
+
+    #[test]
+    fn a_matching_follower_owes_nothing() {
+        let m = pos(10, "", Side::Buy, 0.6, 0);
+        let master = Account {
+            open: vec![m.clone()],
+            history: vec![closed(&m, 0.4, 0.6, 5)],
+        };
+        // Copied at 0.5 of 1.0, trimmed to 0.3 after the master closed 0.4.
+        let c = pos(90, "mc10", Side::Sell, 0.3, 1);
+        let follower = Account {
+            open: vec![c.clone()],
+            history: vec![closed(&c, 0.2, 0.3, 6)],
+        };
+        assert_eq!(
+            owed(&link(), &master, &follower, &Recorded::default()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn wrong_side_size_missing_extra_and_orphan_copies_are_owed() {
+        let master = Account {
+            open: vec![
+                pos(10, "", Side::Buy, 1.0, 0),
+                pos(11, "", Side::Buy, 1.0, 0),
+            ],
+            history: vec![],
+        };
+        let follower = Account {
+            open: vec![
+                pos(90, "mc10", Side::Buy, 0.4, 1),
+                pos(91, "mc12", Side::Sell, 0.5, 1),
+            ],
+            history: vec![],
+        };
+        let text = owed(&link(), &master, &follower, &Recorded::default()).join("\n");
+        for want in [
+            "copy 90 is Buy, wants Sell",
+            "copy 90 opened at 0.4 lots, wants 0.5",
+            "master ticket 11 has 0 open copies",
+            "copy 91 of master ticket 12 is open",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_copy_closed_while_its_master_was_open_is_flagged_unless_it_was_an_extra() {
+        let m = pos(10, "", Side::Buy, 1.0, 0);
+        let master = Account {
+            open: vec![],
+            history: vec![closed(&m, 1.0, 0.0, 100)],
+        };
+        let early = pos(90, "mc10", Side::Sell, 0.5, 1);
+        let follower = Account {
+            open: vec![],
+            history: vec![closed(&early, 0.5, 0.0, 50)],
+        };
+        let flagged = closed_while_master_open(&link(), &master, &follower);
+        assert_eq!(flagged.len(), 1, "{flagged:?}");
+        // An extra copy closed while the first one stayed open is a rule's close.
+        let keeper = pos(89, "mc10", Side::Sell, 0.5, 1);
+        let follower = Account {
+            open: vec![],
+            history: vec![closed(&early, 0.5, 0.0, 50), closed(&keeper, 0.5, 0.0, 101)],
+        };
+        assert!(closed_while_master_open(&link(), &master, &follower).is_empty());
+    }
+}
