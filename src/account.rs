@@ -41,6 +41,8 @@ pub struct NodeServices {
     pub metrics: Arc<Metrics>,
     /// Decrypts the accounts' broker credentials (`None`: the node has no key).
     pub credentials_key: Option<CredentialsKey>,
+    /// Period of each follower's background reconcile.
+    pub reconcile_every: std::time::Duration,
 }
 
 /// Everything an account task may use.

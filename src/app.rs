@@ -175,6 +175,7 @@ pub async fn start(
             lost: lost_for_tasks,
             metrics: metrics.clone(),
             credentials_key: config.credentials_key.clone(),
+            reconcile_every: config.reconcile_every,
         });
         let shared = NodeShared {
             services: services.clone(),

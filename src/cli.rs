@@ -241,6 +241,10 @@ pub struct RunArgs {
     /// Fair share: hand off at most this fraction of the share per cycle (default 0.1).
     #[arg(long)]
     pub rebalance_step: Option<String>,
+    /// How often each follower reconciles with its masters regardless of events, repairing a lost
+    /// last event (default 180s).
+    #[arg(long, value_name = "DURATION")]
+    pub reconcile_every: Option<String>,
     /// Secrets file holding the key that decrypts broker credentials (or set
     /// COPIER_CREDENTIALS_KEY; the key itself is never taken from the command line).
     #[arg(long, value_name = "PATH")]
@@ -265,6 +269,7 @@ impl RunArgs {
             ("listen_database_url", self.listen_database_url.clone()),
             ("rebalance_margin", self.rebalance_margin.clone()),
             ("rebalance_step", self.rebalance_step.clone()),
+            ("reconcile_every", self.reconcile_every.clone()),
             ("credentials_key_file", self.credentials_key_file.clone()),
         ]);
         flags

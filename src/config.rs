@@ -24,6 +24,7 @@ pub const KEYS: &[&str] = &[
     "listen_database_url",
     "rebalance_margin",
     "rebalance_step",
+    "reconcile_every",
     "credentials_key",
     "credentials_key_file",
 ];
@@ -123,6 +124,8 @@ pub struct Config {
     pub rebalance_margin: f64,
     /// Fair share: hand off at most this fraction of the share per cycle (at least one).
     pub rebalance_step: f64,
+    /// How often each follower reconciles regardless of events (repairs a lost last event).
+    pub reconcile_every: Duration,
     /// Decrypts broker credentials (`None`: accounts with credentials get an error status).
     pub credentials_key: Option<CredentialsKey>,
 }
@@ -334,6 +337,15 @@ impl Layers {
         };
         let rebalance_margin = self.parse("rebalance_margin", "0.1", fraction)?;
         let rebalance_step = self.parse("rebalance_step", "0.1", fraction)?;
+        let reconcile_every = self.parse("reconcile_every", "180s", |v| {
+            parse_duration(v).and_then(|d| {
+                if d >= Duration::from_secs(1) {
+                    Ok(d)
+                } else {
+                    Err("the rule is reconcile_every >= 1s".to_string())
+                }
+            })
+        })?;
         validate_timings(lease, fence, cycle)?;
         let credentials_key = self.credentials_key()?;
         Ok(Config {
@@ -349,6 +361,7 @@ impl Layers {
             listen_database_url,
             rebalance_margin,
             rebalance_step,
+            reconcile_every,
             credentials_key,
         })
     }

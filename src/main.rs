@@ -210,6 +210,7 @@ async fn sim_broker(command: SimBrokerCommand) -> ExitCode {
                 dedupe: !args.no_dedupe,
                 reply_first: args.reply_first,
                 balance: args.balance,
+                balances: Default::default(),
                 price_walk,
             };
             let server = match SimBroker::start(options).await {

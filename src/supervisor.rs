@@ -467,6 +467,7 @@ mod tests {
             lost: lost_tx,
             metrics: Arc::new(crate::metrics::Metrics::new()),
             credentials_key: None,
+            reconcile_every: Duration::from_secs(180),
         });
         let shared = NodeShared {
             services,

@@ -101,6 +101,8 @@ pub struct Book {
     fence_check: bool,
     /// Execute a client order id once (off: every request executes, as on MT4/MT5 servers).
     dedupe: bool,
+    /// Opening balances of named accounts (others get `default_balance`).
+    opening: HashMap<String, f64>,
     /// Fault switch: (login, op) -> (how many more node orders to refuse, the reason).
     refusals: HashMap<(String, String), (u32, String)>,
 }
@@ -114,8 +116,14 @@ impl Book {
             default_balance,
             fence_check,
             dedupe: true,
+            opening: HashMap::new(),
             refusals: HashMap::new(),
         }
+    }
+
+    /// The balance `login` gets when it is created (at its first login or order).
+    pub fn set_opening_balance(&mut self, login: &str, balance: f64) {
+        self.opening.insert(login.to_string(), balance);
     }
 
     /// Fault switch for tests: refuse the next `count` orders of kind `op` (`open`, `close` or
@@ -287,7 +295,11 @@ impl Book {
             let r = Record::Account {
                 login: login.to_string(),
                 password: password.map(str::to_string),
-                balance: self.default_balance,
+                balance: self
+                    .opening
+                    .get(login)
+                    .copied()
+                    .unwrap_or(self.default_balance),
             };
             self.apply(&r);
             records.push(r);

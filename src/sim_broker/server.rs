@@ -47,6 +47,8 @@ pub struct ServeOptions {
     pub reply_first: bool,
     /// Balance of a new account.
     pub balance: f64,
+    /// Balances of named new accounts (login -> balance), overriding `balance`.
+    pub balances: HashMap<String, f64>,
     /// Move prices every this often and trigger stop loss / take profit (off by default:
     /// prices then stay at their defaults).
     pub price_walk: Option<Duration>,
@@ -62,6 +64,7 @@ impl ServeOptions {
             dedupe: true,
             reply_first: false,
             balance: 10_000.0,
+            balances: HashMap::new(),
             price_walk: None,
         }
     }
@@ -95,6 +98,9 @@ impl SimBroker {
     pub async fn start(options: ServeOptions) -> anyhow::Result<SimBroker> {
         let mut book = Book::new(options.balance, options.fence_check);
         book.set_dedupe(options.dedupe);
+        for (login, balance) in &options.balances {
+            book.set_opening_balance(login, *balance);
+        }
         let store = match &options.state {
             Some(path) => Some(Store::open(path, &mut book)?),
             None => None,

@@ -57,6 +57,28 @@ async fn connect(broker: &str) -> Result<BridgeClient, BrokerError> {
     Ok(client)
 }
 
+/// The fault switch: makes the broker refuse the next `count` node orders of kind `order`
+/// (`open`, `close`, `modify`) on `login` with `reason` (`count` 0 lifts it).
+pub async fn refuse(
+    broker: &str,
+    login: &str,
+    order: &str,
+    count: u32,
+    reason: &str,
+) -> Result<(), BrokerError> {
+    let client = connect(broker).await?;
+    let result = client
+        .call(Request::Refuse {
+            login: login.into(),
+            order: order.into(),
+            count,
+            reason: reason.into(),
+        })
+        .await;
+    client.close();
+    result.map(|_| ())
+}
+
 /// Sends a hand order; for an open, returns the new ticket.
 pub async fn trade(
     broker: &str,

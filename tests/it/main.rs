@@ -6,6 +6,7 @@ mod binary;
 mod broker;
 mod copy;
 mod credentials;
+mod decisions;
 mod faults;
 mod hardening;
 mod lease_sql;

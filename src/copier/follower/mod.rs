@@ -44,8 +44,6 @@ use crate::hub::{Signal, Subscription, Topic};
 use crate::status_writer::StatusUpdate;
 use send::Sent;
 
-/// A slow reconcile of every master, so a lost last event is repaired too.
-pub const BACKGROUND_RECONCILE: Duration = Duration::from_secs(180);
 /// How often links are re-read regardless: a trigger on `copy_links` announces every change, so
 /// this only repairs an announcement lost in a way the LISTEN connection did not notice.
 const LINKS_EVERY: Duration = Duration::from_secs(60);
@@ -140,7 +138,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         return Ok(());
     }
     f.reconcile_all("session start").await;
-    let mut background = spread_interval(BACKGROUND_RECONCILE);
+    // A slow reconcile of every master, so a lost last event is repaired too.
+    let mut background = spread_interval(ctx.node.reconcile_every);
     let mut links = spread_interval(LINKS_EVERY);
     let mut funds = spread_interval(FUNDS_EVERY);
     loop {

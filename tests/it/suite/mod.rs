@@ -100,7 +100,7 @@ impl Suite {
     }
 
     /// A suite on a PostgreSQL cluster of its own (for restarting it).
-    pub async fn with_private_cluster(name: &str) -> Suite {
+    pub async fn with_private_cluster(name: &str, broker_args: &[&str]) -> Suite {
         let dir = Scratch::new(&format!("{name}-pg"));
         let root = dir.0.join("pg");
         let bins = PgBinaries::find().unwrap();
@@ -121,7 +121,7 @@ impl Suite {
                 url,
                 _dir: dir,
             },
-            &[],
+            broker_args,
         )
         .await
     }

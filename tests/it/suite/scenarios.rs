@@ -11,6 +11,10 @@ use crate::support::chaos::Mode;
 const CONVERGE: Duration = Duration::from_secs(30);
 const MOVE: Duration = Duration::from_secs(20);
 
+/// The simulated broker as real MT4/MT5 servers behave: no fence check, no client-order-id
+/// deduplication. Every S1/S2 scenario runs so, and is judged from the journal alone.
+const UNPROTECTED: &[&str] = &["--no-fence-check", "--no-dedupe"];
+
 /// Three equal nodes a, b, c (started in that order) sharing two masters and six followers;
 /// returns once fair share has settled. Every node gets `env` with `{node}` replaced by its id.
 async fn three_nodes(name: &str, broker_args: &[&str], env: Vec<(String, String)>) -> Suite {
@@ -52,7 +56,12 @@ async fn finish(s: &mut Suite) {
 #[tokio::test]
 async fn kill9_of_the_followers_node() {
     for round in 0..rounds() {
-        let mut s = three_nodes(&format!("suite-kill-followers-{round}"), &[], Vec::new()).await;
+        let mut s = three_nodes(
+            &format!("suite-kill-followers-{round}"),
+            UNPROTECTED,
+            Vec::new(),
+        )
+        .await;
         trade_for(
             &mut s,
             jitter(Duration::from_secs(2), Duration::from_secs(5)),
@@ -75,7 +84,12 @@ async fn kill9_of_the_followers_node() {
 #[tokio::test]
 async fn kill9_of_the_masters_node() {
     for round in 0..rounds() {
-        let mut s = three_nodes(&format!("suite-kill-master-{round}"), &[], Vec::new()).await;
+        let mut s = three_nodes(
+            &format!("suite-kill-master-{round}"),
+            UNPROTECTED,
+            Vec::new(),
+        )
+        .await;
         trade_for(
             &mut s,
             jitter(Duration::from_secs(2), Duration::from_secs(5)),
@@ -98,7 +112,7 @@ async fn kill9_of_the_masters_node() {
 #[tokio::test]
 async fn sigterm_hands_off() {
     for round in 0..rounds() {
-        let mut s = three_nodes(&format!("suite-sigterm-{round}"), &[], Vec::new()).await;
+        let mut s = three_nodes(&format!("suite-sigterm-{round}"), UNPROTECTED, Vec::new()).await;
         trade_for(
             &mut s,
             jitter(Duration::from_secs(2), Duration::from_secs(5)),
@@ -126,7 +140,12 @@ async fn sigterm_hands_off() {
 #[tokio::test]
 async fn sigstop_shorter_than_the_fence_changes_nothing() {
     for round in 0..rounds() {
-        let mut s = three_nodes(&format!("suite-sigstop-short-{round}"), &[], Vec::new()).await;
+        let mut s = three_nodes(
+            &format!("suite-sigstop-short-{round}"),
+            UNPROTECTED,
+            Vec::new(),
+        )
+        .await;
         trade_for(&mut s, Duration::from_secs(2)).await;
         let before = s.owners().await;
         let victim = s.busiest_follower_node().await;
@@ -242,7 +261,7 @@ async fn sigstop_longer_than_the_lease_without_the_fence_check_shows_the_hole() 
 #[tokio::test]
 async fn a_hung_database_connection_then_recovery() {
     for round in 0..rounds() {
-        let mut s = three_nodes(&format!("suite-db-hang-{round}"), &[], Vec::new()).await;
+        let mut s = three_nodes(&format!("suite-db-hang-{round}"), UNPROTECTED, Vec::new()).await;
         trade_for(&mut s, Duration::from_secs(2)).await;
         let victim = s.busiest_follower_node().await;
         let held = s.owned_by(&victim).await;
@@ -270,7 +289,7 @@ async fn a_hung_database_connection_then_recovery() {
 
 #[tokio::test]
 async fn postgres_restarts_cleanly_and_immediately() {
-    let mut s = Suite::with_private_cluster("suite-pg-restart").await;
+    let mut s = Suite::with_private_cluster("suite-pg-restart", UNPROTECTED).await;
     for id in ["a", "b"] {
         s.start_node(id, 100, Vec::new()).await;
         s.node(id)
@@ -325,7 +344,12 @@ async fn postgres_restarts_cleanly_and_immediately() {
 #[tokio::test]
 async fn only_the_listen_connection_is_cut() {
     for round in 0..rounds() {
-        let mut s = three_nodes(&format!("suite-listen-cut-{round}"), &[], Vec::new()).await;
+        let mut s = three_nodes(
+            &format!("suite-listen-cut-{round}"),
+            UNPROTECTED,
+            Vec::new(),
+        )
+        .await;
         trade_for(&mut s, Duration::from_secs(1)).await;
         let victim = s.busiest_follower_node().await;
         s.node(&victim).listen_proxy.set(Mode::Hang);
@@ -379,7 +403,7 @@ async fn the_wall_clock_jumping_changes_nothing() {
             "info,copier_node::lease=debug,sqlx=warn".to_string(),
         ),
     ];
-    let mut s = three_nodes("suite-clock-jump", &[], env).await;
+    let mut s = three_nodes("suite-clock-jump", UNPROTECTED, env).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
     let before = s.owners().await;
     let clock = format!("{}-b", base.display());
@@ -408,15 +432,13 @@ async fn the_wall_clock_jumping_changes_nothing() {
 
 #[tokio::test]
 async fn the_broker_restarts_with_its_state() {
-    let mut s = three_nodes("suite-broker-restart", &[], Vec::new()).await;
+    let mut s = three_nodes("suite-broker-restart", UNPROTECTED, Vec::new()).await;
     trade_for(&mut s, Duration::from_secs(2)).await;
     s.broker.stop();
     trade_for(&mut s, Duration::from_secs(1)).await; // the generator's orders fail meanwhile
-    let args = [
-        "--state".to_string(),
-        s.dir.path("broker-state.jsonl").display().to_string(),
-    ];
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let state = s.dir.path("broker-state.jsonl").display().to_string();
+    let mut refs: Vec<&str> = vec!["--state", &state];
+    refs.extend(UNPROTECTED);
     s.broker = crate::support::broker::BrokerProcess::spawn_on(&s.dir, s.broker_port, &refs).await;
     let victim = s.busiest_follower_node().await;
     s.node(&victim)
@@ -429,7 +451,7 @@ async fn the_broker_restarts_with_its_state() {
 
 #[tokio::test]
 async fn scaling_out_to_four_and_back_in_to_one() {
-    let mut s = Suite::new("suite-scale", &[]).await;
+    let mut s = Suite::new("suite-scale", UNPROTECTED).await;
     s.start_node("n1", 100, Vec::new()).await;
     s.wait_stable().await;
     s.wait_ready().await;
@@ -478,7 +500,7 @@ async fn scaling_out_to_four_and_back_in_to_one() {
 
 #[tokio::test]
 async fn a_duplicate_node_id_is_refused_and_duplicates_nothing() {
-    let mut s = three_nodes("suite-dup-id", &[], Vec::new()).await;
+    let mut s = three_nodes("suite-dup-id", UNPROTECTED, Vec::new()).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
     let before = s.owners().await;
     s.start_node("b", 100, Vec::new()).await; // a second process with b's id
@@ -491,7 +513,7 @@ async fn a_duplicate_node_id_is_refused_and_duplicates_nothing() {
 
 #[tokio::test]
 async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle() {
-    let mut s = three_nodes("suite-churn", &[], Vec::new()).await;
+    let mut s = three_nodes("suite-churn", UNPROTECTED, Vec::new()).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
     for i in 0..3 {
         let id = format!("d{i}");

@@ -1,0 +1,522 @@
+//! The follower's decisions end to end (issue 13): a node in-process, real PostgreSQL, and the
+//! simulated broker behaving as real MT4/MT5 servers do (no fence check, no client-order-id
+//! deduplication) unless a test says otherwise. Each test names the decision it proves.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use copier_node::app::NodeHandle;
+use copier_node::broker::types::Side;
+use copier_node::sim_broker::server::{ServeOptions, SimBroker};
+use copier_node::sim_broker::tools::{self, HandOrder};
+
+use crate::support::broker::{Scratch, journal};
+use crate::support::{
+    FAST, LinkSpec, TestDb, Trader, add_account, add_link, config, eventually, start_node,
+    wait_state,
+};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// The broker's protections: off is how real MT4/MT5 servers behave.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Broker {
+    /// No fence check, no client-order-id deduplication.
+    Unprotected,
+    /// Both on (the simulated broker's default).
+    Protected,
+}
+
+struct Fixture {
+    db: TestDb,
+    dir: Scratch,
+    _broker: SimBroker,
+    addr: String,
+    t: Trader,
+    conn: sqlx::PgConnection,
+}
+
+async fn fixture(name: &str, broker: Broker, tune: impl FnOnce(&mut ServeOptions)) -> Fixture {
+    let db = TestDb::new().await;
+    let dir = Scratch::new(name);
+    let mut options = ServeOptions::new("127.0.0.1:0", dir.path("journal.jsonl"));
+    if broker == Broker::Unprotected {
+        options.fence_check = false;
+        options.dedupe = false;
+    }
+    tune(&mut options);
+    let broker = SimBroker::start(options).await.unwrap();
+    let addr = broker.addr.to_string();
+    let conn = db.conn().await;
+    Fixture {
+        t: Trader { addr: addr.clone() },
+        db,
+        dir,
+        _broker: broker,
+        addr,
+        conn,
+    }
+}
+
+impl Fixture {
+    /// Master 1 (`m1`) and followers 2.. (`f2`, ...), each follower linked with its spec.
+    async fn accounts(&mut self, links: Vec<LinkSpec>) -> HashMap<i64, (i64, i64)> {
+        add_account(&mut self.conn, 1, "master", &self.addr, "m1").await;
+        let mut out = HashMap::new();
+        for (i, spec) in links.into_iter().enumerate() {
+            let f = i as i64 + 2;
+            add_account(&mut self.conn, f, "follower", &self.addr, &format!("f{f}")).await;
+            out.insert(f, add_link(&mut self.conn, 1, f, spec).await);
+        }
+        out
+    }
+
+    /// One node owning every account, its followers reconciled once.
+    async fn node(&mut self, id: &str, accounts: usize) -> NodeHandle {
+        let node = start_node(&config(&self.db, id, 100, FAST)).await;
+        wait_state(&node.state, "the node owns every account", WAIT, |s| {
+            s.owned.len() == accounts
+        })
+        .await;
+        self.followers_ready().await;
+        node
+    }
+
+    async fn followers_ready(&mut self) {
+        let conn = &mut self.conn;
+        eventually("every follower reconciled", WAIT, async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM trading_accounts WHERE role = 'follower' AND enabled AND coalesce(status, '') NOT LIKE 'follower: master%'",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            (waiting == 0).then_some(())
+        })
+        .await;
+    }
+
+    /// Makes the broker refuse the next `count` node orders of kind `order` on `login`.
+    async fn refuse(&self, login: &str, order: &str, count: u32, reason: &str) {
+        tools::refuse(&self.addr, login, order, count, reason)
+            .await
+            .unwrap();
+    }
+
+    /// Journal lines of node orders of `action` carrying `comment`.
+    fn orders(&self, action: &str, comment: &str) -> Vec<serde_json::Value> {
+        journal(&self.dir.path("journal.jsonl"))
+            .into_iter()
+            .filter(|l| l["client"] != "manual" && l["action"] == action && l["comment"] == comment)
+            .collect()
+    }
+
+    /// Every decision recorded about (link, master ticket), oldest first: (code, final).
+    async fn decisions(&mut self, link: i64, master_ticket: i64) -> Vec<(String, bool)> {
+        sqlx::query_as(
+            "SELECT code, final FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 ORDER BY id",
+        )
+        .bind(link)
+        .bind(master_ticket)
+        .fetch_all(&mut self.conn)
+        .await
+        .unwrap()
+    }
+
+    async fn open(&self, volume: f64) -> i64 {
+        self.t
+            .open("m1", "EURUSD", Side::Buy, volume, None, None)
+            .await
+    }
+}
+
+/// Item 0: the master's balance not known yet when its first trade arrives is a wait. The copy is
+/// made as soon as the balance is known, without waiting for a reconcile (the background one is
+/// minutes away), and no final skip is recorded.
+#[tokio::test]
+async fn a_ratio_follower_waits_for_the_masters_balance_instead_of_skipping() {
+    let mut fx = fixture("dec-wait", Broker::Unprotected, |_| {}).await;
+    let links = fx
+        .accounts(vec![LinkSpec {
+            lot_mode: "balance_ratio",
+            lot_value: 1.0,
+            ..Default::default()
+        }])
+        .await;
+    let (link, magic) = links[&2];
+    let node = fx.node("a", 2).await;
+    // As on a master whose session has not reported its balance yet.
+    sqlx::query("UPDATE trading_accounts SET balance = NULL, equity = NULL WHERE id = 1")
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let ticket = fx.open(0.5).await;
+    let conn = &mut fx.conn;
+    eventually("the wait to be recorded", WAIT, async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'waiting' AND NOT final",
+        )
+        .bind(link)
+        .bind(ticket)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    // The master's session reports its balance.
+    sqlx::query("UPDATE trading_accounts SET balance = 10000, equity = 10000 WHERE id = 1")
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let copy = fx.t.copy_of("f2", magic, ticket, WAIT).await;
+    assert_eq!(copy.volume, 0.5);
+    assert_eq!(
+        fx.decisions(link, ticket).await,
+        vec![("waiting".to_string(), false)],
+        "a wait is history, never a final skip"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// Item 1: two copies of one master position (an earlier incident, or a copy placed by hand
+/// with the copy's marker) are closed under two client order ids, so a deduplicating broker
+/// swallows neither close.
+#[tokio::test]
+async fn two_copies_of_one_master_position_are_both_closed_when_the_master_closes() {
+    for broker in [Broker::Protected, Broker::Unprotected] {
+        let mut fx = fixture("dec-two-copies", broker, |_| {}).await;
+        let links = fx.accounts(vec![LinkSpec::default()]).await;
+        let (_, magic) = links[&2];
+        let node = fx.node("a", 2).await;
+        let ticket = fx.open(0.4).await;
+        let first = fx.t.copy_of("f2", magic, ticket, WAIT).await;
+        // A second position with the copy's magic and comment, placed by hand.
+        let second = tools::trade(
+            &fx.addr,
+            "f2",
+            HandOrder::Open {
+                symbol: "EURUSD".into(),
+                side: Side::Buy,
+                volume: 0.4,
+                sl: None,
+                tp: None,
+                magic,
+                comment: format!("mc{ticket}"),
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_ne!(first.ticket, second);
+        fx.t.close("m1", ticket, None).await;
+        let t = &fx.t;
+        eventually(
+            format!("{broker:?}: both copies of {ticket} closed"),
+            WAIT,
+            async || {
+                let open = t.positions("f2").await;
+                (!open.iter().any(|p| p.comment == format!("mc{ticket}"))).then_some(())
+            },
+        )
+        .await;
+        let closes: Vec<String> = fx
+            .orders("close", &format!("mc{ticket}"))
+            .into_iter()
+            .filter(|l| l["accepted"] == true)
+            .map(|l| l["client_order_id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(closes.len(), 2, "{broker:?}: {closes:?}");
+        assert_ne!(closes[0], closes[1], "one intent, one id");
+        node.shutdown();
+        node.wait().await.unwrap();
+    }
+}
+
+/// Item 2: a protection's skip is final for that master position: lifting the protection, a
+/// reconcile, and another node after a failover all leave it uncopied; positions opened
+/// afterwards are copied.
+#[tokio::test]
+async fn a_protections_skip_is_final_on_every_node_even_after_the_protection_is_lifted() {
+    let mut fx = fixture("dec-final", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let (link, magic) = links[&2];
+    sqlx::query("UPDATE copy_links SET close_only = true WHERE id = $1")
+        .bind(link)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let a = fx.node("a", 2).await;
+    let held_back = fx.open(0.3).await;
+    let conn = &mut fx.conn;
+    eventually("the close-only skip recorded", WAIT, async || {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'close_only' AND final",
+        )
+        .bind(link)
+        .bind(held_back)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        (n == 1).then_some(())
+    })
+    .await;
+    sqlx::query("UPDATE copy_links SET close_only = false WHERE id = $1")
+        .bind(link)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let later = fx.open(0.2).await;
+    fx.t.copy_of("f2", magic, later, WAIT).await;
+    // The owner changes (clean hand-off to b); b reconciles from scratch.
+    a.shutdown();
+    a.wait().await.unwrap();
+    let b = fx.node("b", 2).await;
+    let later2 = fx.open(0.1).await;
+    fx.t.copy_of("f2", magic, later2, WAIT).await;
+    assert!(
+        fx.orders("open", &format!("mc{held_back}")).is_empty(),
+        "the skipped position was never sent, on either node"
+    );
+    assert_eq!(
+        fx.decisions(link, held_back).await,
+        vec![("close_only".to_string(), true)],
+        "decided once"
+    );
+    b.shutdown();
+    b.wait().await.unwrap();
+}
+
+/// Item 2: a definitive rejection of an open is recorded and never sent again, not even by the
+/// reconcile a link change causes.
+#[tokio::test]
+async fn a_definitive_rejection_is_recorded_and_never_sent_again() {
+    let mut fx = fixture("dec-rejected", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let (link, magic) = links[&2];
+    let node = fx.node("a", 2).await;
+    fx.refuse("f2", "open", 1, "not enough money").await;
+    let rejected = fx.open(0.3).await;
+    let conn = &mut fx.conn;
+    eventually("the rejection recorded", WAIT, async || {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'rejected' AND final AND reason LIKE '%no_money%'",
+        )
+        .bind(link)
+        .bind(rejected)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        (n == 1).then_some(())
+    })
+    .await;
+    // A real change to the link reconciles its master.
+    sqlx::query("UPDATE copy_links SET max_lot = 50 WHERE id = $1")
+        .bind(link)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let later = fx.open(0.2).await;
+    fx.t.copy_of("f2", magic, later, WAIT).await;
+    let conn = &mut fx.conn;
+    eventually("the link change's reconcile", WAIT, async || {
+        let status: String = sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        status.contains("copies sent").then_some(())
+    })
+    .await;
+    let sent = fx.orders("open", &format!("mc{rejected}"));
+    assert_eq!(sent.len(), 1, "sent once, rejected, not retried: {sent:?}");
+    assert_eq!(sent[0]["accepted"], false);
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// Item 2: a transient refusal of an open (market closed) is retried until the link's
+/// `max_delay_ms`, then recorded as `too_late` and never sent again; without `max_delay_ms` it is
+/// retried until the market opens, and copied then.
+#[tokio::test]
+async fn a_transient_refusal_is_retried_until_max_delay_then_expires() {
+    let mut fx = fixture("dec-transient", Broker::Unprotected, |_| {}).await;
+    let links = fx
+        .accounts(vec![LinkSpec::default(), LinkSpec::default()])
+        .await;
+    let (bounded, _) = links[&2];
+    let (_, unbounded_magic) = links[&3];
+    sqlx::query("UPDATE copy_links SET max_delay_ms = 1500 WHERE id = $1")
+        .bind(bounded)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let node = fx.node("a", 3).await;
+    fx.refuse("f2", "open", 10_000, "market closed").await;
+    fx.refuse("f3", "open", 10_000, "market closed").await;
+    let ticket = fx.open(0.3).await;
+    let conn = &mut fx.conn;
+    eventually("the bounded link's open to expire", WAIT, async || {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'too_late' AND final",
+        )
+        .bind(bounded)
+        .bind(ticket)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        (n == 1).then_some(())
+    })
+    .await;
+    let tried = |fx: &Fixture, login: &str| {
+        journal(&fx.dir.path("journal.jsonl"))
+            .into_iter()
+            .filter(|l| l["login"] == login && l["action"] == "open" && l["client"] != "manual")
+            .count()
+    };
+    assert!(tried(&fx, "f2") >= 2, "retried before it expired");
+    // The market opens: the unbounded link's retry copies; the expired one stays expired.
+    fx.refuse("f2", "open", 0, "market closed").await;
+    fx.refuse("f3", "open", 0, "market closed").await;
+    fx.t.copy_of("f3", unbounded_magic, ticket, Duration::from_secs(45))
+        .await;
+    let after = tried(&fx, "f2");
+    let later = fx.open(0.2).await;
+    fx.t.copy_of("f3", unbounded_magic, later, WAIT).await;
+    assert_eq!(
+        journal(&fx.dir.path("journal.jsonl"))
+            .iter()
+            .filter(|l| l["login"] == "f2" && l["comment"] == format!("mc{ticket}"))
+            .filter(|l| l["accepted"] == true)
+            .count(),
+        0,
+        "the expired open was never executed"
+    );
+    assert!(
+        tried(&fx, "f2") <= after + 1,
+        "only the later position was sent"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// Item 2: a close and a stop change the broker refuses are retried until it confirms them;
+/// they never expire.
+#[tokio::test]
+async fn a_refused_close_and_stop_change_are_retried_until_confirmed() {
+    let mut fx = fixture("dec-close-retry", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let (_, magic) = links[&2];
+    let node = fx.node("a", 2).await;
+    let ticket = fx.open(0.3).await;
+    fx.t.copy_of("f2", magic, ticket, WAIT).await;
+    fx.refuse("f2", "modify", 3, "market closed").await;
+    fx.t.modify("m1", ticket, Some(1.05), Some(1.2)).await;
+    fx.t.wait_copy("f2", magic, ticket, WAIT, "stops follow", |c| {
+        c.is_some_and(|c| c.sl == Some(1.05) && c.tp == Some(1.2))
+    })
+    .await;
+    fx.refuse("f2", "close", 3, "market closed").await;
+    fx.t.close("m1", ticket, None).await;
+    fx.t.wait_copy("f2", magic, ticket, WAIT, "closed", |c| c.is_none())
+        .await;
+    let closes = fx.orders("close", &format!("mc{ticket}"));
+    let refused = closes.iter().filter(|l| l["accepted"] == false).count();
+    assert_eq!(refused, 3, "{closes:?}");
+    assert_eq!(closes.len(), 4, "retried until closed, then nothing more");
+    let modifies = fx.orders("modify", &format!("mc{ticket}"));
+    assert_eq!(modifies.iter().filter(|l| l["accepted"] == true).count(), 1);
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// Item 3: partial closes on the event path scale the copy's original volume, as reconcile does
+/// (it scaled the current copy before, and two quick partial closes then disagreed with
+/// reconcile by a step); with replies sent before their stream updates as well as after.
+#[tokio::test]
+async fn partial_closes_on_the_event_path_agree_with_reconcile_in_either_reply_order() {
+    for reply_first in [false, true] {
+        let mut fx = fixture("dec-partials", Broker::Unprotected, |o| {
+            o.reply_first = reply_first
+        })
+        .await;
+        let links = fx
+            .accounts(vec![LinkSpec {
+                lot_value: 0.33,
+                ..Default::default()
+            }])
+            .await;
+        let (_, magic) = links[&2];
+        let node = fx.node("a", 2).await;
+        let ticket = fx.open(1.0).await;
+        let copy = fx.t.copy_of("f2", magic, ticket, WAIT).await;
+        assert_eq!(copy.volume, 0.33);
+        fx.t.close("m1", ticket, Some(0.5)).await;
+        fx.t.close("m1", ticket, Some(0.25)).await;
+        // 0.33 x 0.25 / 1.0 = 0.0825: 0.08. Scaling the current copy instead gives 0.09.
+        fx.t.wait_copy("f2", magic, ticket, WAIT, "trimmed to 0.08", |c| {
+            c.is_some_and(|c| (c.volume - 0.08).abs() < 1e-9)
+        })
+        .await;
+        let trims: f64 = fx
+            .orders("close", &format!("mc{ticket}"))
+            .iter()
+            .filter(|l| l["accepted"] == true)
+            .map(|l| l["volume"].as_f64().unwrap())
+            .sum();
+        assert!(
+            (trims - 0.25).abs() < 1e-9,
+            "reply_first {reply_first}: trimmed {trims} in all"
+        );
+        node.shutdown();
+        node.wait().await.unwrap();
+    }
+}
+
+/// The ratio modes on unequal balances (every account had 10,000 before, so they could not be
+/// told from `multiplier`), and one follower with two masters.
+#[tokio::test]
+async fn ratio_modes_size_by_unequal_balances_and_a_follower_copies_two_masters() {
+    let mut fx = fixture("dec-ratio", Broker::Unprotected, |o| {
+        o.balances = [("m1".to_string(), 20_000.0), ("f2".to_string(), 5_000.0)].into();
+    })
+    .await;
+    let links = fx
+        .accounts(vec![
+            LinkSpec {
+                lot_mode: "balance_ratio",
+                lot_value: 1.0,
+                ..Default::default()
+            },
+            LinkSpec {
+                lot_mode: "equity_ratio",
+                lot_value: 2.0,
+                ..Default::default()
+            },
+        ])
+        .await;
+    // Follower 2 also copies master 9 (balance 10,000) one to one.
+    add_account(&mut fx.conn, 9, "master", &fx.addr, "m9").await;
+    let (_, m9_magic) = add_link(&mut fx.conn, 9, 2, LinkSpec::default()).await;
+    let node = fx.node("a", 4).await;
+    let ticket = fx.open(1.0).await;
+    // f2: 1.0 x 5,000 / 20,000 = 0.25; f3 (10,000): 1.0 x 10,000 / 20,000 x 2 = 1.0.
+    let c2 = fx.t.copy_of("f2", links[&2].1, ticket, WAIT).await;
+    let c3 = fx.t.copy_of("f3", links[&3].1, ticket, WAIT).await;
+    assert_eq!((c2.volume, c3.volume), (0.25, 1.0));
+    let other = fx.t.open("m9", "GBPUSD", Side::Sell, 0.7, None, None).await;
+    let c9 = fx.t.copy_of("f2", m9_magic, other, WAIT).await;
+    assert_eq!((c9.side, c9.volume), (Side::Sell, 0.7));
+    fx.t.close("m1", ticket, None).await;
+    fx.t.wait_copy("f2", links[&2].1, ticket, WAIT, "closed", |c| c.is_none())
+        .await;
+    assert!(
+        fx.t.positions("f2")
+            .await
+            .iter()
+            .any(|p| p.ticket == c9.ticket),
+        "the other master's copy stays"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
