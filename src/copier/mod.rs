@@ -14,6 +14,8 @@
 //! is how any node recognises copies that already exist or existed. Every order carries a client
 //! order id naming its one intent ([`intent`]).
 
+#[cfg(test)]
+mod convergence;
 pub mod events;
 pub mod follower;
 pub mod index;
