@@ -25,3 +25,25 @@ ALTER TABLE copy_skips ALTER COLUMN final DROP DEFAULT;
 -- Serves: a reconcile's "which master positions did this follower's links decide never to copy"
 -- (read per follower at every reconcile).
 CREATE INDEX copy_skips_final_idx ON copy_skips (follower_id, link_id, master_ticket) WHERE final;
+
+-- Account changes are announced too (SPEC section 4: changed rows are picked up within a cycle).
+-- A session logs in with its row's server, login, credentials and role; a change to any of them,
+-- announced on the same channel as link changes with the account's id, makes the owner's session
+-- log out and start again from the new row. Only those columns fire it: a lease renewal or a
+-- status write updates other columns and costs nothing here.
+CREATE FUNCTION copier_account_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('copier_links', NEW.id::text);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER trading_accounts_changed
+    AFTER UPDATE OF server, login, role, credentials ON trading_accounts
+    FOR EACH ROW
+    WHEN (OLD.server IS DISTINCT FROM NEW.server
+          OR OLD.login IS DISTINCT FROM NEW.login
+          OR OLD.role IS DISTINCT FROM NEW.role
+          OR OLD.credentials IS DISTINCT FROM NEW.credentials)
+    EXECUTE FUNCTION copier_account_changed();

@@ -20,10 +20,11 @@ use tracing::{info, warn};
 
 use crate::broker::{AccountLogin, BrokerError, Session};
 use crate::brokers::BrokerConnector;
+use crate::config::Secret;
 use crate::copier;
 use crate::credentials::{self, CredentialsKey};
 use crate::db;
-use crate::db::copy::AccountRow;
+use crate::db::copy::{AccountRow, Role};
 use crate::hub::Hub;
 use crate::lease::gate::AccountGate;
 use crate::metrics::Metrics;
@@ -121,7 +122,56 @@ impl AccountContext {
     }
 }
 
-/// The task body: read the row, then run the session for its role.
+/// Why a session returned.
+#[derive(Debug)]
+pub enum Ended {
+    /// The task was stopped.
+    Stopped,
+    /// The row's server, login, role or credentials changed: the session logged out and must
+    /// start again from this row.
+    RowChanged(Box<AccountRow>),
+}
+
+impl AccountContext {
+    /// Re-reads the row after an announced change; `Some(new row)` when what the session logged
+    /// in with changed (server, login, role, or the decrypted credentials: a key rotation that
+    /// re-encrypts the same password changes nothing).
+    pub async fn changed_row(&self, current: &AccountRow) -> Option<AccountRow> {
+        let read = async {
+            let mut conn = self.node.pool.acquire().await?;
+            db::copy::load_account(&mut conn, self.account_id).await
+        }
+        .await;
+        let new = match read {
+            Ok(Some(new)) => new,
+            Ok(None) => return None, // deleted: the lease cycle stops the task
+            Err(e) => {
+                warn!(error = %db::describe(&e), "re-reading the account row after a change failed; the session goes on");
+                return None;
+            }
+        };
+        let key = self.node.credentials_key.as_ref();
+        let password = |c: &Option<Secret>| {
+            c.as_ref()
+                .map(|s| credentials::decrypt(key, s).map(|p| p.expose().to_string()))
+        };
+        let same_credentials = match (password(&current.credentials), password(&new.credentials)) {
+            (Some(Ok(a)), Some(Ok(b))) => a == b,
+            _ => {
+                current.credentials.as_ref().map(Secret::expose)
+                    == new.credentials.as_ref().map(Secret::expose)
+            }
+        };
+        let same = current.server == new.server
+            && current.login == new.login
+            && current.role == new.role
+            && same_credentials;
+        (!same).then_some(new)
+    }
+}
+
+/// The task body: read the row, then run the session for its role; start again from the new row
+/// when the row's connection (server, login, role, credentials) changes.
 pub async fn run(ctx: AccountContext) -> anyhow::Result<()> {
     let row = {
         let mut conn = ctx
@@ -134,18 +184,28 @@ pub async fn run(ctx: AccountContext) -> anyhow::Result<()> {
             .await
             .context("reading the account row")?
     };
-    let Some(row) = row else {
+    let Some(mut row) = row else {
         bail!("account {} no longer exists", ctx.account_id);
     };
-    info!(role = %row.role, server = %row.server, login = %row.login, "account session starting");
-    let result = match row.role.as_str() {
-        "master" => copier::master::run(&ctx, &row).await,
-        "follower" => copier::follower::run(&ctx, &row).await,
-        other => bail!(
-            "account {} has role {other:?}; expected master or follower",
-            row.id
-        ),
-    };
-    info!("account session stopped");
-    result
+    loop {
+        info!(role = %row.role, server = %row.server, login = %row.login, "account session starting");
+        let ended = match row.role {
+            Role::Master => copier::master::run(&ctx, &row).await?,
+            Role::Follower => copier::follower::run(&ctx, &row).await?,
+        };
+        match ended {
+            Ended::Stopped => {
+                info!("account session stopped");
+                return Ok(());
+            }
+            Ended::RowChanged(new) => {
+                info!(
+                    old_server = %row.server, old_login = %row.login, old_role = %row.role,
+                    server = %new.server, login = %new.login, role = %new.role,
+                    "account row changed: logged out; starting again from the new row (copies held on the old login are left as they are)"
+                );
+                row = *new;
+            }
+        }
+    }
 }

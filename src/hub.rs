@@ -4,8 +4,8 @@
 //! * release announcements (`copier_released`) from other nodes of the platform wake the lease
 //!   loop to claim at once (instant handoff);
 //! * master events (`copier_master_<id>`) go to every follower session subscribed to that master;
-//! * link changes (`copier_links`, from a trigger on `copy_links`) go to the session of the
-//!   follower whose links changed.
+//! * account changes (`copier_links`, from triggers on `copy_links` and on the connection
+//!   columns of `trading_accounts`) go to the session of the account whose links or row changed.
 //!
 //! [`Hub::subscribe`] returns only once the server has confirmed the LISTEN, so a follower that
 //! subscribes and then reads its master's snapshot misses nothing in between. When the connection
@@ -30,8 +30,9 @@ use crate::db;
 pub enum Signal {
     /// A master event, with the instant it arrived at the node (copy latency counts from it).
     Notice(MasterNotice, tokio::time::Instant),
-    /// The follower's copy links changed: re-read them.
-    LinksChanged,
+    /// The account's row (server, login, role, credentials) or, for a follower, its copy links
+    /// changed: re-read them.
+    AccountChanged,
     /// The LISTEN connection was lost and restored: notifications may have been missed (once
     /// per subscriber channel).
     Gap,
@@ -42,8 +43,8 @@ pub enum Signal {
 pub enum Topic {
     /// A master's events (its own channel, listened to while someone on the node subscribes).
     Master(i64),
-    /// A follower's link changes (one channel for all, always listened to).
-    Links(i64),
+    /// An account's row or link changes (one channel for all, always listened to).
+    Account(i64),
 }
 
 enum Command {
@@ -136,7 +137,7 @@ type Senders = HashMap<u64, mpsc::UnboundedSender<Signal>>;
 #[derive(Default)]
 struct Subscribers {
     by_master: HashMap<i64, Senders>,
-    by_follower: HashMap<i64, Senders>,
+    by_account: HashMap<i64, Senders>,
     /// Subscriptions waiting for their LISTEN to be confirmed.
     waiting: Vec<oneshot::Sender<()>>,
 }
@@ -145,7 +146,7 @@ impl Subscribers {
     fn of(&mut self, topic: Topic) -> (&mut HashMap<i64, Senders>, i64) {
         match topic {
             Topic::Master(m) => (&mut self.by_master, m),
-            Topic::Links(f) => (&mut self.by_follower, f),
+            Topic::Account(f) => (&mut self.by_account, f),
         }
     }
 
@@ -177,7 +178,7 @@ impl Subscribers {
         for s in self
             .by_master
             .values()
-            .chain(self.by_follower.values())
+            .chain(self.by_account.values())
             .flat_map(|m| m.values())
         {
             if !sent.iter().any(|o| o.same_channel(s)) {
@@ -346,12 +347,12 @@ fn dispatch(
         match payload.parse::<i64>() {
             Ok(follower) => {
                 for s in subs
-                    .by_follower
+                    .by_account
                     .get(&follower)
                     .into_iter()
                     .flat_map(|m| m.values())
                 {
-                    let _ = s.send(Signal::LinksChanged);
+                    let _ = s.send(Signal::AccountChanged);
                 }
             }
             Err(_) => warn!(

@@ -14,15 +14,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::bail;
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::events::MasterEvent;
 use super::{MasterPosition, spread_interval};
-use crate::account::AccountContext;
+use crate::account::{AccountContext, Ended};
 use crate::broker::types::{ClosedPosition, Position, PositionChange};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::{AccountRow, Published};
+use crate::hub::{Signal, Topic};
 use crate::status_writer::StatusUpdate;
 
 /// How often the session re-reads the broker to catch a lost stream event, and reports
@@ -45,15 +47,24 @@ struct Master<'a> {
 }
 
 /// Runs the master session until stopped.
-pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
+pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended> {
     let Some(mut session) = ctx.login(row).await? else {
-        return Ok(());
+        return Ok(Ended::Stopped);
     };
     info!(
         balance = session.account.balance,
         "master logged in; publishing its positions"
     );
     report_funds(ctx, session.api.as_ref()).await;
+    // Changes to the row (server, login, role, credentials) are announced: start again from it.
+    let (tx, mut changes) = mpsc::unbounded_channel();
+    let _row_changes = tokio::select! {
+        _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
+        s = ctx.node.hub.subscribe(Topic::Account(row.id), tx) => match s {
+            Some(s) => s,
+            None => bail!("the notification hub stopped"),
+        },
+    };
     let mut m = Master {
         ctx,
         id: row.id,
@@ -63,7 +74,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         dirty: false,
     };
     if !m.load().await? {
-        return Ok(());
+        return Ok(Ended::Stopped);
     }
     // A new owner always publishes once under its epoch, so followers reconcile early.
     m.sync(session.api.as_ref(), true).await?;
@@ -72,7 +83,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
     loop {
         let retry = tokio::time::sleep(RETRY);
         tokio::select! {
-            _ = ctx.cancel.cancelled() => return Ok(()),
+            _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
             _ = ctx.gate.restored() => m.sync(session.api.as_ref(), false).await?,
             event = session.events.recv() => match event {
                 Some(SessionEvent::Position(change)) => m.on_change(change).await?,
@@ -83,12 +94,21 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
                 Some(SessionEvent::LoginLost(reason)) => bail!("the broker refused the master's login after a reconnect: {reason}"),
                 None => bail!("the broker session ended"),
             },
+            signal = changes.recv() => match signal {
+                Some(Signal::AccountChanged | Signal::Gap) => {
+                    if let Some(new) = ctx.changed_row(row).await {
+                        return Ok(Ended::RowChanged(Box::new(new)));
+                    }
+                }
+                Some(Signal::Notice(..)) => {}
+                None => bail!("the notification hub stopped"),
+            },
             _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,
             _ = background.tick() => m.sync(session.api.as_ref(), false).await?,
             _ = funds.tick() => report_funds(ctx, session.api.as_ref()).await,
         }
         if ctx.cancel.is_cancelled() {
-            return Ok(());
+            return Ok(Ended::Stopped);
         }
     }
 }

@@ -16,17 +16,40 @@ use crate::copier::MasterPosition;
 use crate::copier::events::{MasterEvent, MasterNotice, channel};
 use crate::copier::rules::{Link, LotMode, Protections, Sides};
 
+/// What an account does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Master,
+    Follower,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Master => "master",
+            Role::Follower => "follower",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An account row as its session needs it. `credentials` never reaches a log line.
 #[derive(Debug, Clone)]
 pub struct AccountRow {
     pub id: i64,
-    pub role: String,
+    pub role: Role,
     pub server: String,
     pub login: String,
     pub credentials: Option<Secret>,
 }
 
-/// Reads an account row.
+/// Reads an account row. A role other than `master` or `follower` (the schema's CHECK forbids
+/// one) is an error naming the account.
 pub async fn load_account(
     conn: &mut PgConnection,
     id: i64,
@@ -38,9 +61,20 @@ pub async fn load_account(
     .fetch_optional(conn)
     .await?;
     row.map(|r| {
+        let id: i64 = r.try_get("id")?;
+        let role: String = r.try_get("role")?;
+        let role = match role.as_str() {
+            "master" => Role::Master,
+            "follower" => Role::Follower,
+            other => {
+                return Err(sqlx::Error::Decode(
+                    format!("account {id} has role {other:?}; expected master or follower").into(),
+                ));
+            }
+        };
         Ok(AccountRow {
-            id: r.try_get("id")?,
-            role: r.try_get("role")?,
+            id,
+            role,
             server: r.try_get("server")?,
             login: r.try_get("login")?,
             credentials: r

@@ -636,7 +636,7 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
 }
 
 #[tokio::test]
-async fn link_changes_are_announced_to_the_followers_subscribers_only() {
+async fn link_and_account_row_changes_are_announced_to_that_accounts_subscribers_only() {
     use copier_node::hub::{Hub, Signal, Topic};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
@@ -652,13 +652,13 @@ async fn link_changes_are_announced_to_the_followers_subscribers_only() {
     );
     let (tx2, mut rx2) = tokio::sync::mpsc::unbounded_channel();
     let (tx3, mut rx3) = tokio::sync::mpsc::unbounded_channel();
-    let _s2 = hub.subscribe(Topic::Links(2), tx2).await.unwrap();
-    let _s3 = hub.subscribe(Topic::Links(3), tx3).await.unwrap();
+    let _s2 = hub.subscribe(Topic::Account(2), tx2).await.unwrap();
+    let _s3 = hub.subscribe(Topic::Account(3), tx3).await.unwrap();
     let mut heard = async |what: &str| {
         let signal = tokio::time::timeout(WAIT, rx2.recv())
             .await
             .unwrap_or_else(|_| panic!("no announcement for follower 2 after {what}"));
-        assert_eq!(signal, Some(Signal::LinksChanged), "{what}");
+        assert_eq!(signal, Some(Signal::AccountChanged), "{what}");
     };
     let (link, _) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
     heard("an insert").await;
@@ -674,5 +674,31 @@ async fn link_changes_are_announced_to_the_followers_subscribers_only() {
     assert!(
         rx3.try_recv().is_err(),
         "follower 3 heard about follower 2's links"
+    );
+    // The account's own row: a lease renewal or a status write is not announced; a change of
+    // what the session logged in with is.
+    conn.execute("UPDATE trading_accounts SET lease_until = now(), owner_epoch = owner_epoch + 1, status = 'y', balance = 1 WHERE id = 2")
+        .await
+        .unwrap();
+    for (set, what) in [
+        ("server = '127.0.0.1:2'", "a new server"),
+        ("login = 'f2b'", "a new login"),
+        ("credentials = 'enc:v1:x'", "new credentials"),
+        ("role = 'master'", "a new role"),
+    ] {
+        conn.execute(format!("UPDATE trading_accounts SET {set} WHERE id = 2").as_str())
+            .await
+            .unwrap();
+        heard(what).await;
+    }
+    // A marker on follower 3, after which nothing more may be queued for follower 2.
+    conn.execute("UPDATE trading_accounts SET server = '127.0.0.1:3' WHERE id = 3")
+        .await
+        .unwrap();
+    let marker = tokio::time::timeout(WAIT, rx3.recv()).await.unwrap();
+    assert_eq!(marker, Some(Signal::AccountChanged));
+    assert!(
+        rx2.try_recv().is_err(),
+        "a renewal or status write was announced"
     );
 }

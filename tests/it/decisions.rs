@@ -520,3 +520,45 @@ async fn ratio_modes_size_by_unequal_balances_and_a_follower_copies_two_masters(
     node.shutdown();
     node.wait().await.unwrap();
 }
+
+/// Item 4: a live edit of an account's login (the same holds for its server, role and
+/// credentials) restarts its session from the new row, without a node restart. The new login is
+/// reconciled from scratch; copies held on the old login are left as they are, unmanaged.
+#[tokio::test]
+async fn a_changed_login_is_picked_up_live_and_the_old_logins_copies_are_left() {
+    let mut fx = fixture("dec-login-edit", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let (_, magic) = links[&2];
+    let node = fx.node("a", 2).await;
+    let ticket = fx.open(0.3).await;
+    let old = fx.t.copy_of("f2", magic, ticket, WAIT).await;
+    sqlx::query("UPDATE trading_accounts SET login = 'f2b' WHERE id = 2")
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let new = fx.t.copy_of("f2b", magic, ticket, WAIT).await;
+    assert_eq!(new.volume, 0.3);
+    fx.t.close("m1", ticket, None).await;
+    fx.t.wait_copy("f2b", magic, ticket, WAIT, "closed on the new login", |c| {
+        c.is_none()
+    })
+    .await;
+    assert!(
+        fx.t.positions("f2")
+            .await
+            .iter()
+            .any(|p| p.ticket == old.ticket),
+        "the old login's copy is left as it is"
+    );
+    let logins: Vec<String> = journal(&fx.dir.path("journal.jsonl"))
+        .into_iter()
+        .filter(|l| l["action"] == "login" && l["client"] == "a")
+        .map(|l| l["login"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        logins.iter().filter(|l| *l == "f2b").count() == 1,
+        "one login to the new account: {logins:?}"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}

@@ -35,7 +35,7 @@ use super::index::CopyIndex;
 use super::reconcile::{Action, Memory, Situation, apply_event, plan, plan_ticket};
 use super::rules::{Inputs, Link, LotMode, SkipCode};
 use super::{MasterPosition, spread_interval};
-use crate::account::AccountContext;
+use crate::account::{AccountContext, Ended};
 use crate::broker::types::{ClosedPosition, Position, SymbolSpec};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
@@ -91,19 +91,19 @@ struct Follower<'a> {
 }
 
 /// Runs the follower session until stopped.
-pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
+pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended> {
     let Some(mut session) = ctx.login(row).await? else {
-        return Ok(());
+        return Ok(Ended::Stopped);
     };
     info!(
         balance = session.account.balance,
         "follower logged in (fence raised); reconciling before anything else"
     );
     let (tx, mut signals) = mpsc::unbounded_channel();
-    // Link changes are announced; listen before the first read so none is missed.
-    let _links_changes = tokio::select! {
-        _ = ctx.cancel.cancelled() => return Ok(()),
-        s = ctx.node.hub.subscribe(Topic::Links(row.id), tx.clone()) => match s {
+    // Link and row changes are announced; listen before the first read so none is missed.
+    let _changes = tokio::select! {
+        _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
+        s = ctx.node.hub.subscribe(Topic::Account(row.id), tx.clone()) => match s {
             Some(s) => s,
             None => bail!("the notification hub stopped"),
         },
@@ -135,7 +135,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
     };
     f.report_funds().await;
     if !f.reload_links().await {
-        return Ok(());
+        return Ok(Ended::Stopped);
     }
     f.reconcile_all("session start").await;
     // A slow reconcile of every master, so a lost last event is repaired too.
@@ -146,7 +146,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
         let retry_at = f.retry_at;
         tokio::select! {
             biased;
-            _ = ctx.cancel.cancelled() => return Ok(()),
+            _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
             _ = ctx.gate.restored() => f.reconcile_all("lease trust restored after a lapse").await,
             event = session.events.recv() => match event {
                 Some(SessionEvent::Position(change)) => f.index.apply(&change),
@@ -156,15 +156,21 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
             },
             signal = signals.recv() => match signal {
                 Some(Signal::Notice(n, received)) => f.on_notice(n, received).await,
-                Some(Signal::LinksChanged) => {
+                Some(Signal::AccountChanged) => {
+                    if let Some(new) = ctx.changed_row(row).await {
+                        return Ok(Ended::RowChanged(Box::new(new)));
+                    }
                     if !f.reload_links().await {
-                        return Ok(());
+                        return Ok(Ended::Stopped);
                     }
                 }
                 Some(Signal::Gap) => {
+                    if let Some(new) = ctx.changed_row(row).await {
+                        return Ok(Ended::RowChanged(Box::new(new)));
+                    }
                     // Link changes may have been missed too; every master is reconciled below.
                     if !f.reload_links_only().await {
-                        return Ok(());
+                        return Ok(Ended::Stopped);
                     }
                     f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await;
                 }
@@ -173,7 +179,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<()> {
             _ = tokio::time::sleep_until(retry_at), if f.owed && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,
             _ = links.tick() => {
                 if !f.reload_links().await {
-                    return Ok(());
+                    return Ok(Ended::Stopped);
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
