@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use copier_node::app::NodeHandle;
 use copier_node::broker::types::Side;
+use copier_node::copier::MasterPosition;
+use copier_node::copier::events::{MasterEvent, MasterNotice};
 use copier_node::sim_broker::server::{ServeOptions, SimBroker};
 use copier_node::sim_broker::tools::{self, HandOrder};
 
@@ -559,6 +561,273 @@ async fn a_changed_login_is_picked_up_live_and_the_old_logins_copies_are_left() 
         logins.iter().filter(|l| *l == "f2b").count() == 1,
         "one login to the new account: {logins:?}"
     );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// Writes master 1's published state directly (as its session would), optionally announcing
+/// `event` as (epoch, seq): the tests below play the master's side themselves.
+async fn publish_by_hand(
+    conn: &mut sqlx::PgConnection,
+    epoch: i64,
+    seq: i64,
+    positions: &[MasterPosition],
+    event: Option<MasterEvent>,
+) {
+    sqlx::query(
+        "INSERT INTO master_state (master_id, epoch, seq, positions, updated_at) VALUES (1, $1, $2, $3::jsonb, now())
+         ON CONFLICT (master_id) DO UPDATE SET epoch = $1, seq = $2, positions = $3::jsonb, updated_at = now()",
+    )
+    .bind(epoch)
+    .bind(seq)
+    .bind(serde_json::to_string(positions).unwrap())
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    if let Some(event) = event {
+        let notice = MasterNotice {
+            master: 1,
+            epoch,
+            seq,
+            event,
+        };
+        sqlx::query("SELECT pg_notify('copier_master_1', $1)")
+            .bind(serde_json::to_string(&notice).unwrap())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+}
+
+fn master_position(ticket: i64, volume: f64) -> MasterPosition {
+    MasterPosition {
+        ticket,
+        symbol: "EURUSD".into(),
+        side: Side::Buy,
+        volume,
+        open_volume: volume,
+        open_price: 1.1,
+        sl: None,
+        tp: None,
+        magic: 0,
+        // Recorded long after any link here took effect.
+        first_seen_ms: Some(4_000_000_000_000),
+    }
+}
+
+/// A follower whose master is played by the test (the master account is disabled, so no session
+/// publishes for it): node `a` owns follower 2 only.
+async fn hand_played_master(
+    name: &str,
+    reconcile_every: Option<Duration>,
+) -> (Fixture, i64, NodeHandle) {
+    let mut fx = fixture(name, Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    sqlx::query("UPDATE trading_accounts SET enabled = false WHERE id = 1")
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    publish_by_hand(&mut fx.conn, 7, 1, &[master_position(901, 0.1)], None).await;
+    let mut cfg = config(&fx.db, "a", 100, FAST);
+    if let Some(every) = reconcile_every {
+        cfg.reconcile_every = every;
+    }
+    let node = start_node(&cfg).await;
+    wait_state(&node.state, "a owns the follower", WAIT, |s| {
+        s.owned.len() == 1
+    })
+    .await;
+    let magic = links[&2].1;
+    fx.t.copy_of("f2", magic, 901, WAIT).await;
+    (fx, magic, node)
+}
+
+/// A pure gap in one epoch's sequence (seq 3 after 1) sends the follower back to the snapshot:
+/// it copies what the missed event 2 opened, not only what event 3 announces.
+#[tokio::test]
+async fn a_sequence_gap_on_one_epoch_reconciles_to_the_snapshot() {
+    let (mut fx, magic, node) = hand_played_master("dec-gap", None).await;
+    let snapshot = [
+        master_position(901, 0.1),
+        master_position(902, 0.2),
+        master_position(903, 0.3),
+    ];
+    publish_by_hand(
+        &mut fx.conn,
+        7,
+        3,
+        &snapshot,
+        Some(MasterEvent::Open {
+            position: snapshot[2].clone(),
+        }),
+    )
+    .await;
+    fx.t.copy_of("f2", magic, 903, WAIT).await;
+    let missed = fx.t.copy_of("f2", magic, 902, WAIT).await;
+    assert_eq!(missed.volume, 0.2);
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// A master's last event lost without a trace (no later event shows a gap, the LISTEN connection
+/// never dropped) is repaired by the background reconcile (`reconcile_every`).
+#[tokio::test]
+async fn the_background_reconcile_repairs_a_lost_last_event() {
+    let (mut fx, magic, node) =
+        hand_played_master("dec-lost-last", Some(Duration::from_secs(2))).await;
+    // Published, never announced.
+    publish_by_hand(
+        &mut fx.conn,
+        7,
+        2,
+        &[master_position(901, 0.1), master_position(902, 0.2)],
+        None,
+    )
+    .await;
+    fx.t.copy_of("f2", magic, 902, WAIT).await;
+    // And the lost close of 901.
+    publish_by_hand(&mut fx.conn, 7, 3, &[master_position(902, 0.2)], None).await;
+    fx.t.wait_copy("f2", magic, 901, WAIT, "closed", |c| c.is_none())
+        .await;
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// A stale owner (a lower epoch, or another node) publishes nothing and announces nothing, and
+/// its skip and late-copy base records are refused too; the current owner's are stored.
+#[tokio::test]
+async fn a_stale_owners_publish_decision_and_base_writes_are_refused_without_a_notify() {
+    use copier_node::db::copy::{Published, publish, record_base, record_decision};
+    use sqlx::postgres::PgListener;
+    let mut fx = fixture("dec-stale-writes", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let link = links[&2].0;
+    // The accounts' broker is unreachable: node a owns them, and its sessions stay at login.
+    sqlx::query("UPDATE trading_accounts SET server = '127.0.0.1:1'")
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let node = start_node(&config(&fx.db, "a", 100, FAST)).await;
+    wait_state(&node.state, "a owns both", WAIT, |s| s.owned.len() == 2).await;
+    let epoch = |id: i64| {
+        let owned = node.state.borrow().owned.clone();
+        owned[&id]
+    };
+    let (master_epoch, follower_epoch) = (epoch(1), epoch(2));
+    let mut listener = PgListener::connect(&fx.db.url).await.unwrap();
+    listener.listen("copier_master_1").await.unwrap();
+    let positions = [master_position(901, 0.1)];
+    let event = MasterEvent::Open {
+        position: positions[0].clone(),
+    };
+    let c = &mut fx.conn;
+    for (who, e) in [("a", master_epoch - 1), ("b", master_epoch)] {
+        let r = publish(c, who, 1, e, 1, &positions, &event).await.unwrap();
+        assert_eq!(r, Published::Refused, "{who} at epoch {e}");
+    }
+    for (who, e) in [("a", follower_epoch - 1), ("b", follower_epoch)] {
+        assert!(
+            !record_decision(c, who, 2, e, link, 901, "close_only", "x", true)
+                .await
+                .unwrap(),
+            "{who} at epoch {e}"
+        );
+        assert!(
+            !record_base(c, who, 2, e, 5_001, link, 901, 0.05)
+                .await
+                .unwrap(),
+            "{who} at epoch {e}"
+        );
+    }
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM copy_skips) + (SELECT count(*) FROM copy_bases) + (SELECT count(*) FROM master_state)",
+    )
+    .fetch_one(&mut *c)
+    .await
+    .unwrap();
+    assert_eq!(stored, 0, "nothing stale was stored");
+    // The owner's publish is stored and announced, and it is the first notice on the channel.
+    let r = publish(c, "a", 1, master_epoch, 1, &positions, &event)
+        .await
+        .unwrap();
+    assert!(matches!(r, Published::Stored(_)));
+    let first = tokio::time::timeout(WAIT, listener.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let notice: MasterNotice = serde_json::from_str(first.payload()).unwrap();
+    assert_eq!((notice.epoch, notice.seq), (master_epoch, 1));
+    assert!(
+        record_decision(
+            c,
+            "a",
+            2,
+            follower_epoch,
+            link,
+            901,
+            "close_only",
+            "x",
+            true
+        )
+        .await
+        .unwrap()
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// A link row whose settings do not parse is reported with its id on the follower's status and
+/// ignored; the follower's other links copy. A role outside master/follower cannot be stored.
+#[tokio::test]
+async fn a_malformed_link_is_reported_and_the_others_copy_and_a_bad_role_is_refused() {
+    let mut fx = fixture("dec-malformed", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    add_account(&mut fx.conn, 9, "master", &fx.addr, "m9").await;
+    let (bad, _) = add_link(&mut fx.conn, 9, 2, LinkSpec::default()).await;
+    sqlx::query(r#"UPDATE copy_links SET symbol_map = '{"EURUSD": 5}' WHERE id = $1"#)
+        .bind(bad)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let node = start_node(&config(&fx.db, "a", 100, FAST)).await;
+    wait_state(&node.state, "a owns all", WAIT, |s| s.owned.len() == 3).await;
+    let ticket = fx.open(0.3).await;
+    fx.t.copy_of("f2", links[&2].1, ticket, WAIT).await;
+    let conn = &mut fx.conn;
+    let status: String = eventually("the bad link reported", WAIT, async || {
+        let s: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM trading_accounts WHERE id = 2 AND status LIKE 'error:%'",
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap();
+        s
+    })
+    .await;
+    assert!(
+        status.contains(&format!("copy link {bad}")) && status.contains("symbol_map"),
+        "{status}"
+    );
+    // Mended, the link copies and the error goes.
+    sqlx::query(r#"UPDATE copy_links SET symbol_map = '{}' WHERE id = $1"#)
+        .bind(bad)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let conn = &mut fx.conn;
+    eventually("the error cleared", WAIT, async || {
+        let s: String = sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        (!s.starts_with("error:")).then_some(())
+    })
+    .await;
+    let err = sqlx::query("UPDATE trading_accounts SET role = 'slave' WHERE id = 2")
+        .execute(&mut fx.conn)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("check constraint"), "{err}");
     node.shutdown();
     node.wait().await.unwrap();
 }

@@ -2,7 +2,7 @@
 //! ignored), subscribe to each master's events before any snapshot of it is read, and reconcile
 //! the masters whose links changed.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use tracing::{info, warn};
 
@@ -37,16 +37,22 @@ impl Follower<'_> {
             }
         };
         let mut links = Vec::new();
+        let mut problems = BTreeSet::new();
         for row in rows {
             match row {
                 Ok(link) => links.push(link),
                 Err(problem) => {
-                    if self.bad_links.insert(problem.clone()) {
+                    if !self.bad_links.contains(&problem) {
                         warn!(problem = %problem, "ignoring a copy link that does not parse");
-                        self.ctx.set_status(format!("error: {problem}"));
                     }
+                    problems.insert(problem);
                 }
             }
+        }
+        if problems != self.bad_links {
+            self.bad_links = problems;
+            let status = self.status.clone();
+            self.set_status(&status);
         }
         if self.links_loaded && links == self.links {
             return true;
@@ -86,7 +92,7 @@ impl Follower<'_> {
         self.links = links;
         self.masters.retain(|m, _| wanted.contains(m));
         if self.links.is_empty() {
-            self.ctx.set_status("follower: no copy links");
+            self.set_status("follower: no copy links");
         }
         if !first {
             for m in changed.keys().filter(|m| wanted.contains(m)) {

@@ -21,7 +21,7 @@
 mod links;
 mod send;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +70,10 @@ struct Follower<'a> {
     links: Vec<Link>,
     /// The links were read at least once (later changes reconcile the masters concerned).
     links_loaded: bool,
-    bad_links: HashSet<String>,
+    /// Links that do not parse (shown on the status until mended).
+    bad_links: BTreeSet<String>,
+    /// The status last set (shown again after the links' problems change).
+    status: String,
     subscriptions: HashMap<i64, Subscription>,
     specs: HashMap<String, SymbolSpec>,
     funds: Inputs,
@@ -115,7 +118,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         signals: tx,
         links: Vec::new(),
         links_loaded: false,
-        bad_links: HashSet::new(),
+        bad_links: BTreeSet::new(),
+        status: "follower: logged in".into(),
         subscriptions: HashMap::new(),
         specs: HashMap::new(),
         funds: Inputs {
@@ -203,6 +207,19 @@ impl Follower<'_> {
             .collect()
     }
 
+    /// Sets the follower's status; while a link does not parse the status names it first, as
+    /// an error (`copier-node status` lists the account as in error).
+    fn set_status(&mut self, text: &str) {
+        self.status = text.to_string();
+        if self.bad_links.is_empty() {
+            self.ctx.set_status(text);
+        } else {
+            let problems: Vec<&str> = self.bad_links.iter().map(String::as_str).collect();
+            self.ctx
+                .set_status(format!("error: {}; {text}", problems.join("; ")));
+        }
+    }
+
     fn owe(&mut self, why: &str) {
         if !self.owed {
             debug!(why, "reconcile owed");
@@ -236,7 +253,7 @@ impl Follower<'_> {
             .into_iter()
             .collect();
         if masters.is_empty() {
-            self.ctx.set_status("follower: no copy links");
+            self.set_status("follower: no copy links");
             return;
         }
         for m in masters {
@@ -358,7 +375,7 @@ impl Follower<'_> {
                 why, epoch, seq, "reconciled: nothing to send"
             );
         }
-        self.ctx.set_status(format!(
+        self.set_status(&format!(
             "follower: master {m} at epoch {epoch} seq {seq}; {} copies sent",
             self.copies_sent
         ));
