@@ -51,6 +51,8 @@ impl CopyIndex {
                 self.closed.insert(h.position.ticket);
             }
         }
+        // Original volumes of copies no longer open are not needed again.
+        self.original.clear();
         for p in open {
             self.closed.remove(&p.ticket);
             let original = p.volume + closed_volume.get(&p.ticket).copied().unwrap_or(0.0);

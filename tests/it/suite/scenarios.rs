@@ -171,6 +171,11 @@ async fn sigstop_shorter_than_the_fence_changes_nothing() {
 /// orders. Returns (stale orders rejected by the fence, stale orders executed, stale orders
 /// caught by client-order-id dedupe instead, duplicate copies).
 async fn frozen_past_the_lease(name: &str, broker_args: &[&str]) -> (usize, usize, usize, usize) {
+    if !cfg!(feature = "failpoints") {
+        panic!(
+            "this scenario freezes a node through a fault-injection point: run the suite with --features failpoints"
+        );
+    }
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let env = vec![(
