@@ -113,6 +113,29 @@ impl Fixture {
             .collect()
     }
 
+    /// Waits until a decision with `code` (and `final`) is recorded about (link, master ticket).
+    async fn wait_decision(&mut self, link: i64, master_ticket: i64, code: &str, is_final: bool) {
+        let conn = &mut self.conn;
+        eventually(
+            format!("a {code} decision (final {is_final}) about {master_ticket}"),
+            WAIT,
+            async || {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = $3 AND final = $4",
+                )
+                .bind(link)
+                .bind(master_ticket)
+                .bind(code)
+                .bind(is_final)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+                (n > 0).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Every decision recorded about (link, master ticket), oldest first: (code, final).
     async fn decisions(&mut self, link: i64, master_ticket: i64) -> Vec<(String, bool)> {
         sqlx::query_as(
@@ -153,19 +176,7 @@ async fn a_ratio_follower_waits_for_the_masters_balance_instead_of_skipping() {
         .await
         .unwrap();
     let ticket = fx.open(0.5).await;
-    let conn = &mut fx.conn;
-    eventually("the wait to be recorded", WAIT, async || {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'waiting' AND NOT final",
-        )
-        .bind(link)
-        .bind(ticket)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        (waiting > 0).then_some(())
-    })
-    .await;
+    fx.wait_decision(link, ticket, "waiting", false).await;
     // The master's session reports its balance.
     sqlx::query("UPDATE trading_accounts SET balance = 10000, equity = 10000 WHERE id = 1")
         .execute(&mut fx.conn)
@@ -251,19 +262,7 @@ async fn a_protections_skip_is_final_on_every_node_even_after_the_protection_is_
         .unwrap();
     let a = fx.node("a", 2).await;
     let held_back = fx.open(0.3).await;
-    let conn = &mut fx.conn;
-    eventually("the close-only skip recorded", WAIT, async || {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'close_only' AND final",
-        )
-        .bind(link)
-        .bind(held_back)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        (n == 1).then_some(())
-    })
-    .await;
+    fx.wait_decision(link, held_back, "close_only", true).await;
     sqlx::query("UPDATE copy_links SET close_only = false WHERE id = $1")
         .bind(link)
         .execute(&mut fx.conn)
@@ -300,19 +299,19 @@ async fn a_definitive_rejection_is_recorded_and_never_sent_again() {
     let node = fx.node("a", 2).await;
     fx.refuse("f2", "open", 1, "not enough money").await;
     let rejected = fx.open(0.3).await;
-    let conn = &mut fx.conn;
-    eventually("the rejection recorded", WAIT, async || {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'rejected' AND final AND reason LIKE '%no_money%'",
-        )
-        .bind(link)
-        .bind(rejected)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        (n == 1).then_some(())
-    })
-    .await;
+    fx.wait_decision(link, rejected, "rejected", true).await;
+    let reason: String = sqlx::query_scalar(
+        "SELECT reason FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND final",
+    )
+    .bind(link)
+    .bind(rejected)
+    .fetch_one(&mut fx.conn)
+    .await
+    .unwrap();
+    assert!(
+        reason.contains("no_money"),
+        "the broker's code is kept: {reason}"
+    );
     // A real change to the link reconciles its master.
     sqlx::query("UPDATE copy_links SET max_lot = 50 WHERE id = $1")
         .bind(link)
@@ -357,19 +356,7 @@ async fn a_transient_refusal_is_retried_until_max_delay_then_expires() {
     fx.refuse("f2", "open", 10_000, "market closed").await;
     fx.refuse("f3", "open", 10_000, "market closed").await;
     let ticket = fx.open(0.3).await;
-    let conn = &mut fx.conn;
-    eventually("the bounded link's open to expire", WAIT, async || {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND code = 'too_late' AND final",
-        )
-        .bind(bounded)
-        .bind(ticket)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        (n == 1).then_some(())
-    })
-    .await;
+    fx.wait_decision(bounded, ticket, "too_late", true).await;
     let tried = |fx: &Fixture, login: &str| {
         journal(&fx.dir.path("journal.jsonl"))
             .into_iter()

@@ -119,29 +119,10 @@ impl Follower<'_> {
                     volume: None,
                     client_order_id: Some(client_order_id),
                 };
-                let result = self.api.close(order).await;
-                match &result {
-                    Ok(fill) => {
-                        info!(
-                            link_id = link.id,
-                            master_ticket,
-                            ticket,
-                            volume = fill.closed_volume,
-                            reason,
-                            "copy closed"
-                        );
-                        self.index.reduced(ticket, 0.0);
-                    }
-                    Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
-                        debug!(ticket, "copy already closed");
-                        self.index.reduced(ticket, 0.0);
-                    }
-                    Err(e) => {
-                        warn!(link_id = link.id, master_ticket, ticket, error = %e, "closing a copy failed; retried until it is confirmed closed");
-                        self.owe("close failed");
-                    }
-                }
-                ("close", result.map(|_| ()))
+                (
+                    "close",
+                    self.close(link, master_ticket, order, reason).await,
+                )
             }
             Action::Trim {
                 ticket,
@@ -154,29 +135,11 @@ impl Follower<'_> {
                     volume: Some(close_volume),
                     client_order_id: Some(client_order_id),
                 };
-                let result = self.api.close(order).await;
-                match &result {
-                    Ok(fill) => {
-                        info!(
-                            link_id = link.id,
-                            master_ticket,
-                            ticket,
-                            closed = fill.closed_volume,
-                            remaining = fill.remaining_volume,
-                            "copy partially closed"
-                        );
-                        self.index.reduced(ticket, fill.remaining_volume);
-                    }
-                    Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
-                        debug!(ticket, "copy already closed");
-                        self.index.reduced(ticket, 0.0);
-                    }
-                    Err(e) => {
-                        warn!(link_id = link.id, master_ticket, ticket, error = %e, "partial close of a copy failed; retried until confirmed");
-                        self.owe("trim failed");
-                    }
-                }
-                ("close", result.map(|_| ()))
+                let reason = "master position partially closed";
+                (
+                    "close",
+                    self.close(link, master_ticket, order, reason).await,
+                )
             }
             Action::Modify {
                 ticket,
@@ -229,6 +192,41 @@ impl Follower<'_> {
         } else {
             Sent::Failed
         }
+    }
+
+    /// Closes all or part of a copy; retried (through a reconcile) until the broker confirms it.
+    async fn close(
+        &mut self,
+        link: &Link,
+        master_ticket: i64,
+        order: CloseOrder,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        let ticket = order.ticket;
+        let result = self.api.close(order).await;
+        match &result {
+            Ok(fill) => {
+                info!(
+                    link_id = link.id,
+                    master_ticket,
+                    ticket,
+                    closed = fill.closed_volume,
+                    remaining = fill.remaining_volume,
+                    reason,
+                    "copy closed"
+                );
+                self.index.reduced(ticket, fill.remaining_volume);
+            }
+            Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
+                debug!(ticket, "copy already closed");
+                self.index.reduced(ticket, 0.0);
+            }
+            Err(e) => {
+                warn!(link_id = link.id, master_ticket, ticket, error = %e, "closing a copy failed; retried until the broker confirms it");
+                self.owe("close failed");
+            }
+        }
+        result.map(|_| ())
     }
 
     /// A final decision not to copy: logged, counted, recorded (fenced), and respected by every
