@@ -25,8 +25,9 @@ pub enum Command {
     /// The cluster as the database sees it: nodes, accounts per node, lease expiries, unowned
     /// and disabled accounts.
     Status(StatusArgs),
-    /// One command, one machine: a throwaway PostgreSQL, the simulated broker, three nodes and
-    /// masters with followers trading live, with a node killed and restarted on a schedule.
+    /// One command, one machine: a throwaway PostgreSQL, the simulated broker, masters with
+    /// followers trading live, and node processes scaling out from one to four, the busiest
+    /// killed and restarted about every 25 s; Ctrl-C runs a final check and stops everything.
     Demo(DemoArgs),
     /// The simulated trade server and its hand tools.
     #[command(subcommand)]
@@ -208,8 +209,9 @@ impl DbArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// The platform this node serves, e.g. mt5.
-    #[arg(long)]
+    /// The platform this node serves, e.g. mt5 (required: here, as COPIER_PLATFORM, or as
+    /// `platform` in the file).
+    #[arg(long, value_name = "PLATFORM")]
     pub platform: Option<String>,
     /// This node's identity (default <platform>-<hostname>).
     #[arg(long)]

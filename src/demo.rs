@@ -1,10 +1,14 @@
 //! `copier-node demo`: the whole system on one machine. A throwaway PostgreSQL (or a fresh
 //! database on the server `DATABASE_URL` names), the simulated broker, masters with followers on
 //! various link settings, and a trade generator. The nodes scale out from one to four while the
-//! masters trade, so fair share is visible; then one node is killed (kill -9) and restarted on a
-//! schedule so failover is visible. At the end a final check closes every master position and
-//! copies one more: no follower may miss a copy or a close. Everything it creates is removed when
-//! it stops (Ctrl-C, or `--duration`).
+//! masters trade (each joins once the previous one has its share), so fair share is visible;
+//! then the busiest node is killed (kill -9) and restarted, about every 25 s, so failover is
+//! visible. At the end a final check closes every master position and copies one more: no
+//! follower may miss a copy or a close. Everything it creates is removed when it stops (Ctrl-C,
+//! or `--duration`).
+//!
+//! The node processes run in a process group of their own: Ctrl-C in a terminal interrupts the
+//! demo alone, which then runs its final check and stops the nodes with SIGTERM itself.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -44,6 +48,10 @@ pub struct DemoOptions {
     pub down_for: Duration,
     pub kill_every: Duration,
 }
+
+/// Progress lines go to stdout, or to stderr under `--json` (stdout then carries only the summary).
+static PROGRESS_TO_STDERR: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 impl Default for DemoOptions {
     fn default() -> Self {
@@ -85,9 +93,12 @@ pub struct DemoSummary {
     /// open after their master's position closed. Both must be 0.
     pub missed_copies: usize,
     pub missed_closes: usize,
+    /// Copy latency (master order to copy, both as the broker journals them) of copies sent
+    /// live: their master's order came while no failover or hand-off was under way.
     pub copy_latency_ms: Option<Latency>,
-    /// The scratch directory (removed when the demo ends).
-    pub workdir: String,
+    /// The same for copies that waited for a failover or a hand-off (the master's order came
+    /// between a node's kill or start and the end of the move).
+    pub copy_latency_moved_ms: Option<Latency>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,6 +166,7 @@ pub async fn run(
         fastrand::u32(..)
     ));
     prepare_dir(&dir)?;
+    PROGRESS_TO_STDERR.store(options.json, std::sync::atomic::Ordering::Relaxed);
     let mut scratch = Scratch {
         dir: dir.clone(),
         database: None,
@@ -191,9 +203,9 @@ pub async fn run(
         .nodes
         .push(Some(spawn_node(&exe, &url, &key, &dir, 0, capacity)?));
     say(&format!(
-        "started demo-n1 (capacity {capacity}; lease 3s, fence 1s, cycle 500ms); {} more join every {}s; Ctrl-C stops everything",
+        "started demo-n1 (capacity {capacity}; lease 3s, fence 1s, cycle 500ms); {} more join, each once the previous one has its share; then the busiest node is killed and restarted about every {}s; Ctrl-C runs the final check and stops everything",
         options.nodes.saturating_sub(1),
-        options.join_every.as_secs()
+        options.kill_every.as_secs()
     ));
 
     let trader = BridgeClient::connect(broker_addr.clone(), "manual");
@@ -214,6 +226,10 @@ pub async fn run(
     // running nodes. The next node joins, and the first kill comes, only once they are.
     let mut pending_balance: Option<(Instant, String)> = None;
     let mut master_orders = 0usize;
+    // Wall-clock windows (the broker's journal clock) of failovers and hand-offs: copies whose
+    // master order falls in one waited for a move, not for the copier.
+    let mut moves: Vec<(i64, i64)> = Vec::new();
+    let mut move_started: Option<i64> = None;
     let mut conn = connect(&url).await?;
     loop {
         let end_sleep = tokio::time::sleep_until(
@@ -236,6 +252,9 @@ pub async fn run(
                     say(&format!("failover: all {} accounts of {node} owned by other nodes {ms} ms after its kill", accounts.len()));
                     failovers.push(ms);
                     pending_failover = None;
+                    if pending_balance.is_none() && let Some(start) = move_started.take() {
+                        moves.push((start, crate::sim_broker::server::now_ms()));
+                    }
                 }
                 if let Some((since, node)) = &pending_balance {
                     let members: Vec<Member> = scratch
@@ -257,21 +276,25 @@ pub async fn run(
                         ));
                         rebalances.push(ms);
                         pending_balance = None;
+                        if pending_failover.is_none() && let Some(start) = move_started.take() {
+                            moves.push((start, crate::sim_broker::server::now_ms()));
+                        }
                     }
                 }
             }
             _ = show_tick.tick() => {
                 let owners = owners(&mut conn).await.unwrap_or_default();
                 let journal = read_journal(&dir.join("journal.jsonl"));
-                let stats = Stats::from(&journal);
+                let stats = Stats::from(&journal, &moves, move_started);
                 say(&format!(
-                    "[{:>4}s] {} | copies {} | duplicates {} | latency {} | failovers {}",
+                    "[{:>4}s] {} | copies {} | duplicates {} | latency live {}, during moves {} | {}",
                     started.elapsed().as_secs(),
                     describe_owners(&owners, scratch.nodes.len(), down.as_ref().map(|d| d.0)),
                     stats.copies,
                     stats.duplicates,
-                    stats.latency.as_ref().map(|l| format!("p50 {} ms, p99 {} ms", l.p50, l.p99)).unwrap_or_else(|| "-".into()),
-                    failovers.len()
+                    Latency::describe(&stats.latency),
+                    Latency::describe(&stats.moved),
+                    plural(failovers.len(), "failover")
                 ));
                 let now = Instant::now();
                 if scratch.nodes.len() < options.nodes && pending_balance.is_none() && now >= next_join {
@@ -279,6 +302,7 @@ pub async fn run(
                     scratch.nodes.push(Some(spawn_node(&exe, &url, &key, &dir, i, capacity)?));
                     say(&format!("scale-out: started demo-n{} ({} nodes)", i + 1, i + 1));
                     pending_balance = Some((now, format!("demo-n{}", i + 1)));
+                    move_started.get_or_insert(crate::sim_broker::server::now_ms());
                     next_join = now + options.join_every;
                 }
                 if scratch.nodes.len() == options.nodes
@@ -300,6 +324,7 @@ pub async fn run(
                             scratch.nodes[i] = None;
                             pending_failover = Some((now, accounts.clone(), node));
                             down = Some((i, now, accounts));
+                            move_started.get_or_insert(crate::sim_broker::server::now_ms());
                         }
                     }
                     next_kill = now + options.kill_every;
@@ -311,13 +336,19 @@ pub async fn run(
                     scratch.nodes[i] = Some(spawn_node(&exe, &url, &key, &dir, i, capacity)?);
                     say(&format!("restarted demo-n{}", i + 1));
                     pending_balance = Some((Instant::now(), format!("demo-n{}", i + 1)));
+                    move_started.get_or_insert(crate::sim_broker::server::now_ms());
                     down = None;
                 }
             }
         }
     }
     if let Some((i, _, _)) = down.take() {
+        say(&format!(
+            "restarted demo-n{} (it was down) before the final check",
+            i + 1
+        ));
         scratch.nodes[i] = Some(spawn_node(&exe, &url, &key, &dir, i, capacity)?);
+        move_started.get_or_insert(crate::sim_broker::server::now_ms());
     }
     say("final check: closing every master position, then copying one more");
     let (missed_copies, missed_closes) = final_check(&trader, options.masters, &links).await?;
@@ -346,7 +377,7 @@ pub async fn run(
     trader.close();
     broker.stop().await;
     let journal = read_journal(&dir.join("journal.jsonl"));
-    let stats = Stats::from(&journal);
+    let stats = Stats::from(&journal, &moves, move_started);
     let summary = DemoSummary {
         duration_s: started.elapsed().as_secs_f64(),
         nodes: options.nodes,
@@ -362,16 +393,19 @@ pub async fn run(
         missed_copies,
         missed_closes,
         copy_latency_ms: stats.latency,
-        workdir: dir.display().to_string(),
+        copy_latency_moved_ms: stats.moved,
     };
     drop(scratch);
     say(&format!(
-        "done: {} master orders, {} copies, {} duplicates, {} missed, {} failovers; everything removed",
+        "done: {} master orders, {} copies, {} duplicates, {} missed, {}; copy latency live {}, during failovers and hand-offs {}; everything removed ({})",
         summary.master_orders,
         summary.copies,
         summary.duplicates,
         summary.missed_copies + summary.missed_closes,
-        summary.failovers
+        plural(summary.failovers, "failover"),
+        Latency::describe(&summary.copy_latency_ms),
+        Latency::describe(&summary.copy_latency_moved_ms),
+        dir.display()
     ));
     if options.json {
         println!(
@@ -384,8 +418,20 @@ pub async fn run(
 
 fn say(line: &str) {
     use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
+    if PROGRESS_TO_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    } else {
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    }
+}
+
+/// `1 failover`, `2 failovers`.
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 async fn connect(url: &str) -> anyhow::Result<PgConnection> {
@@ -559,6 +605,9 @@ fn spawn_node(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
+        // A process group of its own: a terminal's Ctrl-C interrupts the demo, not its nodes (the
+        // demo runs its final check and stops them itself).
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .context("starting a node process")
@@ -705,17 +754,51 @@ pub struct Stats {
     pub copies: usize,
     pub duplicates: usize,
     pub node_orders: usize,
+    /// Copies whose master order came while no move (failover, hand-off) was under way.
     pub latency: Option<Latency>,
+    /// Copies whose master order came during a move.
+    pub moved: Option<Latency>,
+}
+
+impl Latency {
+    fn of(mut samples: Vec<i64>) -> Option<Latency> {
+        samples.sort_unstable();
+        (!samples.is_empty()).then(|| Latency {
+            p50: samples[samples.len() / 2],
+            p99: samples[((samples.len() as f64 * 0.99).ceil() as usize)
+                .saturating_sub(1)
+                .min(samples.len() - 1)],
+            max: samples[samples.len() - 1],
+            samples: samples.len(),
+        })
+    }
+
+    fn describe(l: &Option<Latency>) -> String {
+        match l {
+            Some(l) => format!("p50 {} ms, p99 {} ms ({} copies)", l.p50, l.p99, l.samples),
+            None => "-".into(),
+        }
+    }
 }
 
 impl Stats {
     /// Counts from journal lines: accepted opens by nodes (copies), (login, marker) pairs opened
-    /// more than once (duplicates), and the time from each master open to each of its copies.
-    pub fn from(journal: &[serde_json::Value]) -> Stats {
+    /// more than once (duplicates), and the time from each master open to each of its copies,
+    /// split by whether the master's order came during a move: a window of `moves` (journal
+    /// clock, ms), or after `moving_since` (a move still under way).
+    pub fn from(
+        journal: &[serde_json::Value],
+        moves: &[(i64, i64)],
+        moving_since: Option<i64>,
+    ) -> Stats {
+        let during_move = |ts: i64| {
+            moves.iter().any(|(a, b)| ts >= *a && ts <= *b) || moving_since.is_some_and(|a| ts >= a)
+        };
         let is_node = |l: &serde_json::Value| l["client"] != "manual" && l["action"] != "login";
         let mut opens: HashMap<(String, String), usize> = HashMap::new();
         let mut master_open: HashMap<i64, i64> = HashMap::new();
-        let mut latencies = Vec::new();
+        let mut live = Vec::new();
+        let mut moved = Vec::new();
         for l in journal {
             if l["client"] == "manual"
                 && l["action"] == "open"
@@ -737,24 +820,20 @@ impl Stats {
                 if let Some(t) = l["comment"].as_str().and_then(crate::copier::parse_marker)
                     && let (Some(m), Some(ts)) = (master_open.get(&t), l["ts_ms"].as_i64())
                 {
-                    latencies.push(ts - m);
+                    if during_move(*m) {
+                        moved.push(ts - m);
+                    } else {
+                        live.push(ts - m);
+                    }
                 }
             }
         }
-        latencies.sort_unstable();
-        let latency = (!latencies.is_empty()).then(|| Latency {
-            p50: latencies[latencies.len() / 2],
-            p99: latencies[((latencies.len() as f64 * 0.99).ceil() as usize)
-                .saturating_sub(1)
-                .min(latencies.len() - 1)],
-            max: latencies[latencies.len() - 1],
-            samples: latencies.len(),
-        });
         Stats {
             copies: opens.values().sum(),
             duplicates: opens.values().filter(|n| **n > 1).count(),
             node_orders,
-            latency,
+            latency: Latency::of(live),
+            moved: Latency::of(moved),
         }
     }
 }

@@ -151,7 +151,9 @@ async fn status(args: StatusArgs) -> ExitCode {
 }
 
 async fn demo(args: DemoArgs) -> ExitCode {
-    telemetry::init(LogFormat::Text, Output::Stderr);
+    // The demo's own lines tell the story; the in-process broker's and database's log lines
+    // would interleave with them, so only warnings show (RUST_LOG shows more).
+    telemetry::init_with(LogFormat::Text, Output::Stderr, "warn");
     let duration = match args.duration.as_deref().map(parse_duration).transpose() {
         Ok(d) => d,
         Err(e) => {

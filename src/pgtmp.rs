@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -177,7 +178,10 @@ impl Cluster {
             self.port,
             self.root.display()
         );
+        // A process group of its own: the server must not get a terminal's Ctrl-C meant for the
+        // demo or a test run (the demo runs its final check against it after one).
         let out = as_postgres(&self.bins.tool("pg_ctl"))
+            .process_group(0)
             .arg("-D")
             .arg(self.root.join("data"))
             .arg("-l")

@@ -244,9 +244,23 @@ async fn the_demo_runs_end_to_end_and_leaves_nothing_behind() {
         "demo failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("demo output:\n{stdout}"); // shown when an assertion below fails
-    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
-        .expect("the last line is the JSON summary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("demo progress:\n{stderr}"); // shown when an assertion below fails
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "under --json stdout carries the summary alone: {stdout}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.trim()).expect("the line is the JSON summary");
+    assert!(
+        summary["copy_latency_ms"]["samples"].as_u64().unwrap() > 0,
+        "live copies measured apart from those during moves: {summary}"
+    );
+    assert!(
+        summary.get("workdir").is_none(),
+        "no path that no longer exists"
+    );
     assert!(summary["copies"].as_u64().unwrap() > 0, "copies were made");
     assert_eq!(summary["duplicates"], 0, "no duplicate in the journal");
     assert_eq!(
@@ -267,27 +281,118 @@ async fn the_demo_runs_end_to_end_and_leaves_nothing_behind() {
         summary["failovers"].as_u64().unwrap() >= 1,
         "the scheduled kill was followed by a failover"
     );
-    let workdir = summary["workdir"].as_str().unwrap();
+    let workdir = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("copier-node demo: working in "))
+        .expect("the demo says where it works")
+        .trim()
+        .to_string();
+    let workdir = workdir.as_str();
     assert!(
         !std::path::Path::new(workdir).exists(),
         "{workdir} was removed"
     );
     // No process (PostgreSQL, nodes) refers to the demo's directory any more.
-    let mut left = Vec::new();
+    let left = processes_referring_to(workdir);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+/// Processes whose command line names `needle`, or that hold a file under it open (the demo's
+/// nodes write their logs into its directory; PostgreSQL's data directory is in it).
+fn processes_referring_to(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline).contains(workdir)
-        {
-            left.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let holds_file = std::fs::read_dir(entry.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|target| target.to_string_lossy().contains(needle))
+            });
+        if cmdline.contains(needle) || holds_file {
+            out.push(cmdline);
         }
     }
+    out
+}
+
+/// Runs the demo in a pseudo-terminal (`script`), types Ctrl-C once a line containing `when`
+/// appears, and returns (exit code, everything the terminal showed). The interrupt character goes
+/// through the terminal's line discipline to its whole foreground process group, as a person's
+/// Ctrl-C does.
+async fn demo_interrupted_in_a_terminal(when: &str) -> (Option<i32>, String) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let command = format!("exec {} demo --json", binary());
+    let mut child = tokio::process::Command::new("script")
+        .args(["-q", "-e", "-f", "-c", &command, "/dev/null"])
+        .env_remove("DATABASE_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script (util-linux) runs the demo in a pseudo-terminal");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut shown = String::new();
+    let mut interrupted = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(150);
+    loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("the demo did not end in time after Ctrl-C:\n{shown}"))
+            .unwrap();
+        let Some(line) = line else { break };
+        shown.push_str(line.trim_end_matches('\r'));
+        shown.push('\n');
+        if !interrupted && line.contains(when) {
+            stdin.write_all(b"\x03").await.unwrap();
+            stdin.flush().await.unwrap();
+            interrupted = true;
+        }
+    }
+    assert!(interrupted, "never saw {when:?}:\n{shown}");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("script exits with the demo")
+        .unwrap();
+    (status.code(), shown)
+}
+
+async fn ctrl_c_ends_the_demo_cleanly(when: &str) {
+    let (code, shown) = demo_interrupted_in_a_terminal(when).await;
+    assert_eq!(code, Some(0), "Ctrl-C after {when:?}: exit code\n{shown}");
+    assert!(
+        shown.contains("final check: 0 missed copies, 0 missed closes"),
+        "{shown}"
+    );
+    let summary = shown
+        .lines()
+        .rfind(|l| l.starts_with('{'))
+        .expect("the JSON summary");
+    let summary: serde_json::Value = serde_json::from_str(summary).unwrap();
+    assert_eq!(summary["duplicates"], 0, "{shown}");
+    let workdir = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("copier-node demo: working in "))
+        .expect("the demo says where it works");
+    let left = processes_referring_to(workdir.trim());
     assert!(left.is_empty(), "processes left behind: {left:?}");
-    let node_left = std::process::Command::new("pgrep")
-        .args(["-f", "node-id demo-n"])
-        .output()
-        .map(|o| o.stdout)
-        .unwrap_or_default();
-    assert!(node_left.is_empty(), "demo nodes left behind");
+}
+
+#[tokio::test]
+async fn ctrl_c_early_in_a_terminal_ends_the_demo_with_its_final_check_passing() {
+    // While the first node is still alone and the others have yet to join.
+    ctrl_c_ends_the_demo_cleanly("started demo-n1").await;
+}
+
+#[tokio::test]
+async fn ctrl_c_late_in_a_terminal_ends_the_demo_with_its_final_check_passing() {
+    // After the scale-out, with a node just killed and its accounts failing over.
+    ctrl_c_ends_the_demo_cleanly("kill -9 demo-n").await;
 }
 
 #[test]
