@@ -76,7 +76,13 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut handle = tokio::select! {
         h = start(&config, options, CancellationToken::new()) => h?,
-        _ = &mut shutdown => bail!("shut down before the node started"),
+        _ = &mut shutdown => {
+            // Waiting for the database (or for migrations): nothing was claimed, so nothing is
+            // released, and a stop asked for during an outage is a clean stop (exit 0: a
+            // systemd unit is not marked failed).
+            info!("shutdown requested before the node started: it held nothing; stopped");
+            return Ok(());
+        }
     };
     tokio::select! {
         _ = &mut shutdown => handle.shutdown(),
@@ -117,6 +123,7 @@ pub async fn start(
         let (state_tx, state_rx) = watch::channel(NodeState {
             node_id: node.node_id.clone(),
             instance_id: instance_id.clone(),
+            lease: node.lease,
             ..NodeState::default()
         });
         let http_listener = TcpListener::bind(config.http_listen)

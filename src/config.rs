@@ -68,7 +68,7 @@ pub enum ConfigError {
         origin: Source,
         reason: String,
     },
-    #[error("missing `{key}`: set it in the config file, as {env} or with --{flag}")]
+    #[error("missing `{key}`: set it in the config file, as {env}, or with --{flag}")]
     Missing {
         key: &'static str,
         env: String,
@@ -76,6 +76,28 @@ pub enum ConfigError {
     },
     #[error("invalid configuration: {rule}")]
     Rule { rule: String },
+    /// Several problems, each on its own line, so one attempt shows everything to fix.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\nerror: "))]
+    Many(Vec<ConfigError>),
+}
+
+/// Gathers the problems of a configuration so they are reported at once.
+#[derive(Debug, Default)]
+struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    /// The value, or `None` with the problem kept.
+    fn take<T>(&mut self, r: Result<T, ConfigError>) -> Option<T> {
+        r.map_err(|e| self.0.push(e)).ok()
+    }
+
+    fn into_result(mut self) -> Result<(), ConfigError> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => Err(self.0.remove(0)),
+            _ => Err(ConfigError::Many(self.0)),
+        }
+    }
 }
 
 /// A string that must never reach a log line (database URLs carry passwords).
@@ -176,7 +198,11 @@ fn default_node_id(platform: &str) -> Result<String, ConfigError> {
 fn missing(key: &'static str) -> ConfigError {
     ConfigError::Missing {
         key,
-        env: env_name(key),
+        env: if key == "database_url" {
+            "COPIER_DATABASE_URL or DATABASE_URL".to_string()
+        } else {
+            env_name(key)
+        },
         flag: key.replace('_', "-"),
     }
 }
@@ -291,15 +317,29 @@ impl Layers {
         self.values.get(key)
     }
 
-    /// Parses and validates every key.
+    /// Parses and validates every key; every problem is reported at once.
     pub fn resolve(&self) -> Result<Config, ConfigError> {
-        let database_url = self
-            .get("database_url")
-            .map(|(v, _)| Secret::new(v.clone()))
-            .ok_or_else(|| missing("database_url"))?;
-        let platform = self.text("platform")?;
-        let node_id = self.text("node_id")?;
-        let capacity = self.parse("capacity", "100", |v| {
+        self.resolve_for(false)
+    }
+
+    /// As [`Self::resolve`] for `run`, which also needs `platform` (reported with the rest).
+    pub fn resolve_node(&self) -> Result<Config, ConfigError> {
+        self.resolve_for(true)
+    }
+
+    fn resolve_for(&self, node: bool) -> Result<Config, ConfigError> {
+        let mut p = Problems::default();
+        let database_url = p.take(
+            self.get("database_url")
+                .map(|(v, _)| Secret::new(v.clone()))
+                .ok_or_else(|| missing("database_url")),
+        );
+        let platform = p.take(self.text("platform")).flatten();
+        if node && platform.is_none() && self.get("platform").is_none() {
+            p.0.push(missing("platform"));
+        }
+        let node_id = p.take(self.text("node_id")).flatten();
+        let capacity = p.take(self.parse("capacity", "100", |v| {
             v.parse::<u32>()
                 .map_err(|_| format!("expected a whole number, got {v:?}"))
                 .and_then(|n| {
@@ -309,24 +349,19 @@ impl Layers {
                         Err("the rule is capacity >= 1".to_string())
                     }
                 })
-        })?;
-        let lease = self.parse("lease", "60s", parse_duration)?;
-        let fence = self.parse("fence", "15s", parse_duration)?;
-        let cycle = self.parse("cycle", "20s", parse_duration)?;
-        let http_listen = self.parse("http_listen", "0.0.0.0:9464", |v| {
+        }));
+        let lease = p.take(self.parse("lease", "60s", parse_duration));
+        let fence = p.take(self.parse("fence", "15s", parse_duration));
+        let cycle = p.take(self.parse("cycle", "20s", parse_duration));
+        let http_listen = p.take(self.parse("http_listen", "0.0.0.0:9464", |v| {
             v.parse::<SocketAddr>()
                 .map_err(|_| format!("expected host:port such as 127.0.0.1:9464, got {v:?}"))
-        })?;
-        let log_format = self.parse("log_format", "text", |v| match v {
+        }));
+        let log_format = p.take(self.parse("log_format", "text", |v| match v {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
             _ => Err(format!("expected `text` or `json`, got {v:?}")),
-        })?;
-        let listen_database_url = self
-            .get("listen_database_url")
-            .map(|(v, _)| Secret::new(v.clone()))
-            .unwrap_or_else(|| database_url.clone());
-
+        }));
         let fraction = |v: &str| -> Result<f64, String> {
             match v.parse::<f64>() {
                 Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
@@ -335,9 +370,9 @@ impl Layers {
                 )),
             }
         };
-        let rebalance_margin = self.parse("rebalance_margin", "0.1", fraction)?;
-        let rebalance_step = self.parse("rebalance_step", "0.1", fraction)?;
-        let reconcile_every = self.parse("reconcile_every", "180s", |v| {
+        let rebalance_margin = p.take(self.parse("rebalance_margin", "0.1", fraction));
+        let rebalance_step = p.take(self.parse("rebalance_step", "0.1", fraction));
+        let reconcile_every = p.take(self.parse("reconcile_every", "180s", |v| {
             parse_duration(v).and_then(|d| {
                 if d >= Duration::from_secs(1) {
                     Ok(d)
@@ -345,24 +380,32 @@ impl Layers {
                     Err("the rule is reconcile_every >= 1s".to_string())
                 }
             })
-        })?;
-        validate_timings(lease, fence, cycle)?;
-        let credentials_key = self.credentials_key()?;
+        }));
+        if let (Some(lease), Some(fence), Some(cycle)) = (lease, fence, cycle) {
+            p.take(validate_timings(lease, fence, cycle));
+        }
+        let credentials_key = p.take(self.credentials_key());
+        p.into_result()?;
+        let database_url = database_url.expect("no problems");
+        let listen_database_url = self
+            .get("listen_database_url")
+            .map(|(v, _)| Secret::new(v.clone()))
+            .unwrap_or_else(|| database_url.clone());
         Ok(Config {
             database_url,
             platform,
             node_id,
-            capacity,
-            lease,
-            fence,
-            cycle,
-            http_listen,
-            log_format,
+            capacity: capacity.expect("no problems"),
+            lease: lease.expect("no problems"),
+            fence: fence.expect("no problems"),
+            cycle: cycle.expect("no problems"),
+            http_listen: http_listen.expect("no problems"),
+            log_format: log_format.expect("no problems"),
             listen_database_url,
-            rebalance_margin,
-            rebalance_step,
-            reconcile_every,
-            credentials_key,
+            rebalance_margin: rebalance_margin.expect("no problems"),
+            rebalance_step: rebalance_step.expect("no problems"),
+            reconcile_every: reconcile_every.expect("no problems"),
+            credentials_key: credentials_key.expect("no problems"),
         })
     }
 
@@ -691,10 +734,42 @@ mod tests {
         let msg = resolve(None, &[], &[]).unwrap_err().to_string();
         assert!(
             msg.contains("database_url")
-                && msg.contains("COPIER_DATABASE_URL")
+                && msg.contains("COPIER_DATABASE_URL or DATABASE_URL")
                 && msg.contains("--database-url"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_each_naming_its_key() {
+        let layers = Layers::load(
+            None,
+            [("COPIER_CAPACITY".to_string(), "0".to_string())],
+            &[
+                ("lease", Some("1x".into())),
+                ("log_format", Some("xml".into())),
+            ],
+        )
+        .unwrap();
+        let err = layers.resolve_node().unwrap_err();
+        let ConfigError::Many(all) = &err else {
+            panic!("one error instead of all: {err}");
+        };
+        let text = err.to_string();
+        for key in [
+            "`database_url`",
+            "`platform`",
+            "`capacity`",
+            "`lease`",
+            "`log_format`",
+        ] {
+            assert!(text.contains(key), "{key} not reported:\n{text}");
+        }
+        assert_eq!(all.len(), 5, "{text}");
+        assert_eq!(text.lines().count(), 5, "one problem per line:\n{text}");
+        // Without `run`'s needs, a platform is not required.
+        let err = layers.resolve().unwrap_err().to_string();
+        assert!(!err.contains("`platform`"), "{err}");
     }
 
     #[test]

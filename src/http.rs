@@ -1,4 +1,5 @@
-//! The node's HTTP endpoints on `http_listen`: `/healthz` (the process and its lease loop run),
+//! The node's HTTP endpoints on `http_listen`: `/healthz` (the process and its lease loop run:
+//! 503 once the loop has finished no cycle for a lease),
 //! `/readyz` (the node holds a confirmed lease cycle; 503 at once while its gate is closed) and
 //! `/metrics` (Prometheus text). No endpoint touches the database; all are read-only.
 
@@ -40,11 +41,13 @@ pub async fn serve(
 }
 
 async fn healthz(State(ctx): State<Ctx>) -> impl IntoResponse {
-    let phase = ctx.state.borrow().phase;
-    if phase == Phase::Stopped {
-        (StatusCode::SERVICE_UNAVAILABLE, "stopped\n")
-    } else {
-        (StatusCode::OK, "ok\n")
+    let unhealthy = ctx.state.borrow().unhealthy(tokio::time::Instant::now());
+    match unhealthy {
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        ),
+        None => (StatusCode::OK, "ok\n".to_string()),
     }
 }
 

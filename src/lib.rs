@@ -26,6 +26,7 @@
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
 //! | [`pgtmp`] | throwaway PostgreSQL clusters for tests and the demo |
+//! | [`failpoints`] | fault-injection points for the fault suite (the `failpoints` feature only) |
 //! | [`cluster_status`], [`demo`] | `copier-node status` and `copier-node demo` |
 //!
 //! ## How a claimed lease becomes a running account session
@@ -55,6 +56,7 @@ pub mod copier;
 pub mod credentials;
 pub mod db;
 pub mod demo;
+pub mod failpoints;
 pub mod http;
 pub mod hub;
 pub mod lease;

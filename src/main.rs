@@ -289,8 +289,22 @@ fn load(
     config: Option<&std::path::Path>,
     flags: &[(&'static str, Option<String>)],
 ) -> Result<(Config, Vec<String>), ExitCode> {
+    load_for(config, flags, false)
+}
+
+/// Loads the configuration; `node`: for `run`, which needs a platform too. Every problem is
+/// reported at once, one per line.
+fn load_for(
+    config: Option<&std::path::Path>,
+    flags: &[(&'static str, Option<String>)],
+    node: bool,
+) -> Result<(Config, Vec<String>), ExitCode> {
     let loaded = Layers::load(config, std::env::vars(), flags).and_then(|l| {
-        let config = l.resolve()?;
+        let config = if node {
+            l.resolve_node()?
+        } else {
+            l.resolve()?
+        };
         Ok((config, l.ignored_env))
     });
     loaded.map_err(|e| {
@@ -300,7 +314,7 @@ fn load(
 }
 
 async fn run(args: RunArgs) -> ExitCode {
-    let (config, ignored) = match load(args.db.config.as_deref(), &args.flags()) {
+    let (config, ignored) = match load_for(args.db.config.as_deref(), &args.flags(), true) {
         Ok(c) => c,
         Err(code) => return code,
     };

@@ -69,9 +69,33 @@ pub struct NodeState {
     pub rebalance_moves: u64,
     /// Hand-off decisions (cycles that handed at least one account off), so far.
     pub handoffs: u64,
+    /// When the last cycle attempt finished (succeeded or failed): the loop is alive.
+    pub last_cycle_at: Option<Instant>,
+    /// The lease length: a running node whose loop finished no cycle for this long is stuck.
+    pub lease: Duration,
 }
 
 impl NodeState {
+    /// Why the node is not healthy, if it is not: stopped, or its lease loop finished no cycle
+    /// (successful or failed: a database outage is not a stuck loop, since retries come at
+    /// least once a cycle) for a whole lease while running.
+    pub fn unhealthy(&self, now: Instant) -> Option<String> {
+        match self.phase {
+            Phase::Stopped => Some("stopped".into()),
+            Phase::Running | Phase::Draining | Phase::WaitingForNodeId => {
+                let since = now.saturating_duration_since(self.last_cycle_at?);
+                (since > self.lease).then(|| {
+                    format!(
+                        "lease loop stuck: no cycle finished for {:.1}s (lease {:.1}s)",
+                        since.as_secs_f64(),
+                        self.lease.as_secs_f64()
+                    )
+                })
+            }
+            Phase::Starting => None,
+        }
+    }
+
     /// True while the node holds a confirmed lease cycle (readiness).
     pub fn trusted(&self) -> bool {
         self.trusted_until
@@ -207,6 +231,11 @@ impl LeaseLoop {
 
     /// Runs one cycle and returns when the next one is due.
     async fn cycle(&mut self, run: &mut Run) -> Result<Instant, NodeError> {
+        crate::failpoints::hold(
+            "COPIERTEST_STALL_CYCLE",
+            "lease loop stalled before a cycle",
+        )
+        .await;
         let lease = self.node.lease;
         let window = lease.saturating_sub(self.node.fence);
         let t0 = Instant::now();
@@ -298,6 +327,7 @@ impl LeaseLoop {
                 Phase::Running
             };
             s.cycles += 1;
+            s.last_cycle_at = Some(Instant::now());
             s.last_error = None;
             s.trust_restorations += restored;
             s.target = run.target;
@@ -429,6 +459,7 @@ impl LeaseLoop {
         warn!(error = %reason, attempt = run.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");
         self.publish(run, |s| {
             s.failed_cycles += 1;
+            s.last_cycle_at = Some(Instant::now());
             s.last_error = Some(reason.clone());
         });
         Instant::now() + backoff
@@ -557,6 +588,41 @@ pub fn retry_delay(failures: u32, cycle: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loop_that_finishes_no_cycle_for_a_lease_is_unhealthy() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(3);
+        let state = |phase, last: Option<Instant>| NodeState {
+            phase,
+            last_cycle_at: last,
+            lease,
+            ..NodeState::default()
+        };
+        let later = |d: u64| t0 + Duration::from_millis(d);
+        assert_eq!(
+            state(Phase::Running, Some(t0)).unhealthy(later(3_000)),
+            None
+        );
+        let stuck = state(Phase::Running, Some(t0)).unhealthy(later(3_001));
+        assert!(
+            stuck
+                .as_deref()
+                .is_some_and(|w| w.contains("no cycle finished for 3.0s")),
+            "{stuck:?}"
+        );
+        assert!(
+            state(Phase::Draining, Some(t0))
+                .unhealthy(later(9_000))
+                .is_some()
+        );
+        // Waiting for the database at start is not stuck (liveness holds during an outage).
+        assert_eq!(state(Phase::Starting, None).unhealthy(later(60_000)), None);
+        assert_eq!(
+            state(Phase::Stopped, Some(t0)).unhealthy(t0).as_deref(),
+            Some("stopped")
+        );
+    }
 
     #[test]
     fn retries_back_off_to_one_cycle() {

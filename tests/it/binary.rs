@@ -6,7 +6,7 @@ use sqlx::Executor;
 use tokio::time::Instant;
 
 use crate::support::chaos::{ChaosProxy, Mode};
-use crate::support::process::{NodeProcess, run_to_end};
+use crate::support::process::{NodeProcess, NodeSpec, run_to_end};
 use crate::support::{
     FAST, TestDb, Timing, claimed_after, counts, eventually, insert_accounts, last_lease,
     wait_owned,
@@ -401,6 +401,17 @@ async fn bad_configuration_is_refused_with_the_key_named() {
             "cannot read config file /nonexistent/copier.toml",
         ),
     ];
+    // Every problem at once: a newcomer's first `run` names both missing keys.
+    let (code, _, stderr) = run_to_end(&["run", "--capacity", "0"], &[]);
+    assert_eq!(code, 2);
+    for needle in [
+        "missing `database_url`",
+        "COPIER_DATABASE_URL or DATABASE_URL",
+        "missing `platform`",
+        "invalid `capacity` from flag --capacity",
+    ] {
+        assert!(stderr.contains(needle), "{stderr:?} lacks {needle:?}");
+    }
     for (args, env, needle) in cases {
         let (code, stdout, stderr) = run_to_end(&args, &env);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -411,6 +422,30 @@ async fn bad_configuration_is_refused_with_the_key_named() {
         assert!(stdout.is_empty(), "{args:?}: nothing on stdout");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_while_waiting_for_the_database_is_a_clean_stop() {
+    let mut node = NodeProcess::spawn_with(&NodeSpec {
+        node_id: "waiting".into(),
+        capacity: 1,
+        timing: FAST,
+        database_url: "postgres://copier@127.0.0.1:1/none".into(),
+        listen_url: None,
+        env: Vec::new(),
+        extra: Vec::new(),
+    });
+    node.wait_for_output("database unreachable", Duration::from_secs(20))
+        .await;
+    node.signal("TERM");
+    let status = node.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a stop during a database outage is not a failure:\n{}",
+        node.output()
+    );
+    assert!(node.output().contains("held nothing"), "{}", node.output());
 }
 
 #[tokio::test]

@@ -319,6 +319,64 @@ fn processes_referring_to(needle: &str) -> Vec<String> {
     out
 }
 
+/// A node whose lease loop finishes no cycle for a lease is not healthy: `/healthz` answers 503
+/// naming why, and 200 again once the loop runs (the loop is stalled through a fault-injection
+/// point, with the database answering all along).
+#[tokio::test]
+async fn healthz_fails_while_the_lease_loop_is_stalled_for_a_lease() {
+    if !cfg!(feature = "failpoints") {
+        panic!(
+            "this test stalls the lease loop through a fault-injection point: run with --features failpoints"
+        );
+    }
+    let db = TestDb::new().await;
+    let dir = Scratch::new("healthz-stall");
+    let stall = dir.path("stall");
+    let mut node =
+        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
+            node_id: "stall".into(),
+            capacity: 1,
+            timing: FAST,
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: vec![("COPIERTEST_STALL_CYCLE".into(), stall.display().to_string())],
+            extra: Vec::new(),
+        });
+    node.wait_for_output("serving /healthz", WAIT).await;
+    let addr: std::net::SocketAddr = node
+        .output()
+        .lines()
+        .find_map(|l| l.split_once("http_addr="))
+        .map(|(_, a)| a.split_whitespace().next().unwrap_or_default().to_string())
+        .expect("the node logs its HTTP address")
+        .parse()
+        .unwrap();
+    eventually("the node ready", WAIT, async || {
+        (get(addr, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    std::fs::write(&stall, b"stall").unwrap();
+    node.wait_for_output("lease loop stalled before a cycle", WAIT)
+        .await;
+    let body = eventually("/healthz to fail", WAIT, async || {
+        let (code, body) = get(addr, "/healthz").await;
+        (code == 503).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("lease loop stuck: no cycle finished for"),
+        "{body}"
+    );
+    std::fs::remove_file(&stall).unwrap();
+    eventually("/healthz to recover", WAIT, async || {
+        (get(addr, "/healthz").await.0 == 200).then_some(())
+    })
+    .await;
+    node.signal("TERM");
+    assert_eq!(node.wait_exit(WAIT).await.code(), Some(0));
+}
+
 /// Runs the demo in a pseudo-terminal (`script`), types Ctrl-C once a line containing `when`
 /// appears, and returns (exit code, everything the terminal showed). The interrupt character goes
 /// through the terminal's line discipline to its whole foreground process group, as a person's

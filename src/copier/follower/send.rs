@@ -57,7 +57,11 @@ impl Follower<'_> {
             self.owe("gate closed");
             return Sent::Gated;
         }
-        failpoint_after_gate().await;
+        crate::failpoints::hold(
+            "COPIERTEST_PAUSE_AFTER_GATE",
+            "holding an order after its gate check",
+        )
+        .await;
         let (kind, result) = match action {
             Action::Open { order, base, .. } => {
                 let result = self.api.open(order.clone()).await;
@@ -324,29 +328,3 @@ impl Follower<'_> {
         }
     }
 }
-
-/// Fault injection for the fault suite (built only with the `failpoints` feature, which the test
-/// command enables; a release build contains none of it): when `COPIERTEST_PAUSE_AFTER_GATE`
-/// names a file, an order whose gate check passed while that file exists is held after the check
-/// and before the send until the file is removed: a process frozen between its gate check and
-/// its order, on demand.
-#[cfg(feature = "failpoints")]
-async fn failpoint_after_gate() {
-    use std::time::Duration;
-    static PATH: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    let Some(path) =
-        PATH.get_or_init(|| std::env::var_os("COPIERTEST_PAUSE_AFTER_GATE").map(Into::into))
-    else {
-        return;
-    };
-    if path.exists() {
-        warn!(path = %path.display(), "fault injection: holding an order after its gate check");
-        while path.exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        warn!("fault injection: sending the held order");
-    }
-}
-
-#[cfg(not(feature = "failpoints"))]
-async fn failpoint_after_gate() {}

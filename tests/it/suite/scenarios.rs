@@ -219,7 +219,7 @@ async fn frozen_past_the_lease(name: &str, broker_args: &[&str]) -> (usize, usiz
     s.node(&victim).process.signal("CONT");
     s.node(&victim)
         .process
-        .wait_for_output("sending the held order", MOVE)
+        .wait_for_output("fault injection: released", MOVE)
         .await;
     s.node(&victim)
         .process
