@@ -1095,7 +1095,7 @@ async fn rebalance(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::R
         let st = Stats::of(times);
         let cycles = st.p50_ms / cycle.as_secs_f64() / 1000.0;
         println!(
-            "rebalance {} -> {k} nodes: balanced after {} (max {:.0} ms, {cycles:.1} cycles; bound {bound} cycles)",
+            "rebalance {} -> {k} nodes: balanced after {} (max {:.0} ms, {cycles:.1} cycles; the hand-off steps alone take {bound} cycles, plus start-up and first sight of the new node)",
             k - 1,
             st.show(),
             st.max_ms

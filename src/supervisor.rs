@@ -103,9 +103,24 @@ impl Supervisor {
     /// Returns how many gates had lapsed and are trusted again (their tasks will reconcile).
     pub fn apply(&mut self, owned: &[OwnedRow], acknowledged: Instant, deadline: Instant) -> usize {
         let mut restored = 0;
-        let mut seen = HashSet::with_capacity(owned.len());
+        // Accounts missing from the read-back first: their gates close before any other gate
+        // is extended.
+        let seen: HashSet<i64> = owned.iter().map(|row| row.id).collect();
+        let lost: Vec<i64> = self
+            .active
+            .keys()
+            .filter(|id| !seen.contains(id))
+            .copied()
+            .collect();
+        for id in lost {
+            warn!(
+                account_id = id,
+                epoch = self.active[&id].epoch,
+                "account lost: no longer owned by this node; closing its gate and stopping its session"
+            );
+            self.stop(id, None);
+        }
         for row in owned {
-            seen.insert(row.id);
             let key = (row.id, row.epoch);
             if self.stopping.contains_key(&key) || self.releasing.contains(&key) {
                 continue;
@@ -154,20 +169,6 @@ impl Supervisor {
                 );
                 self.release(row.id, row.epoch, "released: disabled");
             }
-        }
-        let lost: Vec<i64> = self
-            .active
-            .keys()
-            .filter(|id| !seen.contains(id))
-            .copied()
-            .collect();
-        for id in lost {
-            warn!(
-                account_id = id,
-                epoch = self.active[&id].epoch,
-                "account lost: no longer owned by this node; closing its gate and stopping its session"
-            );
-            self.stop(id, None);
         }
         restored
     }

@@ -85,7 +85,7 @@ async fn three_replicas_share_300_accounts_within_capacity() {
 }
 
 #[tokio::test]
-async fn sigterm_releases_before_exit_and_a_peer_claims_within_a_second() {
+async fn sigterm_releases_before_exit_and_a_peer_claims_them_soon_after() {
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=50, "mt5").await;
@@ -165,9 +165,9 @@ async fn kill9_moves_accounts_only_after_their_leases_expire() {
         "failover after kill -9: {} ms (lease 3 s)",
         failover.as_millis()
     );
-    // Loose bound for a loaded machine: lease + cycle + slack.
+    // L1: lease + cycle, plus a second of slack for a loaded two-core machine (measured 2.6-3.0 s).
     assert!(
-        failover < Duration::from_millis(3000 + 500 + 3000),
+        failover < Duration::from_millis(3000 + 500 + 1000),
         "failover took {failover:?}"
     );
     b.signal("TERM");

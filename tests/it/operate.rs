@@ -15,7 +15,8 @@ use crate::support::{
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// True when CI asks for every packaging tool (yamllint, promtool, systemd-analyze) to be there.
+/// True when CI asks for every packaging tool (yamllint, promtool, hadolint, systemd-analyze) to
+/// be there.
 fn tools_required() -> bool {
     std::env::var_os("COPIER_REQUIRE_TOOLS").is_some()
 }
@@ -531,5 +532,29 @@ fn the_kubernetes_manifests_lint_clean_and_say_what_operators_need() {
     assert!(
         out.status.success() && text.trim().is_empty(),
         "yamllint:\n{text}"
+    );
+}
+
+/// No container engine runs here, so the Dockerfile is checked by hadolint (every rule; an
+/// exception is written beside the line it excuses, with its reason).
+#[test]
+fn the_dockerfile_passes_hadolint() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile");
+    let text = std::fs::read_to_string(file).unwrap();
+    for needle in ["USER 10001", "--locked", "FROM debian:bookworm-slim"] {
+        assert!(text.contains(needle), "Dockerfile lacks {needle}");
+    }
+    if !tool_available("hadolint") {
+        return;
+    }
+    let out = std::process::Command::new("hadolint")
+        .args(["--no-color", file])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hadolint:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
