@@ -451,7 +451,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
     fn the_event_path_and_reconcile_reach_the_same_follower_state(

@@ -6,7 +6,12 @@
 //! update is idempotent and monotone: a copy's volume only ever falls (a hedging position keeps
 //! its ticket through partial closes and never grows), a closed ticket stays closed, and the set
 //! of master tickets ever copied only grows (a broker read that comes back empty or partial
-//! must not make a copy look never-opened).
+//! must not make a copy look never-opened). Stops have no such order (they move both ways), so
+//! they are learned only from broker reads and from the replies to the follower's own stop
+//! changes, never from the stream: a late stream update would put back stops a reply had already
+//! replaced, and the next change back to them would look done (found by the property test). A stop
+//! changed on the follower by someone else is seen at the next reconcile's read, which sets the
+//! master's stops again anyway.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -122,11 +127,8 @@ impl CopyIndex {
     pub fn apply(&mut self, change: &PositionChange) {
         match change {
             PositionChange::Opened { position } => self.opened(position.clone()),
-            PositionChange::Modified { position } => {
-                if !self.closed.contains(&position.ticket) {
-                    self.stops(position.ticket, position.sl, position.tp);
-                }
-            }
+            // Stops: from reads and replies only (see the module's doc).
+            PositionChange::Modified { .. } => {}
             PositionChange::PartiallyClosed { position, .. } => {
                 self.reduced(position.ticket, position.volume)
             }
@@ -251,6 +253,26 @@ mod tests {
             position: start.clone(),
         });
         assert!(b.copies((77, 10)).is_empty() && b.ever((77, 10)));
+    }
+
+    #[test]
+    fn a_late_stream_update_never_puts_back_stops_a_reply_replaced() {
+        let mut index = CopyIndex::from_read(&[copy(1, 10, 1.0)], &[]);
+        let with = |sl: f64| Position {
+            sl: Some(sl),
+            ..copy(1, 10, 1.0)
+        };
+        // Stops 1.03, then 1.0, each applied from its reply; the first one's update comes late.
+        index.stops(1, Some(1.03), None);
+        index.stops(1, Some(1.0), None);
+        index.apply(&PositionChange::Modified {
+            position: with(1.03),
+        });
+        assert_eq!(
+            index.copies((77, 10))[0].sl,
+            Some(1.0),
+            "a change back to 1.03 must not look done"
+        );
     }
 
     #[test]
