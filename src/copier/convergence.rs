@@ -157,6 +157,10 @@ impl Follower {
                 self.owed = true;
                 continue;
             }
+            if let Action::Skip { master_ticket, .. } = &a {
+                // A final decision, as the session records it.
+                self.memory.decided.insert((link.id, *master_ticket));
+            }
             let change = self.server.execute(&a);
             // The reply, as the session applies it.
             match (&a, &change) {
@@ -181,7 +185,6 @@ impl Follower {
                 self.memory.bases.insert(position.ticket, *b);
             }
         }
-        let _ = link;
     }
 
     fn drain_stream(&mut self, n: usize) {
@@ -323,10 +326,18 @@ fn link(lot: u8, reverse: bool, copy_sl_tp: bool) -> Link {
     }
 }
 
-/// How the two followers' copies of the master's open positions differ, if they do.
-fn differ(a: &Follower, b: &Follower, master: &[MasterPosition]) -> Option<String> {
+/// How the two followers' copies of the master's open positions differ, if they do. One
+/// difference is by design: a copy made late, of a master position already partly closed, is
+/// sized from what is left, and is skipped (a final decision) if that rounds below the symbol's
+/// minimum, where a copy made in time was kept at the minimum while it was trimmed.
+fn differ(a: &Follower, b: &Follower, link: &Link, master: &[MasterPosition]) -> Option<String> {
     for m in master {
         let (ca, cb) = (a.server.copy_of(m.ticket), b.server.copy_of(m.ticket));
+        let late_below_minimum = a.memory.decided.contains(&(link.id, m.ticket))
+            && m.volume * link.lot_value < 0.01 - 1e-9;
+        if ca.is_empty() && cb.len() == 1 && late_below_minimum {
+            continue;
+        }
         if ca.len() != cb.len() {
             return Some(format!(
                 "copies of {}: {} vs {}",
@@ -356,6 +367,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
     let mut master: Vec<MasterPosition> = Vec::new();
     let mut next_ticket = 100;
     let mut seq = 0;
+    let mut lossless = true;
     let mut a = Follower::default();
     let mut b = Follower::default();
     a.reconcile(link, seq, &master);
@@ -430,7 +442,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
         seq += 1;
         match delivery {
             Delivery::Deliver => a.on_event(link, seq, &event, &master),
-            Delivery::Drop => {}
+            Delivery::Drop => lossless = false,
             Delivery::Repeat => {
                 a.on_event(link, seq, &event, &master);
                 a.on_event(link, seq, &event, &master);
@@ -438,9 +450,11 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
         }
         a.drain_stream(*stream as usize);
         b.reconcile(link, seq, &master);
-        let in_order = !a.owed && a.view.as_ref().is_some_and(|(have, _)| *have == seq);
-        if in_order && let Some(d) = differ(&a, &b, &master) {
-            panic!("after event {seq} ({event:?}), delivered in order: {d}");
+        // Every event so far arrived (in order, some twice): the event path alone must already
+        // be where perfect knowledge is, before any repair.
+        let in_order = lossless && !a.owed && a.view.as_ref().is_some_and(|(have, _)| *have == seq);
+        if in_order && let Some(d) = differ(&a, &b, link, &master) {
+            panic!("after event {seq} ({event:?}), every event delivered: {d}");
         }
     }
     // The background reconcile, then the settled state.
@@ -468,7 +482,7 @@ proptest! {
             }
             prop_assert!(f.server.reopened.is_empty(), "{name}: reopened {:?}", f.server.reopened);
         }
-        prop_assert_eq!(differ(&a, &b, &master), None);
+        prop_assert_eq!(differ(&a, &b, &link, &master), None);
         for m in &master {
             prop_assert!(a.server.copy_of(m.ticket).len() <= 1, "two copies of {}", m.ticket);
         }

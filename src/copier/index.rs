@@ -76,9 +76,9 @@ impl CopyIndex {
         let list = self.open.entry(key).or_default();
         match list.iter_mut().find(|c| c.ticket == p.ticket) {
             Some(existing) => {
-                // Monotone: a late update never raises a volume back.
-                let volume = existing.volume.min(p.volume);
-                *existing = Position { volume, ..p };
+                // Known already (from a reply or a read): a late update never raises a volume
+                // back, and never puts back stops a reply has replaced.
+                existing.volume = existing.volume.min(p.volume);
             }
             None => {
                 list.push(p);
@@ -262,6 +262,10 @@ mod tests {
             sl: Some(sl),
             ..copy(1, 10, 1.0)
         };
+        // The open's own update comes after the reply to a stop change.
+        index.stops(1, Some(1.02), None);
+        index.opened(with(0.9));
+        assert_eq!(index.copies((77, 10))[0].sl, Some(1.02));
         // Stops 1.03, then 1.0, each applied from its reply; the first one's update comes late.
         index.stops(1, Some(1.03), None);
         index.stops(1, Some(1.0), None);
