@@ -231,11 +231,10 @@ impl LeaseLoop {
 
     /// Runs one cycle and returns when the next one is due.
     async fn cycle(&mut self, run: &mut Run) -> Result<Instant, NodeError> {
-        crate::failpoints::hold(
+        crate::failpoints::failpoint!(
             "COPIERTEST_STALL_CYCLE",
-            "lease loop stalled before a cycle",
-        )
-        .await;
+            "lease loop stalled before a cycle"
+        );
         let lease = self.node.lease;
         let window = lease.saturating_sub(self.node.fence);
         let t0 = Instant::now();

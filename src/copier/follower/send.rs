@@ -57,11 +57,10 @@ impl Follower<'_> {
             self.owe("gate closed");
             return Sent::Gated;
         }
-        crate::failpoints::hold(
+        crate::failpoints::failpoint!(
             "COPIERTEST_PAUSE_AFTER_GATE",
-            "holding an order after its gate check",
-        )
-        .await;
+            "holding an order after its gate check"
+        );
         let (kind, result) = match action {
             Action::Open { order, base, .. } => {
                 let result = self.api.open(order.clone()).await;
