@@ -19,11 +19,11 @@ use crate::config::{Config, show};
 use crate::db::{self, SessionBounds};
 use crate::http;
 use crate::hub::Hub;
-use crate::lease::trust::MonoBase;
 use crate::lease::{LeaseLoop, NodeState};
 use crate::metrics::Metrics;
 use crate::status_writer;
 use crate::supervisor::{Event, NodeShared, Supervisor};
+use crate::trust::MonoBase;
 use tokio::net::TcpListener;
 
 /// How often a node deletes memberships of long-dead nodes that own nothing.
@@ -65,6 +65,13 @@ impl NodeHandle {
         self.task.is_finished()
     }
 }
+
+/// After the lease loop ends (every session was stopped within the shutdown grace,
+/// [`crate::lease::SHUTDOWN_GRACE`], or given up on), how long account and background tasks get
+/// to return before the node stops without them.
+const TASKS_STOP_WITHIN: Duration = Duration::from_secs(1);
+/// How long the status writer gets for its last batch at shutdown.
+const STATUS_FLUSH_WITHIN: Duration = Duration::from_secs(2);
 
 /// Runs a node until `shutdown` resolves (then releases everything and returns) or until it
 /// stops on its own (a node id held by another live process).
@@ -189,8 +196,10 @@ pub async fn start(
             status,
             base: MonoBase::new(),
             tracker: tracker.clone(),
+            sessions: background.child_token(),
         };
-        tokio::spawn(
+        let background_tasks = TaskTracker::new();
+        background_tasks.spawn(
             forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone())
                 .in_current_span(),
         );
@@ -209,13 +218,16 @@ pub async fn start(
         let task = tokio::spawn(
             async move {
                 let result = lease_loop.run(loop_shutdown).await;
+                // Also cancels every account session still running (their tokens are children).
                 background.cancel();
                 tracker.close();
+                background_tasks.close();
                 // Tasks left running were given the shutdown grace; they end with the process.
-                let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
+                let _ = tokio::time::timeout(TASKS_STOP_WITHIN, tracker.wait()).await;
+                let _ = tokio::time::timeout(TASKS_STOP_WITHIN, background_tasks.wait()).await;
                 services.brokers.close_all();
                 writer_cancel.cancel();
-                let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                let _ = tokio::time::timeout(STATUS_FLUSH_WITHIN, writer).await;
                 pool.close().await;
                 http_cancel.cancel();
                 match &result {
@@ -245,8 +257,9 @@ async fn check_schema(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let admin = db::admin_options(&config.database_url).context("invalid `database_url`")?;
-    let mut delay = Duration::from_millis(250);
+    let mut retry = crate::retry::DATABASE_AT_START.start();
     let mut conn = loop {
+        let delay = crate::retry::DATABASE_AT_START.delay(retry.failures() + 1);
         match tokio::time::timeout(Duration::from_secs(10), admin.connect()).await {
             Ok(Ok(conn)) => break conn,
             Ok(Err(e)) => {
@@ -258,10 +271,9 @@ async fn check_schema(
             ),
         }
         tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
+            _ = tokio::time::sleep(retry.failed()) => {}
             _ = shutdown.cancelled() => bail!("shut down while waiting for the database"),
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     };
     if migrate {
         let applied = db::migrate::apply(&mut conn)

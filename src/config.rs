@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::credentials::CredentialsKey;
+pub use crate::secret::Secret;
 
 /// The keys SPEC section 4 defines. Anything else in a file or on the command line is an error.
 pub const KEYS: &[&str] = &[
@@ -97,26 +98,6 @@ impl Problems {
             1 => Err(self.0.remove(0)),
             _ => Err(ConfigError::Many(self.0)),
         }
-    }
-}
-
-/// A string that must never reach a log line (database URLs carry passwords).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    /// The secret itself; call only where it is handed to the library that needs it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
     }
 }
 

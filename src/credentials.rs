@@ -15,7 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// What every encrypted value starts with (the format's version: a new format gets a new tag).
 pub const PREFIX: &str = "enc:v1:";
@@ -137,6 +137,63 @@ pub enum Reseal {
     Plaintext(Option<String>),
     /// Not readable with any key of the list.
     Unreadable(CredentialsError),
+}
+
+/// What `copier-node credentials rotate` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rotation {
+    /// Values re-encrypted from an older key to the current one.
+    pub resealed: usize,
+    /// Plaintext values encrypted (with `encrypt_plaintext`).
+    pub encrypted: usize,
+    /// Values already under the current key.
+    pub current: usize,
+    /// One line per value left as it was, naming its account and why.
+    pub problems: Vec<String>,
+}
+
+/// Brings every stored value to the current key, each with a compare-and-set so an operator's
+/// concurrent change wins; plaintext values are encrypted only with `encrypt_plaintext`.
+pub async fn rotate(
+    conn: &mut sqlx::PgConnection,
+    key: &CredentialsKey,
+    encrypt_plaintext: bool,
+) -> Result<Rotation, sqlx::Error> {
+    let mut r = Rotation::default();
+    for (id, stored) in crate::db::credentials::stored(conn).await? {
+        let (new, was_plaintext) = match reseal(
+            key,
+            &Secret::new(stored.clone()),
+            encrypt_plaintext,
+        ) {
+            Reseal::Current => {
+                r.current += 1;
+                continue;
+            }
+            Reseal::Resealed(v) => (v, false),
+            Reseal::Plaintext(Some(v)) => (v, true),
+            Reseal::Plaintext(None) => {
+                r.problems.push(format!(
+                    "account {id}: the credentials are stored in plaintext (rerun with --encrypt-plaintext to encrypt them)"
+                ));
+                continue;
+            }
+            Reseal::Unreadable(e) => {
+                r.problems.push(format!("account {id}: {e}; left as it is"));
+                continue;
+            }
+        };
+        if !crate::db::credentials::replace(conn, id, &stored, &new).await? {
+            r.problems.push(format!(
+                "account {id}: the value changed meanwhile; left as it is (run rotate again)"
+            ));
+        } else if was_plaintext {
+            r.encrypted += 1;
+        } else {
+            r.resealed += 1;
+        }
+    }
+    Ok(r)
 }
 
 /// Decides how to bring one stored value to the current key.

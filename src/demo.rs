@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
-use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
+use sqlx::{Connection, Executor, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -26,11 +26,11 @@ use crate::broker::client::BridgeClient;
 use crate::broker::protocol::{PositionsResult, Request};
 use crate::broker::types::{Position, Side};
 use crate::broker::{BrokerError, RejectCode};
-use crate::config::Secret;
 use crate::credentials::CredentialsKey;
 use crate::db;
 use crate::lease::balance::{self, Knobs, Member};
 use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
+use crate::secret::Secret;
 use crate::sim_broker::{ServeOptions, SimBroker, tools};
 
 /// What the demo runs.
@@ -435,12 +435,7 @@ fn plural(n: usize, what: &str) -> String {
 }
 
 async fn connect(url: &str) -> anyhow::Result<PgConnection> {
-    let options = db::admin_options(&Secret::new(url))
-        .map_err(|e| anyhow::anyhow!("invalid database URL: {}", db::describe(&e)))?;
-    options
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to the demo database: {}", db::describe(&e)))
+    Ok(db::admin_connect(&Secret::new(url)).await?)
 }
 
 /// A throwaway cluster, or a fresh database on `DATABASE_URL`'s server.
@@ -641,7 +636,7 @@ async fn final_check(
     }
     let copied = |open: &[Position], ticket: i64| {
         open.iter()
-            .filter(|p| crate::copier::parse_marker(&p.comment) == Some(ticket))
+            .filter(|p| crate::model::parse_marker(&p.comment) == Some(ticket))
             .count()
     };
     let since = Instant::now();
@@ -817,7 +812,7 @@ impl Stats {
                     l["comment"].as_str().unwrap_or("").to_string(),
                 );
                 *opens.entry(key).or_insert(0) += 1;
-                if let Some(t) = l["comment"].as_str().and_then(crate::copier::parse_marker)
+                if let Some(t) = l["comment"].as_str().and_then(crate::model::parse_marker)
                     && let (Some(m), Some(ts)) = (master_open.get(&t), l["ts_ms"].as_i64())
                 {
                     if during_move(*m) {

@@ -14,8 +14,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::{NodeState, Phase};
 use crate::metrics::Metrics;
+use crate::node_state::{NodeState, Phase};
 
 #[derive(Clone)]
 struct Ctx {

@@ -22,8 +22,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::copier::events::{MasterNotice, channel};
+use crate::channels::{self, Notice};
 use crate::db;
+use crate::model::events::MasterNotice;
 
 /// What a subscriber receives.
 #[derive(Debug, Clone, PartialEq)]
@@ -198,7 +199,7 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let mut subs = Subscribers::default();
-    let mut delay = Duration::from_millis(200);
+    let mut retry = crate::retry::LISTEN.start();
     let mut first = true;
     while !cancel.is_cancelled() {
         // Connect and listen to everything wanted, taking commands meanwhile.
@@ -217,16 +218,16 @@ async fn run(
         let (mut listener, mut listening) = match connected {
             Ok(l) => l,
             Err(e) => {
+                let delay = retry.failed();
                 warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "LISTEN connection failed; handoffs wait for the next cycle and master events for the next reconcile");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(10));
                 continue;
             }
         };
-        delay = Duration::from_millis(200);
+        retry.reset();
         // Channels subscribed while connecting are listened to now.
         let missing: Vec<i64> = subs
             .by_master
@@ -236,7 +237,7 @@ async fn run(
             .collect();
         let mut failed = false;
         for m in missing {
-            if listener.listen(&channel(m)).await.is_err() {
+            if listener.listen(&channels::master(m)).await.is_err() {
                 failed = true;
                 break;
             }
@@ -274,7 +275,7 @@ async fn run(
                             if let Topic::Master(master_id) = topic
                                 && !listening.contains(&master_id)
                             {
-                                if let Err(e) = listener.listen(&channel(master_id)).await {
+                                if let Err(e) = listener.listen(&channels::master(master_id)).await {
                                     warn!(error = %db::describe(&e), master_id, "LISTEN failed; reconnecting");
                                     subs.waiting.push(ready);
                                     break;
@@ -287,7 +288,7 @@ async fn run(
                             if subs.remove(topic, id)
                                 && let Topic::Master(master_id) = topic
                                 && listening.remove(&master_id)
-                                && listener.unlisten(&channel(master_id)).await.is_err()
+                                && listener.unlisten(&channels::master(master_id)).await.is_err()
                             {
                                 break;
                             }
@@ -335,35 +336,27 @@ fn dispatch(
     channel_name: &str,
     payload: &str,
 ) {
-    if channel_name == db::RELEASED_CHANNEL {
-        let (from_platform, from_node) = db::parse_announcement(payload);
-        if from_platform == platform && from_node != node_id {
-            debug!(from_node, "release announced");
-            wake.notify_one();
-        }
-        return;
-    }
-    if channel_name == db::LINKS_CHANNEL {
-        match payload.parse::<i64>() {
-            Ok(follower) => {
-                for s in subs
-                    .by_account
-                    .get(&follower)
-                    .into_iter()
-                    .flat_map(|m| m.values())
-                {
-                    let _ = s.send(Signal::AccountChanged);
-                }
+    match channels::decode(channel_name, payload) {
+        Ok(Notice::Released {
+            platform: from_platform,
+            node_id: from_node,
+        }) => {
+            if from_platform == platform && from_node != node_id {
+                debug!(from_node, "release announced");
+                wake.notify_one();
             }
-            Err(_) => warn!(
-                payload,
-                "unreadable link-change notice ignored (the periodic re-read repairs it)"
-            ),
         }
-        return;
-    }
-    match serde_json::from_str::<MasterNotice>(payload) {
-        Ok(notice) => {
+        Ok(Notice::AccountChanged(account)) => {
+            for s in subs
+                .by_account
+                .get(&account)
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                let _ = s.send(Signal::AccountChanged);
+            }
+        }
+        Ok(Notice::Master(notice)) => {
             if let Some(senders) = subs.by_master.get(&notice.master) {
                 for s in senders.values() {
                     let _ = s.send(Signal::Notice(notice.clone(), tokio::time::Instant::now()));
@@ -371,7 +364,7 @@ fn dispatch(
             }
         }
         Err(e) => {
-            warn!(channel = channel_name, error = %e, "unreadable master notice ignored (the next reconcile repairs what it carried)")
+            warn!(channel = channel_name, payload, error = %e, "unreadable notice ignored (a re-read or reconcile repairs what it carried)")
         }
     }
 }
@@ -385,11 +378,11 @@ async fn connect(
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options.clone());
     let mut listener = PgListener::connect_with(&pool).await?;
-    listener.listen(db::RELEASED_CHANNEL).await?;
-    listener.listen(db::LINKS_CHANNEL).await?;
+    listener.listen(channels::RELEASED).await?;
+    listener.listen(channels::ACCOUNTS).await?;
     let mut listening = HashSet::new();
     for m in masters {
-        listener.listen(&channel(m)).await?;
+        listener.listen(&channels::master(m)).await?;
         listening.insert(m);
     }
     Ok((listener, listening))

@@ -10,18 +10,24 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`cli`], [`config`] | the command line and the layered configuration (file < env < flags), validated with located errors |
+//! | [`secret`] | the type of every secret (database URLs, broker credentials): never printed |
 //! | [`credentials`] | broker credentials encrypted at rest (ChaCha20-Poly1305), decrypted only by the session that logs in |
 //! | [`telemetry`] | text or JSON log lines; every line carries `node_id`, and `account_id` where it concerns one |
 //! | [`app`] | wiring: waits for the database, checks migrations, starts the tasks below, runs until shutdown |
 //! | [`db`] | connection bounds, embedded migrations, and every SQL statement, one module per concern |
-//! | [`lease`] | the lease loop, the pure trust computation ([`lease::trust`]) and the per-(account, epoch) gate ([`lease::gate`]) |
+//! | [`lease`] | the lease loop: the cycle, fair share ([`lease::balance`]), membership |
+//! | [`trust`], [`gate`] | the pure trust computation, and the per-(account, epoch) gate every order passes |
+//! | [`node_state`] | the node as the lease loop publishes it to health, metrics and tests |
 //! | [`supervisor`] | one task per owned (account, epoch): start on claim, stop on loss, release after stop |
-//! | [`account`] | the account task and the context it acts through (gate, epoch, fenced writes, broker login) |
+//! | [`account`], [`session`] | the account task, and the context it and the copy engine's sessions act through (gate, epoch, fenced writes, broker login) |
+//! | [`model`] | the copy engine's data (master positions, markers, events, links), shared by copier, db and hub |
 //! | [`copier`] | the copy engine: master sessions publish events, follower sessions apply and reconcile; pure copy rules |
+//! | [`channels`] | every NOTIFY channel and the codec of its payload |
 //! | [`hub`] | the node's one LISTEN connection: release announcements, master events and link changes, fanned out |
 //! | [`brokers`] | one broker connection per trade server, shared by the node's sessions |
 //! | [`http`], [`metrics`] | `/healthz`, `/readyz`, `/metrics` on `http_listen`; the node's Prometheus registry |
 //! | [`status_writer`] | batched status writes fenced by (node, epoch); reports rows found lost |
+//! | [`retry`] | the one backoff, and the named bounds of every retrying place |
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
@@ -40,7 +46,7 @@
 //!    the same epoch get the deadline `t0 + lease - fence`; new (account, epoch) pairs get a new
 //!    gate and a new task.
 //! 3. The task logs in to its broker with the epoch as the fence and runs the master or follower
-//!    session ([`copier`]); it sends orders only while [`lease::gate::AccountGate::holds`] says
+//!    session ([`copier`]); it sends orders only while [`gate::AccountGate::holds`] says
 //!    so, fences every write with its epoch, and reconciles after its trust lapsed and came back.
 //! 4. On release (disable, shutdown) the gate closes, the task finishes its work in flight, and
 //!    only then is the row released and the release announced, so peers claim at once.
@@ -49,21 +55,30 @@ pub mod account;
 pub mod app;
 pub mod broker;
 pub mod brokers;
+pub mod channels;
 pub mod cli;
 pub mod cluster_status;
+pub mod commands;
 pub mod config;
 pub mod copier;
 pub mod credentials;
 pub mod db;
 pub mod demo;
 pub mod failpoints;
+pub mod gate;
 pub mod http;
 pub mod hub;
 pub mod lease;
 pub mod metrics;
+pub mod model;
+pub mod node_state;
 pub mod pgtmp;
+pub mod retry;
+pub mod secret;
+pub mod session;
 pub mod shutdown;
 pub mod sim_broker;
 pub mod status_writer;
 pub mod supervisor;
 pub mod telemetry;
+pub mod trust;

@@ -6,7 +6,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::lease::NodeState;
+use crate::node_state::NodeState;
 
 /// Buckets for millisecond-scale durations, in seconds (1 ms .. 10 s).
 const MS_BUCKETS: &[f64] = &[

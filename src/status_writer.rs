@@ -117,7 +117,7 @@ async fn run(
             }
             Err(e) => {
                 failures += 1;
-                let backoff = Duration::from_millis(200 * 2u64.pow(failures.min(5)));
+                let backoff = crate::retry::STATUS_WRITE.delay(failures);
                 warn!(accounts = batch.len(), error = %db::describe(&e), retry_in_ms = backoff.as_millis() as u64, "status write failed; keeping the latest values and retrying");
                 if cancel.is_cancelled() {
                     return;

@@ -20,14 +20,10 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::account::{self, AccountContext, NodeServices};
 use crate::db;
 use crate::db::lease::OwnedRow;
-use crate::lease::gate::AccountGate;
-use crate::lease::trust::MonoBase;
+use crate::gate::AccountGate;
+use crate::retry;
 use crate::status_writer::{Lost, StatusWriter};
-
-/// First delay before restarting an account task that failed by itself; doubles per failure.
-const RESTART_BACKOFF: Duration = Duration::from_secs(1);
-/// Longest delay between restarts of a failing account task (no crash loop, no busy loop).
-const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(300);
+use crate::trust::MonoBase;
 
 /// What the node shares with the supervisor.
 #[derive(Debug, Clone)]
@@ -36,6 +32,9 @@ pub struct NodeShared {
     pub status: StatusWriter,
     pub base: MonoBase,
     pub tracker: TaskTracker,
+    /// The parent of every account task's token: cancelled when the node ends, it stops any
+    /// session still running then (each is normally stopped on its own, gate first).
+    pub sessions: CancellationToken,
 }
 
 /// Things that happen to accounts outside a cycle; the lease loop passes them to [`Supervisor::handle`].
@@ -323,7 +322,7 @@ impl Supervisor {
             self.shared.base,
             deadline,
         ));
-        let cancel = CancellationToken::new();
+        let cancel = self.shared.sessions.child_token();
         let ctx = AccountContext {
             account_id,
             gate: gate.clone(),
@@ -377,7 +376,7 @@ impl Supervisor {
         let node_id = self.shared.services.node_id.clone();
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {
-            let mut delay = Duration::from_millis(100);
+            let mut retry = retry::RELEASE.start();
             for attempt in 1..=5 {
                 let result = async {
                     let mut conn = pool.acquire().await?;
@@ -395,8 +394,7 @@ impl Supervisor {
                     }
                     Err(e) => {
                         warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying (a later cycle retries too)");
-                        tokio::time::sleep(delay).await;
-                        delay *= 2;
+                        tokio::time::sleep(retry.failed()).await;
                     }
                 }
             }
@@ -428,9 +426,7 @@ fn spawn_task(tracker: &TaskTracker, events: &mpsc::UnboundedSender<Event>, ctx:
 
 /// Delay before the n-th restart of a failing account task (n >= 1).
 pub fn restart_delay(failures: u32) -> Duration {
-    RESTART_BACKOFF
-        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
-        .min(RESTART_BACKOFF_MAX)
+    retry::SESSION_RESTART.delay(failures)
 }
 
 #[cfg(test)]
@@ -475,6 +471,7 @@ mod tests {
             status,
             base: MonoBase::new(),
             tracker: TaskTracker::new(),
+            sessions: CancellationToken::new(),
         };
         (Supervisor::new(shared, tx), rx)
     }
@@ -605,6 +602,6 @@ mod tests {
         assert_eq!(restart_delay(1), Duration::from_secs(1));
         assert_eq!(restart_delay(2), Duration::from_secs(2));
         assert_eq!(restart_delay(4), Duration::from_secs(8));
-        assert_eq!(restart_delay(40), RESTART_BACKOFF_MAX);
+        assert_eq!(restart_delay(40), retry::SESSION_RESTART.max);
     }
 }

@@ -87,7 +87,7 @@ struct State {
 
 struct SessionEntry {
     login: String,
-    password: Option<crate::config::Secret>,
+    password: Option<crate::secret::Secret>,
     fence: Option<i64>,
     events: mpsc::UnboundedSender<SessionEvent>,
 }
@@ -291,7 +291,7 @@ impl Inner {
 }
 
 async fn connection_loop(inner: std::sync::Weak<Inner>, cancel: CancellationToken) {
-    let mut delay = Duration::from_millis(100);
+    let mut retry = crate::retry::BROKER_CONNECTION.start();
     let mut connected_before = false;
     loop {
         let Some(client) = inner.upgrade() else {
@@ -304,7 +304,7 @@ async fn connection_loop(inner: std::sync::Weak<Inner>, cancel: CancellationToke
         };
         match attempt {
             Ok(Ok(stream)) => {
-                delay = Duration::from_millis(100);
+                retry.reset();
                 let _ = stream.set_nodelay(true);
                 serve_connection(&client, stream, connected_before, &cancel).await;
                 connected_before = true;
@@ -320,9 +320,8 @@ async fn connection_loop(inner: std::sync::Weak<Inner>, cancel: CancellationToke
         drop(client);
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
+            _ = tokio::time::sleep(retry.failed()) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -365,7 +364,7 @@ async fn serve_connection(
         )?;
         debug!(broker = %client.addr, server = %hello.server, "connected");
         // Log every session in again, lowest fence first, so a newer owner's fence wins.
-        let mut sessions: Vec<(u64, String, Option<crate::config::Secret>, Option<i64>)> = client
+        let mut sessions: Vec<(u64, String, Option<crate::secret::Secret>, Option<i64>)> = client
             .state
             .lock()
             .expect("bridge state")

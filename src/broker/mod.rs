@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::config::Secret;
+use crate::secret::Secret;
 use types::{
     AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
     PositionChange, SymbolSpec,

@@ -19,12 +19,12 @@ use tracing::{debug, info, warn};
 
 use super::events::MasterEvent;
 use super::{MasterPosition, spread_interval};
-use crate::account::{AccountContext, Ended};
 use crate::broker::types::{ClosedPosition, Position, PositionChange};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::{AccountRow, Published};
 use crate::hub::{Signal, Topic};
+use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
 
 /// How often the session re-reads the broker to catch a lost stream event, and reports
@@ -128,7 +128,7 @@ async fn report_funds(ctx: &AccountContext, api: &dyn TradeApi) {
 impl Master<'_> {
     /// Loads the published state; false if the task was stopped meanwhile.
     async fn load(&mut self) -> anyhow::Result<bool> {
-        let mut delay = Duration::from_millis(200);
+        let mut retry = crate::retry::MASTER_PUBLISH.start();
         loop {
             let result = async {
                 let mut conn = self.ctx.node.pool.acquire().await?;
@@ -152,9 +152,8 @@ impl Master<'_> {
                     warn!(error = %db::describe(&e), "reading the master's published state failed; retrying");
                     tokio::select! {
                         _ = self.ctx.cancel.cancelled() => return Ok(false),
-                        _ = tokio::time::sleep(delay) => {}
+                        _ = tokio::time::sleep(retry.failed()) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }

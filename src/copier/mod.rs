@@ -16,7 +16,6 @@
 
 #[cfg(test)]
 mod convergence;
-pub mod events;
 pub mod follower;
 pub mod index;
 pub mod master;
@@ -25,10 +24,10 @@ pub mod rules;
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use crate::broker::types::Side;
+pub use crate::model::events;
+pub use crate::model::{MasterPosition, marker, parse_marker};
 
 /// A session's periodic timer, `period` apart, whose first tick falls at a random point between
 /// half a period and one and a half: a node starts hundreds of sessions in one cycle, and timers
@@ -39,37 +38,6 @@ pub fn spread_interval(period: Duration) -> Interval {
     let mut interval = tokio::time::interval_at(Instant::now() + first, period);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     interval
-}
-
-/// A master position as published in the master's snapshot and events.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MasterPosition {
-    pub ticket: i64,
-    pub symbol: String,
-    pub side: Side,
-    /// Volume open now.
-    pub volume: f64,
-    /// Volume when first recorded (partial closes scale copies against it).
-    pub open_volume: f64,
-    pub open_price: f64,
-    pub sl: Option<f64>,
-    pub tp: Option<f64>,
-    /// The master position's magic number (0 for none; snapshots before it was recorded read 0).
-    #[serde(default)]
-    pub magic: i64,
-    /// When a master session first recorded the position, on the database's clock (Unix ms);
-    /// `None` until the database stamps it.
-    pub first_seen_ms: Option<i64>,
-}
-
-/// The comment that marks a copy of master ticket `ticket`.
-pub fn marker(master_ticket: i64) -> String {
-    format!("mc{master_ticket}")
-}
-
-/// The master ticket a copy's comment names, if it is a marker.
-pub fn parse_marker(comment: &str) -> Option<i64> {
-    comment.strip_prefix("mc")?.parse().ok()
 }
 
 /// Client order ids. Each names one intent, derived only from data any owner of the follower can

@@ -11,10 +11,11 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Row};
 
-use crate::config::Secret;
-use crate::copier::MasterPosition;
-use crate::copier::events::{MasterEvent, MasterNotice, channel};
-use crate::copier::rules::{Link, LotMode, Protections, Sides};
+use crate::channels;
+use crate::model::MasterPosition;
+use crate::model::events::{MasterEvent, MasterNotice};
+use crate::model::link::{Link, LotMode, Protections, Sides};
+use crate::secret::Secret;
 
 /// What an account does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +266,7 @@ SELECT stored.positions::text AS positions,
         .bind(epoch)
         .bind(seq)
         .bind(serde_json::to_string(positions).expect("positions serialise"))
-        .bind(channel(master_id))
+        .bind(channels::master(master_id))
         .bind(serde_json::to_string(&notice).expect("notices serialise"))
         .fetch_optional(conn)
         .await?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, Row};
 
-use super::RELEASED_CHANNEL;
+use crate::channels::RELEASED as RELEASED_CHANNEL;
 
 /// What the cycle needs to know about the node.
 #[derive(Debug, Clone)]

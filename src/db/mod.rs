@@ -15,20 +15,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::config::Secret;
-
-/// The channel on which a node announces released accounts (or its departure). The payload is
-/// `<platform> <node_id>`: peers of that platform claim at once; the sender ignores its own.
-pub const RELEASED_CHANNEL: &str = "copier_released";
-
-/// The channel on which a trigger on `copy_links` announces that a follower's links changed
-/// (payload: the follower's id), so its session re-reads them at once.
-pub const LINKS_CHANNEL: &str = "copier_links";
-
-/// Splits a [`RELEASED_CHANNEL`] payload into (platform, sending node id).
-pub fn parse_announcement(payload: &str) -> (&str, &str) {
-    payload.split_once(' ').unwrap_or((payload, ""))
-}
+use crate::secret::Secret;
 
 /// Server-side bounds every connection of a running node sets (SPEC S1), derived from the fence
 /// so a stalled client can never hold row locks anywhere near as long as the fence.
@@ -108,6 +95,28 @@ pub fn with_database(url: &str, db: &str) -> String {
 /// migration's advisory lock and index builds may take longer than any fence.
 pub fn admin_options(url: &Secret) -> Result<PgConnectOptions, sqlx::Error> {
     Ok(PgConnectOptions::from_str(url.expose())?.application_name("copier-node admin"))
+}
+
+/// Why an administrative connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminConnectError {
+    /// The URL does not parse (a configuration error).
+    #[error("invalid `database_url`: {0}")]
+    InvalidUrl(String),
+    /// The server could not be reached or refused the connection.
+    #[error("cannot connect to the database: {0}")]
+    Unreachable(String),
+}
+
+/// One connection for an administrative command (`migrate`, `status`, `credentials rotate`,
+/// the demo's own reads), with [`admin_options`]; errors never show the URL.
+pub async fn admin_connect(url: &Secret) -> Result<sqlx::PgConnection, AdminConnectError> {
+    use sqlx::ConnectOptions;
+    admin_options(url)
+        .map_err(|e| AdminConnectError::InvalidUrl(describe(&e)))?
+        .connect()
+        .await
+        .map_err(|e| AdminConnectError::Unreachable(describe(&e)))
 }
 
 /// The pool for a node's non-cycle work (publications, reconcile reads, status writes,

@@ -9,10 +9,8 @@
 //! (failover at expiry), and a peer's release announcement triggers a claim at once (handoff).
 
 pub mod balance;
-pub mod gate;
-pub mod trust;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +25,9 @@ use crate::config::{NodeConfig, show};
 use crate::db;
 use crate::db::lease::{CycleOutcome, CycleParams};
 use crate::metrics::Metrics;
+pub use crate::node_state::{NodeState, Phase};
 use crate::supervisor::{Event, Supervisor};
+use crate::trust;
 
 /// How long a shutdown waits for account tasks to finish their work in flight before it
 /// releases what has stopped and exits. Deployments give the process longer than this to stop
@@ -43,77 +43,6 @@ const RECLAIM_SOON: Duration = Duration::from_millis(10);
 
 /// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
 const JITTER: f64 = 0.2;
-
-/// The node as its observers (tests, health endpoints, logs) see it.
-#[derive(Debug, Clone, Default)]
-pub struct NodeState {
-    pub node_id: String,
-    pub instance_id: String,
-    pub phase: Phase,
-    /// Successful cycles so far.
-    pub cycles: u64,
-    /// Failed cycles so far.
-    pub failed_cycles: u64,
-    /// The node's trust deadline from its last confirmed cycle.
-    pub trusted_until: Option<Instant>,
-    /// Accounts with a live session: id -> epoch.
-    pub owned: Arc<BTreeMap<i64, i64>>,
-    /// The last cycle failure, until a cycle succeeds.
-    pub last_error: Option<String>,
-    /// How many account gates were trusted again after their trust lapsed (each such account's
-    /// task was told to reconcile before acting).
-    pub trust_restorations: u64,
-    /// This node's fair share of the platform's accounts, once it knows its peers.
-    pub target: Option<u32>,
-    /// Accounts handed off to rebalance, so far.
-    pub rebalance_moves: u64,
-    /// Hand-off decisions (cycles that handed at least one account off), so far.
-    pub handoffs: u64,
-    /// When the last cycle attempt finished (succeeded or failed): the loop is alive.
-    pub last_cycle_at: Option<Instant>,
-    /// The lease length: a running node whose loop finished no cycle for this long is stuck.
-    pub lease: Duration,
-}
-
-impl NodeState {
-    /// Why the node is not healthy, if it is not: stopped, or its lease loop finished no cycle
-    /// (successful or failed: a database outage is not a stuck loop, since retries come at
-    /// least once a cycle) for a whole lease while running.
-    pub fn unhealthy(&self, now: Instant) -> Option<String> {
-        match self.phase {
-            Phase::Stopped => Some("stopped".into()),
-            Phase::Running | Phase::Draining | Phase::WaitingForNodeId => {
-                let since = now.saturating_duration_since(self.last_cycle_at?);
-                (since > self.lease).then(|| {
-                    format!(
-                        "lease loop stuck: no cycle finished for {:.1}s (lease {:.1}s)",
-                        since.as_secs_f64(),
-                        self.lease.as_secs_f64()
-                    )
-                })
-            }
-            Phase::Starting => None,
-        }
-    }
-
-    /// True while the node holds a confirmed lease cycle (readiness).
-    pub fn trusted(&self) -> bool {
-        self.trusted_until
-            .is_some_and(|d| trust::holds(Instant::now(), d))
-    }
-}
-
-/// Where the node is in its life.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Phase {
-    #[default]
-    Starting,
-    /// Another instance holds this node id; waiting for its membership to expire.
-    WaitingForNodeId,
-    Running,
-    Draining,
-    Stopped,
-}
 
 /// Why a node stopped on its own.
 #[derive(Debug, thiserror::Error)]
@@ -516,7 +445,7 @@ impl LeaseLoop {
             .copied()
             .filter(|e| unfinished.contains(e))
             .collect();
-        let mut delay = Duration::from_millis(100);
+        let mut retry = crate::retry::LEAVE.start();
         let give_up = Instant::now() + self.node.lease.saturating_sub(self.node.fence);
         loop {
             let attempt = timeout(self.node.fence, async {
@@ -553,6 +482,7 @@ impl LeaseLoop {
                     warn!("release at shutdown timed out");
                 }
             }
+            let delay = retry.failed();
             if Instant::now() + delay >= give_up {
                 error!(
                     accounts = epochs.len(),
@@ -561,7 +491,6 @@ impl LeaseLoop {
                 return;
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
         }
     }
 
@@ -578,10 +507,7 @@ impl LeaseLoop {
 /// Delay before retrying after the n-th consecutive failed cycle (n >= 1): from a tenth of the
 /// period, doubling, capped at one period.
 pub fn retry_delay(failures: u32, cycle: Duration) -> Duration {
-    let first = (cycle / 10).max(Duration::from_millis(10));
-    first
-        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
-        .min(cycle)
+    crate::retry::lease_cycle(cycle).delay(failures)
 }
 
 #[cfg(test)]

@@ -355,7 +355,7 @@ async fn release_is_fenced_by_epoch_and_announced() {
         .unwrap();
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener
-        .listen(copier_node::db::RELEASED_CHANNEL)
+        .listen(copier_node::channels::RELEASED)
         .await
         .unwrap();
     let e1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;

@@ -35,12 +35,12 @@ use super::index::CopyIndex;
 use super::reconcile::{Action, Memory, Situation, apply_event, plan, plan_ticket};
 use super::rules::{Inputs, Link, LotMode, SkipCode};
 use super::{MasterPosition, spread_interval};
-use crate::account::{AccountContext, Ended};
 use crate::broker::types::{ClosedPosition, Position, SymbolSpec};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::AccountRow;
 use crate::hub::{Signal, Subscription, Topic};
+use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
 use send::Sent;
 
@@ -49,10 +49,6 @@ use send::Sent;
 const LINKS_EVERY: Duration = Duration::from_secs(60);
 /// How often balance and equity are reported.
 const FUNDS_EVERY: Duration = Duration::from_secs(30);
-/// First and longest delay before a reconcile that is owed (after an unknown outcome, a failed
-/// close, a read error, an input not known yet) is retried.
-const RETRY_FIRST: Duration = Duration::from_millis(250);
-const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// A master's snapshot as the follower's copies follow it.
 #[derive(Debug, Clone)]
@@ -86,9 +82,9 @@ struct Follower<'a> {
     memory: Memory,
     /// Transient refusals already recorded this session (one history row per kind).
     noted: HashSet<(i64, i64, SkipCode)>,
-    /// A reconcile is owed; retried at `retry_at`.
+    /// A reconcile is owed; retried at `retry_at` ([`crate::retry::FOLLOWER_RECONCILE`]).
     owed: bool,
-    retry_delay: Duration,
+    retry: crate::retry::Retry,
     retry_at: Instant,
     copies_sent: u64,
 }
@@ -133,7 +129,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         memory: Memory::default(),
         noted: HashSet::new(),
         owed: false,
-        retry_delay: RETRY_FIRST,
+        retry: crate::retry::FOLLOWER_RECONCILE.start(),
         retry_at: Instant::now(),
         copies_sent: 0,
     };
@@ -225,8 +221,7 @@ impl Follower<'_> {
             debug!(why, "reconcile owed");
         }
         self.owed = true;
-        self.retry_at = Instant::now() + self.retry_delay;
-        self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+        self.retry_at = Instant::now() + self.retry.failed();
     }
 
     async fn report_funds(&mut self) {
@@ -260,7 +255,7 @@ impl Follower<'_> {
             self.reconcile_master(m, why).await;
         }
         if !self.owed {
-            self.retry_delay = RETRY_FIRST;
+            self.retry.reset();
         }
     }
 

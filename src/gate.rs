@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::trust::{MonoBase, holds};
+use crate::trust::{MonoBase, holds};
 
 /// The gate of one (account, epoch).
 #[derive(Debug)]

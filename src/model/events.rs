@@ -1,14 +1,9 @@
-//! What a master publishes: one notice per event on the channel `copier_master_<id>`, carrying
-//! the master's ownership epoch and the event's sequence number within it.
+//! What a master publishes: one notice per event on its channel ([`crate::channels::master`]),
+//! carrying the master's ownership epoch and the event's sequence number within it.
 
 use serde::{Deserialize, Serialize};
 
 use super::MasterPosition;
-
-/// The NOTIFY channel of a master's events.
-pub fn channel(master_id: i64) -> String {
-    format!("copier_master_{master_id}")
-}
 
 /// One published event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

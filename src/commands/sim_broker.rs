@@ -1,0 +1,91 @@
+//! `copier-node sim-broker`: the simulated trade server and its hand tools.
+
+use super::CommandError;
+use crate::cli::{SimBrokerCommand, TradeAction};
+use crate::config::{LogFormat, parse_duration};
+use crate::shutdown;
+use crate::sim_broker::tools::{self, HandOrder};
+use crate::sim_broker::{ServeOptions, SimBroker};
+use crate::telemetry::{self, Output};
+
+pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandError> {
+    telemetry::init(LogFormat::Text, Output::Stderr);
+    let failed = |e: crate::broker::BrokerError| CommandError::failed(e.to_string());
+    match command {
+        SimBrokerCommand::Serve(args) => {
+            let stop = shutdown::signal_received();
+            let price_walk = args
+                .price_walk
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| CommandError::usage(format!("invalid --price-walk: {e}")))?;
+            let options = ServeOptions {
+                listen: args.listen,
+                journal: args.journal,
+                state: args.state,
+                fence_check: !args.no_fence_check,
+                dedupe: !args.no_dedupe,
+                reply_first: args.reply_first,
+                balance: args.balance,
+                balances: Default::default(),
+                price_walk,
+            };
+            let server = SimBroker::start(options).await?;
+            stop.await;
+            server.stop().await;
+        }
+        SimBrokerCommand::Trade(args) => {
+            let order = match args.action {
+                TradeAction::Open {
+                    symbol,
+                    side,
+                    volume,
+                    sl,
+                    tp,
+                    magic,
+                    comment,
+                } => HandOrder::Open {
+                    symbol,
+                    side: side.parse().map_err(CommandError::usage)?,
+                    volume,
+                    sl,
+                    tp,
+                    magic,
+                    comment,
+                },
+                TradeAction::Close { ticket, volume } => HandOrder::Close { ticket, volume },
+                TradeAction::Modify { ticket, sl, tp } => HandOrder::Modify { ticket, sl, tp },
+            };
+            let ticket = tools::trade(&args.account.broker, &args.account.login, order)
+                .await
+                .map_err(failed)?;
+            if let Some(ticket) = ticket {
+                println!("{ticket}");
+            }
+        }
+        SimBrokerCommand::Positions(args) => print_lines(
+            &tools::positions(&args.broker, &args.login)
+                .await
+                .map_err(failed)?,
+        )?,
+        SimBrokerCommand::History(args) => print_lines(
+            &tools::history(&args.broker, &args.login)
+                .await
+                .map_err(failed)?,
+        )?,
+    }
+    Ok(())
+}
+
+/// One JSON line per item on stdout.
+fn print_lines<T: serde::Serialize>(items: &[T]) -> Result<(), CommandError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for item in items {
+        let line = serde_json::to_string(item).expect("broker types serialise");
+        writeln!(out, "{line}")
+            .map_err(|e| CommandError::failed(format!("writing stdout: {e}")))?;
+    }
+    Ok(())
+}

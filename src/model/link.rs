@@ -1,0 +1,111 @@
+//! A copy link as sessions use it: the row of `copy_links`, parsed (the SQL that reads it is in
+//! [`crate::db::copy`]; the rules that apply it in [`crate::copier::rules`]).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+/// How a copy's volume is computed from the master's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LotMode {
+    /// Always `lot_value` lots.
+    Fixed,
+    /// Master volume × `lot_value`.
+    Multiplier,
+    /// Master volume × follower balance / master balance × `lot_value`.
+    BalanceRatio,
+    /// Master volume × follower equity / master equity × `lot_value`.
+    EquityRatio,
+    /// Whatever volume risks `lot_value` percent of the follower's equity between the copy's
+    /// open price and its stop loss (contract size × distance per lot; a copy without a stop
+    /// loss is skipped).
+    RiskPercent,
+}
+
+impl FromStr for LotMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fixed" => Ok(LotMode::Fixed),
+            "multiplier" => Ok(LotMode::Multiplier),
+            "balance_ratio" => Ok(LotMode::BalanceRatio),
+            "equity_ratio" => Ok(LotMode::EquityRatio),
+            "risk_percent" => Ok(LotMode::RiskPercent),
+            other => Err(format!("unknown lot_mode {other:?}")),
+        }
+    }
+}
+
+/// Which of the master's sides a link copies (before `reverse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sides {
+    Both,
+    Buy,
+    Sell,
+}
+
+impl FromStr for Sides {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "both" => Ok(Sides::Both),
+            "buy" => Ok(Sides::Buy),
+            "sell" => Ok(Sides::Sell),
+            other => Err(format!("unknown sides {other:?} (both, buy or sell)")),
+        }
+    }
+}
+
+/// A link's protections: each only ever stops or shrinks a new copy (SPEC section 3a).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Protections {
+    /// Copy only these master symbols (`None`: all).
+    pub symbols: Option<Vec<String>>,
+    /// Copy only master positions with these magic numbers (`None`: all).
+    pub magics: Option<Vec<i64>>,
+    pub sides: Sides,
+    /// Copy nothing new; open copies still follow the master.
+    pub close_only: bool,
+    /// Cap on a copy's volume.
+    pub max_lot: Option<f64>,
+    /// No copy opened more than this long after the master position was first recorded.
+    pub max_delay_ms: Option<i64>,
+    /// The worst fill a copy accepts, as a distance from the master's open price.
+    pub max_slippage: Option<f64>,
+    /// No new copies while the follower's equity is at or below this.
+    pub equity_stop: Option<f64>,
+}
+
+impl Default for Protections {
+    fn default() -> Self {
+        Protections {
+            symbols: None,
+            magics: None,
+            sides: Sides::Both,
+            close_only: false,
+            max_lot: None,
+            max_delay_ms: None,
+            max_slippage: None,
+            equity_stop: None,
+        }
+    }
+}
+
+/// One copy link, as a follower session uses it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    pub id: i64,
+    pub master_id: i64,
+    /// A disabled link copies nothing new; its open copies still follow the master's closes.
+    pub enabled: bool,
+    pub magic: i64,
+    pub lot_mode: LotMode,
+    pub lot_value: f64,
+    pub reverse: bool,
+    pub copy_sl_tp: bool,
+    /// Master symbol -> follower symbol.
+    pub symbol_map: HashMap<String, String>,
+    pub copy_existing: bool,
+    /// When the link took effect (database clock, Unix ms).
+    pub created_at_ms: i64,
+    pub protections: Protections,
+}
