@@ -15,11 +15,11 @@ use tracing::info;
 use crate::copier;
 use crate::db;
 use crate::db::copy::Role;
-pub use crate::session::{AccountContext, Ended, NodeServices};
+pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 
 /// The task body: read the row, then run the session for its role; start again from the new row
 /// when the row's connection (server, login, role, credentials) changes.
-pub async fn run(ctx: AccountContext) -> anyhow::Result<()> {
+pub(crate) async fn run(ctx: AccountContext) -> anyhow::Result<()> {
     let row = {
         let mut conn = ctx
             .node

@@ -1,6 +1,5 @@
 //! `copier-node status`: the cluster as the database sees it. Needs only the database URL.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -8,7 +7,7 @@ use sqlx::{PgConnection, Row};
 
 /// A node's membership row and what it owns.
 #[derive(Debug, Clone, Serialize)]
-pub struct NodeRow {
+pub(crate) struct NodeRow {
     pub node_id: String,
     pub instance_id: String,
     pub platform: String,
@@ -29,7 +28,7 @@ pub struct NodeRow {
 
 /// One account's ownership and status.
 #[derive(Debug, Clone, Serialize)]
-pub struct AccountRow {
+pub(crate) struct AccountRow {
     pub id: i64,
     pub platform: String,
     pub role: String,
@@ -46,7 +45,7 @@ pub struct AccountRow {
 
 /// The whole picture.
 #[derive(Debug, Clone, Serialize)]
-pub struct ClusterStatus {
+pub(crate) struct ClusterStatus {
     /// The database's clock when this was read (Unix ms).
     pub now_ms: i64,
     pub nodes: Vec<NodeRow>,
@@ -60,7 +59,7 @@ pub struct ClusterStatus {
 }
 
 /// Reads the cluster's state in one snapshot (one transaction, repeatable read).
-pub async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error> {
+pub(crate) async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(conn).await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *tx)
@@ -159,7 +158,7 @@ pub async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error>
 const TEXT_ACCOUNTS: usize = 500;
 
 /// The text form for people.
-pub fn render_text(s: &ClusterStatus) -> String {
+pub(crate) fn render_text(s: &ClusterStatus) -> String {
     let mut out = String::new();
     let live = s.nodes.iter().filter(|n| n.live).count();
     let _ = writeln!(out, "nodes: {live} live, {} expired", s.nodes.len() - live);
@@ -254,15 +253,4 @@ fn ids(list: &[i64]) -> String {
         s.push_str(&format!(", ... ({} in all)", list.len()));
     }
     s
-}
-
-/// Accounts per live node, for summaries.
-pub fn owned_per_node(s: &ClusterStatus) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for a in &s.accounts {
-        if let Some(o) = &a.owner {
-            *out.entry(o.clone()).or_insert(0) += 1;
-        }
-    }
-    out
 }

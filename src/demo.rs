@@ -35,7 +35,7 @@ use crate::sim_broker::{ServeOptions, SimBroker, tools};
 
 /// What the demo runs.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     pub duration: Option<Duration>,
     pub json: bool,
     /// Nodes at the end of the scale-out: the first starts alone, the next every `join_every`.
@@ -71,7 +71,7 @@ impl Default for DemoOptions {
 
 /// The demo's result (`--json` prints it as the last line).
 #[derive(Debug, Clone, Serialize)]
-pub struct DemoSummary {
+pub(crate) struct DemoSummary {
     pub duration_s: f64,
     pub nodes: usize,
     pub masters: usize,
@@ -102,7 +102,7 @@ pub struct DemoSummary {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50: i64,
     pub p99: i64,
     pub max: i64,
@@ -156,7 +156,7 @@ impl Drop for Scratch {
 }
 
 /// Runs the demo until `duration` passes or `shutdown` resolves.
-pub async fn run(
+pub(crate) async fn run(
     options: DemoOptions,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<DemoSummary> {
@@ -745,7 +745,7 @@ fn read_journal(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// What the journal says about the copies.
-pub struct Stats {
+pub(crate) struct Stats {
     pub copies: usize,
     pub duplicates: usize,
     pub node_orders: usize,
@@ -781,7 +781,7 @@ impl Stats {
     /// more than once (duplicates), and the time from each master open to each of its copies,
     /// split by whether the master's order came during a move: a window of `moves` (journal
     /// clock, ms), or after `moving_since` (a move still under way).
-    pub fn from(
+    pub(crate) fn from(
         journal: &[serde_json::Value],
         moves: &[(i64, i64)],
         moving_since: Option<i64>,

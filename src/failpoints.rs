@@ -6,7 +6,7 @@
 /// Waits at the point named by `var` while its file exists (and the variable is set). Called
 /// through [`failpoint!`].
 #[cfg(feature = "failpoints")]
-pub async fn hold(var: &str, held: &str) {
+pub(crate) async fn hold(var: &str, held: &str) {
     use std::time::Duration;
     let Some(path) = std::env::var_os(var).map(std::path::PathBuf::from) else {
         return;

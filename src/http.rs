@@ -24,7 +24,7 @@ struct Ctx {
 }
 
 /// Serves until `cancel` fires.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     state: watch::Receiver<NodeState>,
     metrics: Arc<Metrics>,

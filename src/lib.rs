@@ -51,34 +51,41 @@
 //! 4. On release (disable, shutdown) the gate closes, the task finishes its work in flight, and
 //!    only then is the row released and the release announced, so peers claim at once.
 
-pub mod account;
+#![warn(unreachable_pub)]
+
+// Private by default. Public, for the binary (`cli`, `commands`), the integration tests and the
+// benchmarks (separate crates): the node's entry points (`app`, `config`, `lease`), the database
+// statements they drive directly (`db`, `channels`), the copy engine's data and rules they check
+// against (`copier`), the broker adapter and the simulated broker with its tools (`broker`,
+// `brokers`, `sim_broker`), `credentials`, `hub` and the throwaway clusters (`pgtmp`).
+pub(crate) mod account;
 pub mod app;
 pub mod broker;
 pub mod brokers;
 pub mod channels;
 pub mod cli;
-pub mod cluster_status;
+pub(crate) mod cluster_status;
 pub mod commands;
 pub mod config;
 pub mod copier;
 pub mod credentials;
 pub mod db;
-pub mod demo;
-pub mod failpoints;
-pub mod gate;
-pub mod http;
+pub(crate) mod demo;
+pub(crate) mod failpoints;
+pub(crate) mod gate;
+pub(crate) mod http;
 pub mod hub;
 pub mod lease;
-pub mod metrics;
-pub mod model;
-pub mod node_state;
+pub(crate) mod metrics;
+pub(crate) mod model;
+pub(crate) mod node_state;
 pub mod pgtmp;
-pub mod retry;
-pub mod secret;
-pub mod session;
-pub mod shutdown;
+pub(crate) mod retry;
+pub(crate) mod secret;
+pub(crate) mod session;
+pub(crate) mod shutdown;
 pub mod sim_broker;
-pub mod status_writer;
-pub mod supervisor;
-pub mod telemetry;
-pub mod trust;
+pub(crate) mod status_writer;
+pub(crate) mod supervisor;
+pub(crate) mod telemetry;
+pub(crate) mod trust;

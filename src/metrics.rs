@@ -14,8 +14,8 @@ const MS_BUCKETS: &[f64] = &[
 ];
 
 /// Order actions and outcomes counted in `copier_orders_total`.
-pub const ACTIONS: &[&str] = &["open", "close", "modify"];
-pub const RESULTS: &[&str] = &["accepted", "rejected", "unknown", "unavailable"];
+pub(crate) const ACTIONS: &[&str] = &["open", "close", "modify"];
+pub(crate) const RESULTS: &[&str] = &["accepted", "rejected", "unknown", "unavailable"];
 
 #[derive(Debug, Clone)]
 pub struct Metrics {

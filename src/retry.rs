@@ -5,25 +5,25 @@ use std::time::Duration;
 
 /// Delays of a retry: `first`, doubling per failure, never above `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     pub first: Duration,
     pub max: Duration,
 }
 
 impl Backoff {
-    pub const fn new(first: Duration, max: Duration) -> Self {
+    pub(crate) const fn new(first: Duration, max: Duration) -> Self {
         Backoff { first, max }
     }
 
     /// The delay before retrying after the `failures`-th consecutive failure (1 = the first).
-    pub fn delay(&self, failures: u32) -> Duration {
+    pub(crate) fn delay(&self, failures: u32) -> Duration {
         self.first
             .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(30)))
             .min(self.max)
     }
 
     /// A counter of consecutive failures over this backoff.
-    pub fn start(self) -> Retry {
+    pub(crate) fn start(self) -> Retry {
         Retry {
             backoff: self,
             failures: 0,
@@ -33,25 +33,25 @@ impl Backoff {
 
 /// Consecutive failures of one retrying loop.
 #[derive(Debug, Clone, Copy)]
-pub struct Retry {
+pub(crate) struct Retry {
     backoff: Backoff,
     failures: u32,
 }
 
 impl Retry {
     /// Counts a failure; the delay before the next attempt.
-    pub fn failed(&mut self) -> Duration {
+    pub(crate) fn failed(&mut self) -> Duration {
         self.failures = self.failures.saturating_add(1);
         self.backoff.delay(self.failures)
     }
 
     /// A success: the next failure starts from the first delay again.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.failures = 0;
     }
 
     /// Consecutive failures so far.
-    pub fn failures(&self) -> u32 {
+    pub(crate) fn failures(&self) -> u32 {
         self.failures
     }
 }
@@ -61,29 +61,29 @@ const fn ms(n: u64) -> Duration {
 }
 
 /// A node waiting for its database at start.
-pub const DATABASE_AT_START: Backoff = Backoff::new(ms(250), ms(5_000));
+pub(crate) const DATABASE_AT_START: Backoff = Backoff::new(ms(250), ms(5_000));
 /// The LISTEN connection.
-pub const LISTEN: Backoff = Backoff::new(ms(200), ms(10_000));
+pub(crate) const LISTEN: Backoff = Backoff::new(ms(200), ms(10_000));
 /// A bridge connection to a trade server.
-pub const BROKER_CONNECTION: Backoff = Backoff::new(ms(100), ms(5_000));
+pub(crate) const BROKER_CONNECTION: Backoff = Backoff::new(ms(100), ms(5_000));
 /// An account's broker login while the broker is unreachable.
-pub const BROKER_LOGIN: Backoff = Backoff::new(ms(250), ms(30_000));
+pub(crate) const BROKER_LOGIN: Backoff = Backoff::new(ms(250), ms(30_000));
 /// A follower's owed reconcile (an unknown outcome, a refused close, an input not known yet).
-pub const FOLLOWER_RECONCILE: Backoff = Backoff::new(ms(250), ms(30_000));
+pub(crate) const FOLLOWER_RECONCILE: Backoff = Backoff::new(ms(250), ms(30_000));
 /// A master session reading its published state at start.
-pub const MASTER_PUBLISH: Backoff = Backoff::new(ms(200), ms(5_000));
+pub(crate) const MASTER_PUBLISH: Backoff = Backoff::new(ms(200), ms(5_000));
 /// The batched status writes.
-pub const STATUS_WRITE: Backoff = Backoff::new(ms(400), ms(6_400));
+pub(crate) const STATUS_WRITE: Backoff = Backoff::new(ms(400), ms(6_400));
 /// An account session that failed by itself: restarted, never in a tight loop.
-pub const SESSION_RESTART: Backoff = Backoff::new(ms(1_000), ms(300_000));
+pub(crate) const SESSION_RESTART: Backoff = Backoff::new(ms(1_000), ms(300_000));
 /// A release after a session stopped (five attempts; a later cycle retries too).
-pub const RELEASE: Backoff = Backoff::new(ms(100), ms(1_600));
+pub(crate) const RELEASE: Backoff = Backoff::new(ms(100), ms(1_600));
 /// The node's departure at shutdown.
-pub const LEAVE: Backoff = Backoff::new(ms(100), ms(2_000));
+pub(crate) const LEAVE: Backoff = Backoff::new(ms(100), ms(2_000));
 
 /// The lease cycle after a failure: a tenth of the cycle period, doubling, at most one period
 /// (so a failed cycle is retried at least once a cycle: `/healthz` counts on it).
-pub fn lease_cycle(cycle: Duration) -> Backoff {
+pub(crate) fn lease_cycle(cycle: Duration) -> Backoff {
     Backoff::new((cycle / 10).max(ms(10)), cycle)
 }
 

@@ -8,7 +8,7 @@ use tokio::signal::unix::{SignalKind, signal};
 /// first of them. A signal that arrives before the future is first polled is kept, not lost, and
 /// never kills the process with the default action (a Ctrl-C in the demo's first second is a
 /// clean stop like any other). Call it inside the runtime, at the start of a command.
-pub fn signal_received() -> impl Future<Output = ()> {
+pub(crate) fn signal_received() -> impl Future<Output = ()> {
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
     async move {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::db;
-pub use crate::db::status::StatusUpdate;
+pub(crate) use crate::db::status::StatusUpdate;
 
 /// How long updates are gathered before a batch is written: status is for operators and
 /// dashboards, so a fifth of a second of delay buys one statement for many accounts.
@@ -54,7 +54,7 @@ pub struct Lost {
 }
 
 /// Starts the writer. It runs until `cancel` fires and the queue is drained (one last attempt).
-pub fn spawn(
+pub(crate) fn spawn(
     pool: PgPool,
     node_id: String,
     lost: mpsc::UnboundedSender<Lost>,

@@ -425,7 +425,7 @@ fn spawn_task(tracker: &TaskTracker, events: &mpsc::UnboundedSender<Event>, ctx:
 }
 
 /// Delay before the n-th restart of a failing account task (n >= 1).
-pub fn restart_delay(failures: u32) -> Duration {
+pub(crate) fn restart_delay(failures: u32) -> Duration {
     retry::SESSION_RESTART.delay(failures)
 }
 

@@ -9,22 +9,22 @@ use crate::config::LogFormat;
 
 /// Where log lines go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Output {
+pub(crate) enum Output {
     Stdout,
     Stderr,
 }
 
 /// The default filter of the node and the tools: `info`, with sqlx's per-statement lines off.
-pub const DEFAULT_FILTER: &str = "info,sqlx=warn";
+pub(crate) const DEFAULT_FILTER: &str = "info,sqlx=warn";
 
 /// Installs the global subscriber with [`DEFAULT_FILTER`]. Safe to call once per process; later
 /// calls are ignored.
-pub fn init(format: LogFormat, output: Output) {
+pub(crate) fn init(format: LogFormat, output: Output) {
     init_with(format, output, DEFAULT_FILTER);
 }
 
 /// As [`init`], with another default filter (`RUST_LOG` still overrides it).
-pub fn init_with(format: LogFormat, output: Output, default_filter: &str) {
+pub(crate) fn init_with(format: LogFormat, output: Output, default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let ansi = match output {

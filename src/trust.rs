@@ -11,12 +11,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The instant until which a renewal sent at `t0` may be trusted.
-pub fn deadline(t0: Instant, lease: Duration, fence: Duration) -> Instant {
+pub(crate) fn deadline(t0: Instant, lease: Duration, fence: Duration) -> Instant {
     t0 + lease.saturating_sub(fence)
 }
 
 /// Whether a deadline still holds at `now`. The deadline itself is already untrusted.
-pub fn holds(now: Instant, deadline: Instant) -> bool {
+pub(crate) fn holds(now: Instant, deadline: Instant) -> bool {
     now < deadline
 }
 

@@ -384,7 +384,7 @@ pub fn trimmed_volume(
 mod tests {
     use super::*;
 
-    pub fn spec(symbol: &str) -> SymbolSpec {
+    fn spec(symbol: &str) -> SymbolSpec {
         SymbolSpec {
             symbol: symbol.into(),
             price: 1.1,
@@ -395,7 +395,7 @@ mod tests {
         }
     }
 
-    pub fn link() -> Link {
+    fn link() -> Link {
         Link {
             id: 7,
             master_id: 1,
@@ -412,7 +412,7 @@ mod tests {
         }
     }
 
-    pub fn position(volume: f64) -> MasterPosition {
+    fn position(volume: f64) -> MasterPosition {
         MasterPosition {
             ticket: 42,
             symbol: "EURUSD".into(),

@@ -3,7 +3,7 @@
 //! events ([`events`]) and copy links ([`link`]).
 
 pub mod events;
-pub mod link;
+pub(crate) mod link;
 
 use serde::{Deserialize, Serialize};
 
