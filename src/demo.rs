@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
-use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -142,9 +142,7 @@ impl Drop for Scratch {
                         .ok()?;
                     rt.block_on(async {
                         let mut c = PgConnection::connect(&admin_url).await.ok()?;
-                        c.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-                            .await
-                            .ok()
+                        db::setup::drop_database(&mut c, &name).await.ok()
                     })
                 })
                 .join();
@@ -449,8 +447,7 @@ async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
             fastrand::u32(..0xffffff)
         );
         let mut admin = connect(&url).await?;
-        admin
-            .execute(format!("CREATE DATABASE {name}").as_str())
+        db::setup::create_database(&mut admin, &name)
             .await
             .context("creating the demo database")?;
         let _ = admin.close().await;
@@ -504,44 +501,30 @@ async fn seed(
     for m in 1..=options.masters {
         let master = id;
         id += 1;
-        add_account(&mut conn, master, "master", broker, &format!("m{m}")).await?;
+        db::setup::add_account(&mut conn, master, "mt5", "master", broker, &format!("m{m}"))
+            .await?;
         for f in 0..options.followers_per_master {
             let follower = id;
             id += 1;
             links.push((format!("m{m}"), format!("f{follower}")));
-            add_account(
+            db::setup::add_account(
                 &mut conn,
                 follower,
+                "mt5",
                 "follower",
                 broker,
                 &format!("f{follower}"),
             )
             .await?;
             let (mode, value, reverse, map) = settings[f % settings.len()];
-            sqlx::query(
-                "INSERT INTO copy_links (master_id, follower_id, lot_mode, lot_value, reverse, symbol_map) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
-            )
-            .bind(master)
-            .bind(follower)
-            .bind(mode)
-            .bind(value)
-            .bind(reverse)
-            .bind(map)
-            .execute(&mut conn)
-            .await?;
+            db::setup::add_link(&mut conn, master, follower, mode, value, reverse, map).await?;
         }
     }
     // A password per account (the simulated broker keeps the one an account first logged in
     // with), stored as `copier-node credentials encrypt` would.
-    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM trading_accounts")
-        .fetch_all(&mut conn)
-        .await?;
-    for id in ids {
-        sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
-            .bind(id)
-            .bind(key.encrypt(&format!("demo-password-{id}-{}", fastrand::u64(..))))
-            .execute(&mut conn)
-            .await?;
+    for id in db::setup::account_ids(&mut conn).await? {
+        let value = key.encrypt(&format!("demo-password-{id}-{}", fastrand::u64(..)));
+        db::setup::set_credentials(&mut conn, id, &value).await?;
     }
     let _ = conn.close().await;
     say(&format!(
@@ -550,23 +533,6 @@ async fn seed(
         links.len()
     ));
     Ok(links)
-}
-
-async fn add_account(
-    conn: &mut PgConnection,
-    id: i64,
-    role: &str,
-    server: &str,
-    login: &str,
-) -> anyhow::Result<()> {
-    sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) VALUES ($1, 'mt5', $2, $3, $4)")
-        .bind(id)
-        .bind(role)
-        .bind(server)
-        .bind(login)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 fn spawn_node(
@@ -713,8 +679,7 @@ async fn trade(trader: &BridgeClient, masters: usize) -> bool {
 }
 
 async fn owners(conn: &mut PgConnection) -> Result<HashMap<i64, String>, sqlx::Error> {
-    let rows: Vec<(i64, String)> = sqlx::query_as("SELECT id, node_id FROM trading_accounts WHERE node_id IS NOT NULL AND lease_until >= now()").fetch_all(conn).await?;
-    Ok(rows.into_iter().collect())
+    db::setup::live_owners(conn).await
 }
 
 fn describe_owners(owners: &HashMap<i64, String>, nodes: usize, down: Option<usize>) -> String {

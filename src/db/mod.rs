@@ -4,10 +4,12 @@
 //! Statements are plain `sqlx::query` with runtime binding; every statement is exercised by the
 //! integration tests against a real PostgreSQL.
 
+pub mod cluster;
 pub mod copy;
 pub mod credentials;
 pub mod lease;
 pub mod migrate;
+pub mod setup;
 pub mod status;
 
 use std::str::FromStr;

@@ -1,0 +1,105 @@
+//! Account rows as sessions read them: the connection (role, server, login, credentials), the
+//! funds a master's owner last wrote, and whether a (node, epoch) still owns a row.
+
+use sqlx::{PgConnection, Row};
+
+use crate::secret::Secret;
+
+/// What an account does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Master,
+    Follower,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Master => "master",
+            Role::Follower => "follower",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An account row as its session needs it. `credentials` never reaches a log line.
+#[derive(Debug, Clone)]
+pub struct AccountRow {
+    pub id: i64,
+    pub role: Role,
+    pub server: String,
+    pub login: String,
+    pub credentials: Option<Secret>,
+}
+
+/// Reads an account row. A role other than `master` or `follower` (the schema's CHECK forbids
+/// one) is an error naming the account.
+pub async fn load_account(
+    conn: &mut PgConnection,
+    id: i64,
+) -> Result<Option<AccountRow>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT id, role, server, login, credentials FROM trading_accounts WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| {
+        let id: i64 = r.try_get("id")?;
+        let role: String = r.try_get("role")?;
+        let role = match role.as_str() {
+            "master" => Role::Master,
+            "follower" => Role::Follower,
+            other => {
+                return Err(sqlx::Error::Decode(
+                    format!("account {id} has role {other:?}; expected master or follower").into(),
+                ));
+            }
+        };
+        Ok(AccountRow {
+            id,
+            role,
+            server: r.try_get("server")?,
+            login: r.try_get("login")?,
+            credentials: r
+                .try_get::<Option<String>, _>("credentials")?
+                .map(Secret::new),
+        })
+    })
+    .transpose()
+}
+
+/// The balance and equity a master's owner last wrote (the ratio lot modes need them).
+pub async fn account_funds(
+    conn: &mut PgConnection,
+    id: i64,
+) -> Result<(Option<f64>, Option<f64>), sqlx::Error> {
+    let row = sqlx::query("SELECT balance, equity FROM trading_accounts WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(match row {
+        Some(r) => (r.try_get("balance")?, r.try_get("equity")?),
+        None => (None, None),
+    })
+}
+
+/// True while (node, epoch) owns account `id`.
+pub async fn still_owned(
+    conn: &mut PgConnection,
+    node_id: &str,
+    id: i64,
+    epoch: i64,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT FROM trading_accounts WHERE id = $1 AND node_id = $2 AND owner_epoch = $3)")
+        .bind(id)
+        .bind(node_id)
+        .bind(epoch)
+        .fetch_one(conn)
+        .await
+}

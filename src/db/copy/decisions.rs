@@ -1,0 +1,104 @@
+//! The follower's fenced records: copy decisions (`copy_skips`, a history) and late-copy bases.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{PgConnection, Row};
+
+/// Records one copy decision about master ticket `master_ticket` under `link_id` (a row of its
+/// own: `copy_skips` is a history). `final`: the link never copies that position, and every
+/// node's reconcile reads it ([`load_decided`]). Fenced by the follower's (node, epoch); returns
+/// false if that no longer owns the follower (nothing is written).
+#[allow(clippy::too_many_arguments)]
+pub async fn record_decision(
+    conn: &mut PgConnection,
+    node_id: &str,
+    follower_id: i64,
+    epoch: i64,
+    link_id: i64,
+    master_ticket: i64,
+    code: &str,
+    reason: &str,
+    is_final: bool,
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO copy_skips (link_id, master_ticket, follower_id, reason, decided_at, code, final, node_id, owner_epoch)
+SELECT $4, $5, a.id, $7, now(), $6, $8, $2, $3
+  FROM trading_accounts a
+ WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
+   FOR SHARE
+"#;
+    let done = sqlx::query(SQL)
+        .bind(follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(link_id)
+        .bind(master_ticket)
+        .bind(code)
+        .bind(reason)
+        .bind(is_final)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// The (link, master ticket) pairs of a follower that a final decision says never to copy.
+pub async fn load_decided(
+    conn: &mut PgConnection,
+    follower_id: i64,
+) -> Result<HashSet<(i64, i64)>, sqlx::Error> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT DISTINCT link_id, master_ticket FROM copy_skips WHERE follower_id = $1 AND final",
+    )
+    .bind(follower_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Records the master volume a late copy was sized for. Fenced like [`record_decision`].
+#[allow(clippy::too_many_arguments)]
+pub async fn record_base(
+    conn: &mut PgConnection,
+    node_id: &str,
+    follower_id: i64,
+    epoch: i64,
+    copy_ticket: i64,
+    link_id: i64,
+    master_ticket: i64,
+    master_volume: f64,
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO copy_bases (follower_id, copy_ticket, link_id, master_ticket, master_volume)
+SELECT a.id, $4, $5, $6, $7
+  FROM trading_accounts a
+ WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
+   FOR SHARE
+ON CONFLICT (follower_id, copy_ticket) DO UPDATE SET master_volume = excluded.master_volume
+"#;
+    let done = sqlx::query(SQL)
+        .bind(follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(copy_ticket)
+        .bind(link_id)
+        .bind(master_ticket)
+        .bind(master_volume)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Late-copy bases of a follower: copy ticket -> master volume.
+pub async fn load_bases(
+    conn: &mut PgConnection,
+    follower_id: i64,
+) -> Result<HashMap<i64, f64>, sqlx::Error> {
+    let rows =
+        sqlx::query("SELECT copy_ticket, master_volume FROM copy_bases WHERE follower_id = $1")
+            .bind(follower_id)
+            .fetch_all(conn)
+            .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("copy_ticket")?, r.try_get("master_volume")?)))
+        .collect()
+}

@@ -1,0 +1,68 @@
+//! A follower's copy links, parsed; a row that does not parse is reported with its id.
+
+use std::collections::HashMap;
+
+use sqlx::{PgConnection, Row};
+
+use crate::model::link::{Link, LotMode, Protections, Sides};
+
+/// A follower's links (enabled or not: a disabled link is close-only). A row whose settings do
+/// not parse is reported with its id, not skipped silently.
+pub async fn load_links(
+    conn: &mut PgConnection,
+    follower_id: i64,
+) -> Result<Vec<Result<Link, String>>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
+                copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
+                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop
+           FROM copy_links WHERE follower_id = $1 ORDER BY id",
+    )
+    .bind(follower_id)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.try_get("id")?;
+            let lot_mode: String = r.try_get("lot_mode")?;
+            let map_text: String = r.try_get("symbol_map")?;
+            let sides: String = r.try_get("sides")?;
+            let parsed = lot_mode
+                .parse::<LotMode>()
+                .and_then(|mode| {
+                    let symbol_map: HashMap<String, String> = serde_json::from_str(&map_text)
+                        .map_err(|e| {
+                            format!("symbol_map must map symbol names to symbol names: {e}")
+                        })?;
+                    Ok((mode, symbol_map, sides.parse::<Sides>()?))
+                })
+                .map_err(|e| format!("copy link {id}: {e}"));
+            Ok(match parsed {
+                Ok((lot_mode, symbol_map, sides)) => Ok(Link {
+                    id,
+                    master_id: r.try_get("master_id")?,
+                    enabled: r.try_get("enabled")?,
+                    magic: r.try_get("magic")?,
+                    lot_mode,
+                    lot_value: r.try_get("lot_value")?,
+                    reverse: r.try_get("reverse")?,
+                    copy_sl_tp: r.try_get("copy_sl_tp")?,
+                    symbol_map,
+                    copy_existing: r.try_get("copy_existing")?,
+                    created_at_ms: r.try_get("created_at_ms")?,
+                    protections: Protections {
+                        symbols: r.try_get("symbols")?,
+                        magics: r.try_get("magics")?,
+                        sides,
+                        close_only: r.try_get("close_only")?,
+                        max_lot: r.try_get("max_lot")?,
+                        max_delay_ms: r.try_get("max_delay_ms")?,
+                        max_slippage: r.try_get("max_slippage")?,
+                        equity_stop: r.try_get("equity_stop")?,
+                    },
+                }),
+                Err(e) => Err(e),
+            })
+        })
+        .collect()
+}

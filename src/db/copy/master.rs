@@ -1,0 +1,127 @@
+//! A master's published state: the fenced publish (snapshot, (epoch, seq) and NOTIFY in one
+//! statement) and its read.
+
+use sqlx::{PgConnection, Row};
+
+use crate::channels;
+use crate::model::MasterPosition;
+use crate::model::events::{MasterEvent, MasterNotice};
+
+/// A master's published state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MasterState {
+    pub epoch: i64,
+    pub seq: i64,
+    pub positions: Vec<MasterPosition>,
+    /// The database's clock when this was read (Unix ms): a reconcile's decisions are timed by it.
+    pub now_ms: i64,
+}
+
+/// Reads a master's published state, if it ever published.
+pub async fn master_state(
+    conn: &mut PgConnection,
+    master_id: i64,
+) -> Result<Option<MasterState>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT epoch, seq, positions::text AS positions,
+                (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+           FROM master_state WHERE master_id = $1",
+    )
+    .bind(master_id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| {
+        let text: String = r.try_get("positions")?;
+        let positions =
+            serde_json::from_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        Ok(MasterState {
+            epoch: r.try_get("epoch")?,
+            seq: r.try_get("seq")?,
+            positions,
+            now_ms: r.try_get("now_ms")?,
+        })
+    })
+    .transpose()
+}
+
+/// What a publish attempt did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Published {
+    /// Stored and announced; the stored snapshot (with `first_seen_ms` stamped).
+    Stored(Vec<MasterPosition>),
+    /// Nothing stored: this (node, epoch) no longer owns the master, or (epoch, seq) does not
+    /// follow what is stored. The caller re-reads the state to tell which.
+    Refused,
+}
+
+/// Publishes one event of master `master_id` as (epoch, seq) with the snapshot after it, in one
+/// statement: lock and match the master's row (node, epoch), stamp positions first recorded now
+/// with the database's clock, store the snapshot if (epoch, seq) follows what is stored (a higher
+/// epoch, or the next seq of the same epoch), and NOTIFY from that result.
+pub async fn publish(
+    conn: &mut PgConnection,
+    node_id: &str,
+    master_id: i64,
+    epoch: i64,
+    seq: i64,
+    positions: &[MasterPosition],
+    event: &MasterEvent,
+) -> Result<Published, sqlx::Error> {
+    const SQL: &str = r#"
+WITH owner AS (
+    SELECT id FROM trading_accounts
+     WHERE id = $1 AND node_id = $2 AND owner_epoch = $3
+       FOR SHARE
+),
+clock AS (
+    SELECT (extract(epoch FROM now()) * 1000)::bigint AS now_ms
+),
+stamped AS (
+    SELECT coalesce(jsonb_agg(
+               CASE WHEN coalesce(p -> 'first_seen_ms', 'null'::jsonb) = 'null'::jsonb
+                    THEN p || jsonb_build_object('first_seen_ms', clock.now_ms)
+                    ELSE p END
+               ORDER BY (p ->> 'ticket')::bigint), '[]'::jsonb) AS positions
+      FROM jsonb_array_elements($5::jsonb) p, clock
+),
+stored AS (
+    INSERT INTO master_state AS s (master_id, epoch, seq, positions, updated_at)
+    SELECT $1, $3, $4, stamped.positions, now() FROM owner, stamped
+    ON CONFLICT (master_id) DO UPDATE
+       SET epoch = excluded.epoch, seq = excluded.seq,
+           positions = excluded.positions, updated_at = excluded.updated_at
+     WHERE s.epoch < excluded.epoch OR (s.epoch = excluded.epoch AND s.seq = excluded.seq - 1)
+    RETURNING s.positions
+)
+SELECT stored.positions::text AS positions,
+       pg_notify($6, CASE WHEN $7::jsonb ->> 'kind' = 'open'
+                          THEN jsonb_set($7::jsonb, '{position,first_seen_ms}', to_jsonb(clock.now_ms))
+                          ELSE $7::jsonb END::text) AS notified
+  FROM stored, clock
+"#;
+    let notice = MasterNotice {
+        master: master_id,
+        epoch,
+        seq,
+        event: event.clone(),
+    };
+    let row = sqlx::query(SQL)
+        .bind(master_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(seq)
+        .bind(serde_json::to_string(positions).expect("positions serialise"))
+        .bind(channels::master(master_id))
+        .bind(serde_json::to_string(&notice).expect("notices serialise"))
+        .fetch_optional(conn)
+        .await?;
+    match row {
+        None => Ok(Published::Refused),
+        Some(r) => {
+            let text: String = r.try_get("positions")?;
+            Ok(Published::Stored(
+                serde_json::from_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+            ))
+        }
+    }
+}

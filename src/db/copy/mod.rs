@@ -1,0 +1,18 @@
+//! Every statement of the copy engine, one module per concern: account rows ([`accounts`]),
+//! links ([`links`]), the master's fenced publication ([`master`]) and the follower's fenced
+//! records ([`decisions`]).
+//!
+//! Fenced writes to tables other than `trading_accounts` lock the account row `FOR SHARE` and
+//! match `node_id = $me AND owner_epoch = $epoch` in the same statement: under READ COMMITTED a
+//! concurrent claim either waits for this statement or is seen by it, so a node that lost the
+//! account writes nothing.
+
+pub mod accounts;
+pub mod decisions;
+pub mod links;
+pub mod master;
+
+pub use accounts::{AccountRow, Role, account_funds, load_account, still_owned};
+pub use decisions::{load_bases, load_decided, record_base, record_decision};
+pub use links::load_links;
+pub use master::{MasterState, Published, master_state, publish};
