@@ -31,6 +31,7 @@ use crate::db;
 use crate::lease::balance::{self, Knobs, Member};
 use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
 use crate::secret::Secret;
+use crate::sim_broker::journal::{self, JournalEntry};
 use crate::sim_broker::{ServeOptions, SimBroker, tools};
 
 /// What the demo runs.
@@ -701,12 +702,10 @@ fn describe_owners(owners: &HashMap<i64, String>, nodes: usize, down: Option<usi
         .join(", ")
 }
 
-fn read_journal(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+/// The broker's journal so far (the in-process broker writes whole lines, so a read never meets
+/// a half-written one; an unreadable journal counts as empty for the progress line).
+fn read_journal(path: &Path) -> Vec<JournalEntry> {
+    journal::read(path).unwrap_or_default()
 }
 
 /// What the journal says about the copies.
@@ -747,39 +746,37 @@ impl Stats {
     /// split by whether the master's order came during a move: a window of `moves` (journal
     /// clock, ms), or after `moving_since` (a move still under way).
     pub(crate) fn from(
-        journal: &[serde_json::Value],
+        journal: &[JournalEntry],
         moves: &[(i64, i64)],
         moving_since: Option<i64>,
     ) -> Stats {
         let during_move = |ts: i64| {
             moves.iter().any(|(a, b)| ts >= *a && ts <= *b) || moving_since.is_some_and(|a| ts >= a)
         };
-        let is_node = |l: &serde_json::Value| l["client"] != "manual" && l["action"] != "login";
+        let is_node = |l: &JournalEntry| l.client != "manual" && l.action != "login";
         let mut opens: HashMap<(String, String), usize> = HashMap::new();
         let mut master_open: HashMap<i64, i64> = HashMap::new();
         let mut live = Vec::new();
         let mut moved = Vec::new();
         for l in journal {
-            if l["client"] == "manual"
-                && l["action"] == "open"
-                && l["accepted"] == true
-                && let (Some(t), Some(ts)) = (l["ticket"].as_i64(), l["ts_ms"].as_i64())
+            if l.client == "manual"
+                && l.action == "open"
+                && l.accepted
+                && let Some(t) = l.ticket
             {
-                master_open.insert(t, ts);
+                master_open.insert(t, l.ts_ms);
             }
         }
         let mut node_orders = 0;
         for l in journal.iter().filter(|l| is_node(l)) {
             node_orders += 1;
-            if l["action"] == "open" && l["accepted"] == true {
-                let key = (
-                    l["login"].as_str().unwrap_or("").to_string(),
-                    l["comment"].as_str().unwrap_or("").to_string(),
-                );
-                *opens.entry(key).or_insert(0) += 1;
-                if let Some(t) = l["comment"].as_str().and_then(crate::model::parse_marker)
-                    && let (Some(m), Some(ts)) = (master_open.get(&t), l["ts_ms"].as_i64())
+            if l.action == "open" && l.accepted {
+                let comment = l.comment.clone().unwrap_or_default();
+                *opens.entry((l.login.clone(), comment.clone())).or_insert(0) += 1;
+                if let Some(t) = crate::model::parse_marker(&comment)
+                    && let Some(m) = master_open.get(&t)
                 {
+                    let ts = l.ts_ms;
                     if during_move(*m) {
                         moved.push(ts - m);
                     } else {

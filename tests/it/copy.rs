@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use copier_node::broker::types::Side;
+use copier_node::sim_broker::journal::JournalEntry;
 use sqlx::Executor;
 
 use crate::support::broker::{Scratch, journal, start_sim};
@@ -189,19 +190,19 @@ async fn master_trades_reach_followers_on_another_node_under_every_rule() {
     let lines = journal(&dir.path("journal.jsonl"));
     let opens: Vec<_> = lines
         .iter()
-        .filter(|l| l["action"] == "open" && l["client"] == "b")
+        .filter(|l| l.action == "open" && l.client == "b")
         .collect();
     assert_eq!(opens.len(), 6);
     for l in &opens {
-        let login = l["login"].as_str().unwrap();
+        let login = l.login.as_str();
         let f: i64 = login[1..].parse().unwrap();
-        assert_eq!(l["accepted"], true);
-        assert_eq!(l["magic"].as_i64(), Some(magic[&f]));
-        assert_eq!(l["comment"], format!("mc{ticket}"));
-        assert_eq!(l["fence"].as_i64(), Some(epochs[login]));
+        assert!(l.accepted);
+        assert_eq!(l.magic, Some(magic[&f]));
+        assert_eq!(l.comment.as_deref(), Some(format!("mc{ticket}").as_str()));
+        assert_eq!(l.fence, Some(epochs[login]));
         assert!(
-            l["client_order_id"]
-                .as_str()
+            l.client_order_id
+                .as_deref()
                 .unwrap()
                 .ends_with(&format!("-m{ticket}-open"))
         );
@@ -237,7 +238,7 @@ async fn a_copy_closed_by_hand_is_not_reopened_and_a_second_reconcile_sends_noth
     let follower_orders = || {
         journal(&dir.path("journal.jsonl"))
             .into_iter()
-            .filter(|l| l["login"] == "f2" && l["action"] != "login" && l["client"] != "manual")
+            .filter(|l| l.login == "f2" && l.action != "login" && l.client != "manual")
             .count()
     };
     let before = follower_orders();
@@ -333,32 +334,24 @@ async fn a_new_link_copies_only_later_positions_unless_copy_existing() {
 
 /// Milliseconds from the master's accepted order to each follower's accepted copy, from the
 /// journal (one clock: the broker's).
-fn latencies(
-    lines: &[serde_json::Value],
-    master_login: &str,
-    action: &str,
-    ticket: i64,
-) -> Vec<i64> {
+fn latencies(lines: &[JournalEntry], master_login: &str, action: &str, ticket: i64) -> Vec<i64> {
     let master_ts = lines
         .iter()
         .find(|l| {
-            l["login"] == master_login
-                && l["action"] == action
-                && l["accepted"] == true
-                && l["ticket"].as_i64() == Some(ticket)
+            l.login == master_login && l.action == action && l.accepted && l.ticket == Some(ticket)
         })
-        .and_then(|l| l["ts_ms"].as_i64())
+        .map(|l| l.ts_ms)
         .expect("the master's order is journaled");
     let marker = format!("mc{ticket}");
     let mut out: Vec<i64> = lines
         .iter()
         .filter(|l| {
-            l["login"] != master_login
-                && l["action"] == action
-                && l["accepted"] == true
-                && l["comment"] == marker.as_str()
+            l.login != master_login
+                && l.action == action
+                && l.accepted
+                && l.comment.as_deref() == Some(marker.as_str())
         })
-        .filter_map(|l| l["ts_ms"].as_i64())
+        .map(|l| l.ts_ms)
         .map(|ts| ts - master_ts)
         .collect();
     out.sort_unstable();
@@ -427,13 +420,10 @@ async fn one_master_and_twenty_followers_on_two_node_processes() {
     let mut accepted_opens: HashMap<(String, String), usize> = HashMap::new();
     for l in lines
         .iter()
-        .filter(|l| l["action"] == "open" && l["accepted"] == true && l["client"] != "manual")
+        .filter(|l| l.action == "open" && l.accepted && l.client != "manual")
     {
         *accepted_opens
-            .entry((
-                l["login"].as_str().unwrap().to_string(),
-                l["comment"].as_str().unwrap().to_string(),
-            ))
+            .entry((l.login.clone(), l.comment.clone().unwrap()))
             .or_default() += 1;
     }
     assert_eq!(accepted_opens.len(), 40);

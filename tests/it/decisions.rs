@@ -9,6 +9,7 @@ use copier_node::app::NodeHandle;
 use copier_node::broker::types::Side;
 use copier_node::copier::MasterPosition;
 use copier_node::copier::events::{MasterEvent, MasterNotice};
+use copier_node::sim_broker::journal::JournalEntry;
 use copier_node::sim_broker::server::{ServeOptions, SimBroker};
 use copier_node::sim_broker::tools::{self, HandOrder};
 
@@ -106,10 +107,12 @@ impl Fixture {
     }
 
     /// Journal lines of node orders of `action` carrying `comment`.
-    fn orders(&self, action: &str, comment: &str) -> Vec<serde_json::Value> {
+    fn orders(&self, action: &str, comment: &str) -> Vec<JournalEntry> {
         journal(&self.dir.path("journal.jsonl"))
             .into_iter()
-            .filter(|l| l["client"] != "manual" && l["action"] == action && l["comment"] == comment)
+            .filter(|l| {
+                l.client != "manual" && l.action == action && l.comment.as_deref() == Some(comment)
+            })
             .collect()
     }
 
@@ -237,8 +240,8 @@ async fn two_copies_of_one_master_position_are_both_closed_when_the_master_close
         let closes: Vec<String> = fx
             .orders("close", &format!("mc{ticket}"))
             .into_iter()
-            .filter(|l| l["accepted"] == true)
-            .map(|l| l["client_order_id"].as_str().unwrap().to_string())
+            .filter(|l| l.accepted)
+            .map(|l| l.client_order_id.clone().unwrap())
             .collect();
         assert_eq!(closes.len(), 2, "{broker:?}: {closes:?}");
         assert_ne!(closes[0], closes[1], "one intent, one id");
@@ -331,7 +334,7 @@ async fn a_definitive_rejection_is_recorded_and_never_sent_again() {
     .await;
     let sent = fx.orders("open", &format!("mc{rejected}"));
     assert_eq!(sent.len(), 1, "sent once, rejected, not retried: {sent:?}");
-    assert_eq!(sent[0]["accepted"], false);
+    assert!(!sent[0].accepted);
     node.shutdown();
     node.wait().await.unwrap();
 }
@@ -360,7 +363,7 @@ async fn a_transient_refusal_is_retried_until_max_delay_then_expires() {
     let tried = |fx: &Fixture, login: &str| {
         journal(&fx.dir.path("journal.jsonl"))
             .into_iter()
-            .filter(|l| l["login"] == login && l["action"] == "open" && l["client"] != "manual")
+            .filter(|l| l.login == login && l.action == "open" && l.client != "manual")
             .count()
     };
     assert!(tried(&fx, "f2") >= 2, "retried before it expired");
@@ -375,8 +378,10 @@ async fn a_transient_refusal_is_retried_until_max_delay_then_expires() {
     assert_eq!(
         journal(&fx.dir.path("journal.jsonl"))
             .iter()
-            .filter(|l| l["login"] == "f2" && l["comment"] == format!("mc{ticket}"))
-            .filter(|l| l["accepted"] == true)
+            .filter(
+                |l| l.login == "f2" && l.comment.as_deref() == Some(format!("mc{ticket}").as_str())
+            )
+            .filter(|l| l.accepted)
             .count(),
         0,
         "the expired open was never executed"
@@ -410,11 +415,11 @@ async fn a_refused_close_and_stop_change_are_retried_until_confirmed() {
     fx.t.wait_copy("f2", magic, ticket, WAIT, "closed", |c| c.is_none())
         .await;
     let closes = fx.orders("close", &format!("mc{ticket}"));
-    let refused = closes.iter().filter(|l| l["accepted"] == false).count();
+    let refused = closes.iter().filter(|l| !l.accepted).count();
     assert_eq!(refused, 3, "{closes:?}");
     assert_eq!(closes.len(), 4, "retried until closed, then nothing more");
     let modifies = fx.orders("modify", &format!("mc{ticket}"));
-    assert_eq!(modifies.iter().filter(|l| l["accepted"] == true).count(), 1);
+    assert_eq!(modifies.iter().filter(|l| l.accepted).count(), 1);
     node.shutdown();
     node.wait().await.unwrap();
 }
@@ -450,8 +455,8 @@ async fn partial_closes_on_the_event_path_agree_with_reconcile_in_either_reply_o
         let trims: f64 = fx
             .orders("close", &format!("mc{ticket}"))
             .iter()
-            .filter(|l| l["accepted"] == true)
-            .map(|l| l["volume"].as_f64().unwrap())
+            .filter(|l| l.accepted)
+            .map(|l| l.volume.unwrap())
             .sum();
         assert!(
             (trims - 0.25).abs() < 1e-9,
@@ -541,8 +546,8 @@ async fn a_changed_login_is_picked_up_live_and_the_old_logins_copies_are_left() 
     );
     let logins: Vec<String> = journal(&fx.dir.path("journal.jsonl"))
         .into_iter()
-        .filter(|l| l["action"] == "login" && l["client"] == "a")
-        .map(|l| l["login"].as_str().unwrap().to_string())
+        .filter(|l| l.action == "login" && l.client == "a")
+        .map(|l| l.login.clone())
         .collect();
     assert!(
         logins.iter().filter(|l| *l == "f2b").count() == 1,

@@ -25,13 +25,10 @@ fn accepted_opens(path: &std::path::Path) -> HashMap<(String, String), usize> {
     let mut out = HashMap::new();
     for l in journal(path)
         .iter()
-        .filter(|l| l["action"] == "open" && l["accepted"] == true && l["client"] != "manual")
+        .filter(|l| l.action == "open" && l.accepted && l.client != "manual")
     {
-        *out.entry((
-            l["login"].as_str().unwrap().to_string(),
-            l["comment"].as_str().unwrap().to_string(),
-        ))
-        .or_insert(0) += 1;
+        *out.entry((l.login.clone(), l.comment.clone().unwrap()))
+            .or_insert(0) += 1;
     }
     out
 }
@@ -158,7 +155,7 @@ async fn an_empty_master_positions_read_closes_nothing() {
     t.copy_of("f2", magic, p, Duration::from_millis(10)).await; // still open
     let closes = journal(&dir.path("journal.jsonl"))
         .iter()
-        .filter(|l| l["login"] == "f2" && l["action"] == "close")
+        .filter(|l| l.login == "f2" && l.action == "close")
         .count();
     assert_eq!(closes, 0, "no copy was closed");
 
@@ -219,7 +216,7 @@ async fn an_empty_follower_read_does_not_reopen_a_copy() {
     assert_eq!(opens.get(&("f2".to_string(), format!("mc{p}"))), Some(&1));
     let sent = journal(&dir.path("journal.jsonl"))
         .iter()
-        .filter(|l| l["login"] == "f2" && l["action"] == "open")
+        .filter(|l| l.login == "f2" && l.action == "open")
         .count();
     assert_eq!(
         sent, 1,
@@ -269,7 +266,7 @@ async fn an_order_whose_reply_is_lost_is_not_sent_twice() {
     while tokio::time::Instant::now() < until {
         let sent = journal(&dir.path("journal.jsonl"))
             .iter()
-            .filter(|l| l["login"] == "f2" && l["action"] == "open")
+            .filter(|l| l.login == "f2" && l.action == "open")
             .count();
         assert_eq!(sent, 1, "the copy whose reply was lost was sent again");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -279,7 +276,9 @@ async fn an_order_whose_reply_is_lost_is_not_sent_twice() {
     let sent = journal(&dir.path("journal.jsonl"))
         .iter()
         .filter(|l| {
-            l["login"] == "f2" && l["action"] == "open" && l["comment"] == format!("mc{p}").as_str()
+            l.login == "f2"
+                && l.action == "open"
+                && l.comment.as_deref() == Some(format!("mc{p}").as_str())
         })
         .count();
     assert_eq!(sent, 1, "the copy whose reply was lost was not sent again");
@@ -328,7 +327,7 @@ async fn with_the_database_hung_past_the_trust_window_no_order_reaches_the_broke
         let sent = journal(&dir.path("journal.jsonl"))
             .into_iter()
             .skip(gated_lines)
-            .filter(|l| l["login"] == "f2")
+            .filter(|l| l.login == "f2")
             .count();
         assert_eq!(sent, 0, "a gated node sent an order");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -543,7 +542,7 @@ async fn a_stale_owners_late_order_is_rejected_by_the_brokers_fence() {
     eventually("the new owner's login", WAIT, async || {
         journal(&dir.path("journal.jsonl"))
             .iter()
-            .any(|l| l["action"] == "login" && l["fence"].as_i64() == Some(new_epoch))
+            .any(|l| l.action == "login" && l.fence == Some(new_epoch))
             .then_some(())
     })
     .await;

@@ -11,40 +11,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-/// One journal line.
-#[derive(Debug, Clone)]
-pub struct Line {
-    pub ts: i64,
-    pub login: String,
-    pub client: String,
-    pub action: String,
-    pub accepted: bool,
-    pub fence: Option<i64>,
-    pub comment: Option<String>,
-    pub magic: Option<i64>,
-    pub reason: Option<String>,
-}
+/// One journal line, as the simulated broker writes and reads it.
+pub use copier_node::sim_broker::journal::JournalEntry as Line;
 
 pub fn load(path: &Path) -> Vec<Line> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("journal line is not JSON ({e}): {l}"));
-            Line {
-                ts: v["ts_ms"].as_i64().expect("ts_ms is a number"),
-                login: v["login"].as_str().unwrap_or_default().to_string(),
-                client: v["client"].as_str().unwrap_or_default().to_string(),
-                action: v["action"].as_str().unwrap_or_default().to_string(),
-                accepted: v["accepted"].as_bool().unwrap_or(false),
-                fence: v["fence"].as_i64(),
-                comment: v["comment"].as_str().map(str::to_string),
-                magic: v["magic"].as_i64(),
-                reason: v["reason"].as_str().map(str::to_string),
-            }
-        })
-        .collect()
+    copier_node::sim_broker::journal::read(path).unwrap()
 }
 
 /// (login, magic, comment) with more than one accepted open by a node.
@@ -83,7 +54,7 @@ pub fn stale_accepted(lines: &[Line]) -> Vec<String> {
         if l.accepted && l.action != "login" && f < *h {
             out.push(format!(
                 "{} {} {} fence {f} < {h} accepted at {}",
-                l.login, l.client, l.action, l.ts
+                l.login, l.client, l.action, l.ts_ms
             ));
         }
         if l.accepted || l.action == "login" {
@@ -166,16 +137,16 @@ pub fn handovers(lines: &[Line]) -> Vec<Handover> {
     let mut out = Vec::new();
     for (login, list) in by_login {
         let mut list = list;
-        list.sort_by_key(|l| l.ts);
+        list.sort_by_key(|l| l.ts_ms);
         for pair in list.windows(2) {
             if pair[0].client != pair[1].client {
                 out.push(Handover {
                     login: login.to_string(),
                     from: pair[0].client.clone(),
                     to: pair[1].client.clone(),
-                    last_ms: pair[0].ts,
-                    first_ms: pair[1].ts,
-                    gap_ms: pair[1].ts - pair[0].ts,
+                    last_ms: pair[0].ts_ms,
+                    first_ms: pair[1].ts_ms,
+                    gap_ms: pair[1].ts_ms - pair[0].ts_ms,
                 });
             }
         }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use copier_node::sim_broker::journal::JournalEntry;
 use copier_node::sim_broker::{ServeOptions, SimBroker};
 use tokio::time::Instant;
 
@@ -46,15 +47,8 @@ pub async fn start_sim(dir: &Scratch) -> SimBroker {
 }
 
 /// Every journal line, parsed.
-pub fn journal(path: &std::path::Path) -> Vec<serde_json::Value> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("journal line is not JSON ({e}): {l}"))
-        })
-        .collect()
+pub fn journal(path: &std::path::Path) -> Vec<JournalEntry> {
+    copier_node::sim_broker::journal::read(path).unwrap()
 }
 
 /// A free loopback port (there is a small race until it is bound again).
