@@ -23,7 +23,7 @@ use copier_node::broker::{AccountLogin, Broker, SessionEvent};
 use copier_node::db;
 use copier_node::db::lease::{CycleParams, cycle};
 use copier_node::lease::balance::{self, Knobs, Member};
-use copier_node::pgtmp::{Cluster, PgBinaries, prepare_dir};
+use copier_node::pgtmp::{Server, prepare_dir};
 use copier_node::sim_broker::{ServeOptions, SimBroker};
 use serde::Serialize;
 use sqlx::{Connection, Executor, PgConnection, Row};
@@ -117,63 +117,38 @@ fn main() {
 }
 
 /// The database server for the run.
+/// The server the benchmarks run on (`DATABASE_URL`'s, or a throwaway cluster) and the scratch
+/// directory of the throwaway one.
 struct Pg {
     admin_url: String,
-    _cluster: Option<ClusterGuard>,
-}
-
-struct ClusterGuard {
-    cluster: Cluster,
+    server: Server,
     dir: PathBuf,
 }
 
-impl Drop for ClusterGuard {
+impl Drop for Pg {
     fn drop(&mut self) {
-        let _ = self.cluster.stop("immediate");
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(cluster) = self.server.cluster.take() {
+            let _ = cluster.stop("immediate");
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
 impl Pg {
     async fn start() -> anyhow::Result<Pg> {
-        if let Ok(url) = std::env::var("DATABASE_URL")
-            && !url.is_empty()
-        {
-            return Ok(Pg {
-                admin_url: url,
-                _cluster: None,
-            });
-        }
         let dir = std::env::temp_dir().join(format!("copier-bench-{}", std::process::id()));
         prepare_dir(&dir)?;
-        let bins = PgBinaries::find()?;
-        let root = dir.join("pg");
-        let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<Cluster> {
-            Cluster::init(&bins, &root)?;
-            Cluster::start(&bins, &root)
-        })
-        .await??;
+        let server = Server::from_env_or_throwaway(&dir).await?;
         Ok(Pg {
-            admin_url: cluster.url("postgres"),
-            _cluster: Some(ClusterGuard { cluster, dir }),
+            admin_url: server.admin_url.clone(),
+            server,
+            dir,
         })
     }
 
     /// A fresh migrated database; returns its URL.
     async fn database(&self, name: &str) -> anyhow::Result<String> {
-        let mut admin = PgConnection::connect(&self.admin_url).await?;
-        admin
-            .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-            .await?;
-        admin
-            .execute(format!("CREATE DATABASE {name}").as_str())
-            .await?;
-        admin.close().await?;
-        let url = db::with_database(&self.admin_url, name);
-        let mut conn = PgConnection::connect(&url).await?;
-        db::migrate::apply(&mut conn).await?;
-        conn.close().await?;
-        Ok(url)
+        self.server.fresh_database(name).await
     }
 }
 

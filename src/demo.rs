@@ -29,7 +29,7 @@ use crate::broker::{BrokerError, RejectCode};
 use crate::credentials::CredentialsKey;
 use crate::db;
 use crate::lease::balance::{self, Knobs, Member};
-use crate::pgtmp::{Cluster, PgBinaries, prepare_dir};
+use crate::pgtmp::{Server, prepare_dir};
 use crate::secret::Secret;
 use crate::sim_broker::journal::{self, JournalEntry};
 use crate::sim_broker::{ServeOptions, SimBroker, tools};
@@ -112,16 +112,12 @@ pub(crate) struct Latency {
 
 const NODE_TIMINGS: [&str; 6] = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
 
-/// Where the database comes from, and how it goes away.
-enum Database {
-    Throwaway(Cluster),
-    Existing { admin_url: String, name: String },
-}
-
 /// Everything the demo started; dropping it stops and removes everything.
 struct Scratch {
     dir: PathBuf,
-    database: Option<Database>,
+    /// The server, and the demo's database on it (dropped at the end when the server is not a
+    /// throwaway one).
+    database: Option<(Server, String)>,
     nodes: Vec<Option<Child>>,
 }
 
@@ -130,25 +126,22 @@ impl Drop for Scratch {
         for child in self.nodes.iter_mut().flatten() {
             let _ = child.start_kill();
         }
-        match self.database.take() {
-            Some(Database::Throwaway(cluster)) => {
-                let _ = cluster.stop("immediate");
-            }
-            Some(Database::Existing { admin_url, name }) => {
-                // A blocking runtime of its own: this may run while the demo's runtime unwinds.
-                let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .ok()?;
-                    rt.block_on(async {
-                        let mut c = PgConnection::connect(&admin_url).await.ok()?;
-                        db::setup::drop_database(&mut c, &name).await.ok()
-                    })
+        if let Some((server, name)) = self.database.take()
+            && server.cluster.is_none()
+        {
+            let admin_url = server.admin_url.clone();
+            // A blocking runtime of its own: this may run while the demo's runtime unwinds.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(async {
+                    let mut c = PgConnection::connect(&admin_url).await.ok()?;
+                    db::setup::drop_database(&mut c, &name).await.ok()
                 })
-                .join();
-            }
-            None => {}
+            })
+            .join();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -174,13 +167,6 @@ pub(crate) async fn run(
     say(&format!("copier-node demo: working in {}", dir.display()));
 
     let url = start_database(&mut scratch).await?;
-    {
-        let mut conn = connect(&url).await?;
-        db::migrate::apply(&mut conn)
-            .await
-            .context("migrating the demo database")?;
-        let _ = conn.close().await;
-    }
     let broker =
         SimBroker::start(ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"))).await?;
     let broker_addr = broker.addr.to_string();
@@ -437,43 +423,24 @@ async fn connect(url: &str) -> anyhow::Result<PgConnection> {
     Ok(db::admin_connect(&Secret::new(url)).await?)
 }
 
-/// A throwaway cluster, or a fresh database on `DATABASE_URL`'s server.
+/// A fresh, migrated database on `DATABASE_URL`'s server, or on a throwaway cluster.
 async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
-    if let Ok(url) = std::env::var("DATABASE_URL")
-        && !url.is_empty()
-    {
-        let name = format!(
-            "copier_demo_{}_{:06x}",
-            std::process::id(),
-            fastrand::u32(..0xffffff)
-        );
-        let mut admin = connect(&url).await?;
-        db::setup::create_database(&mut admin, &name)
-            .await
-            .context("creating the demo database")?;
-        let _ = admin.close().await;
-        let demo_url = db::with_database(&url, &name);
-        scratch.database = Some(Database::Existing {
-            admin_url: url,
-            name,
-        });
-        say("using the server DATABASE_URL names (a fresh database, dropped at the end)");
-        return Ok(demo_url);
+    let server = Server::from_env_or_throwaway(&scratch.dir).await?;
+    match &server.cluster {
+        Some(cluster) => say(&format!(
+            "throwaway PostgreSQL on 127.0.0.1:{}",
+            cluster.port
+        )),
+        None => say("using the server DATABASE_URL names (a fresh database, dropped at the end)"),
     }
-    let bins = PgBinaries::find()?;
-    let root = scratch.dir.join("pg");
-    let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<Cluster> {
-        Cluster::init(&bins, &root)?;
-        Cluster::start(&bins, &root)
-    })
-    .await??;
-    let url = cluster.url("postgres");
-    say(&format!(
-        "throwaway PostgreSQL on 127.0.0.1:{}",
-        cluster.port
-    ));
-    scratch.database = Some(Database::Throwaway(cluster));
-    Ok(url)
+    let name = format!(
+        "copier_demo_{}_{:06x}",
+        std::process::id(),
+        fastrand::u32(..0xffffff)
+    );
+    let url = server.fresh_database(&name).await;
+    scratch.database = Some((server, name));
+    url
 }
 
 /// Masters and followers with a mix of link settings. Returns (master login, follower login) of

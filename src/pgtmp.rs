@@ -242,3 +242,65 @@ fn free_port() -> anyhow::Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(l.local_addr()?.port())
 }
+
+/// A PostgreSQL server to work on, for the demo and the benchmarks: the one `DATABASE_URL`
+/// names, or else a throwaway cluster under a directory (stopped when this is dropped).
+#[derive(Debug)]
+pub struct Server {
+    /// A superuser connection to the server's `postgres` database.
+    pub admin_url: String,
+    /// The throwaway cluster, if this started one.
+    pub cluster: Option<Cluster>,
+}
+
+impl Server {
+    /// `DATABASE_URL`'s server when it is set; otherwise a new cluster at `<dir>/pg`.
+    pub async fn from_env_or_throwaway(dir: &Path) -> anyhow::Result<Server> {
+        if let Ok(url) = std::env::var("DATABASE_URL")
+            && !url.is_empty()
+        {
+            return Ok(Server {
+                admin_url: url,
+                cluster: None,
+            });
+        }
+        let bins = PgBinaries::find()?;
+        let root = dir.join("pg");
+        let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<Cluster> {
+            Cluster::init(&bins, &root)?;
+            Cluster::start(&bins, &root)
+        })
+        .await??;
+        Ok(Server {
+            admin_url: cluster.url("postgres"),
+            cluster: Some(cluster),
+        })
+    }
+
+    /// A fresh database `name` (dropped first if it exists), migrated; returns its URL.
+    pub async fn fresh_database(&self, name: &str) -> anyhow::Result<String> {
+        use sqlx::Connection;
+        let secret = crate::secret::Secret::new(self.admin_url.clone());
+        let mut admin = crate::db::admin_connect(&secret).await?;
+        crate::db::setup::drop_database(&mut admin, name).await?;
+        crate::db::setup::create_database(&mut admin, name)
+            .await
+            .with_context(|| format!("creating database {name}"))?;
+        let _ = admin.close().await;
+        let url = crate::db::with_database(&self.admin_url, name);
+        let mut conn = crate::db::admin_connect(&crate::secret::Secret::new(url.clone())).await?;
+        crate::db::migrate::apply(&mut conn)
+            .await
+            .with_context(|| format!("migrating database {name}"))?;
+        let _ = conn.close().await;
+        Ok(url)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(cluster) = &self.cluster {
+            let _ = cluster.stop("immediate");
+        }
+    }
+}
