@@ -10,29 +10,27 @@
 //! The node processes run in a process group of their own: Ctrl-C in a terminal interrupts the
 //! demo alone, which then runs its final check and stops the nodes with SIGTERM itself.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod check;
+mod setup;
+mod stats;
+
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::broker::client::BridgeClient;
-use crate::broker::protocol::{PositionsResult, Request};
-use crate::broker::types::{Position, Side};
-use crate::broker::{BrokerError, RejectCode};
 use crate::credentials::CredentialsKey;
 use crate::db;
 use crate::lease::balance::{self, Knobs, Member};
 use crate::pgtmp::{Server, prepare_dir};
-use crate::secret::Secret;
-use crate::sim_broker::journal::{self, JournalEntry};
-use crate::sim_broker::{ServeOptions, SimBroker, tools};
+use crate::sim_broker::{ServeOptions, SimBroker};
 
 /// What the demo runs.
 #[derive(Debug, Clone)]
@@ -101,16 +99,6 @@ pub(crate) struct DemoSummary {
     /// between a node's kill or start and the end of the move).
     pub copy_latency_moved_ms: Option<Latency>,
 }
-
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Latency {
-    pub p50: i64,
-    pub p99: i64,
-    pub max: i64,
-    pub samples: usize,
-}
-
-const NODE_TIMINGS: [&str; 6] = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
 
 /// Everything the demo started; dropping it stops and removes everything.
 struct Scratch {
@@ -341,23 +329,7 @@ pub(crate) async fn run(
         "final check: {missed_copies} missed copies, {missed_closes} missed closes"
     ));
     say("stopping: SIGTERM to every node, then removing everything");
-    for child in scratch.nodes.iter_mut().flatten() {
-        if let Some(pid) = child.id() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status()
-                .await;
-        }
-    }
-    for child in scratch.nodes.iter_mut().flatten() {
-        if tokio::time::timeout(Duration::from_secs(15), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.start_kill();
-        }
-    }
+    stop_nodes(&mut scratch.nodes).await;
     let _ = conn.close().await;
     trader.close();
     broker.stop().await;
@@ -419,345 +391,7 @@ fn plural(n: usize, what: &str) -> String {
     }
 }
 
-async fn connect(url: &str) -> anyhow::Result<PgConnection> {
-    Ok(db::admin_connect(&Secret::new(url)).await?)
-}
-
-/// A fresh, migrated database on `DATABASE_URL`'s server, or on a throwaway cluster.
-async fn start_database(scratch: &mut Scratch) -> anyhow::Result<String> {
-    let server = Server::from_env_or_throwaway(&scratch.dir).await?;
-    match &server.cluster {
-        Some(cluster) => say(&format!(
-            "throwaway PostgreSQL on 127.0.0.1:{}",
-            cluster.port
-        )),
-        None => say("using the server DATABASE_URL names (a fresh database, dropped at the end)"),
-    }
-    let name = format!(
-        "copier_demo_{}_{:06x}",
-        std::process::id(),
-        fastrand::u32(..0xffffff)
-    );
-    let url = server.fresh_database(&name).await;
-    scratch.database = Some((server, name));
-    url
-}
-
-/// Masters and followers with a mix of link settings. Returns (master login, follower login) of
-/// every link.
-async fn seed(
-    url: &str,
-    broker: &str,
-    options: &DemoOptions,
-    key: &CredentialsKey,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let mut conn = connect(url).await?;
-    let settings = [
-        ("multiplier", 1.0, false, "{}"),
-        ("multiplier", 0.5, false, "{}"),
-        ("fixed", 0.1, false, "{}"),
-        ("multiplier", 1.0, true, "{}"),
-        (
-            "balance_ratio",
-            1.0,
-            false,
-            r#"{"EURUSD": "EURUSD.m", "GBPUSD": "GBPUSD.m"}"#,
-        ),
-    ];
-    let mut id = 1i64;
-    let mut links = Vec::new();
-    for m in 1..=options.masters {
-        let master = id;
-        id += 1;
-        db::setup::add_account(&mut conn, master, "mt5", "master", broker, &format!("m{m}"))
-            .await?;
-        for f in 0..options.followers_per_master {
-            let follower = id;
-            id += 1;
-            links.push((format!("m{m}"), format!("f{follower}")));
-            db::setup::add_account(
-                &mut conn,
-                follower,
-                "mt5",
-                "follower",
-                broker,
-                &format!("f{follower}"),
-            )
-            .await?;
-            let (mode, value, reverse, map) = settings[f % settings.len()];
-            db::setup::add_link(&mut conn, master, follower, mode, value, reverse, map).await?;
-        }
-    }
-    // A password per account (the simulated broker keeps the one an account first logged in
-    // with), stored as `copier-node credentials encrypt` would.
-    for id in db::setup::account_ids(&mut conn).await? {
-        let value = key.encrypt(&format!("demo-password-{id}-{}", fastrand::u64(..)));
-        db::setup::set_credentials(&mut conn, id, &value).await?;
-    }
-    let _ = conn.close().await;
-    say(&format!(
-        "{} masters, {} followers (multiplier, fixed, reverse, balance ratio, symbol map); broker passwords encrypted at rest",
-        options.masters,
-        links.len()
-    ));
-    Ok(links)
-}
-
-fn spawn_node(
-    exe: &Path,
-    url: &str,
-    key: &CredentialsKey,
-    dir: &Path,
-    i: usize,
-    capacity: usize,
-) -> anyhow::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("node-{}.log", i + 1)))?;
-    Command::new(exe)
-        .arg("run")
-        .args([
-            "--platform",
-            "mt5",
-            "--node-id",
-            &format!("demo-n{}", i + 1),
-            "--capacity",
-            &capacity.to_string(),
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .args(NODE_TIMINGS)
-        .env("COPIER_DATABASE_URL", url)
-        .env("COPIER_CREDENTIALS_KEY", key.encode())
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        // A process group of its own: a terminal's Ctrl-C interrupts the demo, not its nodes (the
-        // demo runs its final check and stops them itself).
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting a node process")
-}
-
-/// How long the final check waits for the followers to catch up.
-const CATCH_UP: Duration = Duration::from_secs(20);
-
-/// The demo's last word on copying (L3): close every master position and wait until no follower
-/// holds a copy; open one position on each master and wait until every follower holds exactly one
-/// copy of it; close those and wait until the followers are flat again. Returns (followers
-/// without their copy, copies left open after their master closed).
-async fn final_check(
-    trader: &BridgeClient,
-    masters: usize,
-    links: &[(String, String)],
-) -> anyhow::Result<(usize, usize)> {
-    close_all(trader, masters).await?;
-    let mut missed_closes = wait_flat(trader, links).await?;
-    let mut tickets = HashMap::new();
-    for m in 1..=masters {
-        let login = format!("m{m}");
-        let reply = trader
-            .call(Request::hand_open(&login, "EURUSD", Side::Buy, 0.5))
-            .await
-            .with_context(|| format!("final check: opening on {login}"))?;
-        let ticket = reply["ticket"]
-            .as_i64()
-            .with_context(|| format!("final check: no ticket in the reply for {login}"))?;
-        tickets.insert(login, ticket);
-    }
-    let copied = |open: &[Position], ticket: i64| {
-        open.iter()
-            .filter(|p| crate::model::parse_marker(&p.comment) == Some(ticket))
-            .count()
-    };
-    let since = Instant::now();
-    let missed_copies = loop {
-        let mut missing = 0;
-        for (master, follower) in links {
-            if copied(&positions_of(trader, follower).await?, tickets[master]) != 1 {
-                missing += 1;
-            }
-        }
-        if missing == 0 || since.elapsed() > CATCH_UP {
-            break missing;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    close_all(trader, masters).await?;
-    missed_closes += wait_flat(trader, links).await?;
-    Ok((missed_copies, missed_closes))
-}
-
-/// An account's open positions; none for an account the broker has never seen log in.
-async fn positions_of(trader: &BridgeClient, login: &str) -> anyhow::Result<Vec<Position>> {
-    let value = match trader
-        .call(Request::Positions {
-            login: login.to_string(),
-        })
-        .await
-    {
-        Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownLogin => {
-            return Ok(Vec::new());
-        }
-        other => other.with_context(|| format!("reading the positions of {login}"))?,
-    };
-    Ok(serde_json::from_value::<PositionsResult>(value)?.positions)
-}
-
-async fn close_all(trader: &BridgeClient, masters: usize) -> anyhow::Result<()> {
-    for m in 1..=masters {
-        let login = format!("m{m}");
-        for p in positions_of(trader, &login).await? {
-            trader
-                .call(Request::Close {
-                    login: login.clone(),
-                    fence: None,
-                    ticket: p.ticket,
-                    volume: None,
-                    client_order_id: None,
-                })
-                .await
-                .with_context(|| format!("final check: closing {} on {login}", p.ticket))?;
-        }
-    }
-    Ok(())
-}
-
-/// Waits until no follower holds a position; returns how many are left after [`CATCH_UP`].
-async fn wait_flat(trader: &BridgeClient, links: &[(String, String)]) -> anyhow::Result<usize> {
-    let since = Instant::now();
-    loop {
-        let mut left = 0;
-        for (_, follower) in links {
-            left += positions_of(trader, follower).await?.len();
-        }
-        if left == 0 || since.elapsed() > CATCH_UP {
-            return Ok(left);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// One random hand trade on a random master. True if the broker accepted it.
-async fn trade(trader: &BridgeClient, masters: usize) -> bool {
-    tools::random_trade(trader, &format!("m{}", fastrand::usize(1..=masters))).await
-}
-
-async fn owners(conn: &mut PgConnection) -> Result<HashMap<i64, String>, sqlx::Error> {
-    db::setup::live_owners(conn).await
-}
-
-fn describe_owners(owners: &HashMap<i64, String>, nodes: usize, down: Option<usize>) -> String {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for o in owners.values() {
-        *counts.entry(o.clone()).or_insert(0) += 1;
-    }
-    (1..=nodes)
-        .map(|i| {
-            let name = format!("demo-n{i}");
-            let n = counts.get(&name).copied().unwrap_or(0);
-            if down == Some(i - 1) {
-                format!("{name}: down")
-            } else {
-                format!("{name}: {n}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The broker's journal so far (the in-process broker writes whole lines, so a read never meets
-/// a half-written one; an unreadable journal counts as empty for the progress line).
-fn read_journal(path: &Path) -> Vec<JournalEntry> {
-    journal::read(path).unwrap_or_default()
-}
-
-/// What the journal says about the copies.
-pub(crate) struct Stats {
-    pub copies: usize,
-    pub duplicates: usize,
-    pub node_orders: usize,
-    /// Copies whose master order came while no move (failover, hand-off) was under way.
-    pub latency: Option<Latency>,
-    /// Copies whose master order came during a move.
-    pub moved: Option<Latency>,
-}
-
-impl Latency {
-    fn of(mut samples: Vec<i64>) -> Option<Latency> {
-        samples.sort_unstable();
-        (!samples.is_empty()).then(|| Latency {
-            p50: samples[samples.len() / 2],
-            p99: samples[((samples.len() as f64 * 0.99).ceil() as usize)
-                .saturating_sub(1)
-                .min(samples.len() - 1)],
-            max: samples[samples.len() - 1],
-            samples: samples.len(),
-        })
-    }
-
-    fn describe(l: &Option<Latency>) -> String {
-        match l {
-            Some(l) => format!("p50 {} ms, p99 {} ms ({} copies)", l.p50, l.p99, l.samples),
-            None => "-".into(),
-        }
-    }
-}
-
-impl Stats {
-    /// Counts from journal lines: accepted opens by nodes (copies), (login, marker) pairs opened
-    /// more than once (duplicates), and the time from each master open to each of its copies,
-    /// split by whether the master's order came during a move: a window of `moves` (journal
-    /// clock, ms), or after `moving_since` (a move still under way).
-    pub(crate) fn from(
-        journal: &[JournalEntry],
-        moves: &[(i64, i64)],
-        moving_since: Option<i64>,
-    ) -> Stats {
-        let during_move = |ts: i64| {
-            moves.iter().any(|(a, b)| ts >= *a && ts <= *b) || moving_since.is_some_and(|a| ts >= a)
-        };
-        let is_node = |l: &JournalEntry| l.client != "manual" && l.action != "login";
-        let mut opens: HashMap<(String, String), usize> = HashMap::new();
-        let mut master_open: HashMap<i64, i64> = HashMap::new();
-        let mut live = Vec::new();
-        let mut moved = Vec::new();
-        for l in journal {
-            if l.client == "manual"
-                && l.action == "open"
-                && l.accepted
-                && let Some(t) = l.ticket
-            {
-                master_open.insert(t, l.ts_ms);
-            }
-        }
-        let mut node_orders = 0;
-        for l in journal.iter().filter(|l| is_node(l)) {
-            node_orders += 1;
-            if l.action == "open" && l.accepted {
-                let comment = l.comment.clone().unwrap_or_default();
-                *opens.entry((l.login.clone(), comment.clone())).or_insert(0) += 1;
-                if let Some(t) = crate::model::parse_marker(&comment)
-                    && let Some(m) = master_open.get(&t)
-                {
-                    let ts = l.ts_ms;
-                    if during_move(*m) {
-                        moved.push(ts - m);
-                    } else {
-                        live.push(ts - m);
-                    }
-                }
-            }
-        }
-        Stats {
-            copies: opens.values().sum(),
-            duplicates: opens.values().filter(|n| **n > 1).count(),
-            node_orders,
-            latency: Latency::of(live),
-            moved: Latency::of(moved),
-        }
-    }
-}
+use check::{describe_owners, final_check, owners, trade};
+use setup::{connect, seed, spawn_node, start_database, stop_nodes};
+use stats::read_journal;
+pub(crate) use stats::{Latency, Stats};
