@@ -7,7 +7,8 @@ use copier_node::broker::types::Side;
 use copier_node::sim_broker::journal::JournalEntry;
 use sqlx::Executor;
 
-use crate::support::broker::{Scratch, journal, start_sim};
+use crate::support::broker::{Scratch, journal};
+use crate::support::fixture::{CopySetup, master_and_follower};
 use crate::support::http::{get, sample};
 use crate::support::{
     FAST, LinkSpec, TestDb, Trader, add_account, add_link, config, eventually, start_node,
@@ -35,12 +36,14 @@ fn close(a: Option<f64>, b: f64) -> bool {
 
 #[tokio::test]
 async fn master_trades_reach_followers_on_another_node_under_every_rule() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("copy-rules");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("copy-rules").await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     for id in 2..=7 {
         add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
@@ -216,15 +219,15 @@ async fn master_trades_reach_followers_on_another_node_under_every_rule() {
 
 #[tokio::test]
 async fn a_copy_closed_by_hand_is_not_reopened_and_a_second_reconcile_sends_nothing() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("copy-hand");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("copy-hand").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let node = start_node(&config(&db, "a", 10, FAST)).await;
     followers_ready(&mut conn, &[2]).await;
     let t1 = t.open("m1", "GBPUSD", Side::Sell, 0.3, None, None).await;
@@ -270,12 +273,14 @@ async fn a_copy_closed_by_hand_is_not_reopened_and_a_second_reconcile_sends_noth
 
 #[tokio::test]
 async fn a_new_link_copies_only_later_positions_unless_copy_existing() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("copy-existing");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
+    let CopySetup {
+        db,
+        dir: _dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("copy-existing").await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     add_account(&mut conn, 2, "follower", &addr, "f2").await;
     add_account(&mut conn, 3, "follower", &addr, "f3").await;
@@ -469,12 +474,14 @@ async fn skip_reason(conn: &mut sqlx::PgConnection, link: i64, master_ticket: i6
 
 #[tokio::test]
 async fn protections_stop_or_shrink_new_copies_and_record_why() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("copy-protections");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
+    let CopySetup {
+        db,
+        dir: _dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("copy-protections").await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     for id in 2..=11 {
         add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;

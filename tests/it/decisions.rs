@@ -10,13 +10,13 @@ use copier_node::broker::types::Side;
 use copier_node::copier::MasterPosition;
 use copier_node::copier::events::{MasterEvent, MasterNotice};
 use copier_node::sim_broker::journal::JournalEntry;
-use copier_node::sim_broker::server::{ServeOptions, SimBroker};
+use copier_node::sim_broker::server::ServeOptions;
 use copier_node::sim_broker::tools::{self, HandOrder};
 
-use crate::support::broker::{Scratch, journal};
+use crate::support::broker::journal;
+use crate::support::fixture::CopySetup;
 use crate::support::{
-    FAST, LinkSpec, TestDb, Trader, add_account, add_link, config, eventually, start_node,
-    wait_state,
+    FAST, LinkSpec, add_account, add_link, config, eventually, start_node, wait_state,
 };
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -30,38 +30,21 @@ enum Broker {
     Protected,
 }
 
-struct Fixture {
-    db: TestDb,
-    dir: Scratch,
-    _broker: SimBroker,
-    addr: String,
-    t: Trader,
-    conn: sqlx::PgConnection,
-}
+/// The fixture of every test here, with the methods below.
+type Fixture = CopySetup;
 
 async fn fixture(name: &str, broker: Broker, tune: impl FnOnce(&mut ServeOptions)) -> Fixture {
-    let db = TestDb::new().await;
-    let dir = Scratch::new(name);
-    let mut options = ServeOptions::new("127.0.0.1:0", dir.path("journal.jsonl"));
-    if broker == Broker::Unprotected {
-        options.fence_check = false;
-        options.dedupe = false;
-    }
-    tune(&mut options);
-    let broker = SimBroker::start(options).await.unwrap();
-    let addr = broker.addr.to_string();
-    let conn = db.conn().await;
-    Fixture {
-        t: Trader { addr: addr.clone() },
-        db,
-        dir,
-        _broker: broker,
-        addr,
-        conn,
-    }
+    CopySetup::with(name, |options| {
+        if broker == Broker::Unprotected {
+            options.fence_check = false;
+            options.dedupe = false;
+        }
+        tune(options);
+    })
+    .await
 }
 
-impl Fixture {
+impl CopySetup {
     /// Master 1 (`m1`) and followers 2.. (`f2`, ...), each follower linked with its spec.
     async fn accounts(&mut self, links: Vec<LinkSpec>) -> HashMap<i64, (i64, i64)> {
         add_account(&mut self.conn, 1, "master", &self.addr, "m1").await;

@@ -11,6 +11,7 @@ use sqlx::Executor;
 use crate::support::broker::{BrokerProcess, Scratch, journal, start_sim};
 use crate::support::chaos::{ChaosProxy, Mode};
 use crate::support::faults::FaultyBrokers;
+use crate::support::fixture::{CopySetup, master_and_follower};
 use crate::support::http::{get, sample};
 use crate::support::process::NodeProcess;
 use crate::support::{
@@ -55,15 +56,15 @@ async fn reconciled(conn: &mut sqlx::PgConnection, id: i64) {
 
 #[tokio::test]
 async fn a_cut_listen_connection_is_repaired_by_a_reconcile_without_duplicates() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-listen");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-listen").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let a = start_node(&config(&db, "a", 1, FAST)).await;
     wait_state(&a.state, "a owns the master", WAIT, |s| {
         s.owned.contains_key(&1)
@@ -105,15 +106,15 @@ async fn a_cut_listen_connection_is_repaired_by_a_reconcile_without_duplicates()
 
 #[tokio::test]
 async fn an_empty_master_positions_read_closes_nothing() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-glitch");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-glitch").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let first = start_node(&config(&db, "a", 10, FAST)).await;
     reconciled(&mut conn, 2).await;
     let p = t.open("m1", "EURUSD", Side::Buy, 0.5, None, None).await;
@@ -171,15 +172,15 @@ async fn an_empty_master_positions_read_closes_nothing() {
 
 #[tokio::test]
 async fn an_empty_follower_read_does_not_reopen_a_copy() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-fglitch");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (link, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-fglitch").await;
+    let (link, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let brokers = FaultyBrokers::new("a");
     let node = start_node_with(
         &config(&db, "a", 10, FAST),
@@ -229,15 +230,15 @@ async fn an_empty_follower_read_does_not_reopen_a_copy() {
 
 #[tokio::test]
 async fn an_order_whose_reply_is_lost_is_not_sent_twice() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-lost");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-lost").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let brokers = FaultyBrokers::new("a");
     brokers
         .faults
@@ -290,15 +291,15 @@ async fn an_order_whose_reply_is_lost_is_not_sent_twice() {
 
 #[tokio::test]
 async fn with_the_database_hung_past_the_trust_window_no_order_reaches_the_broker() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-gated");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-gated").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let a = start_node(&config(&db, "a", 1, FAST)).await;
     wait_state(&a.state, "a owns the master", WAIT, |s| {
         s.owned.contains_key(&1)
@@ -345,12 +346,14 @@ async fn with_the_database_hung_past_the_trust_window_no_order_reaches_the_broke
 
 #[tokio::test]
 async fn disabling_and_removing_a_link_behave_as_documented() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-links");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
+    let CopySetup {
+        db,
+        dir: _dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-links").await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     add_account(&mut conn, 2, "follower", &addr, "f2").await;
     add_account(&mut conn, 3, "follower", &addr, "f3").await;
@@ -570,15 +573,15 @@ async fn a_stale_owners_late_order_is_rejected_by_the_brokers_fence() {
 
 #[tokio::test]
 async fn a_node_cut_from_the_database_recovers_and_copies_what_it_missed() {
-    let db = TestDb::new().await;
-    let dir = Scratch::new("fault-cut");
-    let broker = start_sim(&dir).await;
-    let addr = broker.addr.to_string();
-    let t = Trader { addr: addr.clone() };
-    let mut conn = db.conn().await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    add_account(&mut conn, 2, "follower", &addr, "f2").await;
-    let (_, magic) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::new("fault-cut").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let a = start_node(&config(&db, "a", 1, FAST)).await;
     wait_state(&a.state, "a owns the master", WAIT, |s| {
         s.owned.contains_key(&1)
