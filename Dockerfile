@@ -9,8 +9,8 @@ WORKDIR /src
 # Dependencies first, so source edits do not rebuild them. Cargo reads every target the
 # manifest declares, so the test and bench targets get empty stand-ins (never built here).
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches tests/it && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs benches/copier.rs tests/it/main.rs \
+RUN mkdir -p src benches/copier tests/it && echo 'fn main() {}' > src/main.rs \
+    && touch src/lib.rs benches/copier/main.rs tests/it/main.rs \
     && cargo build --release --locked \
     && rm -rf src
 COPY src ./src

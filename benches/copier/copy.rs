@@ -1,0 +1,141 @@
+//! Copy latency at fan-outs of 1, 100 and 1,000 followers.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::nodes::{Observer, Setup};
+use crate::stats::Stats;
+use crate::{Options, Pg, Report};
+use anyhow::Context;
+use copier_node::broker::client::BridgeClient;
+use copier_node::broker::protocol::Request;
+use copier_node::broker::types::Side;
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// Copy latency at one fan-out.
+#[derive(Serialize)]
+pub(crate) struct CopyRow {
+    pub(crate) followers: usize,
+    pub(crate) nodes: usize,
+    pub(crate) trades: usize,
+    pub(crate) latency: Stats,
+    pub(crate) last_follower: Stats,
+    pub(crate) floor_ms: f64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copy latency: from the master's order accepted at the broker to each follower's copy accepted,
+// for 1, 100 and 1,000 followers over 1, 2 and 4 nodes.
+
+pub(crate) async fn copy_latency(
+    options: &Options,
+    pg: &Pg,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let configs: &[(usize, usize)] = if options.smoke {
+        &[(1, 1), (10, 2)]
+    } else {
+        &[
+            (1, 1),
+            (100, 1),
+            (100, 2),
+            (100, 4),
+            (1000, 1),
+            (1000, 2),
+            (1000, 4),
+        ]
+    };
+    let trades = if options.smoke { 3 } else { 20 };
+    let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
+    let mut md = String::from(
+        "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for &(followers, nodes) in configs {
+        let mut setup =
+            Setup::new(pg, &format!("bench_copy_{followers}_{nodes}"), 1, followers).await?;
+        for i in 0..nodes {
+            setup.spawn_node(
+                &format!("c{i}"),
+                ["--lease", "10s", "--fence", "3s", "--cycle", "2s"],
+            )?;
+        }
+        setup
+            .wait_settled(followers + 1, Duration::from_secs(300))
+            .await?;
+        let logins: Vec<String> = (1..=followers).map(|g| format!("f{g}")).collect();
+        let mut observer = Observer::new(&setup.broker.addr.to_string(), &logins).await?;
+        let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+        trader.wait_ready(Duration::from_secs(10)).await?;
+        let mut samples = Vec::new();
+        let mut last = Vec::new();
+        for i in 0..trades {
+            let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
+            let request = Request::hand_open("m1", "EURUSD", side, 0.1);
+            let reply = trader.call(request).await?;
+            let accepted = Instant::now();
+            let ticket = reply["ticket"].as_i64().context("ticket")?;
+            let mut seen = HashSet::new();
+            let deadline = accepted + Duration::from_secs(60);
+            while seen.len() < followers {
+                let (login, t, at) = tokio::time::timeout_at(deadline, observer.arrivals.recv())
+                    .await
+                    .context("copies did not all arrive")?
+                    .context("observer ended")?;
+                if t == ticket && seen.insert(login) {
+                    samples.push(at.saturating_duration_since(accepted));
+                    if seen.len() == followers {
+                        last.push(at.saturating_duration_since(accepted));
+                    }
+                }
+            }
+            // Close it again, so positions stay few; the closes are not measured.
+            trader
+                .call(Request::Close {
+                    login: "m1".into(),
+                    fence: None,
+                    ticket,
+                    volume: None,
+                    client_order_id: None,
+                })
+                .await?;
+            tokio::time::sleep(Duration::from_millis(200)).await; // spacing between measured trades
+        }
+        let s = Stats::of(&samples);
+        let l = Stats::of(&last);
+        println!(
+            "copy latency {followers} followers over {nodes} nodes: {} (max {:.2} ms); last follower {:.2} ms p50",
+            s.show(),
+            s.max_ms,
+            l.p50_ms
+        );
+        let _ = writeln!(
+            md,
+            "| {followers} | {nodes} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} / {:.2} ms | {:.1}× | {:.1}× |",
+            s.p50_ms,
+            s.p99_ms,
+            s.max_ms,
+            l.p50_ms,
+            l.max_ms,
+            s.p50_ms / floor,
+            s.p99_ms / floor
+        );
+        report.copy.push(CopyRow {
+            followers,
+            nodes,
+            trades,
+            latency: s,
+            last_follower: l,
+            floor_ms: floor,
+        });
+        trader.close();
+        drop(observer);
+        setup.stop().await;
+    }
+    report.markdown.push(format!(
+        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}",
+        report.floors["notify_delivery"].p50_ms, report.floors["broker_round_trip"].p50_ms
+    ));
+    Ok(())
+}

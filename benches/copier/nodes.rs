@@ -1,0 +1,192 @@
+//! Node processes and accounts for the copy, failover, rebalance and cost sections.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::Pg;
+use anyhow::bail;
+use copier_node::broker::client::BridgeClient;
+use copier_node::broker::types::PositionChange;
+use copier_node::broker::{AccountLogin, Broker, SessionEvent};
+use copier_node::sim_broker::{ServeOptions, SimBroker};
+use sqlx::{Connection, PgConnection};
+use tokio::time::Instant;
+
+// ---------------------------------------------------------------------------------------------
+// Node processes and accounts for the copy, failover and cost benchmarks.
+
+pub(crate) struct Setup {
+    pub(crate) url: String,
+    pub(crate) broker: SimBroker,
+    pub(crate) dir: PathBuf,
+    pub(crate) nodes: Vec<tokio::process::Child>,
+}
+
+impl Setup {
+    pub(crate) async fn new(
+        pg: &Pg,
+        name: &str,
+        masters: usize,
+        followers_per_master: usize,
+    ) -> anyhow::Result<Setup> {
+        let url = pg.database(name).await?;
+        let dir = std::env::temp_dir().join(format!("copier-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let broker =
+            SimBroker::start(ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"))).await?;
+        let mut conn = PgConnection::connect(&url).await?;
+        let server = broker.addr.to_string();
+        sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) SELECT g, 'mt5', 'master', $2, 'm' || g FROM generate_series(1, $1) g")
+            .bind(masters as i64)
+            .bind(&server)
+            .execute(&mut conn)
+            .await?;
+        let followers = (masters * followers_per_master) as i64;
+        sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) SELECT 1000000 + g, 'mt5', 'follower', $2, 'f' || g FROM generate_series(1, $1) g")
+            .bind(followers)
+            .bind(&server)
+            .execute(&mut conn)
+            .await?;
+        sqlx::query("INSERT INTO copy_links (master_id, follower_id) SELECT 1 + (g - 1) % $2, 1000000 + g FROM generate_series(1, $1) g")
+            .bind(followers)
+            .bind(masters as i64)
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        Ok(Setup {
+            url,
+            broker,
+            dir,
+            nodes: Vec::new(),
+        })
+    }
+
+    pub(crate) fn spawn_node(&mut self, id: &str, timing: [&str; 6]) -> anyhow::Result<u32> {
+        let log = std::fs::File::create(self.dir.join(format!("{id}.log")))?;
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_copier-node"))
+            .args([
+                "run",
+                "--platform",
+                "mt5",
+                "--node-id",
+                id,
+                "--capacity",
+                "100000",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(timing)
+            .env("COPIER_DATABASE_URL", &self.url)
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().unwrap_or(0);
+        self.nodes.push(child);
+        Ok(pid)
+    }
+
+    pub(crate) async fn owners(&self) -> anyhow::Result<HashMap<i64, String>> {
+        let mut c = PgConnection::connect(&self.url).await?;
+        let rows: Vec<(i64, String)> = sqlx::query_as("SELECT id, node_id FROM trading_accounts WHERE node_id IS NOT NULL AND lease_until >= now()").fetch_all(&mut c).await?;
+        c.close().await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    /// Waits until every account is owned, every follower session has reconciled, and ownership
+    /// has been still for a second.
+    pub(crate) async fn wait_settled(
+        &self,
+        accounts: usize,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let since = Instant::now();
+        let mut previous = HashMap::new();
+        let mut still = Instant::now();
+        let mut c = PgConnection::connect(&self.url).await?;
+        loop {
+            let now = self.owners().await?;
+            let ready: i64 = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE role = 'master' OR status LIKE 'follower: master%'").fetch_one(&mut c).await?;
+            if now.len() != accounts || now != previous || ready as usize != accounts {
+                still = Instant::now();
+            } else if still.elapsed() >= Duration::from_secs(1) {
+                return Ok(());
+            }
+            previous = now;
+            if since.elapsed() > within {
+                bail!(
+                    "not settled within {within:?}: {} of {accounts} owned, {ready} ready",
+                    previous.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub(crate) async fn stop(mut self) {
+        for n in &mut self.nodes {
+            if let Some(pid) = n.id() {
+                let _ = tokio::process::Command::new("kill")
+                    .arg("-TERM")
+                    .arg(pid.to_string())
+                    .status()
+                    .await;
+            }
+        }
+        for n in &mut self.nodes {
+            if tokio::time::timeout(Duration::from_secs(15), n.wait())
+                .await
+                .is_err()
+            {
+                let _ = n.start_kill();
+            }
+        }
+        self.broker.stop().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Watches the followers' position streams: the instant each copy of a master ticket opened.
+pub(crate) struct Observer {
+    pub(crate) _client: BridgeClient,
+    pub(crate) arrivals: tokio::sync::mpsc::UnboundedReceiver<(String, i64, Instant)>,
+}
+
+impl Observer {
+    pub(crate) async fn new(addr: &str, logins: &[String]) -> anyhow::Result<Observer> {
+        let client = BridgeClient::connect(addr.to_string(), "bench-observer");
+        client.wait_ready(Duration::from_secs(10)).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for login in logins {
+            let mut session = client
+                .login(&AccountLogin {
+                    login: login.clone(),
+                    password: None,
+                    fence: None,
+                })
+                .await?;
+            let tx = tx.clone();
+            let login = login.clone();
+            tokio::spawn(async move {
+                let _api = session.api.clone();
+                while let Some(ev) = session.events.recv().await {
+                    if let SessionEvent::Position(PositionChange::Opened { position }) = ev
+                        && let Some(t) = copier_node::copier::parse_marker(&position.comment)
+                    {
+                        let _ = tx.send((login.clone(), t, Instant::now()));
+                    }
+                }
+            });
+        }
+        Ok(Observer {
+            _client: client,
+            arrivals: rx,
+        })
+    }
+}
