@@ -9,7 +9,8 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`cli`], [`config`] | the command line and the layered configuration (file < env < flags), validated with located errors |
+//! | [`cli`], [`commands`] | the command line, and one module per command returning a typed error that maps to the exit codes in one place (`main.rs` only dispatches) |
+//! | [`config`] | the layered configuration (file < env < flags), every problem reported at once with its key |
 //! | [`secret`] | the type of every secret (database URLs, broker credentials): never printed |
 //! | [`credentials`] | broker credentials encrypted at rest (ChaCha20-Poly1305), decrypted only by the session that logs in |
 //! | [`telemetry`] | text or JSON log lines; every line carries `node_id`, and `account_id` where it concerns one |
@@ -31,9 +32,14 @@
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
-//! | [`pgtmp`] | throwaway PostgreSQL clusters for tests and the demo |
+//! | [`pgtmp`] | throwaway PostgreSQL clusters, and the server the demo and benchmarks run on |
 //! | [`failpoints`] | fault-injection points for the fault suite (the `failpoints` feature only) |
 //! | [`cluster_status`], [`demo`] | `copier-node status` and `copier-node demo` |
+//!
+//! Dependencies run one way (no import cycles): `commands` -> `app` -> `lease` -> `supervisor`
+//! -> `account` -> `copier` -> `session` -> `broker`, `db`, `hub`, `status_writer`; the leaf
+//! modules (`secret`, `trust`, `gate`, `node_state`, `model`, `channels`, `retry`) depend on
+//! nothing above them.
 //!
 //! ## How a claimed lease becomes a running account session
 //!
