@@ -20,11 +20,16 @@ pub(crate) struct ClusterStatus {
     /// Owned accounts whose session reports an error (status `error: ...`): bad credentials, a
     /// refused login, a malformed row. Their status says why.
     pub errors: Vec<i64>,
+    /// The database's WAL timeline (`null` where a client cannot read it).
+    pub database_timeline: Option<i64>,
+    /// Whether commits wait for a synchronous standby (the server's defaults).
+    pub database_synchronous: bool,
 }
 
 /// Reads the cluster's state in one snapshot (one transaction, repeatable read).
 pub(crate) async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error> {
     let (now_ms, nodes, accounts) = crate::db::cluster::snapshot(conn).await?;
+    let replication = crate::db::replication::read(conn).await?;
     let unowned = accounts
         .iter()
         .filter(|a| a.enabled && a.owner.is_none())
@@ -49,6 +54,8 @@ pub(crate) async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx:
         unowned,
         disabled,
         errors,
+        database_timeline: replication.timeline,
+        database_synchronous: replication.synchronous,
     })
 }
 
@@ -58,6 +65,18 @@ const TEXT_ACCOUNTS: usize = 500;
 /// The text form for people.
 pub(crate) fn render_text(s: &ClusterStatus) -> String {
     let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "database: timeline {}; {}",
+        s.database_timeline
+            .map(|t| t.to_string())
+            .unwrap_or_else(|| "unknown".into()),
+        if s.database_synchronous {
+            "commits wait for a synchronous standby"
+        } else {
+            "commits do not wait for a standby (a failover may lose the last ones)"
+        }
+    );
     let live = s.nodes.iter().filter(|n| n.live).count();
     let _ = writeln!(out, "nodes: {live} live, {} expired", s.nodes.len() - live);
     if !s.nodes.is_empty() {

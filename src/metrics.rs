@@ -32,6 +32,8 @@ pub struct Metrics {
     pub rebalance_moves: IntCounter,
     pub target_accounts: IntGauge,
     pub copies_skipped: IntCounter,
+    pub db_synchronous: IntGauge,
+    pub db_timeline: IntGauge,
 }
 
 impl Default for Metrics {
@@ -116,6 +118,16 @@ impl Metrics {
                 orders.with_label_values(&[action, result]);
             }
         }
+        let db_synchronous = IntGauge::new(
+            "copier_db_synchronous",
+            "1 when the database's commits wait for a synchronous standby, 0 when they do not (or not known yet)",
+        )
+        .expect("valid metric");
+        let db_timeline = IntGauge::new(
+            "copier_db_timeline",
+            "The database's WAL timeline (a new one after a failover); -1 when it cannot be read",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(owned_accounts.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_valid.clone()),
@@ -129,6 +141,8 @@ impl Metrics {
             Box::new(rebalance_moves.clone()),
             Box::new(target_accounts.clone()),
             Box::new(copies_skipped.clone()),
+            Box::new(db_synchronous.clone()),
+            Box::new(db_timeline.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -146,6 +160,8 @@ impl Metrics {
             rebalance_moves,
             target_accounts,
             copies_skipped,
+            db_synchronous,
+            db_timeline,
         }
     }
 
@@ -160,6 +176,10 @@ impl Metrics {
         self.lease_valid.set(i64::from(state.trusted()));
         self.target_accounts
             .set(state.target.map(i64::from).unwrap_or(0));
+        self.db_synchronous
+            .set(i64::from(state.db.is_some_and(|d| d.synchronous)));
+        self.db_timeline
+            .set(state.db.and_then(|d| d.timeline).unwrap_or(-1));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
@@ -184,6 +204,8 @@ mod tests {
             "copier_reconciles_total 0",
             "copier_copy_latency_seconds_bucket{le=\"0.001\"} 0",
             "copier_copies_skipped_total 0",
+            "copier_db_synchronous 0",
+            "copier_db_timeline -1",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -39,6 +39,8 @@ pub struct NodeState {
     pub last_cycle_at: Option<Instant>,
     /// The lease length: a running node whose loop finished no cycle for this long is stuck.
     pub lease: Duration,
+    /// What the database promises (read at each new lease connection); `None` until read.
+    pub db: Option<crate::db::replication::Replication>,
 }
 
 impl NodeState {

@@ -9,6 +9,7 @@ pub mod copy;
 pub mod credentials;
 pub mod lease;
 pub mod migrate;
+pub mod replication;
 pub mod setup;
 pub mod status;
 

@@ -187,6 +187,7 @@ impl LeaseLoop {
             claim: run.draining.is_none(),
         };
         let connect = &self.connect;
+        let new_connection = run.conn.is_none();
         let conn_slot = &mut run.conn;
         let result = timeout(bound, async {
             if conn_slot.is_none() {
@@ -262,7 +263,43 @@ impl LeaseLoop {
             s.rebalance_moves += moved;
             s.handoffs += u64::from(moved > 0);
         });
+        if new_connection {
+            self.read_replication(run).await;
+        }
         Ok(self.schedule(run, t0, acknowledged, &outcome))
+    }
+
+    /// After a cycle on a new connection: what the database promises, published, and a changed
+    /// timeline (a failover of the database, which may have lost acknowledged writes) logged.
+    /// Read after the cycle, so it never delays a renewal; a failure here changes nothing.
+    async fn read_replication(&mut self, run: &mut Run) {
+        let Some(conn) = run.conn.as_mut() else {
+            return;
+        };
+        let bound = self.node.fence;
+        let Ok(Ok(now)) = timeout(bound, db::replication::read(conn)).await else {
+            return;
+        };
+        let before = self.state.borrow().db;
+        match (before.and_then(|b| b.timeline), now.timeline) {
+            (Some(old), Some(new)) if old != new => warn!(
+                old_timeline = old,
+                timeline = new,
+                "the database is on a new timeline: it failed over, and writes the old primary acknowledged may be lost"
+            ),
+            _ if before.is_none() => info!(
+                timeline = ?now.timeline,
+                synchronous = now.synchronous,
+                "database: {}",
+                if now.synchronous {
+                    "commits wait for a synchronous standby"
+                } else {
+                    "commits do not wait for a standby (a failover may lose the last ones)"
+                }
+            ),
+            _ => {}
+        }
+        self.publish(run, |s| s.db = Some(now));
     }
 
     /// Computes this node's fair share from the cycle's view of the platform and hands off what

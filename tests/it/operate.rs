@@ -76,6 +76,14 @@ async fn metrics_move_with_orders_and_the_gate_and_readiness_follows_trust() {
     assert_eq!(sample(&before, "copier_owned_accounts"), 1.0);
     assert_eq!(sample(&before, "copier_lease_valid"), 1.0);
     assert!(sample(&before, "copier_lease_cycle_duration_seconds_count") >= 1.0);
+    // What the database promises: the test cluster is a lone primary on its first timeline.
+    let db_metrics = eventually("the database's promise read", WAIT, async || {
+        let m = get(b.http_addr, "/metrics").await.1;
+        (sample(&m, "copier_db_timeline") >= 0.0).then_some(m)
+    })
+    .await;
+    assert_eq!(sample(&db_metrics, "copier_db_timeline"), 1.0);
+    assert_eq!(sample(&db_metrics, "copier_db_synchronous"), 0.0);
 
     // The first event may find the follower reconciled to an older epoch (it then reconciles);
     // the second is applied from the event stream.
@@ -212,6 +220,10 @@ async fn status_reports_what_the_database_holds() {
     );
     let accounts = doc["accounts"].as_array().unwrap();
     assert_eq!(accounts.len(), 6);
+    assert_eq!(
+        (&doc["database_timeline"], &doc["database_synchronous"]),
+        (&serde_json::json!(1), &serde_json::json!(false))
+    );
     for acc in accounts.iter().filter(|a| a["owner"].is_string()) {
         assert!(acc["owner_epoch"].as_i64().unwrap() > 0 && acc["lease_until_ms"].is_i64());
     }
@@ -222,6 +234,7 @@ async fn status_reports_what_the_database_holds() {
         "st-b",
         "accounts: 6 (4 owned, 1 unowned, 1 disabled)",
         "disabled: 6",
+        "database: timeline 1; commits do not wait for a standby",
     ] {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }
