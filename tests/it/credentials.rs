@@ -259,3 +259,46 @@ async fn rotate_brings_every_value_to_the_new_key_and_names_what_it_cannot_read(
         assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
     }
 }
+
+/// The rotation is a library function (the command only prints its report): each value is
+/// brought to the current key once, and what it cannot read is named by account.
+#[tokio::test]
+async fn the_rotation_reports_each_account_it_could_not_bring_to_the_current_key() {
+    use copier_node::credentials::{Rotation, rotate};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let old = CredentialsKey::generate();
+    let new = CredentialsKey::generate();
+    for (id, value) in [
+        (1, old.encrypt("a")),
+        (2, new.encrypt("b")),
+        (3, "plain".to_string()),
+        (4, CredentialsKey::generate().encrypt("d")),
+    ] {
+        add_account(&mut conn, id, "follower", "127.0.0.1:1", &format!("l{id}")).await;
+        set_credentials(&mut conn, id, &value).await;
+    }
+    let ring = new.clone().then(&old);
+    let first = rotate(&mut conn, &ring, false).await.unwrap();
+    assert_eq!((first.resealed, first.encrypted, first.current), (1, 0, 1));
+    assert_eq!(first.problems.len(), 2, "{:?}", first.problems);
+    assert!(
+        first.problems[0].starts_with("account 3: ")
+            && first.problems[1].starts_with("account 4: ")
+    );
+    let second = rotate(&mut conn, &ring, true).await.unwrap();
+    assert_eq!(
+        second,
+        Rotation {
+            resealed: 0,
+            encrypted: 1,
+            current: 2,
+            problems: second.problems.clone(),
+        }
+    );
+    assert_eq!(
+        second.problems.len(),
+        1,
+        "only the value under a stranger's key is left"
+    );
+}
