@@ -259,19 +259,22 @@ async fn check_schema(
     let admin = db::admin_options(&config.database_url).context("invalid `database_url`")?;
     let mut retry = crate::retry::DATABASE_AT_START.start();
     let mut conn = loop {
-        let delay = crate::retry::DATABASE_AT_START.delay(retry.failures() + 1);
-        match tokio::time::timeout(Duration::from_secs(10), admin.connect()).await {
-            Ok(Ok(conn)) => break conn,
+        let attempt = tokio::time::timeout(Duration::from_secs(10), admin.connect()).await;
+        if let Ok(Ok(conn)) = attempt {
+            break conn;
+        }
+        let delay = retry.failed();
+        match attempt {
             Ok(Err(e)) => {
                 warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "database unreachable; retrying")
             }
-            Err(_) => warn!(
+            _ => warn!(
                 retry_in_ms = delay.as_millis() as u64,
                 "database did not answer within 10s; retrying"
             ),
         }
         tokio::select! {
-            _ = tokio::time::sleep(retry.failed()) => {}
+            _ = tokio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => bail!("shut down while waiting for the database"),
         }
     };

@@ -49,11 +49,6 @@ impl Retry {
     pub(crate) fn reset(&mut self) {
         self.failures = 0;
     }
-
-    /// Consecutive failures so far.
-    pub(crate) fn failures(&self) -> u32 {
-        self.failures
-    }
 }
 
 const fn ms(n: u64) -> Duration {
@@ -101,10 +96,7 @@ mod tests {
         );
         assert_eq!(b.delay(u32::MAX), ms(30_000), "no overflow");
         let mut r = b.start();
-        assert_eq!(
-            (r.failed(), r.failed(), r.failures()),
-            (ms(250), ms(500), 2)
-        );
+        assert_eq!((r.failed(), r.failed()), (ms(250), ms(500)));
         r.reset();
         assert_eq!(r.failed(), ms(250));
         assert_eq!(lease_cycle(ms(500)).delay(1), ms(50));
