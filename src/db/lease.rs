@@ -76,7 +76,10 @@ pub struct CycleOutcome {
     pub owned: Vec<OwnedRow>,
     pub conflict: Option<Conflict>,
     pub peers: Vec<Peer>,
-    /// Claimable rows of the platform.
+    /// Claimable rows of the platform: free ones and those still naming a node whose membership
+    /// expired. The latter count here because nobody else counts them: a node that died right
+    /// after a claim published its `owned` from before it, and the fair shares must still add
+    /// up to every account, or the last of its rows sits unclaimed under shares that are all met.
     pub free: u64,
 }
 
@@ -178,8 +181,11 @@ SELECT 'peer', NULL, NULL, p.lease_until >= now(), p.node_id,
        p.capacity, p.owned, p.lease_until >= now() AND coalesce(p.trust_until >= now(), false)
   FROM nodes p WHERE p.platform = $3 AND p.node_id <> $1
 UNION ALL
-SELECT 'free', NULL, NULL, NULL, NULL, count(*), NULL, NULL, NULL
-  FROM trading_accounts f WHERE f.free_platform = $3
+SELECT 'free', NULL, NULL, NULL, NULL,
+       (SELECT count(*) FROM trading_accounts f WHERE f.free_platform = $3)
+     + (SELECT count(*) FROM nodes d JOIN trading_accounts a ON a.node_id = d.node_id
+         WHERE d.lease_until < now() AND d.node_id <> $1 AND a.platform = $3 AND a.enabled),
+       NULL, NULL, NULL
 "#;
 
 /// Runs one lease cycle. The caller reads its monotonic `t0` before calling and trusts what
