@@ -37,6 +37,9 @@ pub enum Signal {
     /// The LISTEN connection was lost and restored: notifications may have been missed (once
     /// per subscriber channel).
     Gap,
+    /// The database failed over and may have lost its last commits: masters' (epoch, seq) may
+    /// have rewound, so forget them and reconcile (once per subscriber channel).
+    FailedOver,
 }
 
 /// What a subscription is for.
@@ -59,6 +62,7 @@ enum Command {
         topic: Topic,
         id: u64,
     },
+    FailedOver,
 }
 
 /// A handle to the node's LISTEN connection.
@@ -131,6 +135,11 @@ impl Hub {
         confirmed.await.ok()?;
         Some(subscription)
     }
+
+    /// Tells every subscriber the database failed over ([`Signal::FailedOver`]).
+    pub fn failed_over(&self) {
+        let _ = self.commands.send(Command::FailedOver);
+    }
 }
 
 type Senders = HashMap<u64, mpsc::UnboundedSender<Signal>>;
@@ -172,9 +181,9 @@ impl Subscribers {
         empty
     }
 
-    /// One `Gap` per subscriber channel (a follower subscribed to masters and to its links hears
-    /// it once).
-    fn send_gap(&self) {
+    /// One `signal` per subscriber channel (a follower subscribed to masters and to its links
+    /// hears it once).
+    fn send_each(&self, signal: fn() -> Signal) {
         let mut sent: Vec<&mpsc::UnboundedSender<Signal>> = Vec::new();
         for s in self
             .by_master
@@ -183,7 +192,7 @@ impl Subscribers {
             .flat_map(|m| m.values())
         {
             if !sent.iter().any(|o| o.same_channel(s)) {
-                let _ = s.send(Signal::Gap);
+                let _ = s.send(signal());
                 sent.push(s);
             }
         }
@@ -255,7 +264,7 @@ async fn run(
             );
         }
         if !first {
-            subs.send_gap();
+            subs.send_each(|| Signal::Gap);
         }
         for ready in subs.waiting.drain(..) {
             let _ = ready.send(());
@@ -284,6 +293,7 @@ async fn run(
                             }
                             let _ = ready.send(());
                         }
+                        Command::FailedOver => subs.send_each(|| Signal::FailedOver),
                         Command::Unsubscribe { topic, id } => {
                             if subs.remove(topic, id)
                                 && let Topic::Master(master_id) = topic
@@ -325,6 +335,7 @@ fn apply_offline(subs: &mut Subscribers, cmd: Command) {
         Command::Unsubscribe { topic, id } => {
             subs.remove(topic, id);
         }
+        Command::FailedOver => subs.send_each(|| Signal::FailedOver),
     }
 }
 

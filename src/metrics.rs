@@ -6,6 +6,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use tokio::time::Instant;
+
 use crate::node_state::NodeState;
 
 /// Buckets for millisecond-scale durations, in seconds (1 ms .. 10 s).
@@ -34,6 +36,8 @@ pub struct Metrics {
     pub copies_skipped: IntCounter,
     pub db_synchronous: IntGauge,
     pub db_timeline: IntGauge,
+    pub db_grace: prometheus::Gauge,
+    pub db_failovers: IntCounter,
 }
 
 impl Default for Metrics {
@@ -128,6 +132,16 @@ impl Metrics {
             "The database's WAL timeline (a new one after a failover); -1 when it cannot be read",
         )
         .expect("valid metric");
+        let db_grace = prometheus::Gauge::new(
+            "copier_db_grace_seconds",
+            "Seconds until claims resume after a database failover (0 outside a grace)",
+        )
+        .expect("valid metric");
+        let db_failovers = IntCounter::new(
+            "copier_db_failovers_total",
+            "Database failovers this node saw (a new WAL timeline or system identifier)",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(owned_accounts.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_valid.clone()),
@@ -143,6 +157,8 @@ impl Metrics {
             Box::new(copies_skipped.clone()),
             Box::new(db_synchronous.clone()),
             Box::new(db_timeline.clone()),
+            Box::new(db_grace.clone()),
+            Box::new(db_failovers.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -162,6 +178,8 @@ impl Metrics {
             copies_skipped,
             db_synchronous,
             db_timeline,
+            db_grace,
+            db_failovers,
         }
     }
 
@@ -180,6 +198,9 @@ impl Metrics {
             .set(i64::from(state.db.is_some_and(|d| d.synchronous)));
         self.db_timeline
             .set(state.db.and_then(|d| d.timeline).unwrap_or(-1));
+        self.db_grace.set(state.grace_until.map_or(0.0, |g| {
+            g.saturating_duration_since(Instant::now()).as_secs_f64()
+        }));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
@@ -206,6 +227,8 @@ mod tests {
             "copier_copies_skipped_total 0",
             "copier_db_synchronous 0",
             "copier_db_timeline -1",
+            "copier_db_grace_seconds 0",
+            "copier_db_failovers_total 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -41,6 +41,10 @@ pub struct NodeState {
     pub lease: Duration,
     /// What the database promises (read at each new lease connection); `None` until read.
     pub db: Option<crate::db::replication::Replication>,
+    /// Until when claims wait after a database failover (the grace); `None` outside one.
+    pub grace_until: Option<Instant>,
+    /// Database failovers this node saw.
+    pub db_failovers: u64,
 }
 
 impl NodeState {

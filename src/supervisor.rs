@@ -289,6 +289,12 @@ impl Supervisor {
         chosen
     }
 
+    /// The database failed over: every session that follows masters forgets their (epoch, seq)
+    /// and reconciles.
+    pub fn database_failed_over(&self) {
+        self.shared.services.hub.failed_over();
+    }
+
     /// True when no task runs or stops and no release is in flight.
     pub fn is_idle(&self) -> bool {
         self.active.is_empty() && self.stopping.is_empty() && self.releasing.is_empty()

@@ -164,6 +164,7 @@ pub(crate) async fn lease_cycle(
                 lease: Duration::from_secs(60),
                 held: &held,
                 claim: true,
+                kept: &[],
             };
             // Warm-up (prepares the statement, warms the cache), then measure.
             let initial = table_stats(&mut conn, "trading_accounts").await?;

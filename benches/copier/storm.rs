@@ -76,6 +76,7 @@ pub(crate) async fn claim_storm(
                         lease: Duration::from_secs(60),
                         held: &held,
                         claim: true,
+                        kept: &[],
                     };
                     let out = cycle(&mut c, &params).await?;
                     cycles += 1;

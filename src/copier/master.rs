@@ -100,6 +100,13 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                         return Ok(Ended::RowChanged(Box::new(new)));
                     }
                 }
+                Some(Signal::FailedOver) => {
+                    // The stored (epoch, seq) may have rewound with the lost tail: follow what
+                    // the new primary holds, and publish the whole snapshot again.
+                    info!("the database failed over: re-reading the stored sequence and publishing a snapshot");
+                    m.dirty = true;
+                    m.reload_seq().await;
+                }
                 Some(Signal::Notice(..)) => {}
                 None => bail!("the notification hub stopped"),
             },

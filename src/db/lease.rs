@@ -34,6 +34,9 @@ pub struct CycleParams<'a> {
     pub held: &'a [i64],
     /// False while shutting down: renew, claim nothing.
     pub claim: bool,
+    /// Epochs whose gates have been open without a break up to this cycle: during a grace after
+    /// a database failover these, and only these, are kept (renewed as they are).
+    pub kept: &'a [i64],
 }
 
 /// One row the node owns after the cycle.
@@ -76,11 +79,27 @@ pub struct CycleOutcome {
     pub owned: Vec<OwnedRow>,
     pub conflict: Option<Conflict>,
     pub peers: Vec<Peer>,
+    /// What the cycle saw of the database itself.
+    pub database: DatabaseView,
     /// Claimable rows of the platform: free ones and those still naming a node whose membership
     /// expired. The latter count here because nobody else counts them: a node that died right
     /// after a claim published its `owned` from before it, and the fair shares must still add
     /// up to every account, or the last of its rows sits unclaimed under shares that are all met.
     pub free: u64,
+}
+
+/// The database as one cycle saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatabaseView {
+    /// The server's WAL timeline (`None` where a client cannot read it).
+    pub timeline: Option<i64>,
+    /// This cycle was the first to see a new timeline or a new system identifier: the database
+    /// failed over (or is another cluster, a dump restored), and the grace starts now.
+    pub failed_over: bool,
+    /// How long claims still wait (zero outside a grace).
+    pub grace: Duration,
+    /// The epoch sequence's new start, when this cycle moved it into a new era.
+    pub era_start: Option<i64>,
 }
 
 /// The cycle statement. Indexes it relies on (see `migrations/0001_lease_core.sql`):
@@ -100,9 +119,55 @@ pub struct CycleOutcome {
 /// Parameters: $1 node id, $2 instance id, $3 platform, $4 capacity (int4), $5 lease in
 /// milliseconds (int8), $6 held epochs (int8[]), $7 whether to claim (bool), $8 claim limit
 /// (int4: capacity, or the fair share when lower), $9 `lease - fence` in milliseconds (int8),
-/// $10 accounts owned (int4).
+/// $10 accounts owned (int4), $11 epochs kept through a grace (int8[]).
+///
+/// The first CTEs watch the database itself (see `migrations/0007_failover_grace.sql`): a new
+/// timeline or system identifier starts a grace of the longest lease plus a second, during which
+/// the cycle renews only the rows of $11 (keeping their epochs, even where the new primary shows
+/// them expired: nobody else can be granted them meanwhile) and claims nothing. The same cycle
+/// moves the epoch sequence into a new era, so no epoch of a lost tail is handed out again.
 pub const CYCLE_SQL: &str = r#"
-WITH member AS (
+WITH db AS (
+    SELECT copier_timeline() AS timeline, copier_system_id() AS system_id
+),
+known AS (
+    SELECT c.timeline, c.system_id, c.era_offset, c.claims_after,
+           coalesce(db.timeline <> c.timeline OR db.system_id <> c.system_id, false) AS changed
+      FROM db LEFT JOIN copier_database c ON true
+),
+span AS (
+    SELECT greatest($5, coalesce((SELECT max(extract(epoch FROM n.lease_until - n.renewed_at) * 1000)
+                                    FROM nodes n), 0))::bigint + 1000 AS ms
+),
+grace AS (
+    SELECT CASE WHEN k.changed THEN span.ms
+                WHEN k.claims_after > now()
+                THEN ceil(extract(epoch FROM k.claims_after - now()) * 1000)::bigint
+                ELSE 0 END AS ms
+      FROM known k, span
+),
+noted AS (
+    UPDATE copier_database c
+       SET timeline       = coalesce(db.timeline, c.timeline),
+           system_id      = coalesce(db.system_id, c.system_id),
+           era_offset     = CASE WHEN k.changed
+                                 THEN greatest(c.era_offset,
+                                               c.timeline + c.era_offset + 1 - coalesce(db.timeline, c.timeline))
+                                 ELSE c.era_offset END,
+           claims_after   = CASE WHEN k.changed THEN now() + make_interval(secs => span.ms / 1000.0)
+                                 ELSE c.claims_after END,
+           failed_over_at = CASE WHEN k.changed THEN now() ELSE c.failed_over_at END
+      FROM db, known k, span
+     WHERE (db.timeline IS NOT NULL AND db.timeline IS DISTINCT FROM c.timeline)
+        OR (db.system_id IS NOT NULL AND db.system_id IS DISTINCT FROM c.system_id)
+    RETURNING k.changed, (c.timeline + c.era_offset)::bigint AS era
+),
+era AS (
+    SELECT setval('owner_epoch_seq', greatest(s.last_value, noted.era << 40)) AS next
+      FROM noted, owner_epoch_seq s
+     WHERE noted.changed
+),
+member AS (
     INSERT INTO nodes AS n (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at, trust_until, owned)
     VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5 / 1000.0), now(), now(),
             now() + make_interval(secs => $9 / 1000.0), $10)
@@ -122,17 +187,23 @@ WITH member AS (
 renewed AS (
     UPDATE trading_accounts a
        SET lease_until = now() + make_interval(secs => $5 / 1000.0),
-           owner_epoch = CASE WHEN a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now()
+           owner_epoch = CASE WHEN g.ms > 0
+                                OR (a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now())
                               THEN a.owner_epoch ELSE nextval('owner_epoch_seq') END,
-           claimed_at  = CASE WHEN a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now()
+           claimed_at  = CASE WHEN g.ms > 0
+                                OR (a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now())
                               THEN a.claimed_at ELSE now() END
+      FROM grace g
      WHERE a.node_id = $1
        AND EXISTS (SELECT FROM member)
+       AND (g.ms = 0 OR a.owner_epoch IN (SELECT unnest($11::bigint[])))
     RETURNING a.id, a.owner_epoch, a.enabled AND a.platform = $3 AS wanted,
               (extract(epoch FROM a.claimed_at) * 1000)::bigint AS claimed_ms
 ),
 room AS (
-    SELECT greatest($8 - count(*) FILTER (WHERE wanted), 0) AS n FROM renewed
+    SELECT CASE WHEN (SELECT ms FROM grace) > 0 THEN 0
+                ELSE greatest($8 - count(*) FILTER (WHERE wanted), 0) END AS n
+      FROM renewed
 ),
 free AS (
     SELECT f.id FROM trading_accounts f
@@ -186,6 +257,9 @@ SELECT 'free', NULL, NULL, NULL, NULL,
      + (SELECT count(*) FROM nodes d JOIN trading_accounts a ON a.node_id = d.node_id
          WHERE d.lease_until < now() AND d.node_id <> $1 AND a.platform = $3 AND a.enabled),
        NULL, NULL, NULL
+UNION ALL
+SELECT 'database', db.timeline, (SELECT next FROM era), k.changed, NULL, g.ms, NULL, NULL, NULL
+  FROM db, known k, grace g
 "#;
 
 /// Runs one lease cycle. The caller reads its monotonic `t0` before calling and trusts what
@@ -206,6 +280,7 @@ pub async fn cycle(
         .bind(i32::try_from(p.claim_limit).unwrap_or(i32::MAX))
         .bind(i64::try_from(p.trust.as_millis()).unwrap_or(i64::MAX))
         .bind(i32::try_from(p.owned).unwrap_or(i32::MAX))
+        .bind(p.kept)
         .fetch_all(conn)
         .await?;
     let mut out = CycleOutcome::default();
@@ -239,6 +314,14 @@ pub async fn cycle(
                 owned: row.try_get::<i32, _>("owned")?.max(0) as u32,
             }),
             "free" => out.free = row.try_get::<i64, _>("ms")?.max(0) as u64,
+            "database" => {
+                out.database = DatabaseView {
+                    timeline: row.try_get("id")?,
+                    failed_over: row.try_get("wanted")?,
+                    grace: ms()?,
+                    era_start: row.try_get("owner_epoch")?,
+                }
+            }
             other => {
                 return Err(sqlx::Error::Protocol(format!(
                     "unexpected cycle row kind {other:?}"

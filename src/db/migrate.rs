@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "copy decisions",
         include_str!("../../migrations/0006_copy_decisions.sql"),
     ),
+    (
+        7,
+        "failover grace",
+        include_str!("../../migrations/0007_failover_grace.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -94,6 +94,10 @@ struct Run {
     /// When this node last handed accounts off: at most one step per cycle period, however
     /// often peers' release announcements wake the loop early.
     last_handoff: Option<Instant>,
+    /// The database's timeline as the last cycle saw it.
+    timeline: Option<i64>,
+    /// Until when claims wait (a grace after a database failover).
+    grace_until: Option<Instant>,
 }
 
 impl LeaseLoop {
@@ -114,6 +118,8 @@ impl LeaseLoop {
             target: None,
             shedding: false,
             last_handoff: None,
+            timeline: None,
+            grace_until: None,
         };
         let mut next = Instant::now();
         loop {
@@ -172,6 +178,12 @@ impl LeaseLoop {
             Some(d) if trust::holds(t0, d) => (d - t0).min(window),
             _ => window,
         };
+        // Gates open without a break up to now: the only rows kept through a database grace.
+        let kept: Vec<i64> = if run.deadline.is_some_and(|d| trust::holds(t0, d)) {
+            self.supervisor.owned().into_values().collect()
+        } else {
+            Vec::new()
+        };
         let params = CycleParams {
             node_id: &self.node.node_id,
             instance_id: &self.instance_id,
@@ -185,6 +197,7 @@ impl LeaseLoop {
             lease,
             held: &run.held,
             claim: run.draining.is_none(),
+            kept: &kept,
         };
         let connect = &self.connect;
         let new_connection = run.conn.is_none();
@@ -242,7 +255,13 @@ impl LeaseLoop {
         run.deadline = Some(deadline);
         run.held = outcome.owned.iter().map(|r| r.epoch).collect();
         run.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
-        let moved = self.rebalance(run, &outcome);
+        self.watch_database(run, &outcome.database, acknowledged);
+        // Nobody can claim during a grace: handing accounts off would only leave them unowned.
+        let moved = if outcome.database.grace.is_zero() {
+            self.rebalance(run, &outcome)
+        } else {
+            0
+        };
         let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
         debug!(
             owned = run.wanted,
@@ -267,6 +286,49 @@ impl LeaseLoop {
             self.read_replication(run).await;
         }
         Ok(self.schedule(run, t0, acknowledged, &outcome))
+    }
+
+    /// What the cycle saw of the database: a failover (a new timeline, or a grace this node had
+    /// not seen) makes every follower drop its masters' (epoch, seq), which may have rewound
+    /// with the lost tail, and reconcile; the grace is published for `/metrics` and logged.
+    fn watch_database(
+        &mut self,
+        run: &mut Run,
+        db: &db::lease::DatabaseView,
+        acknowledged: Instant,
+    ) {
+        let timeline_changed =
+            matches!((run.timeline, db.timeline), (Some(old), Some(new)) if old != new);
+        let grace_began = !db.grace.is_zero() && run.grace_until.is_none();
+        if db.failed_over || timeline_changed || (grace_began && run.timeline.is_some()) {
+            warn!(
+                old_timeline = ?run.timeline,
+                timeline = ?db.timeline,
+                detected_here = db.failed_over,
+                grace_s = format!("{:.1}", db.grace.as_secs_f64()),
+                kept = run.held.len(),
+                era_start = ?db.era_start,
+                "database failed over: writes the old primary acknowledged may be lost; keeping only the accounts whose gates stayed open, claiming nothing until the grace ends, and reconciling every follower"
+            );
+            self.metrics.db_failovers.inc();
+            self.supervisor.database_failed_over();
+            self.publish(run, |s| s.db_failovers += 1);
+        }
+        if db.timeline.is_some() {
+            run.timeline = db.timeline;
+        }
+        let until = (!db.grace.is_zero()).then(|| acknowledged + db.grace);
+        if run.grace_until.is_some() && until.is_none() {
+            info!("database grace over: claiming again");
+        }
+        run.grace_until = until;
+        let timeline = db.timeline;
+        self.publish(run, |s| {
+            s.grace_until = until;
+            if let Some(d) = s.db.as_mut() {
+                d.timeline = timeline.or(d.timeline);
+            }
+        });
     }
 
     /// After a cycle on a new connection: what the database promises, published, and a changed
@@ -397,6 +459,13 @@ impl LeaseLoop {
             // Free accounts and room under a share that just grew (a peer left, accounts were
             // added): claim them now rather than a cycle later.
             next = next.min(acknowledged + RECLAIM_SOON);
+        }
+        if let Some(end) = run.grace_until
+            && room
+            && run.draining.is_none()
+        {
+            // Claim as soon as the grace after a database failover is over.
+            next = next.min(end + EXPIRY_SLACK);
         }
         if room && run.draining.is_none() {
             for peer in outcome.peers.iter().filter(|p| p.live) {

@@ -28,6 +28,7 @@ fn params<'a>(
         lease: LEASE,
         held,
         claim: true,
+        kept: &[],
     }
 }
 
@@ -506,6 +507,7 @@ async fn explain_cycle(
         .bind(200i32)
         .bind(2000i64)
         .bind(100i32)
+        .bind(held)
         .fetch_all(conn)
         .await
         .unwrap()

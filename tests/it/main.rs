@@ -7,6 +7,7 @@ mod broker;
 mod copy;
 mod credentials;
 mod decisions;
+mod failover;
 mod faults;
 mod hardening;
 mod lease_sql;

@@ -174,6 +174,12 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                     }
                     f.reconcile_all("master notifications may have been lost (LISTEN reconnected)").await;
                 }
+                Some(Signal::FailedOver) => {
+                    // The lost tail may have rewound the masters' sequence numbers: what we
+                    // remember could make us drop new events as old ones.
+                    f.masters.clear();
+                    f.reconcile_all("the database failed over (its last commits may be lost)").await;
+                }
                 None => bail!("the notification hub stopped"),
             },
             _ = tokio::time::sleep_until(retry_at), if f.owed && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,

@@ -1,0 +1,45 @@
+-- PostgreSQL failing over (issue 16). A promoted standby may lack the last commits the old
+-- primary acknowledged: claims, releases, renewals and the epoch sequence's own progress. Every
+-- lease cycle reads the server's WAL timeline and system identifier and compares them with what
+-- the cluster last recorded here; the first cycle that sees them change
+--
+-- * starts a grace: `claims_after = now() + the longest lease + 1 s`. Until then no cycle claims a
+--   row it does not hold continuously (no free row, no dead node's row, not its own lapsed row),
+--   so every gate the old primary may have opened has closed before anyone is granted anything;
+-- * moves the epoch sequence into a new era, `(timeline + era_offset) << 40`, so an epoch handed
+--   out on the lost tail is never handed out again. A timeline only grows within one cluster's
+--   history; on a different cluster (a dump restored, timeline 1 again) `era_offset` grows so the
+--   era still does.
+--
+-- One row. The cycle updates it only when something changed, so renewals never touch it; a lost
+-- update is simply detected again by the next cycle on the new primary.
+CREATE TABLE copier_database (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    timeline       integer,      -- the WAL timeline the last change was seen on
+    system_id      bigint,       -- pg_control_system().system_identifier, likewise
+    era_offset     integer NOT NULL DEFAULT 0,
+    claims_after   timestamptz,  -- no claims before this (the grace after a failover)
+    failed_over_at timestamptz   -- when a cycle last saw the timeline or the system change
+);
+INSERT INTO copier_database (singleton) VALUES (true);
+
+-- The server's WAL timeline, or NULL where a client may not read it (some managed services) or
+-- on a standby. The exception block keeps an unreadable timeline from failing the cycle.
+CREATE FUNCTION copier_timeline() RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END
+$$;
+
+-- The server's system identifier (new with every initdb), or NULL where it cannot be read.
+CREATE FUNCTION copier_system_id() RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN (SELECT system_identifier FROM pg_control_system());
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END
+$$;

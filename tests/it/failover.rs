@@ -1,0 +1,290 @@
+//! The grace after a database failover and the keep rules, driven through the cycle statement
+//! against a real PostgreSQL. A failover is staged by making `copier_database` remember another
+//! timeline (or another system identifier, for a restored dump): to the cycle that is exactly
+//! what a promoted standby looks like. The real thing (a standby that lost the tail, promoted)
+//! is the fault suite's `failover` scenarios.
+
+use std::time::Duration;
+
+use copier_node::db::lease::{self, CycleOutcome, CycleParams};
+use sqlx::PgConnection;
+
+use crate::support::{TestDb, eventually, insert_accounts};
+
+const LEASE: Duration = Duration::from_secs(3);
+/// The grace is the longest lease plus a second.
+const GRACE: Duration = Duration::from_secs(4);
+
+async fn cycle(conn: &mut PgConnection, node_id: &str, held: &[i64], kept: &[i64]) -> CycleOutcome {
+    let p = CycleParams {
+        node_id,
+        instance_id: node_id,
+        platform: "mt5",
+        capacity: 1000,
+        claim_limit: 1000,
+        trust: Duration::from_secs(2),
+        owned: held.len() as u32,
+        lease: LEASE,
+        held,
+        claim: true,
+        kept,
+    };
+    lease::cycle(conn, &p).await.unwrap()
+}
+
+fn epochs(out: &CycleOutcome) -> Vec<i64> {
+    out.owned.iter().map(|r| r.epoch).collect()
+}
+
+fn ids(out: &CycleOutcome) -> Vec<i64> {
+    let mut ids: Vec<i64> = out.owned.iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The row as the database holds it: (node, epoch).
+async fn row(conn: &mut PgConnection, id: i64) -> (Option<String>, i64) {
+    sqlx::query_as("SELECT node_id, owner_epoch FROM trading_accounts WHERE id = $1")
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Makes the database look as if it had just failed over: the recorded timeline is an older one.
+async fn stage_failover(conn: &mut PgConnection) {
+    let n = sqlx::query(
+        "UPDATE copier_database SET timeline = timeline - 1 WHERE timeline IS NOT NULL",
+    )
+    .execute(conn)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 1, "an earlier cycle recorded the timeline");
+}
+
+/// Cycles `node` (holding and keeping nothing) until its claims are allowed again.
+async fn after_grace(conn: &mut PgConnection, node: &str) -> CycleOutcome {
+    eventually(
+        format!("the grace to end for {node}"),
+        GRACE * 5,
+        async || {
+            let out = cycle(conn, node, &[], &[]).await;
+            out.database.grace.is_zero().then_some(out)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_first_cycle_records_the_timeline_and_starts_no_grace() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let out = cycle(&mut conn, "a", &[], &[]).await;
+    assert_eq!(ids(&out), vec![1, 2, 3], "claims as usual");
+    assert!(!out.database.failed_over);
+    assert!(out.database.grace.is_zero());
+    let timeline = out
+        .database
+        .timeline
+        .expect("a plain server shows its timeline");
+    assert!(timeline >= 1);
+    let recorded: Option<i32> = sqlx::query_scalar("SELECT timeline FROM copier_database")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(recorded.map(i64::from), Some(timeline));
+}
+
+#[tokio::test]
+async fn after_a_failover_nothing_is_claimed_until_the_grace_ends() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=6, "mt5").await;
+    let a = cycle(&mut conn, "a", &[], &[]).await;
+    assert_eq!(a.owned.len(), 6);
+    // a hands 4..=6 back (the new primary shows them free) and then the database fails over.
+    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL WHERE id >= 4")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    stage_failover(&mut conn).await;
+
+    // A node whose first cycle comes after the failover: it sees the change and claims nothing.
+    let b = cycle(&mut conn, "b", &[], &[]).await;
+    assert!(
+        b.database.failed_over,
+        "b's cycle is the first on the new timeline"
+    );
+    assert!(
+        b.database.grace >= LEASE && b.database.grace <= GRACE,
+        "grace of the longest lease plus a margin: {:?}",
+        b.database.grace
+    );
+    assert!(
+        b.owned.is_empty(),
+        "claimed during the grace: {:?}",
+        b.owned
+    );
+    // Free rows stay free for a too, and another cycle does not start the grace again.
+    let kept: Vec<i64> = a
+        .owned
+        .iter()
+        .filter(|r| r.id <= 3)
+        .map(|r| r.epoch)
+        .collect();
+    let a2 = cycle(&mut conn, "a", &epochs(&a), &kept).await;
+    assert!(!a2.database.failed_over, "the change was noted once");
+    assert!(!a2.database.grace.is_zero());
+    assert_eq!(
+        ids(&a2),
+        vec![1, 2, 3],
+        "a keeps what it held, claims nothing"
+    );
+    for id in 4..=6 {
+        assert_eq!(row(&mut conn, id).await.0, None, "account {id} stayed free");
+    }
+    // (a stopped renewing, so its rows are claimable by then as well.)
+    let b = after_grace(&mut conn, "b").await;
+    for id in 4..=6 {
+        assert!(
+            ids(&b).contains(&id),
+            "claims resume once the grace is over: {:?}",
+            ids(&b)
+        );
+    }
+}
+
+#[tokio::test]
+async fn during_a_grace_only_rows_held_without_a_break_are_kept_and_at_their_epochs() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=4, "mt5").await;
+    let a = cycle(&mut conn, "a", &[], &[]).await;
+    let epoch_of = |id: i64| a.owned.iter().find(|r| r.id == id).unwrap().epoch;
+    // Account 1: held throughout, but the new primary lost its last renewal (expired there).
+    sqlx::query("UPDATE trading_accounts SET lease_until = now() - interval '1 s' WHERE id = 1")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // Account 2: a had released it (and someone else claimed it), both commits lost: the new
+    // primary shows a at its old epoch, unexpired. a's last cycle still listed it as held.
+    // Account 3: a let it lapse (its gate closed) before the failover; the row looks fine.
+    // Account 4: held throughout, nothing lost.
+    stage_failover(&mut conn).await;
+    let kept = [epoch_of(1), epoch_of(4)];
+    let out = cycle(&mut conn, "a", &epochs(&a), &kept).await;
+    assert!(out.database.failed_over);
+    assert_eq!(ids(&out), vec![1, 4], "kept exactly the continuous ones");
+    for id in [1, 4] {
+        assert_eq!(
+            row(&mut conn, id).await,
+            (Some("a".into()), epoch_of(id)),
+            "account {id} renewed at its epoch, even where the new primary showed it expired"
+        );
+    }
+    for id in [2, 3] {
+        assert_eq!(
+            row(&mut conn, id).await,
+            (Some("a".into()), epoch_of(id)),
+            "account {id} neither renewed nor re-claimed with a new epoch during the grace"
+        );
+    }
+    // After the grace, a re-claims 2 and 3 with new epochs (its sessions restart and reconcile).
+    let out = eventually("the grace to end", GRACE * 5, async || {
+        let out = cycle(&mut conn, "a", &kept, &kept).await;
+        out.database.grace.is_zero().then_some(out)
+    })
+    .await;
+    assert_eq!(ids(&out), vec![1, 2, 3, 4]);
+    for r in &out.owned {
+        if r.id == 2 || r.id == 3 {
+            assert_ne!(r.epoch, epoch_of(r.id), "account {} got a new epoch", r.id);
+        }
+    }
+}
+
+#[tokio::test]
+async fn epochs_after_a_failover_or_a_restore_are_above_every_earlier_one() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=2, "mt5").await;
+    let a = cycle(&mut conn, "a", &[], &[]).await;
+    let before = *epochs(&a).iter().max().unwrap();
+    // The lost tail: the sequence itself rewound (it lives in the WAL too).
+    sqlx::query("SELECT setval('owner_epoch_seq', 1)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    stage_failover(&mut conn).await;
+    let first = cycle(&mut conn, "b", &[], &[]).await;
+    let era_start = first
+        .database
+        .era_start
+        .expect("the detecting cycle moved the sequence");
+    let timeline = first.database.timeline.unwrap();
+    assert_eq!(era_start, timeline << 40, "the era is the timeline");
+    let b = after_grace(&mut conn, "b").await;
+    assert_eq!(b.owned.len(), 2);
+    for e in epochs(&b) {
+        assert!(e > before && e > era_start, "epoch {e} after {before}");
+    }
+    let failover_max = *epochs(&b).iter().max().unwrap();
+
+    // A dump restored onto another cluster: same timeline number, another system identifier.
+    sqlx::query("UPDATE copier_database SET system_id = system_id + 1")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("SELECT setval('owner_epoch_seq', 1)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let first = cycle(&mut conn, "c", &[], &[]).await;
+    assert!(
+        first.database.failed_over,
+        "another system identifier is a failover too"
+    );
+    assert_eq!(
+        first.database.era_start,
+        Some((timeline + 1) << 40),
+        "the era moves on though the timeline number did not"
+    );
+    let c = after_grace(&mut conn, "c").await;
+    for e in epochs(&c) {
+        assert!(e > failover_max, "epoch {e} after {failover_max}");
+    }
+}
+
+#[tokio::test]
+async fn a_node_that_lost_a_claim_with_the_tail_keeps_nothing_of_it() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    let first = cycle(&mut conn, "a", &[], &[]).await;
+    let epoch = first.owned[0].epoch;
+    // The claim was lost: the new primary shows the account free.
+    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    stage_failover(&mut conn).await;
+    // a's gate is still open: it keeps the epoch, but there is no such row to keep.
+    let a = cycle(&mut conn, "a", &[epoch], &[epoch]).await;
+    assert!(a.owned.is_empty(), "a learns it does not own the account");
+    let b = cycle(&mut conn, "b", &[], &[]).await;
+    assert!(
+        b.owned.is_empty(),
+        "nobody claims it while a's gate may be open"
+    );
+    assert_eq!(row(&mut conn, 1).await.0, None);
+}
