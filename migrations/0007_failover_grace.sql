@@ -43,3 +43,9 @@ EXCEPTION WHEN others THEN
     RETURN NULL;
 END
 $$;
+
+-- The timeline each master snapshot was written on. A snapshot from an older timeline (or from
+-- before `failed_over_at`) may lack the master's last changes: a follower reconciling against it
+-- would close copies of positions the master still holds. Followers wait for the owner to
+-- publish again instead. NULL (written by an older binary) is judged by `failed_over_at` alone.
+ALTER TABLE master_state ADD COLUMN timeline integer;

@@ -304,6 +304,18 @@ impl Follower<'_> {
                 return;
             }
         };
+        if state.as_ref().is_some_and(|s| s.before_failover) {
+            // Deciding from it could close copies of positions the master still holds; its
+            // owner publishes again after the failover (and that notice reconciles).
+            info!(
+                master_id = m,
+                why,
+                "master snapshot written before the database failed over: waiting for its owner to publish again"
+            );
+            self.masters.remove(&m);
+            self.owe("master snapshot from before the database failover");
+            return;
+        }
         self.master_funds.insert(m, master_funds);
         self.memory.bases = bases;
         // Decisions recorded by this session whose write failed still count.

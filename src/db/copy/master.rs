@@ -15,6 +15,10 @@ pub struct MasterState {
     pub positions: Vec<MasterPosition>,
     /// The database's clock when this was read (Unix ms): a reconcile's decisions are timed by it.
     pub now_ms: i64,
+    /// Written before the database last failed over (on an older timeline, or before a cycle
+    /// saw the failover): it may lack the last changes, which the lost tail took with it. A
+    /// follower decides nothing from it until the master's owner publishes again.
+    pub before_failover: bool,
 }
 
 /// Reads a master's published state, if it ever published.
@@ -23,9 +27,12 @@ pub async fn master_state(
     master_id: i64,
 ) -> Result<Option<MasterState>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT epoch, seq, positions::text AS positions,
-                (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-           FROM master_state WHERE master_id = $1",
+        "SELECT s.epoch, s.seq, s.positions::text AS positions,
+                (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+                coalesce(s.timeline <> copier_timeline(), false)
+                  OR coalesce(s.updated_at < d.failed_over_at, false) AS before_failover
+           FROM master_state s LEFT JOIN copier_database d ON true
+          WHERE s.master_id = $1",
     )
     .bind(master_id)
     .fetch_optional(conn)
@@ -39,6 +46,7 @@ pub async fn master_state(
             seq: r.try_get("seq")?,
             positions,
             now_ms: r.try_get("now_ms")?,
+            before_failover: r.try_get("before_failover")?,
         })
     })
     .transpose()
@@ -85,11 +93,12 @@ stamped AS (
       FROM jsonb_array_elements($5::jsonb) p, clock
 ),
 stored AS (
-    INSERT INTO master_state AS s (master_id, epoch, seq, positions, updated_at)
-    SELECT $1, $3, $4, stamped.positions, now() FROM owner, stamped
+    INSERT INTO master_state AS s (master_id, epoch, seq, positions, updated_at, timeline)
+    SELECT $1, $3, $4, stamped.positions, now(), copier_timeline() FROM owner, stamped
     ON CONFLICT (master_id) DO UPDATE
        SET epoch = excluded.epoch, seq = excluded.seq,
-           positions = excluded.positions, updated_at = excluded.updated_at
+           positions = excluded.positions, updated_at = excluded.updated_at,
+           timeline = excluded.timeline
      WHERE s.epoch < excluded.epoch OR (s.epoch = excluded.epoch AND s.seq = excluded.seq - 1)
     RETURNING s.positions
 )

@@ -8,7 +8,7 @@
 //! * no order accepted with a fence below one the broker had already seen for the login (only
 //!   possible with `--no-fence-check`: that count is what the fence check prevents).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 /// One journal line, as the simulated broker writes and reads it.
@@ -248,8 +248,47 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
     Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000 + ms)
 }
 
+/// Epochs (fences) the journal shows in use by more than one (login, node): an epoch names one
+/// ownership of one account, so a second user means an epoch was handed out twice (the epoch
+/// sequence rewound with a database's lost tail, say).
+pub fn epochs_reused(lines: &[Line]) -> Vec<String> {
+    let mut users: BTreeMap<i64, BTreeSet<(String, String)>> = BTreeMap::new();
+    for l in lines.iter().filter(|l| l.client != "manual") {
+        if let Some(f) = l.fence {
+            users
+                .entry(f)
+                .or_default()
+                .insert((l.login.clone(), l.client.clone()));
+        }
+    }
+    users
+        .into_iter()
+        .filter(|(_, u)| u.len() > 1)
+        .map(|(f, u)| format!("epoch {f} used by {u:?}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    fn line(login: &str, client: &str, fence: i64) -> super::Line {
+        serde_json::from_value(serde_json::json!({
+            "ts_ms": 0, "login": login, "client": client, "action": "open", "ticket": null,
+            "symbol": null, "side": null, "volume": null, "magic": null, "comment": null,
+            "fence": fence, "client_order_id": null, "accepted": true, "reason": null
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_epoch_seen_on_two_accounts_or_two_nodes_is_reported() {
+        let ok = [line("f3", "a", 7), line("f3", "a", 7), line("f4", "a", 8)];
+        assert!(super::epochs_reused(&ok).is_empty());
+        let two_nodes = [line("f3", "a", 7), line("f3", "b", 7)];
+        assert_eq!(super::epochs_reused(&two_nodes).len(), 1);
+        let two_accounts = [line("f3", "a", 7), line("f4", "a", 7)];
+        assert_eq!(super::epochs_reused(&two_accounts).len(), 1);
+    }
+
     #[test]
     fn log_timestamps_parse() {
         assert_eq!(

@@ -6,6 +6,7 @@
 //! `COPIER_SUITE_ROUNDS=N` repeats every scenario N times with random timings (the long mode).
 
 pub mod checker;
+mod failover;
 pub mod oracle;
 mod scenarios;
 
@@ -16,14 +17,14 @@ use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::{HistoryResult, PositionsResult, Request};
 use copier_node::broker::types::{ClosedPosition, Position};
 use copier_node::copier::rules::{Link, LotMode};
-use copier_node::pgtmp::{Cluster, PgBinaries};
+use copier_node::pgtmp::{Cluster, PgBinaries, as_postgres, prepare_dir};
 use sqlx::Connection;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::broker::{BrokerProcess, Scratch};
-use crate::support::chaos::ChaosProxy;
+use crate::support::chaos::{ChaosProxy, Mode};
 use crate::support::process::{NodeProcess, NodeSpec};
 use crate::support::{FAST, TestDb, Timing, add_account};
 
@@ -60,6 +61,15 @@ enum Database {
     },
 }
 
+/// A streaming standby of a private cluster, made with `pg_basebackup`, replicating through a
+/// chaos proxy: hanging it lets commits reach the primary only (asynchronous replication's lost
+/// tail, on demand).
+pub struct Standby {
+    pub cluster: Cluster,
+    pub replication: ChaosProxy,
+    _dir: Scratch,
+}
+
 /// One node process and its proxies.
 pub struct SuiteNode {
     pub id: String,
@@ -90,6 +100,12 @@ pub struct Suite {
     /// Nodes stopped cleanly (their handovers need only be ordered).
     pub released: HashSet<String>,
     started: Instant,
+    /// Timings of the nodes started from now on, and the fence the checker holds them to.
+    pub timing: crate::support::Timing,
+    pub fence_ms: i64,
+    pub standby: Option<Standby>,
+    /// After a failover: the promoted standby's URL and address.
+    promoted: Option<(String, String)>,
 }
 
 impl Suite {
@@ -148,12 +164,117 @@ impl Suite {
             generator: None,
             released: HashSet::new(),
             started: Instant::now(),
+            timing: TIMING,
+            fence_ms: FENCE_MS,
+            standby: None,
+            promoted: None,
         };
         suite.seed().await;
         suite
     }
 
+    /// A suite on a private cluster with a streaming standby (see [`Standby`]), caught up.
+    pub async fn with_standby(name: &str, broker_args: &[&str]) -> Suite {
+        let mut s = Self::with_private_cluster(name, broker_args).await;
+        let replication = ChaosProxy::start(s.server_addr()).await;
+        let dir = Scratch::new(&format!("{name}-standby"));
+        let root = dir.0.join("pg");
+        let bins = PgBinaries::find().unwrap();
+        let port = replication.port.to_string();
+        let cluster = tokio::task::spawn_blocking(move || {
+            prepare_dir(&root).unwrap();
+            let out = as_postgres(&bins.tool("pg_basebackup"))
+                .arg("-D")
+                .arg(root.join("data"))
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
+                .args(["-R", "-X", "stream", "-c", "fast"])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Cluster::start(&bins, &root).unwrap()
+        })
+        .await
+        .unwrap();
+        s.standby = Some(Standby {
+            cluster,
+            replication,
+            _dir: dir,
+        });
+        s.standby_caught_up().await;
+        s
+    }
+
+    /// Waits until the standby has replayed everything the primary has written.
+    pub async fn standby_caught_up(&self) {
+        let mut conn = self.conn().await;
+        crate::support::eventually(
+            format!("{}: the standby to catch up", self.name),
+            Duration::from_secs(60),
+            async || {
+                let caught_up: bool = sqlx::query_scalar(
+                    "SELECT coalesce(bool_and(replay_lsn >= pg_current_wal_lsn()), false)
+                       FROM pg_stat_replication WHERE state = 'streaming'",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+                caught_up.then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// From now on commits reach the primary only (the standby's replication hangs).
+    pub fn cut_replication(&self) {
+        self.standby
+            .as_ref()
+            .expect("a suite with a standby")
+            .replication
+            .set(Mode::Hang);
+    }
+
+    /// The primary dies (`immediate`, as a crash), the standby is promoted, and every node's
+    /// proxies send new connections to it and cut the open ones (a hung proxy stays hung).
+    /// Returns when the promoted standby accepts writes.
+    pub async fn fail_over(&mut self) {
+        let standby = self.standby.as_ref().expect("a suite with a standby");
+        let primary = self.cluster().clone();
+        let promoted = standby.cluster.clone();
+        let bins = PgBinaries::find().unwrap();
+        tokio::task::spawn_blocking(move || {
+            primary.stop("immediate").unwrap();
+            let out = as_postgres(&bins.tool("pg_ctl"))
+                .arg("-D")
+                .arg(promoted.root.join("data"))
+                .args(["-w", "-t", "60", "promote"])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "pg_ctl promote failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        })
+        .await
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", standby.cluster.port);
+        self.promoted = Some((standby.cluster.url("postgres"), addr.clone()));
+        for n in &self.nodes {
+            n.db_proxy.retarget(addr.clone());
+            n.listen_proxy.retarget(addr.clone());
+        }
+    }
+
     pub fn url(&self) -> String {
+        if let Some((url, _)) = &self.promoted {
+            return url.clone();
+        }
         match &self.db {
             Database::Shared(db) => db.url.clone(),
             Database::Private { url, .. } => url.clone(),
@@ -161,6 +282,9 @@ impl Suite {
     }
 
     fn server_addr(&self) -> String {
+        if let Some((_, addr)) = &self.promoted {
+            return addr.clone();
+        }
         match &self.db {
             Database::Shared(db) => db.server_addr(),
             Database::Private { cluster, .. } => format!("127.0.0.1:{}", cluster.port),
@@ -260,7 +384,7 @@ impl Suite {
         let spec = NodeSpec {
             node_id: id.to_string(),
             capacity,
-            timing: TIMING,
+            timing: self.timing,
             database_url: self.url_via(db_proxy.port),
             listen_url: Some(self.url_via(listen_proxy.port)),
             env,
@@ -514,7 +638,7 @@ impl Suite {
             .collect();
         let violations = checker::single_owner_violations(
             &lines,
-            FENCE_MS,
+            self.fence_ms,
             TOLERANCE_MS,
             &self.released,
             &releases,
@@ -563,6 +687,9 @@ impl Drop for Suite {
         self.nodes.clear();
         if let Database::Private { cluster, .. } = &self.db {
             let _ = cluster.stop("immediate");
+        }
+        if let Some(standby) = &self.standby {
+            let _ = standby.cluster.stop("immediate");
         }
     }
 }

@@ -1,9 +1,10 @@
 //! A chaos TCP proxy between a node and PostgreSQL. It forwards bytes until told to hang (stop
 //! forwarding in both directions, or only the server's replies, keeping every socket open, as a
-//! dead network path or a frozen peer does), and can cut every open connection.
+//! dead network path or a frozen peer does), can cut every open connection, and can be pointed
+//! at another server (a promoted standby: what a virtual IP or HAProxy does on failover).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,6 +25,7 @@ pub struct ChaosProxy {
     pub port: u16,
     mode: watch::Sender<Mode>,
     generation: Arc<AtomicU64>,
+    target: Arc<Mutex<String>>,
     accept: JoinHandle<()>,
 }
 
@@ -35,6 +37,8 @@ impl ChaosProxy {
         let (mode, rx) = watch::channel(Mode::Forward);
         let generation = Arc::new(AtomicU64::new(0));
         let gen_accept = generation.clone();
+        let target = Arc::new(Mutex::new(target));
+        let target_accept = target.clone();
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -42,7 +46,7 @@ impl ChaosProxy {
                 };
                 let rx = rx.clone();
                 let generation = gen_accept.clone();
-                let target = target.clone();
+                let target = target_accept.lock().unwrap().clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(target.as_str()).await else {
                         return;
@@ -60,12 +64,19 @@ impl ChaosProxy {
             port,
             mode,
             generation,
+            target,
             accept,
         }
     }
 
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// Sends new connections to `target` from now on, and cuts the open ones.
+    pub fn retarget(&self, target: String) {
+        *self.target.lock().unwrap() = target;
+        self.cut();
     }
 
     /// Closes every connection open now (new ones are accepted as usual).

@@ -1,0 +1,156 @@
+//! PostgreSQL itself failing over and forgetting its last commits (issue 16), with a real
+//! primary, a real standby made by `pg_basebackup` replicating through a chaos proxy, and the
+//! standby promoted by `pg_ctl promote`. Replication is cut first, so claims, releases and
+//! hand-offs commit on the primary only: the promoted standby has never heard of them.
+//!
+//! Leases are longer than the failover takes (lease 20 s, fence 5 s), or every gate would close
+//! before the danger could show. Judged from the journal alone, with the simulated broker's fence
+//! check and client-id deduplication both off: no duplicate, no order by an old owner after the
+//! new owner's first, no epoch used by two owners; and every follower converges after the grace.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Suite, checker};
+use crate::support::Timing;
+use crate::support::chaos::Mode;
+
+/// Lease 20 s, fence 5 s: a node trusts a renewal for 15 s.
+const SLOW: Timing = Timing {
+    lease: "20s",
+    fence: "5s",
+    cycle: "1s",
+};
+const UNPROTECTED: &[&str] = &["--no-fence-check", "--no-dedupe"];
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Lets the masters trade for `d` (the workload, not a wait for a condition).
+async fn trade_for(s: &mut Suite, d: Duration) {
+    if s.generator.is_none() {
+        s.start_trading();
+    }
+    tokio::time::sleep(d).await;
+}
+
+async fn wait_owned(s: &Suite, node: &str, n: usize) {
+    let since = Instant::now();
+    while s.owned_by(node).await.len() < n {
+        assert!(
+            since.elapsed() < WAIT,
+            "{}: {node} does not own {n} accounts: {:?}",
+            s.name,
+            s.owners().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The three lost-tail cases in one run:
+/// * a lost hand-off: a releases accounts and b claims them, on the primary only; the new primary
+///   shows them as a's, at a's old epochs, unexpired;
+/// * lost claims: b's claims are gone, while b (cut off from the database) keeps trading them
+///   on its trust until its deadline;
+/// * a node that first connects after the failover (c).
+#[tokio::test]
+async fn a_failover_that_loses_the_last_commits_gives_no_account_two_owners() {
+    let mut s = Suite::with_standby("suite-failover", UNPROTECTED).await;
+    s.timing = SLOW;
+    s.fence_ms = 5000;
+    s.start_node("a", 100, Vec::new()).await;
+    wait_owned(&s, "a", 8).await;
+    s.wait_ready().await;
+    trade_for(&mut s, Duration::from_secs(2)).await;
+    s.standby_caught_up().await;
+
+    // From here on commits reach the primary only.
+    s.cut_replication();
+    s.start_node("b", 100, Vec::new()).await;
+    // The hand-off (a's releases, b's claims) and b's first copies: all on the lost tail.
+    wait_owned(&s, "b", 4).await;
+    let handed: Vec<i64> = s.owned_by("b").await;
+    trade_for(&mut s, Duration::from_secs(3)).await;
+    let epochs_before: Vec<(i64, i64)> = {
+        let mut conn = s.conn().await;
+        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+    };
+
+    // b loses the database (its LISTEN connection stays, so it keeps copying on its trust),
+    // then the primary dies and the standby is promoted.
+    s.node("b").db_proxy.set(Mode::Hang);
+    let promoted_at = Instant::now();
+    s.fail_over().await;
+    eprintln!(
+        "[{}] primary killed, standby promoted in {} ms; accounts handed to b on the lost tail: {handed:?}",
+        s.name,
+        promoted_at.elapsed().as_millis()
+    );
+    // A node whose first cycle comes after the failover.
+    s.start_node("c", 100, Vec::new()).await;
+    s.node("a")
+        .process
+        .wait_for_output("database failed over", WAIT)
+        .await;
+    // b's gates close at its own deadline; then it reaches the new primary and learns it owns
+    // nothing there.
+    s.node("b")
+        .process
+        .wait_for_output("gate closed: lease trust lapsed", WAIT)
+        .await;
+    s.node("b").db_proxy.set(Mode::Forward);
+
+    // Every account owned again once the grace is over, and copying resumes.
+    let since = Instant::now();
+    while s.owners().await.len() < 8 {
+        assert!(
+            since.elapsed() < WAIT,
+            "{}: not every account owned after the grace: {:?}",
+            s.name,
+            s.owners().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let owned_again = promoted_at.elapsed();
+    trade_for(&mut s, Duration::from_secs(3)).await;
+    let orders = s.stop_trading().await;
+    let converged = s.converged(WAIT).await;
+    eprintln!(
+        "[{}] {orders} master orders; copying resumed (every account owned again) {} ms after the promotion; converged {} ms after trading stopped",
+        s.name,
+        owned_again.as_millis(),
+        converged.as_millis()
+    );
+
+    let mut conn = s.conn().await;
+    // Nothing was claimed between the failover's detection and the end of the grace.
+    let (grace_claims, detected): (i64, bool) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE a.claimed_at >= d.failed_over_at AND a.claimed_at < d.claims_after),
+                bool_or(d.failed_over_at IS NOT NULL)
+           FROM trading_accounts a, copier_database d",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(detected, "the failover was detected");
+    assert_eq!(grace_claims, 0, "claims during the grace");
+    // Every account the new primary handed out again has an epoch above every earlier one.
+    let max_before = epochs_before.iter().map(|(_, e)| *e).max().unwrap();
+    let after: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    for ((id, old), (_, new)) in epochs_before.iter().zip(&after) {
+        assert!(
+            new == old || *new > max_before,
+            "account {id}: epoch {new} after the failover is not above every earlier one ({max_before})"
+        );
+    }
+    s.check(false);
+    let lines = checker::load(&s.dir.path("journal.jsonl"));
+    let reused = checker::epochs_reused(&lines);
+    assert!(reused.is_empty(), "{}: {reused:?}", s.name);
+}
