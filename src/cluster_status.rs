@@ -24,12 +24,17 @@ pub(crate) struct ClusterStatus {
     pub database_timeline: Option<i64>,
     /// Whether commits wait for a synchronous standby (the server's defaults).
     pub database_synchronous: bool,
+    /// When a lease cycle last saw the database fail over (Unix ms; `null`: never).
+    pub database_failed_over_ms: Option<i64>,
+    /// How long claims still wait after that failover (the grace), in ms; 0 outside it.
+    pub database_grace_ms: i64,
 }
 
 /// Reads the cluster's state in one snapshot (one transaction, repeatable read).
 pub(crate) async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx::Error> {
     let (now_ms, nodes, accounts) = crate::db::cluster::snapshot(conn).await?;
     let replication = crate::db::replication::read(conn).await?;
+    let failover = crate::db::replication::failover(conn).await?;
     let unowned = accounts
         .iter()
         .filter(|a| a.enabled && a.owner.is_none())
@@ -56,6 +61,8 @@ pub(crate) async fn read(conn: &mut PgConnection) -> Result<ClusterStatus, sqlx:
         errors,
         database_timeline: replication.timeline,
         database_synchronous: replication.synchronous,
+        database_failed_over_ms: failover.seen_ms,
+        database_grace_ms: failover.grace_ms,
     })
 }
 
@@ -65,9 +72,18 @@ const TEXT_ACCOUNTS: usize = 500;
 /// The text form for people.
 pub(crate) fn render_text(s: &ClusterStatus) -> String {
     let mut out = String::new();
+    let failover = match (s.database_failed_over_ms, s.database_grace_ms) {
+        (Some(at), g) if g > 0 => format!(
+            "; failed over {} ago: no claims for {} more (grace)",
+            secs(s.now_ms - at),
+            secs(g)
+        ),
+        (Some(at), _) => format!("; last failover seen {} ago", secs(s.now_ms - at)),
+        (None, _) => String::new(),
+    };
     let _ = writeln!(
         out,
-        "database: timeline {}; {}",
+        "database: timeline {}; {}{failover}",
         s.database_timeline
             .map(|t| t.to_string())
             .unwrap_or_else(|| "unknown".into()),

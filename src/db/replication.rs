@@ -34,6 +34,29 @@ pub async fn read(conn: &mut PgConnection) -> Result<Replication, sqlx::Error> {
     })
 }
 
+/// The last database failover the cycles saw, as `copier_database` records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Failover {
+    /// When a cycle first saw it (database clock, Unix ms); `None` if none was ever seen.
+    pub seen_ms: Option<i64>,
+    /// How long claims still wait (the grace), in ms; 0 outside a grace.
+    pub grace_ms: i64,
+}
+
+/// Reads the last failover the cycles saw.
+pub async fn failover(conn: &mut PgConnection) -> Result<Failover, sqlx::Error> {
+    let row: Option<(Option<i64>, i64)> = sqlx::query_as(
+        "SELECT (extract(epoch FROM failed_over_at) * 1000)::bigint,
+                greatest(coalesce(ceil(extract(epoch FROM claims_after - now()) * 1000), 0), 0)::bigint
+           FROM copier_database",
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row
+        .map(|(seen_ms, grace_ms)| Failover { seen_ms, grace_ms })
+        .unwrap_or_default())
+}
+
 /// The timeline a WAL file name starts with (eight hex digits).
 pub fn timeline_of(walfile: &str) -> Option<i64> {
     i64::from_str_radix(walfile.get(..8)?, 16).ok()

@@ -288,3 +288,75 @@ async fn a_node_that_lost_a_claim_with_the_tail_keeps_nothing_of_it() {
     );
     assert_eq!(row(&mut conn, 1).await.0, None);
 }
+
+#[tokio::test]
+async fn status_shows_the_failover_and_the_grace() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    cycle(&mut conn, "a", &[], &[]).await;
+    stage_failover(&mut conn).await;
+    assert!(cycle(&mut conn, "b", &[], &[]).await.database.failed_over);
+    let url = db.url.clone();
+    let (json, text) = tokio::task::spawn_blocking(move || {
+        let env = [("DATABASE_URL", url.as_str())];
+        let json = crate::support::process::run_to_end(&["status", "--json"], &env);
+        let text = crate::support::process::run_to_end(&["status"], &env);
+        (json, text)
+    })
+    .await
+    .unwrap();
+    assert_eq!((json.0, text.0), (0, 0), "{} {}", json.2, text.2);
+    let doc: serde_json::Value = serde_json::from_str(json.1.trim()).unwrap();
+    assert!(doc["database_failed_over_ms"].is_i64(), "{doc}");
+    let grace = doc["database_grace_ms"].as_i64().unwrap();
+    assert!(grace > 0 && grace <= GRACE.as_millis() as i64, "{grace}");
+    assert!(
+        text.1.contains("ago: no claims for") && text.1.contains("(grace)"),
+        "{}",
+        text.1
+    );
+}
+
+/// A whole node through a (staged) failover: it keeps its accounts at their epochs, counts the
+/// failover, publishes the grace, and claims again after it.
+#[tokio::test]
+async fn a_node_keeps_its_accounts_through_a_failover_and_shows_the_grace() {
+    use crate::support::{FAST, config, start_node, wait_state};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let a = start_node(&config(&db, "a", 100, FAST)).await;
+    wait_state(&a.state, "a owns 3", GRACE * 5, |s| s.owned.len() == 3).await;
+    let before = (*a.state.borrow().owned).clone();
+    stage_failover(&mut conn).await;
+    // A fourth account appears meanwhile: nobody may claim it during the grace.
+    insert_accounts(&mut conn, 4..=4, "mt5").await;
+    wait_state(&a.state, "a saw the failover", GRACE * 5, |s| {
+        s.db_failovers == 1 && s.grace_until.is_some()
+    })
+    .await;
+    assert_eq!(
+        *a.state.borrow().owned,
+        before,
+        "kept every account at its epoch, claimed nothing"
+    );
+    let claimed_at_grace_end = wait_state(&a.state, "the grace to end", GRACE * 5, |s| {
+        s.grace_until.is_none() && s.owned.len() == 4
+    })
+    .await;
+    let (claimed_ms, claims_after_ms): (i64, i64) = sqlx::query_as(
+        "SELECT (extract(epoch FROM a.claimed_at) * 1000)::bigint,
+                (extract(epoch FROM d.claims_after) * 1000)::bigint
+           FROM trading_accounts a, copier_database d WHERE a.id = 4",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        claimed_ms >= claims_after_ms,
+        "account 4 claimed at {claimed_ms}, before the grace ended at {claims_after_ms}: {claimed_at_grace_end:?}"
+    );
+    a.shutdown();
+    a.wait().await.unwrap();
+}
