@@ -46,14 +46,11 @@ async fn wait_owned(s: &Suite, node: &str, n: usize) {
     }
 }
 
-/// The three lost-tail cases in one run:
-/// * a lost hand-off: a releases accounts and b claims them, on the primary only; the new primary
-///   shows them as a's, at a's old epochs, unexpired;
-/// * lost claims: b's claims are gone, while b (cut off from the database) keeps trading them
-///   on its trust until its deadline;
-/// * a node that first connects after the failover (c).
+/// A lost release and re-claim: a hands accounts to b on the primary only, so the new primary
+/// shows them as a's, at a's old epochs, unexpired, while b (cut off from the database) keeps
+/// copying them on its trust until its deadline. Node c first connects after the failover.
 #[tokio::test]
-async fn a_failover_that_loses_the_last_commits_gives_no_account_two_owners() {
+async fn a_hand_off_the_new_primary_never_saw_gives_no_account_two_owners() {
     let mut s = Suite::with_standby("suite-failover", UNPROTECTED).await;
     s.timing = SLOW;
     s.fence_ms = 5000;
@@ -102,6 +99,66 @@ async fn a_failover_that_loses_the_last_commits_gives_no_account_two_owners() {
         .await;
     s.node("b").db_proxy.set(Mode::Forward);
 
+    finish_after_failover(&mut s, promoted_at, &epochs_before).await;
+}
+
+/// A lost claim: b claims a free account on the primary only, so the new primary shows it free,
+/// while b (cut off from the database) keeps copying it on its trust until its deadline. Node c,
+/// whose first cycle comes after the failover, has room for it: without the grace it would claim
+/// it at once.
+#[tokio::test]
+async fn a_claim_the_new_primary_never_saw_is_not_granted_again_until_the_grace_ends() {
+    let mut s = Suite::with_standby("suite-failover-claim", UNPROTECTED).await;
+    s.timing = SLOW;
+    s.fence_ms = 5000;
+    // a's capacity leaves account 8 free (a claims in id order).
+    s.start_node("a", 7, Vec::new()).await;
+    wait_owned(&s, "a", 7).await;
+    trade_for(&mut s, Duration::from_secs(2)).await;
+    s.standby_caught_up().await;
+
+    s.cut_replication();
+    // b's fair share (capacity 1 of 8) is exactly the free account: no hand-off, one claim.
+    s.start_node("b", 1, Vec::new()).await;
+    wait_owned(&s, "b", 1).await;
+    assert_eq!(s.owned_by("b").await, vec![8]);
+    trade_for(&mut s, Duration::from_secs(3)).await;
+    let epochs_before: Vec<(i64, i64)> = {
+        let mut conn = s.conn().await;
+        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+    };
+
+    s.node("b").db_proxy.set(Mode::Hang);
+    let promoted_at = Instant::now();
+    s.fail_over().await;
+    let free: Option<String> = {
+        let mut conn = s.conn().await;
+        sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = 8")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(free, None, "the new primary never saw b's claim");
+    s.start_node("c", 100, Vec::new()).await;
+    s.node("c")
+        .process
+        .wait_for_output("joined the cluster", WAIT)
+        .await;
+    s.node("b")
+        .process
+        .wait_for_output("gate closed: lease trust lapsed", WAIT)
+        .await;
+    s.node("b").db_proxy.set(Mode::Forward);
+    finish_after_failover(&mut s, promoted_at, &epochs_before).await;
+}
+
+/// Waits until every account is owned again (the grace is over), lets trading run, and judges:
+/// convergence, no claim inside the grace (from the database), epochs above every earlier one,
+/// and the journal (duplicates, S1 gaps against the 5 s fence, no epoch used twice).
+async fn finish_after_failover(s: &mut Suite, promoted_at: Instant, epochs_before: &[(i64, i64)]) {
     // Every account owned again once the grace is over, and copying resumes.
     let since = Instant::now();
     while s.owners().await.len() < 8 {
@@ -114,7 +171,7 @@ async fn a_failover_that_loses_the_last_commits_gives_no_account_two_owners() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let owned_again = promoted_at.elapsed();
-    trade_for(&mut s, Duration::from_secs(3)).await;
+    trade_for(s, Duration::from_secs(3)).await;
     let orders = s.stop_trading().await;
     let converged = s.converged(WAIT).await;
     eprintln!(
