@@ -5,6 +5,7 @@
 pub mod broker;
 pub mod chaos;
 pub mod faults;
+pub mod fix;
 pub mod fixture;
 pub mod http;
 pub mod pg;

@@ -1,0 +1,556 @@
+// A FIX 4.4 venue for the tests, on QuickFIX C++ (Debian's libquickfix-dev): the session layer
+// (logon, heartbeats, sequence numbers, resends) is QuickFIX's; the business logic is ours.
+//
+//   fix-acceptor <settings> <journal.jsonl> <control-port>
+//
+// Sessions are those of <settings> (SenderCompID = the venue, TargetCompID = the account's
+// login); each session's dictionary carries `Password=` (checked against Logon's 554; 553 must
+// equal the login). Per account: hedging positions filled at fixed quotes, NewOrderSingle (D)
+// market orders (PosMaintRptID 721 names the position a closing order reduces), duplicate
+// ClOrdIDs rejected (OrdRejReason 6), OrderStatusRequest (H), RequestForPositions (AN) answered
+// with an ack (AO) and PositionReports (AP), updates pushed when subscribed (263=1), and
+// ExecutionReports for trades placed by the hand client pushed to the account's session (drop
+// copy). Every request is journaled in the simulated broker's JSON-lines format, `client` from
+// SenderSubID (50).
+//
+// The control port takes one command per line and answers one line:
+//   open <login> <symbol> <buy|sell> <lots>      -> ok <ticket>     (the hand client)
+//   close <login> <ticket> <lots>                -> ok <ticket>
+//   positions <login>                            -> ok <ticket>:<symbol>:<side>:<lots> ...
+//   fault <drop_after_fill|lose_reply|refuse_logon> <on|off>  -> ok
+//   quit                                         -> ok (and the process exits)
+
+#include "quickfix/Application.h"
+#include "quickfix/FileStore.h"
+#include "quickfix/FileLog.h"
+#include "quickfix/Log.h"
+#include "quickfix/MessageCracker.h"
+#include "quickfix/Mutex.h"
+#include "quickfix/Session.h"
+#include "quickfix/SessionSettings.h"
+#include "quickfix/SocketAcceptor.h"
+#include "quickfix/Values.h"
+#include "quickfix/fix44/ExecutionReport.h"
+#include "quickfix/fix44/NewOrderSingle.h"
+#include "quickfix/fix44/OrderStatusRequest.h"
+#include "quickfix/fix44/PositionReport.h"
+#include "quickfix/fix44/RequestForPositions.h"
+#include "quickfix/fix44/RequestForPositionsAck.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Quote {
+  double bid, ask, contract;
+};
+
+const std::map<std::string, Quote> QUOTES = {
+    {"EURUSD", {1.10000, 1.10010, 100000}},
+    {"GBPUSD", {1.25000, 1.25012, 100000}},
+    {"XAUUSD", {2000.00, 2000.30, 100}},
+};
+
+struct Position {
+  std::string symbol;
+  char side;  // '1' buy, '2' sell
+  double units;
+  double price;
+};
+
+struct Order {
+  std::string order_id;
+  char status;  // OrdStatus
+  std::string symbol;
+  char side;
+  double units;
+  double price;
+  long position;
+};
+
+struct Account {
+  std::map<long, Position> positions;
+  std::map<std::string, Order> orders;  // by ClOrdID
+  std::set<std::string> subscriptions;  // PosReqIDs of a subscribed RequestForPositions
+};
+
+long long now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string json_str(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string opt_str(const std::string& s) { return s.empty() ? "null" : json_str(s); }
+
+class Venue : public FIX::Application, public FIX::MessageCracker {
+ public:
+  Venue(const FIX::SessionSettings& settings, const std::string& journal)
+      : settings_(settings), journal_(journal, std::ios::app) {}
+
+  std::atomic<bool> drop_after_fill{false};
+  std::atomic<bool> lose_reply{false};
+  std::atomic<bool> refuse_logon{false};
+
+  // --- FIX::Application
+  void onCreate(const FIX::SessionID&) override {}
+  void onLogon(const FIX::SessionID& id) override {
+    std::lock_guard<std::mutex> g(mutex_);
+    logged_on_.insert(id);
+  }
+  void onLogout(const FIX::SessionID& id) override {
+    std::lock_guard<std::mutex> g(mutex_);
+    logged_on_.erase(id);
+    accounts_[login(id)].subscriptions.clear();
+  }
+  void toAdmin(FIX::Message&, const FIX::SessionID&) override {}
+  void toApp(FIX::Message&, const FIX::SessionID&) throw(FIX::DoNotSend) override {}
+
+  void fromAdmin(const FIX::Message& message, const FIX::SessionID& id) throw(
+      FIX::FieldNotFound, FIX::IncorrectDataFormat, FIX::IncorrectTagValue,
+      FIX::RejectLogon) override {
+    FIX::MsgType type;
+    message.getHeader().getField(type);
+    if (type != FIX::MsgType_Logon) return;
+    std::string user = message.isSetField(553) ? message.getField(553) : "";
+    std::string pass = message.isSetField(554) ? message.getField(554) : "";
+    std::string client = sub_id(message);
+    const FIX::Dictionary& d = settings_.get(id);
+    std::string want = d.has("Password") ? d.getString("Password") : "";
+    std::string reason;
+    if (refuse_logon) reason = "logon refused (fault switch)";
+    else if (user != login(id)) reason = "unknown user";
+    else if (pass != want) reason = "wrong password";
+    std::lock_guard<std::mutex> g(mutex_);
+    journal(login(id), client, "login", "", 0, ' ', 0, "", reason.empty(), reason);
+    if (!reason.empty()) throw FIX::RejectLogon(reason);
+  }
+
+  void fromApp(const FIX::Message& message, const FIX::SessionID& id) throw(
+      FIX::FieldNotFound, FIX::IncorrectDataFormat, FIX::IncorrectTagValue,
+      FIX::UnsupportedMessageType) override {
+    crack(message, id);
+  }
+
+  // --- messages
+  void onMessage(const FIX44::NewOrderSingle& m, const FIX::SessionID& id) override {
+    FIX::ClOrdID cl;
+    FIX::Side side;
+    FIX::Symbol symbol;
+    FIX::OrderQty qty;
+    FIX::OrdType type;
+    m.get(cl);
+    m.get(side);
+    m.get(symbol);
+    m.get(qty);
+    m.get(type);
+    long position = m.isSetField(721) ? std::stol(m.getField(721)) : 0;
+    std::string client = sub_id(m);
+    std::string who = login(id);
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    auto quote = QUOTES.find(symbol.getValue());
+    std::string reason;
+    int rej = 0;
+    if (acc.orders.count(cl.getValue())) {
+      reason = "duplicate ClOrdID";
+      rej = FIX::OrdRejReason_DUPLICATE_ORDER;
+    } else if (type.getValue() != FIX::OrdType_MARKET) {
+      reason = "only market orders";
+      rej = FIX::OrdRejReason_UNSUPPORTED_ORDER_CHARACTERISTIC;
+    } else if (quote == QUOTES.end()) {
+      reason = "unknown symbol";
+      rej = FIX::OrdRejReason_UNKNOWN_SYMBOL;
+    } else if (qty.getValue() <= 0) {
+      reason = "invalid quantity";
+      rej = FIX::OrdRejReason_INCORRECT_QUANTITY;
+    } else if (position != 0) {
+      auto p = acc.positions.find(position);
+      if (p == acc.positions.end()) {
+        reason = "no such position";
+        rej = FIX::OrdRejReason_OTHER;
+      } else if (p->second.side == side.getValue()) {
+        reason = "a closing order must take the opposite side";
+        rej = FIX::OrdRejReason_OTHER;
+      } else if (qty.getValue() > p->second.units + 1e-9) {
+        reason = "quantity above the position's";
+        rej = FIX::OrdRejReason_INCORRECT_QUANTITY;
+      }
+    }
+    std::string action = position != 0 ? "close" : "open";
+    double lots = quote == QUOTES.end() ? qty.getValue() : qty.getValue() / quote->second.contract;
+    if (!reason.empty()) {
+      if (rej != FIX::OrdRejReason_DUPLICATE_ORDER) {
+        acc.orders[cl.getValue()] = Order{next_id(), FIX::OrdStatus_REJECTED, symbol.getValue(),
+                                          side.getValue(), qty.getValue(), 0, position};
+      }
+      journal(who, client, action, symbol.getValue(), position, side.getValue(), lots,
+              cl.getValue(), false, reason);
+      FIX44::ExecutionReport er = report(cl.getValue(), next_id(), FIX::ExecType_REJECTED,
+                                         FIX::OrdStatus_REJECTED, symbol.getValue(),
+                                         side.getValue(), qty.getValue(), 0, 0, position);
+      er.set(FIX::OrdRejReason(rej));
+      er.set(FIX::Text(reason));
+      g.unlock();
+      send(er, id);
+      return;
+    }
+    double price = side.getValue() == FIX::Side_BUY ? quote->second.ask : quote->second.bid;
+    long ticket = fill(acc, symbol.getValue(), side.getValue(), qty.getValue(), price, position);
+    acc.orders[cl.getValue()] = Order{next_id(), FIX::OrdStatus_FILLED, symbol.getValue(),
+                                      side.getValue(), qty.getValue(), price, ticket};
+    journal(who, client, action, symbol.getValue(), ticket, side.getValue(), lots, cl.getValue(),
+            true, "");
+    FIX44::ExecutionReport er =
+        report(cl.getValue(), acc.orders[cl.getValue()].order_id, FIX::ExecType_TRADE,
+               FIX::OrdStatus_FILLED, symbol.getValue(), side.getValue(), qty.getValue(),
+               qty.getValue(), price, ticket);
+    std::vector<FIX44::PositionReport> updates = subscribed_reports(who, acc, ticket);
+    g.unlock();
+    if (drop_after_fill) {
+      if (FIX::Session* s = FIX::Session::lookupSession(id)) s->disconnect();
+      return;
+    }
+    if (lose_reply) return;
+    send(er, id);
+    for (auto& u : updates) send(u, id);
+  }
+
+  void onMessage(const FIX44::OrderStatusRequest& m, const FIX::SessionID& id) override {
+    FIX::ClOrdID cl;
+    m.get(cl);
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[login(id)];
+    auto o = acc.orders.find(cl.getValue());
+    FIX44::ExecutionReport er =
+        o == acc.orders.end()
+            ? report(cl.getValue(), "NONE", FIX::ExecType_ORDER_STATUS, FIX::OrdStatus_REJECTED,
+                     m.isSetField(55) ? m.getField(55) : "", FIX::Side_BUY, 0, 0, 0, 0)
+            : report(cl.getValue(), o->second.order_id, FIX::ExecType_ORDER_STATUS,
+                     o->second.status, o->second.symbol, o->second.side, o->second.units,
+                     o->second.status == FIX::OrdStatus_FILLED ? o->second.units : 0,
+                     o->second.price, o->second.position);
+    if (o == acc.orders.end()) {
+      er.set(FIX::OrdRejReason(FIX::OrdRejReason_UNKNOWN_ORDER));
+      er.set(FIX::Text("unknown order"));
+    }
+    g.unlock();
+    send(er, id);
+  }
+
+  void onMessage(const FIX44::RequestForPositions& m, const FIX::SessionID& id) override {
+    FIX::PosReqID req;
+    m.get(req);
+    bool subscribe = m.isSetField(263) && m.getField(263) == "1";
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[login(id)];
+    if (subscribe) acc.subscriptions.insert(req.getValue());
+    FIX44::RequestForPositionsAck ack;
+    ack.set(FIX::PosMaintRptID(next_id()));
+    ack.set(req);
+    ack.set(FIX::TotalNumPosReports(static_cast<int>(acc.positions.size())));
+    ack.set(FIX::PosReqResult(FIX::PosReqResult_VALID_REQUEST));
+    ack.set(FIX::PosReqStatus(FIX::PosReqStatus_COMPLETED));
+    std::vector<FIX44::PositionReport> reports;
+    for (auto& p : acc.positions) reports.push_back(position_report(req.getValue(), p.first, p.second));
+    g.unlock();
+    send(ack, id);
+    for (auto& r : reports) send(r, id);
+  }
+
+  // --- the hand client (control port)
+  std::string hand_open(const std::string& who, const std::string& symbol, char side, double lots) {
+    std::unique_lock<std::mutex> g(mutex_);
+    auto quote = QUOTES.find(symbol);
+    if (quote == QUOTES.end()) return "error unknown symbol";
+    Account& acc = accounts_[who];
+    double units = lots * quote->second.contract;
+    double price = side == FIX::Side_BUY ? quote->second.ask : quote->second.bid;
+    long ticket = fill(acc, symbol, side, units, price, 0);
+    journal(who, "manual", "open", symbol, ticket, side, lots, "", true, "");
+    return drop_copy(g, who, acc, symbol, side, units, price, ticket);
+  }
+
+  std::string hand_close(const std::string& who, long ticket, double lots) {
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    auto p = acc.positions.find(ticket);
+    if (p == acc.positions.end()) return "error no such position";
+    auto quote = QUOTES.at(p->second.symbol);
+    double units = std::min(lots * quote.contract, p->second.units);
+    char side = p->second.side == FIX::Side_BUY ? FIX::Side_SELL : FIX::Side_BUY;
+    std::string symbol = p->second.symbol;
+    double price = side == FIX::Side_BUY ? quote.ask : quote.bid;
+    fill(acc, symbol, side, units, price, ticket);
+    journal(who, "manual", "close", symbol, ticket, side, units / quote.contract, "", true, "");
+    return drop_copy(g, who, acc, symbol, side, units, price, ticket);
+  }
+
+  std::string positions(const std::string& who) {
+    std::lock_guard<std::mutex> g(mutex_);
+    std::ostringstream out;
+    out << "ok";
+    for (auto& p : accounts_[who].positions) {
+      out << ' ' << p.first << ':' << p.second.symbol << ':'
+          << (p.second.side == FIX::Side_BUY ? "buy" : "sell") << ':'
+          << p.second.units / QUOTES.at(p.second.symbol).contract;
+    }
+    return out.str();
+  }
+
+ private:
+  static std::string login(const FIX::SessionID& id) { return id.getTargetCompID().getValue(); }
+
+  static std::string sub_id(const FIX::Message& m) {
+    return m.getHeader().isSetField(50) ? m.getHeader().getField(50) : "";
+  }
+
+  std::string next_id() { return std::to_string(++ids_); }
+
+  // Applies a fill to the account's positions; returns the position's ticket.
+  long fill(Account& acc, const std::string& symbol, char side, double units, double price,
+            long position) {
+    if (position == 0) {
+      long ticket = ++tickets_;
+      acc.positions[ticket] = Position{symbol, side, units, price};
+      return ticket;
+    }
+    Position& p = acc.positions.at(position);
+    p.units -= units;
+    if (p.units <= 1e-9) acc.positions.erase(position);
+    return position;
+  }
+
+  // Pushes an unsolicited ExecutionReport (and subscribed PositionReports) for a trade the hand
+  // client placed, to the account's session if it is logged on.
+  std::string drop_copy(std::unique_lock<std::mutex>& g, const std::string& who, Account& acc,
+                        const std::string& symbol, char side, double units, double price,
+                        long ticket) {
+    FIX44::ExecutionReport er = report("manual-" + next_id(), next_id(), FIX::ExecType_TRADE,
+                                       FIX::OrdStatus_FILLED, symbol, side, units, units, price,
+                                       ticket);
+    std::vector<FIX44::PositionReport> updates = subscribed_reports(who, acc, ticket);
+    std::vector<FIX::SessionID> sessions;
+    for (auto& s : logged_on_)
+      if (login(s) == who) sessions.push_back(s);
+    g.unlock();
+    for (auto& s : sessions) {
+      send(er, s);
+      for (auto& u : updates) send(u, s);
+    }
+    return "ok " + std::to_string(ticket);
+  }
+
+  std::vector<FIX44::PositionReport> subscribed_reports(const std::string&, Account& acc,
+                                                        long ticket) {
+    std::vector<FIX44::PositionReport> out;
+    auto p = acc.positions.find(ticket);
+    Position closed{"", FIX::Side_BUY, 0, 0};
+    for (auto& req : acc.subscriptions)
+      out.push_back(position_report(req, ticket, p == acc.positions.end() ? closed : p->second));
+    return out;
+  }
+
+  FIX44::PositionReport position_report(const std::string& req, long ticket, const Position& p) {
+    FIX44::PositionReport r;
+    r.set(FIX::PosMaintRptID(std::to_string(ticket)));
+    r.set(FIX::PosReqID(req));
+    r.set(FIX::PosReqResult(FIX::PosReqResult_VALID_REQUEST));
+    r.set(FIX::ClearingBusinessDate("20261130"));
+    r.set(FIX::SettlPrice(p.price));
+    r.set(FIX::SettlPriceType(FIX::SettlPriceType_FINAL));
+    r.set(FIX::PriorSettlPrice(p.price));
+    r.setField(FIX::Symbol(p.symbol));
+    FIX44::PositionReport::NoPositions pos;
+    pos.set(FIX::PosType(FIX::PosType_TRANSACTION_QUANTITY));
+    pos.set(FIX::LongQty(p.side == FIX::Side_BUY ? p.units : 0));
+    pos.set(FIX::ShortQty(p.side == FIX::Side_SELL ? p.units : 0));
+    r.addGroup(pos);
+    return r;
+  }
+
+  FIX44::ExecutionReport report(const std::string& cl, const std::string& order_id, char exec_type,
+                                char status, const std::string& symbol, char side, double qty,
+                                double filled, double price, long position) {
+    FIX44::ExecutionReport er(FIX::OrderID(order_id), FIX::ExecID(next_id()),
+                              FIX::ExecType(exec_type), FIX::OrdStatus(status), FIX::Side(side),
+                              FIX::LeavesQty(0), FIX::CumQty(filled), FIX::AvgPx(price));
+    er.set(FIX::ClOrdID(cl));
+    er.set(FIX::Symbol(symbol));
+    er.set(FIX::OrderQty(qty));
+    if (filled > 0) {
+      er.set(FIX::LastQty(filled));
+      er.set(FIX::LastPx(price));
+    }
+    er.set(FIX::TransactTime());
+    if (position != 0) er.setField(721, std::to_string(position));
+    return er;
+  }
+
+  void send(FIX::Message& m, const FIX::SessionID& id) {
+    try {
+      FIX::Session::sendToTarget(m, id);
+    } catch (FIX::SessionNotFound&) {
+    }
+  }
+
+  void journal(const std::string& who, const std::string& client, const std::string& action,
+               const std::string& symbol, long ticket, char side, double lots,
+               const std::string& client_order_id, bool accepted, const std::string& reason) {
+    std::ostringstream line;
+    line << "{\"ts_ms\":" << now_ms() << ",\"login\":" << json_str(who)
+         << ",\"client\":" << json_str(client.empty() ? "unknown" : client)
+         << ",\"action\":" << json_str(action)
+         << ",\"ticket\":" << (ticket ? std::to_string(ticket) : "null")
+         << ",\"symbol\":" << opt_str(symbol) << ",\"side\":"
+         << (side == FIX::Side_BUY ? "\"buy\"" : side == FIX::Side_SELL ? "\"sell\"" : "null")
+         << ",\"volume\":";
+    if (action == "login") line << "null";
+    else line << lots;
+    line << ",\"magic\":null,\"comment\":null,\"fence\":null,\"client_order_id\":"
+         << opt_str(client_order_id) << ",\"accepted\":" << (accepted ? "true" : "false")
+         << ",\"reason\":" << opt_str(reason) << "}\n";
+    journal_ << line.str();
+    journal_.flush();
+  }
+
+  const FIX::SessionSettings& settings_;
+  std::ofstream journal_;
+  std::mutex mutex_;
+  std::map<std::string, Account> accounts_;
+  std::set<FIX::SessionID> logged_on_;
+  long long ids_ = 0;
+  long tickets_ = 5000000;
+};
+
+std::string handle(Venue& venue, const std::string& line, bool& quit) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  try {
+    if (cmd == "open") {
+      std::string who, symbol, side;
+      double lots;
+      in >> who >> symbol >> side >> lots;
+      return venue.hand_open(who, symbol, side == "buy" ? FIX::Side_BUY : FIX::Side_SELL, lots);
+    }
+    if (cmd == "close") {
+      std::string who;
+      long ticket;
+      double lots;
+      in >> who >> ticket >> lots;
+      return venue.hand_close(who, ticket, lots);
+    }
+    if (cmd == "positions") {
+      std::string who;
+      in >> who;
+      return venue.positions(who);
+    }
+    if (cmd == "fault") {
+      std::string name, state;
+      in >> name >> state;
+      bool on = state == "on";
+      if (name == "drop_after_fill") venue.drop_after_fill = on;
+      else if (name == "lose_reply") venue.lose_reply = on;
+      else if (name == "refuse_logon") venue.refuse_logon = on;
+      else return "error unknown fault " + name;
+      return "ok";
+    }
+    if (cmd == "quit") {
+      quit = true;
+      return "ok";
+    }
+  } catch (std::exception& e) {
+    return std::string("error ") + e.what();
+  }
+  return "error unknown command " + cmd;
+}
+
+// Serves the control port until `quit`: one connection at a time, one command per line.
+void control(Venue& venue, int port) {
+  int server = socket(AF_INET, SOCK_STREAM, 0);
+  int yes = 1;
+  setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(server, 8) != 0) {
+    std::perror("control port");
+    std::exit(2);
+  }
+  std::cout << "fix-acceptor: ready" << std::endl;
+  bool quit = false;
+  while (!quit) {
+    int c = accept(server, nullptr, nullptr);
+    if (c < 0) continue;
+    std::string buf;
+    char chunk[1024];
+    ssize_t n;
+    while (!quit && (n = read(c, chunk, sizeof chunk)) > 0) {
+      buf.append(chunk, static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = buf.find('\n')) != std::string::npos) {
+        std::string reply = handle(venue, buf.substr(0, nl), quit) + "\n";
+        buf.erase(0, nl + 1);
+        if (write(c, reply.data(), reply.size()) < 0) break;
+      }
+    }
+    close(c);
+  }
+  close(server);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::cerr << "usage: " << argv[0] << " <settings> <journal.jsonl> <control-port>" << std::endl;
+    return 2;
+  }
+  try {
+    FIX::SessionSettings settings(argv[1]);
+    Venue venue(settings, argv[2]);
+    FIX::MemoryStoreFactory store;
+    FIX::FileLogFactory logs(settings);
+    FIX::SocketAcceptor acceptor(venue, store, settings, logs);
+    acceptor.start();
+    control(venue, std::stoi(argv[3]));
+    acceptor.stop();
+    return 0;
+  } catch (std::exception& e) {
+    std::cerr << "fix-acceptor: " << e.what() << std::endl;
+    return 1;
+  }
+}

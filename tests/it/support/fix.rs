@@ -1,0 +1,280 @@
+//! The FIX 4.4 test venue (`tests/fix/acceptor.cpp`, on QuickFIX C++): built once per source
+//! version with g++ against Debian's `libquickfix-dev`, started per test with its sessions, and
+//! a plain FIX client to drive it.
+//!
+//! The client frames tag=value messages, nothing more: it is the tests' hand on the venue (the
+//! session layer under test is QuickFIX's, on the venue's side).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::broker::{Scratch, free_port};
+
+const SOURCE: &str = include_str!("../../fix/acceptor.cpp");
+pub const SOH: char = '\u{1}';
+
+/// The venue binary, compiled on first use (cached under the target dir by the source's hash).
+pub fn acceptor_binary() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let hash = SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fix-acceptor");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join(format!("fix-acceptor-{hash:016x}"));
+        if !bin.exists() {
+            let tmp = dir.join(format!(
+                "build-{}-{:08x}",
+                std::process::id(),
+                fastrand::u32(..)
+            ));
+            let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fix/acceptor.cpp");
+            let out = Command::new("g++")
+                .args(["-std=c++14", "-O1", "-Wall", "-Wno-deprecated", "-o"])
+                .arg(&tmp)
+                .arg(source)
+                .args(["-lquickfix", "-lpthread"])
+                .output()
+                .expect("running g++ (the FIX venue needs g++ and libquickfix-dev)");
+            assert!(
+                out.status.success(),
+                "building the FIX venue failed (apt-get install libquickfix-dev g++):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::rename(&tmp, &bin).unwrap();
+        }
+        bin
+    })
+}
+
+/// An account the venue knows: its login (the session's TargetCompID) and password.
+pub struct VenueAccount<'a> {
+    pub login: &'a str,
+    pub password: &'a str,
+}
+
+/// A running venue.
+pub struct FixVenue {
+    child: Child,
+    pub port: u16,
+    control_port: u16,
+    pub journal: PathBuf,
+    pub comp_id: String,
+}
+
+impl FixVenue {
+    pub fn start(dir: &Scratch, accounts: &[VenueAccount<'_>]) -> FixVenue {
+        let port = free_port();
+        let control_port = free_port();
+        let logs = dir.path("fix-logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut settings = format!(
+            "[DEFAULT]\nConnectionType=acceptor\nSocketAcceptPort={port}\nSocketReuseAddress=Y\n\
+             StartTime=00:00:00\nEndTime=00:00:00\nBeginString=FIX.4.4\nSenderCompID=VENUE\n\
+             UseDataDictionary=N\nFileLogPath={}\n",
+            logs.display()
+        );
+        for a in accounts {
+            settings.push_str(&format!(
+                "\n[SESSION]\nTargetCompID={}\nPassword={}\n",
+                a.login, a.password
+            ));
+        }
+        let settings_path = dir.path("fix-venue.cfg");
+        std::fs::write(&settings_path, settings).unwrap();
+        let journal = dir.path("fix-journal.jsonl");
+        let mut child = Command::new(acceptor_binary())
+            .arg(&settings_path)
+            .arg(&journal)
+            .arg(control_port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(
+            first.contains("ready"),
+            "the FIX venue did not start: {first:?}"
+        );
+        FixVenue {
+            child,
+            port,
+            control_port,
+            journal,
+            comp_id: "VENUE".into(),
+        }
+    }
+
+    /// One control command (see the venue's header); returns its answer line.
+    pub fn control(&self, command: &str) -> String {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.control_port)).unwrap();
+        s.write_all(format!("{command}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+}
+
+impl Drop for FixVenue {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A message as tag -> value pairs, in order.
+#[derive(Debug, Clone)]
+pub struct Msg(pub Vec<(u32, String)>);
+
+impl Msg {
+    pub fn get(&self, tag: u32) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(t, _)| *t == tag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn msg_type(&self) -> &str {
+        self.get(35).unwrap_or("")
+    }
+}
+
+/// A plain FIX 4.4 initiator connection: frames and sequence numbers, nothing else.
+pub struct FixClient {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    sender: String,
+    target: String,
+    pub seq: u64,
+}
+
+impl FixClient {
+    pub async fn connect(port: u16, sender: &str, target: &str) -> FixClient {
+        FixClient {
+            stream: TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
+            buf: Vec::new(),
+            sender: sender.into(),
+            target: target.into(),
+            seq: 1,
+        }
+    }
+
+    /// Sends a message of `msg_type` with header fields (SenderSubID and the like) and body.
+    pub async fn send(&mut self, msg_type: &str, header: &[(u32, &str)], body: &[(u32, &str)]) {
+        let mut fields = format!(
+            "35={msg_type}{SOH}49={}{SOH}56={}{SOH}34={}{SOH}52={}{SOH}",
+            self.sender,
+            self.target,
+            self.seq,
+            sending_time()
+        );
+        for (t, v) in header.iter().chain(body) {
+            fields.push_str(&format!("{t}={v}{SOH}"));
+        }
+        let head = format!("8=FIX.4.4{SOH}9={}{SOH}", fields.len());
+        let mut msg = head + &fields;
+        let sum: u32 = msg.bytes().map(u32::from).sum::<u32>() % 256;
+        msg.push_str(&format!("10={sum:03}{SOH}"));
+        self.stream.write_all(msg.as_bytes()).await.unwrap();
+        self.seq += 1;
+    }
+
+    /// Logs on (HeartBtInt 30, ResetSeqNumFlag as given) with 553/554 and SenderSubID.
+    pub async fn logon(&mut self, user: &str, password: &str, sub_id: &str, reset: bool) {
+        let reset = if reset { "Y" } else { "N" };
+        self.send(
+            "A",
+            &[(50, sub_id)],
+            &[
+                (98, "0"),
+                (108, "30"),
+                (141, reset),
+                (553, user),
+                (554, password),
+            ],
+        )
+        .await;
+    }
+
+    /// The next message, or `None` when the venue closed the connection (or after `within`).
+    pub async fn recv(&mut self, within: Duration) -> Option<Msg> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(m) = self.take_frame() {
+                return Some(m);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
+                .await
+                .ok()?
+                .ok()?;
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The next message of `msg_type`, skipping heartbeats and others; panics after `within`.
+    pub async fn expect(&mut self, msg_type: &str, within: Duration) -> Msg {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.recv(left).await {
+                Some(m) if m.msg_type() == msg_type => return m,
+                Some(_) => continue,
+                None => panic!("no {msg_type} message within {within:?}"),
+            }
+        }
+    }
+
+    fn take_frame(&mut self) -> Option<Msg> {
+        let text = String::from_utf8_lossy(&self.buf).to_string();
+        let end = text.find(&format!("{SOH}10="))?;
+        let close = text[end + 1..].find(SOH)? + end + 1;
+        let frame = text[..close].to_string();
+        self.buf.drain(..=close);
+        Some(Msg(frame
+            .split(SOH)
+            .filter_map(|f| {
+                let (t, v) = f.split_once('=')?;
+                Some((t.parse().ok()?, v.to_string()))
+            })
+            .collect()))
+    }
+}
+
+fn sending_time() -> String {
+    // UTC yyyymmdd-HH:MM:SS from the system clock (civil-from-days, Howard Hinnant).
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
