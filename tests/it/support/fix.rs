@@ -255,6 +255,8 @@ impl FixClient {
     }
 }
 
+/// FIX's SendingTime (52) is wall-clock time by definition.
+#[allow(clippy::disallowed_methods)]
 fn sending_time() -> String {
     // UTC yyyymmdd-HH:MM:SS from the system clock (civil-from-days, Howard Hinnant).
     let secs = std::time::SystemTime::now()
