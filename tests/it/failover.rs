@@ -51,6 +51,10 @@ async fn row(conn: &mut PgConnection, id: i64) -> (Option<String>, i64) {
         .unwrap()
 }
 
+async fn exec(conn: &mut PgConnection, sql: &str) {
+    sqlx::query(sql).execute(conn).await.unwrap();
+}
+
 /// Makes the database look as if it had just failed over: the recorded timeline is an older one.
 async fn stage_failover(conn: &mut PgConnection) {
     let n = sqlx::query(
@@ -105,10 +109,11 @@ async fn after_a_failover_nothing_is_claimed_until_the_grace_ends() {
     let a = cycle(&mut conn, "a", &[], &[]).await;
     assert_eq!(a.owned.len(), 6);
     // a hands 4..=6 back (the new primary shows them free) and then the database fails over.
-    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL WHERE id >= 4")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    exec(
+        &mut conn,
+        "UPDATE trading_accounts SET node_id = NULL, lease_until = NULL WHERE id >= 4",
+    )
+    .await;
     stage_failover(&mut conn).await;
 
     // A node whose first cycle comes after the failover: it sees the change and claims nothing.
@@ -164,10 +169,11 @@ async fn during_a_grace_only_rows_held_without_a_break_are_kept_and_at_their_epo
     let a = cycle(&mut conn, "a", &[], &[]).await;
     let epoch_of = |id: i64| a.owned.iter().find(|r| r.id == id).unwrap().epoch;
     // Account 1: held throughout, but the new primary lost its last renewal (expired there).
-    sqlx::query("UPDATE trading_accounts SET lease_until = now() - interval '1 s' WHERE id = 1")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    exec(
+        &mut conn,
+        "UPDATE trading_accounts SET lease_until = now() - interval '1 s' WHERE id = 1",
+    )
+    .await;
     // Account 2: a had released it (and someone else claimed it), both commits lost: the new
     // primary shows a at its old epoch, unexpired. a's last cycle still listed it as held.
     // Account 3: a let it lapse (its gate closed) before the failover; the row looks fine.
@@ -213,14 +219,12 @@ async fn epochs_after_a_failover_or_a_restore_are_above_every_earlier_one() {
     let a = cycle(&mut conn, "a", &[], &[]).await;
     let before = *epochs(&a).iter().max().unwrap();
     // The lost tail: the sequence itself rewound (it lives in the WAL too).
-    sqlx::query("SELECT setval('owner_epoch_seq', 1)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    exec(&mut conn, "SELECT setval('owner_epoch_seq', 1)").await;
+    exec(
+        &mut conn,
+        "UPDATE trading_accounts SET node_id = NULL, lease_until = NULL",
+    )
+    .await;
     stage_failover(&mut conn).await;
     let first = cycle(&mut conn, "b", &[], &[]).await;
     let era_start = first
@@ -237,18 +241,17 @@ async fn epochs_after_a_failover_or_a_restore_are_above_every_earlier_one() {
     let failover_max = *epochs(&b).iter().max().unwrap();
 
     // A dump restored onto another cluster: same timeline number, another system identifier.
-    sqlx::query("UPDATE copier_database SET system_id = system_id + 1")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("SELECT setval('owner_epoch_seq', 1)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    exec(
+        &mut conn,
+        "UPDATE copier_database SET system_id = system_id + 1",
+    )
+    .await;
+    exec(&mut conn, "SELECT setval('owner_epoch_seq', 1)").await;
+    exec(
+        &mut conn,
+        "UPDATE trading_accounts SET node_id = NULL, lease_until = NULL",
+    )
+    .await;
     let first = cycle(&mut conn, "c", &[], &[]).await;
     assert!(
         first.database.failed_over,
@@ -273,10 +276,11 @@ async fn a_node_that_lost_a_claim_with_the_tail_keeps_nothing_of_it() {
     let first = cycle(&mut conn, "a", &[], &[]).await;
     let epoch = first.owned[0].epoch;
     // The claim was lost: the new primary shows the account free.
-    sqlx::query("UPDATE trading_accounts SET node_id = NULL, lease_until = NULL")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    exec(
+        &mut conn,
+        "UPDATE trading_accounts SET node_id = NULL, lease_until = NULL",
+    )
+    .await;
     stage_failover(&mut conn).await;
     // a's gate is still open: it keeps the epoch, but there is no such row to keep.
     let a = cycle(&mut conn, "a", &[epoch], &[epoch]).await;

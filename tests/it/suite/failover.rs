@@ -33,6 +33,25 @@ async fn trade_for(s: &mut Suite, d: Duration) {
     tokio::time::sleep(d).await;
 }
 
+/// A node cut off from the database: its gates close at its own deadline; then it reaches the
+/// new primary (and learns what it owns there).
+async fn reconnect_after_its_deadline(s: &mut Suite, node: &str) {
+    s.node(node)
+        .process
+        .wait_for_output("gate closed: lease trust lapsed", WAIT)
+        .await;
+    s.node(node).db_proxy.set(Mode::Forward);
+}
+
+/// Every account's (id, epoch).
+async fn epochs(s: &Suite) -> Vec<(i64, i64)> {
+    let mut conn = s.conn().await;
+    sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+}
+
 async fn wait_owned(s: &Suite, node: &str, n: usize) {
     let since = Instant::now();
     while s.owned_by(node).await.len() < n {
@@ -67,13 +86,7 @@ async fn a_hand_off_the_new_primary_never_saw_gives_no_account_two_owners() {
     wait_owned(&s, "b", 4).await;
     let handed: Vec<i64> = s.owned_by("b").await;
     trade_for(&mut s, Duration::from_secs(3)).await;
-    let epochs_before: Vec<(i64, i64)> = {
-        let mut conn = s.conn().await;
-        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    };
+    let epochs_before = epochs(&s).await;
 
     // b loses the database (its LISTEN connection stays, so it keeps copying on its trust),
     // then the primary dies and the standby is promoted.
@@ -91,13 +104,7 @@ async fn a_hand_off_the_new_primary_never_saw_gives_no_account_two_owners() {
         .process
         .wait_for_output("database failed over", WAIT)
         .await;
-    // b's gates close at its own deadline; then it reaches the new primary and learns it owns
-    // nothing there.
-    s.node("b")
-        .process
-        .wait_for_output("gate closed: lease trust lapsed", WAIT)
-        .await;
-    s.node("b").db_proxy.set(Mode::Forward);
+    reconnect_after_its_deadline(&mut s, "b").await;
 
     finish_after_failover(&mut s, promoted_at, &epochs_before).await;
 }
@@ -123,13 +130,7 @@ async fn a_claim_the_new_primary_never_saw_is_not_granted_again_until_the_grace_
     wait_owned(&s, "b", 1).await;
     assert_eq!(s.owned_by("b").await, vec![8]);
     trade_for(&mut s, Duration::from_secs(3)).await;
-    let epochs_before: Vec<(i64, i64)> = {
-        let mut conn = s.conn().await;
-        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    };
+    let epochs_before = epochs(&s).await;
 
     s.node("b").db_proxy.set(Mode::Hang);
     let promoted_at = Instant::now();
@@ -147,11 +148,7 @@ async fn a_claim_the_new_primary_never_saw_is_not_granted_again_until_the_grace_
         .process
         .wait_for_output("joined the cluster", WAIT)
         .await;
-    s.node("b")
-        .process
-        .wait_for_output("gate closed: lease trust lapsed", WAIT)
-        .await;
-    s.node("b").db_proxy.set(Mode::Forward);
+    reconnect_after_its_deadline(&mut s, "b").await;
     finish_after_failover(&mut s, promoted_at, &epochs_before).await;
 }
 
@@ -195,11 +192,7 @@ async fn finish_after_failover(s: &mut Suite, promoted_at: Instant, epochs_befor
     assert_eq!(grace_claims, 0, "claims during the grace");
     // Every account the new primary handed out again has an epoch above every earlier one.
     let max_before = epochs_before.iter().map(|(_, e)| *e).max().unwrap();
-    let after: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts ORDER BY id")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+    let after = epochs(s).await;
     for ((id, old), (_, new)) in epochs_before.iter().zip(&after) {
         assert!(
             new == old || *new > max_before,
