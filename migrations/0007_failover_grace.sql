@@ -6,23 +6,12 @@
 -- * starts a grace: `claims_after = now() + the longest lease + 1 s`. Until then no cycle claims a
 --   row it does not hold continuously (no free row, no dead node's row, not its own lapsed row),
 --   so every gate the old primary may have opened has closed before anyone is granted anything;
--- * moves the epoch sequence into a new era, `(timeline + era_offset) << 40`, so an epoch handed
---   out on the lost tail is never handed out again. A timeline only grows within one cluster's
---   history; on a different cluster (a dump restored, timeline 1 again) `era_offset` grows so the
---   era still does.
+-- * moves the epoch sequence into a new era (epochs from `era << 40` on), so an epoch handed out
+--   on the lost tail is never handed out again: the era is at least the timeline plus
+--   `era_offset`, above the era recorded here, and above the sequence's own. A timeline only grows
+--   within one cluster's history; on a different cluster (a dump restored, timeline 1 again)
+--   `era_offset` grows so the era still does.
 --
--- One row. The cycle updates it only when something changed, so renewals never touch it; a lost
--- update is simply detected again by the next cycle on the new primary.
-CREATE TABLE copier_database (
-    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    timeline       integer,      -- the WAL timeline the last change was seen on
-    system_id      bigint,       -- pg_control_system().system_identifier, likewise
-    era_offset     integer NOT NULL DEFAULT 0,
-    claims_after   timestamptz,  -- no claims before this (the grace after a failover)
-    failed_over_at timestamptz   -- when a cycle last saw the timeline or the system change
-);
-INSERT INTO copier_database (singleton) VALUES (true);
-
 -- The server's WAL timeline, or NULL where a client may not read it (some managed services) or
 -- on a standby. The exception block keeps an unreadable timeline from failing the cycle.
 CREATE FUNCTION copier_timeline() RETURNS integer
@@ -43,6 +32,22 @@ EXCEPTION WHEN others THEN
     RETURN NULL;
 END
 $$;
+
+-- One row. The cycle updates it only when something changed, so renewals never touch it; a lost
+-- update is simply detected again by the next cycle on the new primary.
+CREATE TABLE copier_database (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    timeline       integer,      -- the WAL timeline the last change was seen on
+    system_id      bigint,       -- pg_control_system().system_identifier, likewise
+    era_offset     integer NOT NULL DEFAULT 0,
+    claims_after   timestamptz,  -- no claims before this (the grace after a failover)
+    failed_over_at timestamptz,  -- when a cycle last saw the timeline or the system change
+    max_lease_ms   bigint        -- the longest lease any node ever ran with (the grace covers it)
+);
+-- The baseline is this server as the migration finds it, so a failover right after the
+-- migration (before any cycle) is still seen.
+INSERT INTO copier_database (singleton, timeline, system_id)
+VALUES (true, copier_timeline(), copier_system_id());
 
 -- The timeline each master snapshot was written on. A snapshot from an older timeline (or from
 -- before `failed_over_at`) may lack the master's last changes: a follower reconciling against it

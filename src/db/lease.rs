@@ -122,7 +122,10 @@ pub struct DatabaseView {
 /// $10 accounts owned (int4), $11 epochs kept through a grace (int8[]).
 ///
 /// The first CTEs watch the database itself (see `migrations/0007_failover_grace.sql`): a new
-/// timeline or system identifier starts a grace of the longest lease plus a second, during which
+/// timeline or system identifier starts a grace of the longest lease plus a second (the longest of
+/// this node's, the members' the database knows, and the longest any node ever recorded in
+/// `copier_database.max_lease_ms`: a member whose longer lease was on the lost tail is not
+/// among the members), during which
 /// the cycle renews only the rows of $11 (keeping their epochs, even where the new primary shows
 /// them expired: nobody else can be granted them meanwhile) and claims nothing. The same cycle
 /// moves the epoch sequence into a new era, so no epoch of a lost tail is handed out again.
@@ -131,13 +134,15 @@ WITH db AS (
     SELECT copier_timeline() AS timeline, copier_system_id() AS system_id
 ),
 known AS (
-    SELECT c.timeline, c.system_id, c.era_offset, c.claims_after,
+    SELECT c.timeline, c.system_id, c.era_offset, c.claims_after, c.max_lease_ms,
            coalesce(db.timeline <> c.timeline OR db.system_id <> c.system_id, false) AS changed
       FROM db LEFT JOIN copier_database c ON true
 ),
 span AS (
-    SELECT greatest($5, coalesce((SELECT max(extract(epoch FROM n.lease_until - n.renewed_at) * 1000)
-                                    FROM nodes n), 0))::bigint + 1000 AS ms
+    SELECT greatest($5, coalesce(k.max_lease_ms, 0),
+                    coalesce((SELECT max(extract(epoch FROM n.lease_until - n.renewed_at) * 1000)
+                                FROM nodes n), 0))::bigint + 1000 AS ms
+      FROM known k
 ),
 grace AS (
     SELECT CASE WHEN k.changed THEN span.ms
@@ -146,25 +151,31 @@ grace AS (
                 ELSE 0 END AS ms
       FROM known k, span
 ),
+next_era AS (
+    SELECT greatest(coalesce(db.timeline, k.timeline, 0) + k.era_offset,
+                    coalesce(k.timeline, 0) + k.era_offset + 1,
+                    (coalesce(pg_sequence_last_value('owner_epoch_seq'), 0) >> 40) + 1)::bigint AS era
+      FROM db, known k
+),
 noted AS (
     UPDATE copier_database c
        SET timeline       = coalesce(db.timeline, c.timeline),
            system_id      = coalesce(db.system_id, c.system_id),
-           era_offset     = CASE WHEN k.changed
-                                 THEN greatest(c.era_offset,
-                                               c.timeline + c.era_offset + 1 - coalesce(db.timeline, c.timeline))
+           era_offset     = CASE WHEN k.changed THEN e.era - coalesce(db.timeline, c.timeline, 0)
                                  ELSE c.era_offset END,
            claims_after   = CASE WHEN k.changed THEN now() + make_interval(secs => span.ms / 1000.0)
                                  ELSE c.claims_after END,
-           failed_over_at = CASE WHEN k.changed THEN now() ELSE c.failed_over_at END
-      FROM db, known k, span
+           failed_over_at = CASE WHEN k.changed THEN now() ELSE c.failed_over_at END,
+           max_lease_ms   = greatest(c.max_lease_ms, $5)
+      FROM db, known k, span, next_era e
      WHERE (db.timeline IS NOT NULL AND db.timeline IS DISTINCT FROM c.timeline)
         OR (db.system_id IS NOT NULL AND db.system_id IS DISTINCT FROM c.system_id)
-    RETURNING k.changed, (c.timeline + c.era_offset)::bigint AS era
+        OR c.max_lease_ms IS NULL OR c.max_lease_ms < $5
+    RETURNING k.changed, e.era
 ),
 era AS (
-    SELECT setval('owner_epoch_seq', greatest(s.last_value, noted.era << 40)) AS next
-      FROM noted, owner_epoch_seq s
+    SELECT setval('owner_epoch_seq', noted.era << 40) AS next
+      FROM noted
      WHERE noted.changed
 ),
 member AS (

@@ -96,6 +96,8 @@ struct Run {
     last_handoff: Option<Instant>,
     /// The database's timeline as the last cycle saw it.
     timeline: Option<i64>,
+    /// A cycle has reported on the database before.
+    database_seen: bool,
     /// Until when claims wait (a grace after a database failover).
     grace_until: Option<Instant>,
 }
@@ -119,6 +121,7 @@ impl LeaseLoop {
             shedding: false,
             last_handoff: None,
             timeline: None,
+            database_seen: false,
             grace_until: None,
         };
         let mut next = Instant::now();
@@ -299,8 +302,12 @@ impl LeaseLoop {
     ) {
         let timeline_changed =
             matches!((run.timeline, db.timeline), (Some(old), Some(new)) if old != new);
-        let grace_began = !db.grace.is_zero() && run.grace_until.is_none();
-        if db.failed_over || timeline_changed || (grace_began && run.timeline.is_some()) {
+        // A grace this node had not seen (another node detected the failover, or the timeline
+        // cannot be read and only the system identifier changed); not on the node's first cycle,
+        // when its sessions have nothing to forget yet.
+        let grace_began = !db.grace.is_zero() && run.grace_until.is_none() && run.database_seen;
+        run.database_seen = true;
+        if db.failed_over || timeline_changed || grace_began {
             warn!(
                 old_timeline = ?run.timeline,
                 timeline = ?db.timeline,
@@ -455,17 +462,19 @@ impl LeaseLoop {
             .target
             .map_or(self.node.capacity, |t| t.min(self.node.capacity)) as usize;
         let room = limit.saturating_sub(run.wanted) > 0;
+        if let Some(end) = run.grace_until {
+            // Nothing can be claimed before the grace ends: one cycle per period until then (not
+            // the quick re-claims below, which would spin on free rows nobody may take), and one
+            // right after it.
+            if room && run.draining.is_none() {
+                next = next.min(end + EXPIRY_SLACK);
+            }
+            return next;
+        }
         if room && run.draining.is_none() && outcome.free > 0 {
             // Free accounts and room under a share that just grew (a peer left, accounts were
             // added): claim them now rather than a cycle later.
             next = next.min(acknowledged + RECLAIM_SOON);
-        }
-        if let Some(end) = run.grace_until
-            && room
-            && run.draining.is_none()
-        {
-            // Claim as soon as the grace after a database failover is over.
-            next = next.min(end + EXPIRY_SLACK);
         }
         if room && run.draining.is_none() {
             for peer in outcome.peers.iter().filter(|p| p.live) {

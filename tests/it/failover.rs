@@ -364,3 +364,74 @@ async fn a_node_keeps_its_accounts_through_a_failover_and_shows_the_grace() {
     a.shutdown();
     a.wait().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_grace_covers_the_longest_lease_any_node_ever_ran_with() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    // A node with a 20 s lease ran once; its membership is gone from the new primary (the lost
+    // tail, or it was forgotten), but the cluster remembers the lease.
+    let long = CycleParams {
+        node_id: "long",
+        instance_id: "long",
+        platform: "mt5",
+        capacity: 1,
+        claim_limit: 1,
+        trust: Duration::from_secs(15),
+        owned: 0,
+        lease: Duration::from_secs(20),
+        held: &[],
+        claim: false,
+        kept: &[],
+    };
+    lease::cycle(&mut conn, &long).await.unwrap();
+    exec(&mut conn, "DELETE FROM nodes WHERE node_id = 'long'").await;
+    stage_failover(&mut conn).await;
+    let out = cycle(&mut conn, "a", &[], &[]).await;
+    assert!(out.database.failed_over);
+    assert!(
+        out.database.grace >= Duration::from_secs(20),
+        "a 3 s node's grace covers the 20 s lease: {:?}",
+        out.database.grace
+    );
+}
+
+#[tokio::test]
+async fn the_era_moves_above_the_sequences_own() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    cycle(&mut conn, "a", &[], &[]).await;
+    // Epochs of era 5 were handed out (say, on a cluster this one was restored from).
+    exec(
+        &mut conn,
+        "SELECT setval('owner_epoch_seq', (5::bigint << 40) + 3)",
+    )
+    .await;
+    stage_failover(&mut conn).await;
+    let out = cycle(&mut conn, "b", &[], &[]).await;
+    assert_eq!(out.database.era_start, Some(6 << 40));
+}
+
+#[tokio::test]
+async fn after_a_failover_a_master_without_a_snapshot_is_not_a_master_without_positions() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    assert!(
+        copier_node::db::copy::master_state(&mut conn, 42)
+            .await
+            .unwrap()
+            .is_none(),
+        "before any failover: the master never published"
+    );
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    cycle(&mut conn, "a", &[], &[]).await;
+    stage_failover(&mut conn).await;
+    cycle(&mut conn, "a", &[], &[]).await;
+    let state = copier_node::db::copy::master_state(&mut conn, 42)
+        .await
+        .unwrap()
+        .expect("after a failover a missing snapshot may have been lost");
+    assert!(state.before_failover && state.positions.is_empty());
+}

@@ -21,35 +21,47 @@ pub struct MasterState {
     pub before_failover: bool,
 }
 
-/// Reads a master's published state, if it ever published.
+/// Reads a master's published state, if it ever published. After a database failover a missing
+/// row is not "the master holds nothing": its first publish may have been on the lost tail, so it
+/// reads as an empty snapshot from before the failover (followers wait for the owner's publish).
 pub async fn master_state(
     conn: &mut PgConnection,
     master_id: i64,
 ) -> Result<Option<MasterState>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT s.epoch, s.seq, s.positions::text AS positions,
+        "SELECT s.master_id IS NULL AS missing, d.failed_over_at IS NOT NULL AS failed_over,
+                s.epoch, s.seq, s.positions::text AS positions,
                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
                 coalesce(s.timeline <> copier_timeline(), false)
                   OR coalesce(s.updated_at < d.failed_over_at, false) AS before_failover
-           FROM master_state s LEFT JOIN copier_database d ON true
-          WHERE s.master_id = $1",
+           FROM (SELECT $1::bigint AS id) q
+           LEFT JOIN copier_database d ON true
+           LEFT JOIN master_state s ON s.master_id = q.id",
     )
     .bind(master_id)
-    .fetch_optional(conn)
+    .fetch_one(conn)
     .await?;
-    row.map(|r| {
-        let text: String = r.try_get("positions")?;
-        let positions =
-            serde_json::from_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-        Ok(MasterState {
-            epoch: r.try_get("epoch")?,
-            seq: r.try_get("seq")?,
-            positions,
-            now_ms: r.try_get("now_ms")?,
-            before_failover: r.try_get("before_failover")?,
-        })
-    })
-    .transpose()
+    let now_ms = row.try_get("now_ms")?;
+    if row.try_get::<bool, _>("missing")? {
+        return Ok(row
+            .try_get::<bool, _>("failed_over")?
+            .then_some(MasterState {
+                epoch: 0,
+                seq: 0,
+                positions: Vec::new(),
+                now_ms,
+                before_failover: true,
+            }));
+    }
+    let text: String = row.try_get("positions")?;
+    let positions = serde_json::from_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(Some(MasterState {
+        epoch: row.try_get("epoch")?,
+        seq: row.try_get("seq")?,
+        positions,
+        now_ms,
+        before_failover: row.try_get("before_failover")?,
+    }))
 }
 
 /// What a publish attempt did.
