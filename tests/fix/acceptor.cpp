@@ -18,6 +18,8 @@
 //   close <login> <ticket> <lots>                -> ok <ticket>
 //   positions <login>                            -> ok <ticket>:<symbol>:<side>:<lots> ...
 //   fault <drop_after_fill|lose_reply|refuse_logon> <on|off>  -> ok
+//   reset <login>                                -> ok (the venue resets the session's sequence
+//                                                   numbers: a Logout, then both sides at 1)
 //   quit                                         -> ok (and the process exits)
 
 #include "quickfix/Application.h"
@@ -317,6 +319,19 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     return drop_copy(g, who, acc, symbol, side, units, price, ticket);
   }
 
+  std::string reset(const std::string& who) {
+    std::vector<FIX::SessionID> sessions;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      for (auto& s : logged_on_)
+        if (login(s) == who) sessions.push_back(s);
+    }
+    if (sessions.empty()) return "error not logged on";
+    for (auto& id : sessions)
+      if (FIX::Session* s = FIX::Session::lookupSession(id)) s->reset();
+    return "ok";
+  }
+
   std::string positions(const std::string& who) {
     std::lock_guard<std::mutex> g(mutex_);
     std::ostringstream out;
@@ -486,6 +501,11 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       else if (name == "refuse_logon") venue.refuse_logon = on;
       else return "error unknown fault " + name;
       return "ok";
+    }
+    if (cmd == "reset") {
+      std::string who;
+      in >> who;
+      return venue.reset(who);
     }
     if (cmd == "quit") {
       quit = true;

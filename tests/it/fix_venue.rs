@@ -218,3 +218,19 @@ async fn a_fill_whose_report_was_lost_to_a_dropped_connection_is_found_by_its_st
     );
     assert!(v.control("positions f1").contains(":GBPUSD:sell:0.1"));
 }
+
+#[tokio::test]
+async fn a_sequence_reset_by_the_venue_logs_the_session_out_and_a_reset_logon_resumes() {
+    let dir = Scratch::new("fix-reset");
+    let v = venue(&dir);
+    let mut c = logged_on(&v, "f1", "pw-f1").await;
+    assert_eq!(v.control("reset f1"), "ok");
+    c.expect("5", WAIT).await;
+    // Both sides start again at 1: a logon that says so is accepted.
+    let mut again = logged_on(&v, "f1", "pw-f1").await;
+    again
+        .send("H", &[], &[(11, "never-sent"), (54, "1"), (55, "EURUSD")])
+        .await;
+    let st = again.expect("8", WAIT).await;
+    assert_eq!(st.get(34), Some("2"), "the venue's numbers started again: {st:?}");
+}
