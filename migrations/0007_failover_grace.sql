@@ -48,6 +48,27 @@ CREATE TABLE copier_database (
 -- migration (before any cycle) is still seen.
 INSERT INTO copier_database (singleton, timeline, system_id)
 VALUES (true, copier_timeline(), copier_system_id());
+-- One row, and the planner should know it from the start (the cycle joins it).
+ANALYZE copier_database;
+
+-- The grace, enforced below every statement: during it no row of trading_accounts takes a new
+-- epoch (every claim and re-claim does; renewals and releases keep theirs). The cycle of this
+-- release claims nothing then anyway; this stops what does not know the grace (a binary from
+-- before this migration during a rolling upgrade, a hand-written UPDATE): the row is left as it
+-- was, so the claimer does not get it. Renewals never run the function (the WHEN clause).
+CREATE FUNCTION copier_no_claims_in_grace() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM copier_database WHERE claims_after > now()) THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER trading_accounts_no_claims_in_grace
+    BEFORE UPDATE ON trading_accounts
+    FOR EACH ROW WHEN (OLD.owner_epoch IS DISTINCT FROM NEW.owner_epoch)
+    EXECUTE FUNCTION copier_no_claims_in_grace();
 
 -- The timeline each master snapshot was written on. A snapshot from an older timeline (or from
 -- before `failed_over_at`) may lack the master's last changes: a follower reconciling against it

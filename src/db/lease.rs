@@ -136,7 +136,7 @@ WITH db AS (
 known AS (
     SELECT c.timeline, c.system_id, c.era_offset, c.claims_after, c.max_lease_ms,
            coalesce(db.timeline <> c.timeline OR db.system_id <> c.system_id, false) AS changed
-      FROM db LEFT JOIN copier_database c ON true
+      FROM db LEFT JOIN LATERAL (SELECT * FROM copier_database LIMIT 1) c ON true
 ),
 span AS (
     SELECT greatest($5, coalesce(k.max_lease_ms, 0),

@@ -435,3 +435,40 @@ async fn after_a_failover_a_master_without_a_snapshot_is_not_a_master_without_po
         .expect("after a failover a missing snapshot may have been lost");
     assert!(state.before_failover && state.positions.is_empty());
 }
+
+#[tokio::test]
+async fn the_database_itself_refuses_new_epochs_during_the_grace() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=2, "mt5").await;
+    let a = cycle(&mut conn, "a", &[], &[]).await;
+    exec(
+        &mut conn,
+        "UPDATE trading_accounts SET node_id = NULL, lease_until = NULL WHERE id = 2",
+    )
+    .await;
+    stage_failover(&mut conn).await;
+    cycle(&mut conn, "b", &[], &[]).await;
+    // What an older binary's cycle does: claim a free row with a new epoch, and re-claim its own.
+    let claimed = sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'old', lease_until = now() + interval '3 s',
+                owner_epoch = nextval('owner_epoch_seq')
+          WHERE id = 2",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(claimed, 0, "a claim during the grace is skipped");
+    let epoch_1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
+    let renewed = sqlx::query(
+        "UPDATE trading_accounts SET lease_until = now() + interval '3 s' WHERE id = 1",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(renewed, 1, "a renewal at the same epoch goes through");
+    assert_eq!(row(&mut conn, 1).await, (Some("a".into()), epoch_1));
+    assert_eq!(row(&mut conn, 2).await.0, None);
+}

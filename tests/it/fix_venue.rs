@@ -47,6 +47,7 @@ async fn a_wrong_password_is_refused_and_journaled_a_right_one_logs_on() {
         out.get(58).is_some_and(|t| t.contains("wrong password")),
         "{out:?}"
     );
+    while bad.recv(WAIT).await.is_some() {}
     logged_on(&v, "f1", "pw-f1").await;
     let lines = journal(&v);
     let logins: Vec<(bool, Option<&str>, &str)> = lines
@@ -224,13 +225,23 @@ async fn a_sequence_reset_by_the_venue_logs_the_session_out_and_a_reset_logon_re
     let dir = Scratch::new("fix-reset");
     let v = venue(&dir);
     let mut c = logged_on(&v, "f1", "pw-f1").await;
-    assert_eq!(v.control("reset f1"), "ok");
+    // The venue registers the session as logged on just after it answers the Logon.
+    crate::support::eventually("the venue to reset the session", WAIT, async || {
+        (v.control("reset f1") == "ok").then_some(())
+    })
+    .await;
     c.expect("5", WAIT).await;
+    // The venue closes the old connection; only then may the session log on again.
+    while c.recv(WAIT).await.is_some() {}
     // Both sides start again at 1: a logon that says so is accepted.
     let mut again = logged_on(&v, "f1", "pw-f1").await;
     again
         .send("H", &[], &[(11, "never-sent"), (54, "1"), (55, "EURUSD")])
         .await;
     let st = again.expect("8", WAIT).await;
-    assert_eq!(st.get(34), Some("2"), "the venue's numbers started again: {st:?}");
+    assert_eq!(
+        st.get(34),
+        Some("2"),
+        "the venue's numbers started again: {st:?}"
+    );
 }

@@ -35,7 +35,7 @@ pub async fn master_state(
                 coalesce(s.timeline <> copier_timeline(), false)
                   OR coalesce(s.updated_at < d.failed_over_at, false) AS before_failover
            FROM (SELECT $1::bigint AS id) q
-           LEFT JOIN copier_database d ON true
+           LEFT JOIN LATERAL (SELECT * FROM copier_database LIMIT 1) d ON true
            LEFT JOIN master_state s ON s.master_id = q.id",
     )
     .bind(master_id)
