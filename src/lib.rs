@@ -63,7 +63,8 @@
 // benchmarks (separate crates): the node's entry points (`app`, `config`, `lease`), the database
 // statements they drive directly (`db`, `channels`), the copy engine's data and rules they check
 // against (`copier`), the broker adapter and the simulated broker with its tools (`broker`,
-// `brokers`, `sim_broker`), `credentials`, `hub` and the throwaway clusters (`pgtmp`).
+// `brokers`, `sim_broker`), `credentials`, `hub`, the throwaway clusters (`pgtmp`) and the
+// simulator's database model (`sim`, proven against PostgreSQL by a differential test).
 pub(crate) mod account;
 pub mod app;
 pub mod broker;
@@ -90,6 +91,7 @@ pub(crate) mod retry;
 pub(crate) mod secret;
 pub(crate) mod session;
 pub(crate) mod shutdown;
+pub mod sim;
 pub mod sim_broker;
 pub(crate) mod status_writer;
 pub(crate) mod supervisor;

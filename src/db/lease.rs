@@ -112,6 +112,9 @@ pub struct DatabaseView {
 /// `IN (SELECT unnest($6))`, a hashed subplan: `= ANY ($6)` is a linear search per row in the
 /// generic plan a prepared statement settles on, which made a node holding 10,000 accounts
 /// spend 0.8 s per cycle (BENCHMARKS.md measures it).
+/// Claims take the lowest ids first, free rows and dead nodes' rows alike (a dead node's rows are
+/// sorted by id inside its lateral lookup: deterministic, so the simulator's model and the
+/// differential test can hold it to exactly one answer).
 /// `FOR UPDATE SKIP LOCKED` sits inside the claim subqueries, and the claim's outer `UPDATE`
 /// repeats the predicate, so a row changed since the snapshot is re-checked on its latest
 /// version before it is taken.
@@ -229,10 +232,12 @@ dead AS (
      CROSS JOIN LATERAL (
         SELECT a.id FROM trading_accounts a
          WHERE a.node_id = d.node_id AND a.platform = $3 AND a.enabled AND a.lease_until < now()
+         ORDER BY a.id
          LIMIT (SELECT n FROM room)
            FOR UPDATE OF a SKIP LOCKED) x
      WHERE d.lease_until < now() AND d.node_id <> $1
        AND $7 AND EXISTS (SELECT FROM member)
+     ORDER BY x.id
      LIMIT (SELECT n FROM room)
 ),
 claimed AS (

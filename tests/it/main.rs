@@ -12,6 +12,7 @@ mod faults;
 mod fix_venue;
 mod hardening;
 mod lease_sql;
+mod model;
 mod nodes;
 mod operate;
 mod suite;

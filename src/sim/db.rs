@@ -1,0 +1,322 @@
+//! A model of the lease tables and of the statements the nodes run on them: the cycle
+//! ([`crate::db::lease::CYCLE_SQL`]), releases and leaving. The one permitted stand-in for
+//! PostgreSQL, for the simulator only; the differential test (`tests/it/model.rs`) runs the same
+//! random sequences against this and against the real statements and compares every outcome.
+//!
+//! Time is the database's clock in milliseconds, set by the caller. Each statement is atomic and
+//! sees one snapshot, as in PostgreSQL; concurrency (SKIP LOCKED between two statements at once)
+//! is the simulator's business: here statements run one after another.
+//!
+//! One choice PostgreSQL leaves to its plan is fixed here: new epochs are handed out in account id
+//! order within a statement. The differential test compares what does not depend on it (which
+//! epochs were kept, which are new and larger). Everything else is determined by the statements
+//! (claims take the lowest ids first, free rows and dead nodes' rows alike).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::db::lease::{
+    Conflict, CycleOutcome, CycleParams, DatabaseView, LeaveOutcome, OwnedRow, Peer,
+};
+
+/// A `nodes` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub instance_id: String,
+    pub platform: String,
+    pub capacity: u32,
+    pub lease_until: i64,
+    pub renewed_at: i64,
+    pub trust_until: i64,
+    pub owned: u32,
+}
+
+/// A `trading_accounts` row (the lease columns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountRow {
+    pub platform: String,
+    pub enabled: bool,
+    pub node_id: Option<String>,
+    pub lease_until: Option<i64>,
+    pub owner_epoch: i64,
+    pub claimed_at: Option<i64>,
+}
+
+impl AccountRow {
+    fn free_platform(&self) -> Option<&str> {
+        (self.enabled && self.node_id.is_none()).then_some(self.platform.as_str())
+    }
+}
+
+/// The `copier_database` row and the server it describes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Server {
+    /// What the server reports now (`None`: unreadable).
+    pub timeline: Option<i64>,
+    pub system_id: Option<i64>,
+    /// What the cycles recorded.
+    pub recorded_timeline: Option<i64>,
+    pub recorded_system_id: Option<i64>,
+    pub era_offset: i64,
+    pub claims_after: Option<i64>,
+    pub failed_over_at: Option<i64>,
+    pub max_lease_ms: Option<i64>,
+}
+
+/// The modelled database.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    pub now: i64,
+    pub nodes: BTreeMap<String, NodeRow>,
+    pub accounts: BTreeMap<i64, AccountRow>,
+    /// `owner_epoch_seq`'s last value (`nextval` returns one more).
+    pub seq: i64,
+    pub server: Server,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Model {
+    /// A database whose server reports `timeline` and `system_id`, recorded as the baseline (as
+    /// migration 7 records it).
+    pub fn new(timeline: Option<i64>, system_id: Option<i64>) -> Self {
+        Model {
+            server: Server {
+                timeline,
+                system_id,
+                recorded_timeline: timeline,
+                recorded_system_id: system_id,
+                ..Server::default()
+            },
+            ..Model::default()
+        }
+    }
+
+    fn nextval(&mut self) -> i64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// One cycle statement.
+    pub fn cycle(&mut self, p: &CycleParams<'_>) -> CycleOutcome {
+        let now = self.now;
+        let lease = ms(p.lease);
+        let snapshot = self.clone();
+        let s = &snapshot.server;
+
+        // The database itself: a failover, the grace, the era.
+        let changed = matches!((s.timeline, s.recorded_timeline), (Some(a), Some(b)) if a != b)
+            || matches!((s.system_id, s.recorded_system_id), (Some(a), Some(b)) if a != b);
+        let longest_member = snapshot
+            .nodes
+            .values()
+            .map(|n| n.lease_until - n.renewed_at)
+            .max()
+            .unwrap_or(0)
+            .max(0);
+        let span = lease.max(s.max_lease_ms.unwrap_or(0)).max(longest_member) + 1000;
+        let grace = if changed {
+            span
+        } else {
+            s.claims_after.map_or(0, |c| (c - now).max(0))
+        };
+        let base = s.timeline.or(s.recorded_timeline).unwrap_or(0);
+        let next_era = (base + s.era_offset)
+            .max(s.recorded_timeline.unwrap_or(0) + s.era_offset + 1)
+            .max((snapshot.seq >> 40) + 1);
+        let noted = (s.timeline.is_some() && s.timeline != s.recorded_timeline)
+            || (s.system_id.is_some() && s.system_id != s.recorded_system_id)
+            || s.max_lease_ms.is_none_or(|m| m < lease);
+        let mut era_start = None;
+        if noted {
+            let sv = &mut self.server;
+            sv.recorded_timeline = sv.timeline.or(sv.recorded_timeline);
+            sv.recorded_system_id = sv.system_id.or(sv.recorded_system_id);
+            if changed {
+                sv.era_offset = next_era - base;
+                sv.claims_after = Some(now + span);
+                sv.failed_over_at = Some(now);
+                self.seq = next_era << 40;
+                era_start = Some(self.seq);
+            }
+            sv.max_lease_ms = Some(sv.max_lease_ms.unwrap_or(lease).max(lease));
+        }
+
+        // Membership.
+        let member = match snapshot.nodes.get(p.node_id) {
+            Some(n) => n.instance_id == p.instance_id || n.lease_until < now,
+            None => true,
+        };
+        let mut out = CycleOutcome {
+            member,
+            database: DatabaseView {
+                timeline: s.timeline,
+                failed_over: changed,
+                grace: Duration::from_millis(grace as u64),
+                era_start,
+            },
+            ..CycleOutcome::default()
+        };
+        if member {
+            self.nodes.insert(
+                p.node_id.to_string(),
+                NodeRow {
+                    instance_id: p.instance_id.to_string(),
+                    platform: p.platform.to_string(),
+                    capacity: p.capacity,
+                    lease_until: now + lease,
+                    renewed_at: now,
+                    trust_until: now + ms(p.trust),
+                    owned: p.owned,
+                },
+            );
+            // Renewal (R1: an epoch is kept only while held and unexpired; during a grace only
+            // the kept epochs are touched, at their epochs).
+            let held: BTreeSet<i64> = p.held.iter().copied().collect();
+            let kept: BTreeSet<i64> = p.kept.iter().copied().collect();
+            let mine: Vec<i64> = snapshot
+                .accounts
+                .iter()
+                .filter(|(_, a)| a.node_id.as_deref() == Some(p.node_id))
+                .filter(|(_, a)| grace == 0 || kept.contains(&a.owner_epoch))
+                .map(|(id, _)| *id)
+                .collect();
+            let mut wanted = 0u32;
+            for id in mine {
+                let a = self.accounts.get_mut(&id).expect("listed above");
+                let keep = grace > 0
+                    || (held.contains(&a.owner_epoch) && a.lease_until.is_some_and(|l| l >= now));
+                a.lease_until = Some(now + lease);
+                if !keep {
+                    self.seq += 1;
+                    a.owner_epoch = self.seq;
+                    a.claimed_at = Some(now);
+                }
+                let is_wanted = a.enabled && a.platform == p.platform;
+                wanted += u32::from(is_wanted);
+                out.owned.push(OwnedRow {
+                    id,
+                    epoch: a.owner_epoch,
+                    wanted: is_wanted,
+                    claimed_ms: a.claimed_at.unwrap_or(0),
+                });
+            }
+            // Claims: free rows and rows of dead nodes, up to the room.
+            let room = if grace > 0 {
+                0
+            } else {
+                p.claim_limit.saturating_sub(wanted) as usize
+            };
+            if p.claim && room > 0 {
+                let free = snapshot
+                    .accounts
+                    .iter()
+                    .filter(|(_, a)| a.free_platform() == Some(p.platform))
+                    .map(|(id, _)| *id)
+                    .take(room);
+                let dead_nodes: BTreeSet<&String> = snapshot
+                    .nodes
+                    .iter()
+                    .filter(|(id, n)| n.lease_until < now && id.as_str() != p.node_id)
+                    .map(|(id, _)| id)
+                    .collect();
+                let dead = snapshot
+                    .accounts
+                    .iter()
+                    .filter(|(_, a)| {
+                        a.node_id.as_ref().is_some_and(|n| dead_nodes.contains(n))
+                            && a.platform == p.platform
+                            && a.enabled
+                            && a.lease_until.is_some_and(|l| l < now)
+                    })
+                    .map(|(id, _)| *id)
+                    .take(room);
+                let chosen: BTreeSet<i64> = free.chain(dead).collect();
+                for id in chosen.into_iter().take(room) {
+                    let epoch = self.nextval();
+                    let a = self.accounts.get_mut(&id).expect("chosen from the rows");
+                    a.node_id = Some(p.node_id.to_string());
+                    a.lease_until = Some(now + lease);
+                    a.owner_epoch = epoch;
+                    a.claimed_at = Some(now);
+                    out.owned.push(OwnedRow {
+                        id,
+                        epoch,
+                        wanted: true,
+                        claimed_ms: now,
+                    });
+                }
+            }
+        } else if let Some(n) = snapshot.nodes.get(p.node_id) {
+            out.conflict = Some(Conflict {
+                instance_id: n.instance_id.clone(),
+                expires_in: Duration::from_millis((n.lease_until - now).max(0) as u64),
+            });
+        }
+        out.peers = snapshot
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.platform == p.platform && id.as_str() != p.node_id)
+            .map(|(id, n)| Peer {
+                node_id: id.clone(),
+                expires_in: Duration::from_millis((n.lease_until - now).max(0) as u64),
+                live: n.lease_until >= now,
+                trusted: n.lease_until >= now && n.trust_until >= now,
+                capacity: n.capacity,
+                owned: n.owned,
+            })
+            .collect();
+        let dead_rows = snapshot
+            .accounts
+            .values()
+            .filter(|a| {
+                a.platform == p.platform
+                    && a.enabled
+                    && a.node_id.as_ref().is_some_and(|n| {
+                        n != p.node_id && snapshot.nodes.get(n).is_some_and(|d| d.lease_until < now)
+                    })
+            })
+            .count();
+        let free_rows = snapshot
+            .accounts
+            .values()
+            .filter(|a| a.free_platform() == Some(p.platform))
+            .count();
+        out.free = (free_rows + dead_rows) as u64;
+        out
+    }
+
+    /// Releases the node's rows at `epochs`; returns the ids released.
+    pub fn release(&mut self, node_id: &str, epochs: &[i64]) -> Vec<i64> {
+        let mut out = Vec::new();
+        for (id, a) in self.accounts.iter_mut() {
+            if a.node_id.as_deref() == Some(node_id) && epochs.contains(&a.owner_epoch) {
+                a.node_id = None;
+                a.lease_until = None;
+                out.push(*id);
+            }
+        }
+        out
+    }
+
+    /// Clean shutdown: releases `epochs`, and deletes the membership of this instance if no other
+    /// row names the node.
+    pub fn leave(&mut self, node_id: &str, instance_id: &str, epochs: &[i64]) -> LeaveOutcome {
+        let released = self.release(node_id, epochs);
+        let named = self
+            .accounts
+            .values()
+            .any(|a| a.node_id.as_deref() == Some(node_id));
+        let left = !named
+            && self
+                .nodes
+                .get(node_id)
+                .is_some_and(|n| n.instance_id == instance_id);
+        if left {
+            self.nodes.remove(node_id);
+        }
+        LeaveOutcome { released, left }
+    }
+}

@@ -1,0 +1,354 @@
+//! The differential test of the simulator's database model (`copier_node::sim::db`): the same
+//! random sequences of cycles, releases, leaves, expiries, account changes and database failovers
+//! run against the model and against the real statements on PostgreSQL, and every outcome and
+//! the state after every step must agree.
+//!
+//! Time: leases are a minute long, so nothing expires by itself while a sequence runs; expiry is
+//! a step of its own (the node's membership and rows set a second into the past, in both). What
+//! depends on the exact clock (expiry countdowns, the grace left) is compared as zero or not.
+//! Epochs are compared by what they mean (kept, or new and above every earlier one), since the
+//! order in which one statement hands out several new epochs is PostgreSQL's plan's choice.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use copier_node::db::lease::{self, CycleOutcome, CycleParams};
+use copier_node::sim::db::{AccountRow, Model};
+use sqlx::PgConnection;
+
+use crate::support::{TestDb, insert_accounts};
+
+const LEASE: Duration = Duration::from_secs(60);
+const NODES: usize = 4;
+const STEPS: usize = 120;
+
+/// One account as both sides show it after a step: owner, whether its lease is live, enabled,
+/// and its epoch.
+type RowView = (Option<String>, Option<bool>, bool, i64);
+
+async fn real_rows(conn: &mut PgConnection) -> BTreeMap<i64, RowView> {
+    sqlx::query_as::<_, (i64, Option<String>, Option<bool>, bool, i64)>(
+        "SELECT id, node_id, lease_until >= now(), enabled, owner_epoch FROM trading_accounts",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(id, n, l, e, ep)| (id, (n, l, e, ep)))
+    .collect()
+}
+
+fn model_rows(m: &Model) -> BTreeMap<i64, RowView> {
+    m.accounts
+        .iter()
+        .map(|(id, a)| {
+            (
+                *id,
+                (
+                    a.node_id.clone(),
+                    a.lease_until.map(|l| l >= m.now),
+                    a.enabled,
+                    a.owner_epoch,
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Everything of a cycle's outcome that does not depend on the exact clock or on the order of
+/// new epochs within the statement: owned (id, wanted, epoch kept?), membership, conflict, peers,
+/// claimable rows, and the database view.
+fn comparable(out: &CycleOutcome, before: &BTreeMap<i64, RowView>) -> String {
+    let owned: BTreeSet<(i64, bool, bool)> = out
+        .owned
+        .iter()
+        .map(|r| {
+            let kept = before.get(&r.id).is_some_and(|b| b.3 == r.epoch);
+            (r.id, r.wanted, kept)
+        })
+        .collect();
+    let peers: BTreeSet<(String, bool, bool, u32, u32)> = out
+        .peers
+        .iter()
+        .map(|p| (p.node_id.clone(), p.live, p.trusted, p.capacity, p.owned))
+        .collect();
+    format!(
+        "owned {owned:?}; member {}; conflict {:?}; peers {peers:?}; free {}; timeline {:?}, failed over {}, grace {}, era {:?}",
+        out.member,
+        out.conflict.as_ref().map(|c| c.instance_id.clone()),
+        out.free,
+        out.database.timeline,
+        out.database.failed_over,
+        out.database.grace.is_zero(),
+        out.database.era_start,
+    )
+}
+
+/// New epochs are above every epoch seen before, on each side.
+fn check_new_epochs(side: &str, out: &CycleOutcome, before: &BTreeMap<i64, RowView>, step: &str) {
+    let highest = before.values().map(|r| r.3).max().unwrap_or(0);
+    for r in &out.owned {
+        if before.get(&r.id).is_none_or(|b| b.3 != r.epoch) {
+            assert!(
+                r.epoch > highest,
+                "{side}, {step}: account {} got epoch {} not above {highest}",
+                r.id,
+                r.epoch
+            );
+        }
+    }
+}
+
+/// The model's epochs for the accounts that carry `epochs` on PostgreSQL (each side numbers its
+/// epochs itself); an epoch no row carries maps to one no row carries either.
+fn to_model(epochs: &[i64], real: &BTreeMap<i64, RowView>, model: &Model) -> Vec<i64> {
+    epochs
+        .iter()
+        .map(|e| {
+            real.iter()
+                .find(|(_, r)| r.3 == *e)
+                .and_then(|(id, _)| model.accounts.get(id))
+                .map_or(-1, |a| a.owner_epoch)
+        })
+        .collect()
+}
+
+struct Node {
+    id: String,
+    instance: u32,
+    held: Vec<i64>,
+}
+
+impl Node {
+    fn instance_id(&self) -> String {
+        format!("{}-{}", self.id, self.instance)
+    }
+}
+
+async fn exec(conn: &mut PgConnection, sql: &str, bind: &str) {
+    sqlx::query(sql).bind(bind).execute(conn).await.unwrap();
+}
+
+async fn run(seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=12, "mt5").await;
+    insert_accounts(&mut conn, 13..=15, "mt4").await;
+    let (timeline, system_id): (Option<i32>, Option<i64>) =
+        sqlx::query_as("SELECT timeline, system_id FROM copier_database")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let mut model = Model::new(timeline.map(i64::from), system_id);
+    for id in 1..=15 {
+        model.accounts.insert(
+            id,
+            AccountRow {
+                platform: if id <= 12 { "mt5" } else { "mt4" }.into(),
+                enabled: true,
+                node_id: None,
+                lease_until: None,
+                owner_epoch: 0,
+                claimed_at: None,
+            },
+        );
+    }
+    let mut nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node {
+            id: format!("n{i}"),
+            instance: 0,
+            held: Vec::new(),
+        })
+        .collect();
+    for step_no in 0..STEPS {
+        let before_real = real_rows(&mut conn).await;
+        let before_model = model_rows(&model);
+        let n = rng.usize(..NODES);
+        let roll = rng.u32(..100);
+        let step;
+        match roll {
+            0..=59 => {
+                let node = &nodes[n];
+                let limit = rng.u32(0..=6);
+                let claim = rng.u32(..10) > 0;
+                // Gates that stayed open: usually all, sometimes a few.
+                let kept: Vec<i64> = node
+                    .held
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.u32(..4) > 0)
+                    .collect();
+                let instance_id = node.instance_id();
+                let p = CycleParams {
+                    node_id: &node.id,
+                    instance_id: &instance_id,
+                    platform: "mt5",
+                    capacity: 6,
+                    claim_limit: limit,
+                    trust: Duration::from_secs(45),
+                    owned: node.held.len() as u32,
+                    lease: LEASE,
+                    held: &node.held,
+                    claim,
+                    kept: &kept,
+                };
+                step = format!(
+                    "cycle {instance_id} limit {limit} claim {claim} held {:?} kept {kept:?}",
+                    node.held
+                );
+                let real = lease::cycle(&mut conn, &p).await.unwrap();
+                let (held, kept) = (
+                    to_model(&node.held, &before_real, &model),
+                    to_model(&kept, &before_real, &model),
+                );
+                let modelled = model.cycle(&CycleParams {
+                    held: &held,
+                    kept: &kept,
+                    ..p.clone()
+                });
+                let (a, b) = (
+                    comparable(&real, &before_real),
+                    comparable(&modelled, &before_model),
+                );
+                assert_eq!(
+                    a,
+                    b,
+                    "seed {seed}, step {step_no} ({step}): PostgreSQL vs the model; rows before: {before_real:?}; nodes: {:?}",
+                    model
+                        .nodes
+                        .iter()
+                        .map(|(k, v)| (k, v.lease_until))
+                        .collect::<Vec<_>>()
+                );
+                check_new_epochs("PostgreSQL", &real, &before_real, &step);
+                check_new_epochs("model", &modelled, &before_model, &step);
+                if real.member {
+                    nodes[n].held = real.owned.iter().map(|r| r.epoch).collect();
+                }
+            }
+            60..=69 => {
+                let node = &nodes[n];
+                let epochs: Vec<i64> = node.held.iter().copied().filter(|_| rng.bool()).collect();
+                step = format!("release {} {epochs:?}", node.id);
+                let mut real = lease::release(&mut conn, &node.id, &epochs, "released: test")
+                    .await
+                    .unwrap();
+                real.sort_unstable();
+                let modelled = model.release(&node.id, &to_model(&epochs, &before_real, &model));
+                assert_eq!(real, modelled, "seed {seed}, step {step_no} ({step})");
+            }
+            70..=74 => {
+                let node = &nodes[n];
+                let instance_id = node.instance_id();
+                step = format!("leave {instance_id}");
+                let held = node.held.clone();
+                let real = lease::leave(&mut conn, &node.id, &instance_id, "mt5", &held)
+                    .await
+                    .unwrap();
+                let modelled = model.leave(
+                    &node.id,
+                    &instance_id,
+                    &to_model(&held, &before_real, &model),
+                );
+                let mut released = real.released.clone();
+                released.sort_unstable();
+                assert_eq!(
+                    (released, real.left),
+                    (modelled.released, modelled.left),
+                    "seed {seed}, step {step_no} ({step})"
+                );
+                nodes[n].held.clear();
+            }
+            75..=82 => {
+                let id = nodes[n].id.clone();
+                step = format!("expire {id}");
+                exec(
+                    &mut conn,
+                    "UPDATE nodes SET lease_until = now() - interval '1 s', trust_until = now() - interval '1 s' WHERE node_id = $1",
+                    &id,
+                )
+                .await;
+                exec(
+                    &mut conn,
+                    "UPDATE trading_accounts SET lease_until = now() - interval '1 s' WHERE node_id = $1",
+                    &id,
+                )
+                .await;
+                let now = model.now;
+                if let Some(row) = model.nodes.get_mut(&id) {
+                    row.lease_until = now - 1000;
+                    row.trust_until = now - 1000;
+                }
+                for a in model.accounts.values_mut() {
+                    if a.node_id.as_deref() == Some(id.as_str()) {
+                        a.lease_until = Some(now - 1000);
+                    }
+                }
+            }
+            83..=87 => {
+                // A restart: the same node id, a new instance (its gates all closed).
+                nodes[n].instance += 1;
+                nodes[n].held.clear();
+                step = format!("restart as {}", nodes[n].instance_id());
+            }
+            88..=93 => {
+                let id = rng.i64(1..=15);
+                step = format!("toggle account {id}");
+                sqlx::query("UPDATE trading_accounts SET enabled = NOT enabled WHERE id = $1")
+                    .bind(id)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                let a = model.accounts.get_mut(&id).unwrap();
+                a.enabled = !a.enabled;
+            }
+            94..=96 => {
+                step = "failover".into();
+                sqlx::query("UPDATE copier_database SET timeline = timeline - 1")
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                if let Some(t) = model.server.recorded_timeline.as_mut() {
+                    *t -= 1;
+                }
+            }
+            _ => {
+                step = "grace ends".into();
+                sqlx::query(
+                    "UPDATE copier_database SET claims_after = now() - interval '1 s'
+                      WHERE claims_after IS NOT NULL",
+                )
+                .execute(&mut conn)
+                .await
+                .unwrap();
+                if model.server.claims_after.is_some() {
+                    model.server.claims_after = Some(model.now - 1000);
+                }
+            }
+        }
+        // The state after the step: owners, live leases, enabled; epochs changed alike.
+        let after_real = real_rows(&mut conn).await;
+        let after_model = model_rows(&model);
+        for (id, r) in &after_real {
+            let m = &after_model[id];
+            assert_eq!(
+                (&r.0, r.1, r.2, r.3 != before_real[id].3),
+                (&m.0, m.1, m.2, m.3 != before_model[id].3),
+                "seed {seed}, step {step_no} ({step}): account {id}, PostgreSQL vs the model"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_database_model_agrees_with_postgresql_on_random_sequences() {
+    let seeds: Vec<u64> = match std::env::var("COPIER_MODEL_SEED") {
+        Ok(s) => vec![s.parse().expect("COPIER_MODEL_SEED is a number")],
+        Err(_) => (0..4).map(|_| fastrand::u64(..)).collect(),
+    };
+    for seed in seeds {
+        eprintln!("model vs PostgreSQL, seed {seed} (replay: COPIER_MODEL_SEED={seed})");
+        run(seed).await;
+    }
+}
