@@ -32,6 +32,7 @@
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
+//! | [`sim`] | the lease simulator's database model, proven against PostgreSQL by a differential test |
 //! | [`pgtmp`] | throwaway PostgreSQL clusters, and the server the demo and benchmarks run on |
 //! | [`failpoints`] | fault-injection points for the fault suite (the `failpoints` feature only) |
 //! | [`cluster_status`], [`demo`] | `copier-node status` and `copier-node demo` |
@@ -46,7 +47,9 @@
 //! 1. Every cycle the lease loop reads a monotonic `t0`, then runs one statement
 //!    ([`db::lease::cycle`]) that renews the node's membership and its rows and claims free or
 //!    expired rows up to its capacity, each claim with a fresh `owner_epoch` from a global
-//!    sequence.
+//!    sequence. The same statement watches the database itself: on a new WAL timeline (a
+//!    failover that may have lost the last commits) it claims nothing for a grace of one lease
+//!    and keeps only the rows whose gates stayed open.
 //! 2. When the statement is acknowledged, the supervisor gets the rows the node owns. Rows no
 //!    longer owned (or owned at a new epoch) have their gates closed first; rows still owned at
 //!    the same epoch get the deadline `t0 + lease - fence`; new (account, epoch) pairs get a new
