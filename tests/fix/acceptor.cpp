@@ -8,7 +8,8 @@
 // equal the login). Per account: hedging positions filled at fixed quotes, NewOrderSingle (D)
 // market orders (PosMaintRptID 721 names the position a closing order reduces), duplicate
 // ClOrdIDs rejected (OrdRejReason 6), OrderStatusRequest (H), RequestForPositions (AN) answered
-// with an ack (AO) and PositionReports (AP), updates pushed when subscribed (263=1), and
+// with an ack (AO) and PositionReports (AP), updates pushed when subscribed (263=1),
+// SecurityListRequest (x) answered with every symbol and its contract size (231), and
 // ExecutionReports for trades placed by the hand client pushed to the account's session (drop
 // copy). Every request is journaled in the simulated broker's JSON-lines format, `client` from
 // SenderSubID (50).
@@ -38,6 +39,8 @@
 #include "quickfix/fix44/PositionReport.h"
 #include "quickfix/fix44/RequestForPositions.h"
 #include "quickfix/fix44/RequestForPositionsAck.h"
+#include "quickfix/fix44/SecurityList.h"
+#include "quickfix/fix44/SecurityListRequest.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -289,6 +292,24 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     g.unlock();
     send(ack, id);
     for (auto& r : reports) send(r, id);
+  }
+
+  void onMessage(const FIX44::SecurityListRequest& m, const FIX::SessionID& id) override {
+    FIX::SecurityReqID req;
+    m.get(req);
+    FIX44::SecurityList list;
+    list.set(req);
+    list.set(FIX::SecurityResponseID(next_id()));
+    list.set(FIX::SecurityRequestResult(FIX::SecurityRequestResult_VALID_REQUEST));
+    for (auto& q : QUOTES) {
+      FIX44::SecurityList::NoRelatedSym sym;
+      sym.set(FIX::Symbol(q.first));
+      sym.set(FIX::ContractMultiplier(q.second.contract));
+      sym.set(FIX::RoundLot(q.second.contract / 100));
+      sym.set(FIX::MinTradeVol(q.second.contract / 100));
+      list.addGroup(sym);
+    }
+    send(list, id);
   }
 
   // --- the hand client (control port)

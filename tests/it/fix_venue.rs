@@ -245,3 +245,22 @@ async fn a_sequence_reset_by_the_venue_logs_the_session_out_and_a_reset_logon_re
         "the venue's numbers started again: {st:?}"
     );
 }
+
+#[tokio::test]
+async fn the_security_list_gives_every_symbol_its_contract_size() {
+    let dir = Scratch::new("fix-securities");
+    let v = venue(&dir);
+    let mut c = logged_on(&v, "f1", "pw-f1").await;
+    c.send("x", &[], &[(320, "sec-1"), (559, "4")]).await;
+    let list = c.expect("y", WAIT).await;
+    assert_eq!(list.get(146), Some("3"), "{list:?}");
+    let symbols: Vec<(&str, &str)> = list.all(55).into_iter().zip(list.all(231)).collect();
+    assert_eq!(
+        symbols,
+        vec![
+            ("EURUSD", "100000"),
+            ("GBPUSD", "100000"),
+            ("XAUUSD", "100")
+        ]
+    );
+}

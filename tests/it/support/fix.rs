@@ -145,6 +145,15 @@ impl Msg {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of `tag`, in order (the fields of a repeating group).
+    pub fn all(&self, tag: u32) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(t, _)| *t == tag)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
     pub fn msg_type(&self) -> &str {
         self.get(35).unwrap_or("")
     }
