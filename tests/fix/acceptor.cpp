@@ -48,10 +48,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fcntl.h>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -180,7 +183,14 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     m.get(symbol);
     m.get(qty);
     m.get(type);
-    long position = m.isSetField(721) ? std::stol(m.getField(721)) : 0;
+    long position = 0;
+    bool bad_position = false;
+    if (m.isSetField(721)) {
+      const std::string text = m.getField(721);
+      char* end = nullptr;
+      position = std::strtol(text.c_str(), &end, 10);
+      bad_position = text.empty() || *end != '\0' || position <= 0;
+    }
     std::string client = sub_id(m);
     std::string who = login(id);
     std::unique_lock<std::mutex> g(mutex_);
@@ -200,10 +210,16 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     } else if (qty.getValue() <= 0) {
       reason = "invalid quantity";
       rej = FIX::OrdRejReason_INCORRECT_QUANTITY;
+    } else if (bad_position) {
+      reason = "PosMaintRptID is not a position id";
+      rej = FIX::OrdRejReason_OTHER;
     } else if (position != 0) {
       auto p = acc.positions.find(position);
       if (p == acc.positions.end()) {
         reason = "no such position";
+        rej = FIX::OrdRejReason_OTHER;
+      } else if (p->second.symbol != symbol.getValue()) {
+        reason = "the position is on another symbol";
         rej = FIX::OrdRejReason_OTHER;
       } else if (p->second.side == side.getValue()) {
         reason = "a closing order must take the opposite side";
@@ -213,14 +229,19 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
         rej = FIX::OrdRejReason_INCORRECT_QUANTITY;
       }
     }
-    std::string action = position != 0 ? "close" : "open";
-    double lots = quote == QUOTES.end() ? qty.getValue() : qty.getValue() / quote->second.contract;
+    std::string action = position != 0 || bad_position ? "close" : "open";
+    // Volumes in lots, as the simulated broker journals them (-1: not convertible).
+    double lots = quote == QUOTES.end() ? -1 : qty.getValue() / quote->second.contract;
+    // A close is journaled with the position's side, as the simulated broker does.
+    char journal_side = side.getValue();
+    if (position != 0 && acc.positions.count(position))
+      journal_side = acc.positions.at(position).side;
     if (!reason.empty()) {
       if (rej != FIX::OrdRejReason_DUPLICATE_ORDER) {
         acc.orders[cl.getValue()] = Order{next_id(), FIX::OrdStatus_REJECTED, symbol.getValue(),
                                           side.getValue(), qty.getValue(), 0, position};
       }
-      journal(who, client, action, symbol.getValue(), position, side.getValue(), lots,
+      journal(who, client, action, symbol.getValue(), position, journal_side, lots,
               cl.getValue(), false, reason);
       FIX44::ExecutionReport er = report(cl.getValue(), next_id(), FIX::ExecType_REJECTED,
                                          FIX::OrdStatus_REJECTED, symbol.getValue(),
@@ -232,16 +253,17 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       return;
     }
     double price = side.getValue() == FIX::Side_BUY ? quote->second.ask : quote->second.bid;
+    Position before = position != 0 ? acc.positions.at(position) : Position{};
     long ticket = fill(acc, symbol.getValue(), side.getValue(), qty.getValue(), price, position);
     acc.orders[cl.getValue()] = Order{next_id(), FIX::OrdStatus_FILLED, symbol.getValue(),
                                       side.getValue(), qty.getValue(), price, ticket};
-    journal(who, client, action, symbol.getValue(), ticket, side.getValue(), lots, cl.getValue(),
+    journal(who, client, action, symbol.getValue(), ticket, journal_side, lots, cl.getValue(),
             true, "");
     FIX44::ExecutionReport er =
         report(cl.getValue(), acc.orders[cl.getValue()].order_id, FIX::ExecType_TRADE,
                FIX::OrdStatus_FILLED, symbol.getValue(), side.getValue(), qty.getValue(),
                qty.getValue(), price, ticket);
-    std::vector<FIX44::PositionReport> updates = subscribed_reports(who, acc, ticket);
+    std::vector<FIX44::PositionReport> updates = subscribed_reports(acc, ticket, before);
     g.unlock();
     if (drop_after_fill) {
       if (FIX::Session* s = FIX::Session::lookupSession(id)) s->disconnect();
@@ -317,12 +339,13 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     std::unique_lock<std::mutex> g(mutex_);
     auto quote = QUOTES.find(symbol);
     if (quote == QUOTES.end()) return "error unknown symbol";
+    if (!(lots > 0)) return "error lots must be positive";
     Account& acc = accounts_[who];
     double units = lots * quote->second.contract;
     double price = side == FIX::Side_BUY ? quote->second.ask : quote->second.bid;
     long ticket = fill(acc, symbol, side, units, price, 0);
     journal(who, "manual", "open", symbol, ticket, side, lots, "", true, "");
-    return drop_copy(g, who, acc, symbol, side, units, price, ticket);
+    return drop_copy(g, who, acc, symbol, side, units, price, ticket, Position{});
   }
 
   std::string hand_close(const std::string& who, long ticket, double lots) {
@@ -330,14 +353,17 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     Account& acc = accounts_[who];
     auto p = acc.positions.find(ticket);
     if (p == acc.positions.end()) return "error no such position";
+    if (!(lots > 0)) return "error lots must be positive";
+    Position before = p->second;
     auto quote = QUOTES.at(p->second.symbol);
     double units = std::min(lots * quote.contract, p->second.units);
     char side = p->second.side == FIX::Side_BUY ? FIX::Side_SELL : FIX::Side_BUY;
     std::string symbol = p->second.symbol;
     double price = side == FIX::Side_BUY ? quote.ask : quote.bid;
     fill(acc, symbol, side, units, price, ticket);
-    journal(who, "manual", "close", symbol, ticket, side, units / quote.contract, "", true, "");
-    return drop_copy(g, who, acc, symbol, side, units, price, ticket);
+    journal(who, "manual", "close", symbol, ticket, before.side, units / quote.contract, "", true,
+            "");
+    return drop_copy(g, who, acc, symbol, side, units, price, ticket, before);
   }
 
   std::string reset(const std::string& who) {
@@ -392,11 +418,11 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
   // client placed, to the account's session if it is logged on.
   std::string drop_copy(std::unique_lock<std::mutex>& g, const std::string& who, Account& acc,
                         const std::string& symbol, char side, double units, double price,
-                        long ticket) {
+                        long ticket, const Position& before) {
     FIX44::ExecutionReport er = report("manual-" + next_id(), next_id(), FIX::ExecType_TRADE,
                                        FIX::OrdStatus_FILLED, symbol, side, units, units, price,
                                        ticket);
-    std::vector<FIX44::PositionReport> updates = subscribed_reports(who, acc, ticket);
+    std::vector<FIX44::PositionReport> updates = subscribed_reports(acc, ticket, before);
     std::vector<FIX::SessionID> sessions;
     for (auto& s : logged_on_)
       if (login(s) == who) sessions.push_back(s);
@@ -408,11 +434,14 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     return "ok " + std::to_string(ticket);
   }
 
-  std::vector<FIX44::PositionReport> subscribed_reports(const std::string&, Account& acc,
-                                                        long ticket) {
+  // The position's report for every subscription: as it is now, or (closed) as it was before
+  // the fill with no quantity left.
+  std::vector<FIX44::PositionReport> subscribed_reports(Account& acc, long ticket,
+                                                        const Position& before) {
     std::vector<FIX44::PositionReport> out;
     auto p = acc.positions.find(ticket);
-    Position closed{"", FIX::Side_BUY, 0, 0};
+    Position closed = before;
+    closed.units = 0;
     for (auto& req : acc.subscriptions)
       out.push_back(position_report(req, ticket, p == acc.positions.end() ? closed : p->second));
     return out;
@@ -472,8 +501,8 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
          << ",\"symbol\":" << opt_str(symbol) << ",\"side\":"
          << (side == FIX::Side_BUY ? "\"buy\"" : side == FIX::Side_SELL ? "\"sell\"" : "null")
          << ",\"volume\":";
-    if (action == "login") line << "null";
-    else line << lots;
+    if (action == "login" || lots < 0) line << "null";
+    else line << std::setprecision(12) << lots;
     line << ",\"magic\":null,\"comment\":null,\"fence\":null,\"client_order_id\":"
          << opt_str(client_order_id) << ",\"accepted\":" << (accepted ? "true" : "false")
          << ",\"reason\":" << opt_str(reason) << "}\n";
@@ -498,14 +527,15 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
     if (cmd == "open") {
       std::string who, symbol, side;
       double lots;
-      in >> who >> symbol >> side >> lots;
+      if (!(in >> who >> symbol >> side >> lots)) return "error usage: open <login> <symbol> <buy|sell> <lots>";
+      if (side != "buy" && side != "sell") return "error side must be buy or sell";
       return venue.hand_open(who, symbol, side == "buy" ? FIX::Side_BUY : FIX::Side_SELL, lots);
     }
     if (cmd == "close") {
       std::string who;
       long ticket;
       double lots;
-      in >> who >> ticket >> lots;
+      if (!(in >> who >> ticket >> lots)) return "error usage: close <login> <ticket> <lots>";
       return venue.hand_close(who, ticket, lots);
     }
     if (cmd == "positions") {
@@ -538,40 +568,58 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
   return "error unknown command " + cmd;
 }
 
-// Serves the control port until `quit`: one connection at a time, one command per line.
-void control(Venue& venue, int port) {
-  int server = socket(AF_INET, SOCK_STREAM, 0);
-  int yes = 1;
-  setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(server, 8) != 0) {
-    std::perror("control port");
-    std::exit(2);
-  }
-  std::cout << "fix-acceptor: ready" << std::endl;
-  bool quit = false;
-  while (!quit) {
-    int c = accept(server, nullptr, nullptr);
-    if (c < 0) continue;
-    std::string buf;
-    char chunk[1024];
-    ssize_t n;
-    while (!quit && (n = read(c, chunk, sizeof chunk)) > 0) {
-      buf.append(chunk, static_cast<size_t>(n));
-      size_t nl;
-      while ((nl = buf.find('\n')) != std::string::npos) {
-        std::string reply = handle(venue, buf.substr(0, nl), quit) + "\n";
-        buf.erase(0, nl + 1);
-        if (write(c, reply.data(), reply.size()) < 0) break;
-      }
+// The control port: one connection at a time, one command per line, served between the
+// acceptor's polls on the one thread that also runs every QuickFIX callback (so a command such
+// as `reset` never races the session layer).
+class Control {
+ public:
+  explicit Control(int port) {
+    server_ = socket(AF_INET, SOCK_STREAM, 0);
+    int yes = 1;
+    setsockopt(server_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(server_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        listen(server_, 8) != 0) {
+      std::perror("control port");
+      std::exit(2);
     }
-    close(c);
+    fcntl(server_, F_SETFL, O_NONBLOCK);
   }
-  close(server);
-}
+
+  // Accepts and answers whatever is waiting; true once `quit` was asked.
+  bool service(Venue& venue) {
+    if (client_ < 0) {
+      client_ = accept(server_, nullptr, nullptr);
+      if (client_ < 0) return false;
+      fcntl(client_, F_SETFL, O_NONBLOCK);
+      buf_.clear();
+    }
+    char chunk[1024];
+    ssize_t n = read(client_, chunk, sizeof chunk);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      close(client_);
+      client_ = -1;
+      return false;
+    }
+    if (n > 0) buf_.append(chunk, static_cast<size_t>(n));
+    bool quit = false;
+    size_t nl;
+    while ((nl = buf_.find('\n')) != std::string::npos) {
+      std::string reply = handle(venue, buf_.substr(0, nl), quit) + "\n";
+      buf_.erase(0, nl + 1);
+      if (write(client_, reply.data(), reply.size()) < 0) break;
+    }
+    return quit;
+  }
+
+ private:
+  int server_ = -1;
+  int client_ = -1;
+  std::string buf_;
+};
 
 }  // namespace
 
@@ -586,8 +634,10 @@ int main(int argc, char** argv) {
     FIX::MemoryStoreFactory store;
     FIX::FileLogFactory logs(settings);
     FIX::SocketAcceptor acceptor(venue, store, settings, logs);
-    acceptor.start();
-    control(venue, std::stoi(argv[3]));
+    Control control(std::stoi(argv[3]));
+    acceptor.poll(0);  // binds the FIX port before anyone is told the venue is ready
+    std::cout << "fix-acceptor: ready" << std::endl;
+    while (!control.service(venue)) acceptor.poll(0.005);
     acceptor.stop();
     return 0;
   } catch (std::exception& e) {

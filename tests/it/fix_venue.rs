@@ -47,7 +47,7 @@ async fn a_wrong_password_is_refused_and_journaled_a_right_one_logs_on() {
         out.get(58).is_some_and(|t| t.contains("wrong password")),
         "{out:?}"
     );
-    while bad.recv(WAIT).await.is_some() {}
+    assert!(bad.closed(WAIT).await);
     logged_on(&v, "f1", "pw-f1").await;
     let lines = journal(&v);
     let logins: Vec<(bool, Option<&str>, &str)> = lines
@@ -117,6 +117,33 @@ async fn orders_fill_duplicates_are_refused_and_status_requests_answer() {
         format!("ok {position}:EURUSD:buy:0.15")
     );
 
+    // A close naming no position id, or a position on another symbol: refused, the venue runs on.
+    for (cl, symbol, pos) in [
+        ("c-bad-1", "EURUSD", "abc"),
+        ("c-bad-2", "GBPUSD", position.as_str()),
+    ] {
+        c.send(
+            "D",
+            &[(50, "node-a")],
+            &[
+                (11, cl),
+                (54, "2"),
+                (55, symbol),
+                (38, "1000"),
+                (40, "1"),
+                (60, "20261130-12:00:02"),
+                (721, pos),
+            ],
+        )
+        .await;
+        let refused = c.expect("8", WAIT).await;
+        assert_eq!(
+            (refused.get(39), refused.get(103)),
+            (Some("8"), Some("99")),
+            "{refused:?}"
+        );
+    }
+
     // Order status: the filled order, and an order the venue never saw.
     c.send("H", &[], &[(11, "c-open-1"), (54, "1"), (55, "EURUSD")])
         .await;
@@ -138,6 +165,8 @@ async fn orders_fill_duplicates_are_refused_and_status_requests_answer() {
             ("open".into(), true, Some("c-open-1".into())),
             ("open".into(), false, Some("c-open-1".into())),
             ("close".into(), true, Some("c-trim-1".into())),
+            ("close".into(), false, Some("c-bad-1".into())),
+            ("close".into(), false, Some("c-bad-2".into())),
         ]
     );
 }
@@ -203,7 +232,7 @@ async fn a_fill_whose_report_was_lost_to_a_dropped_connection_is_found_by_its_st
     )
     .await;
     assert!(
-        c.recv(WAIT).await.is_none(),
+        c.closed(WAIT).await,
         "the venue drops the connection before the report"
     );
     assert_eq!(v.control("fault drop_after_fill off"), "ok");
@@ -232,9 +261,12 @@ async fn a_sequence_reset_by_the_venue_logs_the_session_out_and_a_reset_logon_re
     .await;
     c.expect("5", WAIT).await;
     // The venue closes the old connection; only then may the session log on again.
-    while c.recv(WAIT).await.is_some() {}
-    // Both sides start again at 1: a logon that says so is accepted.
-    let mut again = logged_on(&v, "f1", "pw-f1").await;
+    assert!(c.closed(WAIT).await);
+    // The venue expects 1 again: a logon at 1 *without* ResetSeqNumFlag is accepted.
+    let mut again = FixClient::connect(v.port, "f1", &v.comp_id).await;
+    again.logon("f1", "pw-f1", "node-a", false).await;
+    let reply = again.expect("A", WAIT).await;
+    assert_eq!(reply.get(34), Some("1"), "{reply:?}");
     again
         .send("H", &[], &[(11, "never-sent"), (54, "1"), (55, "EURUSD")])
         .await;

@@ -29,6 +29,17 @@ pub fn acceptor_binary() -> &'static PathBuf {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fix-acceptor");
         std::fs::create_dir_all(&dir).unwrap();
         let bin = dir.join(format!("fix-acceptor-{hash:016x}"));
+        // One build at a time (nextest runs each test in its own process): the first to create
+        // the lock directory builds, the others wait for the binary (or build anyway after a
+        // minute, should a builder have died holding the lock).
+        let lock = dir.join(format!("fix-acceptor-{hash:016x}.lock"));
+        let builder = std::fs::create_dir(&lock).is_ok();
+        if !builder {
+            let since = std::time::Instant::now();
+            while !bin.exists() && since.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         if !bin.exists() {
             let tmp = dir.join(format!(
                 "build-{}-{:08x}",
@@ -49,6 +60,9 @@ pub fn acceptor_binary() -> &'static PathBuf {
                 String::from_utf8_lossy(&out.stderr)
             );
             std::fs::rename(&tmp, &bin).unwrap();
+        }
+        if builder {
+            let _ = std::fs::remove_dir(&lock);
         }
         bin
     })
@@ -119,6 +133,8 @@ impl FixVenue {
     /// One control command (see the venue's header); returns its answer line.
     pub fn control(&self, command: &str) -> String {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.control_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(format!("{command}\n").as_bytes()).unwrap();
         let mut line = String::new();
         BufReader::new(s).read_line(&mut line).unwrap();
@@ -232,6 +248,20 @@ impl FixClient {
                 return None;
             }
             self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// True once the venue closed the connection within `within` (messages before are skipped);
+    /// false if it was still open then.
+    pub async fn closed(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let mut chunk = [0u8; 4096];
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+            }
         }
     }
 
