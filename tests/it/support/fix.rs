@@ -35,8 +35,10 @@ pub fn acceptor_binary() -> &'static PathBuf {
         let lock = dir.join(format!("fix-acceptor-{hash:016x}.lock"));
         let builder = std::fs::create_dir(&lock).is_ok();
         if !builder {
-            let since = std::time::Instant::now();
-            while !bin.exists() && since.elapsed() < Duration::from_secs(60) {
+            for _ in 0..1200 {
+                if bin.exists() {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
