@@ -18,7 +18,12 @@ use sqlx::PgConnection;
 
 use crate::support::{TestDb, insert_accounts};
 
-const LEASE: Duration = Duration::from_secs(60);
+/// Lease lengths a cycle may run with (nodes may be configured differently).
+const LEASES: [Duration; 3] = [
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+    Duration::from_secs(90),
+];
 const NODES: usize = 4;
 const STEPS: usize = 120;
 
@@ -53,6 +58,68 @@ fn model_rows(m: &Model) -> BTreeMap<i64, RowView> {
             )
         })
         .collect()
+}
+
+/// The `nodes` rows and the `copier_database` row, as both sides show them.
+type Extra = (
+    Vec<(String, String, String, i64, i64, bool, bool)>,
+    (i64, Option<i64>, bool, bool, Option<i64>, Option<i64>),
+);
+
+async fn real_extra(conn: &mut PgConnection) -> Extra {
+    let nodes = sqlx::query_as::<_, (String, String, String, i32, i32, bool, bool)>(
+        "SELECT node_id, instance_id, platform, capacity, owned, lease_until >= now(),
+                coalesce(trust_until >= now(), false)
+           FROM nodes ORDER BY node_id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(n, i, p, c, o, l, t)| (n, i, p, i64::from(c), i64::from(o), l, t))
+    .collect();
+    let db: (i32, Option<i64>, bool, bool, Option<i32>, Option<i64>) = sqlx::query_as(
+        "SELECT era_offset, max_lease_ms, coalesce(claims_after > now(), false),
+                failed_over_at IS NOT NULL, timeline, system_id
+           FROM copier_database",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    (
+        nodes,
+        (i64::from(db.0), db.1, db.2, db.3, db.4.map(i64::from), db.5),
+    )
+}
+
+fn model_extra(m: &Model) -> Extra {
+    let nodes = m
+        .nodes
+        .iter()
+        .map(|(id, n)| {
+            (
+                id.clone(),
+                n.instance_id.clone(),
+                n.platform.clone(),
+                i64::from(n.capacity),
+                i64::from(n.owned),
+                n.lease_until >= m.now,
+                n.trust_until >= m.now,
+            )
+        })
+        .collect();
+    let s = &m.server;
+    (
+        nodes,
+        (
+            s.era_offset,
+            s.max_lease_ms,
+            s.claims_after.is_some_and(|c| c > m.now),
+            s.failed_over_at.is_some(),
+            s.recorded_timeline,
+            s.recorded_system_id,
+        ),
+    )
 }
 
 /// Everything of a cycle's outcome that does not depend on the exact clock or on the order of
@@ -180,21 +247,25 @@ async fn run(seed: u64) {
                     .filter(|_| rng.u32(..4) > 0)
                     .collect();
                 let instance_id = node.instance_id();
+                let platform = if rng.u32(..8) == 0 { "mt4" } else { "mt5" };
+                let lease = LEASES[rng.usize(..LEASES.len())];
+                // A short trust window lapses before the lease when time passes (a gated peer).
+                let trust = lease.mul_f64(if rng.u32(..4) == 0 { 0.25 } else { 0.75 });
                 let p = CycleParams {
                     node_id: &node.id,
                     instance_id: &instance_id,
-                    platform: "mt5",
+                    platform,
                     capacity: 6,
                     claim_limit: limit,
-                    trust: Duration::from_secs(45),
+                    trust,
                     owned: node.held.len() as u32,
-                    lease: LEASE,
+                    lease,
                     held: &node.held,
                     claim,
                     kept: &kept,
                 };
                 step = format!(
-                    "cycle {instance_id} limit {limit} claim {claim} held {:?} kept {kept:?}",
+                    "cycle {instance_id} on {platform}, lease {lease:?}, trust {trust:?}, limit {limit} claim {claim} held {:?} kept {kept:?}",
                     node.held
                 );
                 let real = lease::cycle(&mut conn, &p).await.unwrap();
@@ -228,9 +299,23 @@ async fn run(seed: u64) {
                 }
             }
             60..=69 => {
+                // Usually its own epochs; sometimes another node's (the fence must refuse them).
+                let from = if rng.u32(..4) == 0 {
+                    rng.usize(..NODES)
+                } else {
+                    n
+                };
+                let epochs: Vec<i64> = nodes[from]
+                    .held
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.bool())
+                    .collect();
                 let node = &nodes[n];
-                let epochs: Vec<i64> = node.held.iter().copied().filter(|_| rng.bool()).collect();
-                step = format!("release {} {epochs:?}", node.id);
+                step = format!(
+                    "release {} {epochs:?} (held by {})",
+                    node.id, nodes[from].id
+                );
                 let mut real = lease::release(&mut conn, &node.id, &epochs, "released: test")
                     .await
                     .unwrap();
@@ -303,15 +388,50 @@ async fn run(seed: u64) {
                 let a = model.accounts.get_mut(&id).unwrap();
                 a.enabled = !a.enabled;
             }
-            94..=96 => {
-                step = "failover".into();
-                sqlx::query("UPDATE copier_database SET timeline = timeline - 1")
-                    .execute(&mut conn)
-                    .await
-                    .unwrap();
-                if let Some(t) = model.server.recorded_timeline.as_mut() {
-                    *t -= 1;
+            94..=95 => {
+                // A promoted standby (a new timeline) or a restored dump (another system).
+                if rng.bool() {
+                    step = "failover: new timeline".into();
+                    sqlx::query("UPDATE copier_database SET timeline = timeline - 1")
+                        .execute(&mut conn)
+                        .await
+                        .unwrap();
+                    if let Some(t) = model.server.recorded_timeline.as_mut() {
+                        *t -= 1;
+                    }
+                } else {
+                    step = "failover: another system".into();
+                    sqlx::query("UPDATE copier_database SET system_id = system_id + 1")
+                        .execute(&mut conn)
+                        .await
+                        .unwrap();
+                    if let Some(t) = model.server.recorded_system_id.as_mut() {
+                        *t += 1;
+                    }
                 }
+            }
+            96 => {
+                // Time passes: every timestamp moves back (leases lapse, graces end by
+                // themselves), on the model the clock moves forward.
+                let secs = [1i64, 31, 61, 95][rng.usize(..4)];
+                step = format!("{secs} s pass");
+                for sql in [
+                    "UPDATE nodes SET lease_until = lease_until - make_interval(secs => $1),
+                            renewed_at = renewed_at - make_interval(secs => $1),
+                            trust_until = trust_until - make_interval(secs => $1),
+                            started_at = started_at - make_interval(secs => $1)",
+                    "UPDATE trading_accounts SET lease_until = lease_until - make_interval(secs => $1),
+                            claimed_at = claimed_at - make_interval(secs => $1)",
+                    "UPDATE copier_database SET claims_after = claims_after - make_interval(secs => $1),
+                            failed_over_at = failed_over_at - make_interval(secs => $1)",
+                ] {
+                    sqlx::query(sql)
+                        .bind(secs as f64)
+                        .execute(&mut conn)
+                        .await
+                        .unwrap();
+                }
+                model.now += secs * 1000;
             }
             _ => {
                 step = "grace ends".into();
@@ -327,7 +447,13 @@ async fn run(seed: u64) {
                 }
             }
         }
-        // The state after the step: owners, live leases, enabled; epochs changed alike.
+        // The state after the step: memberships and the database's record alike ...
+        assert_eq!(
+            real_extra(&mut conn).await,
+            model_extra(&model),
+            "seed {seed}, step {step_no} ({step}): nodes and copier_database, PostgreSQL vs the model"
+        );
+        // ... and owners, live leases, enabled; epochs changed alike.
         let after_real = real_rows(&mut conn).await;
         let after_model = model_rows(&model);
         for (id, r) in &after_real {
