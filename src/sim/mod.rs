@@ -3,3 +3,4 @@
 //! test (`tests/it/model.rs`).
 
 pub mod db;
+mod lost_tail;
