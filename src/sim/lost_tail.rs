@@ -36,6 +36,8 @@ mod tests {
         next_cycle: u64,
         /// A cycle whose statement ran and whose reply is on its way: (arrives, t0, outcome).
         in_flight: Option<(u64, u64, crate::db::lease::CycleOutcome)>,
+        /// Restarts so far (each restart is a new instance of the same node id).
+        instance: u32,
     }
 
     /// Runs one schedule; returns a description of the first S1 violation, if any.
@@ -68,6 +70,7 @@ mod tests {
                 gates: BTreeMap::new(),
                 next_cycle: rng.u64(0..1000),
                 in_flight: None,
+                instance: 0,
             })
             .collect();
         // Database states by the true time they were committed (for lost tails).
@@ -143,6 +146,23 @@ mod tests {
                     node.deadline = Some(deadline);
                     node.held = outcome.owned.iter().map(|r| r.epoch).collect();
                 }
+                // Between its cycles it now and then hands an account off (fair share, a
+                // disabled account): the gate closes first, then the release statement runs
+                // (and may be lost too).
+                if rng.u32(..12) == 0
+                    && let Some((&id, _)) =
+                        node.gates.iter().nth(rng.usize(..node.gates.len().max(1)))
+                {
+                    let gate = node.gates.remove(&id).expect("picked above");
+                    gate.close();
+                    let runs_at = (t + rng.u64(0..300)).max(db.now as u64);
+                    db.now = runs_at as i64;
+                    db.release(&node.id, &[gate.epoch()]);
+                    history.push((runs_at, db.clone()));
+                    // `held` stays as the last cycle returned it, as in the lease loop: the
+                    // released epoch is in it until the next cycle (why the grace keeps by
+                    // open gates, not by `held`).
+                }
                 // S1 at true time: at this instant, one open gate per account at most.
                 for id in 1..=ACCOUNTS {
                     let open: Vec<&str> = nodes
@@ -160,13 +180,26 @@ mod tests {
             } else {
                 let node = &mut nodes[i];
                 let t0 = t;
+                // Now and then the process crashes: every gate goes with it, and it comes back
+                // as a new instance of the same node id a few seconds later.
+                if rng.u32(..150) == 0 {
+                    for g in node.gates.values() {
+                        g.close();
+                    }
+                    node.gates.clear();
+                    node.held.clear();
+                    node.deadline = None;
+                    node.instance += 1;
+                    node.next_cycle = t + rng.u64(0..5000);
+                    continue;
+                }
                 // Gates open without a break up to t0 are the ones kept through a grace.
                 let kept: Vec<i64> = if node.deadline.is_some_and(|d| trust::holds(at(t0), d)) {
                     node.gates.values().map(AccountGate::epoch).collect()
                 } else {
                     Vec::new()
                 };
-                let instance = format!("{}-1", node.id);
+                let instance = format!("{}-{}", node.id, node.instance);
                 let p = CycleParams {
                     node_id: &node.id,
                     instance_id: &instance,
