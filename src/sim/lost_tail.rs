@@ -38,15 +38,35 @@ mod tests {
         in_flight: Option<(u64, u64, crate::db::lease::CycleOutcome)>,
         /// Restarts so far (each restart is a new instance of the same node id).
         instance: u32,
+        /// How fast its monotonic clock runs against true time.
+        rate: f64,
     }
 
+    /// How a schedule runs.
+    #[derive(Clone, Copy)]
+    struct Options {
+        /// A deliberate bug (trust counted from the reply, not from `t0`), to show the explorer
+        /// catches one.
+        trust_from_reply: bool,
+        /// How fast node n0's monotonic clock runs against true time (1.0: exactly).
+        n0_rate: f64,
+        /// Whether the database fails over at all.
+        failovers: bool,
+    }
+
+    const REAL: Options = Options {
+        trust_from_reply: false,
+        n0_rate: 1.0,
+        failovers: true,
+    };
+
     /// Runs one schedule; returns a description of the first S1 violation, if any.
-    /// `trust_from_reply` is a deliberate bug (trust counted from the reply, not from `t0`), to
-    /// show the explorer catches one.
-    fn schedule(seed: u64, trust_from_reply: bool) -> Result<(u64, usize), String> {
+    fn schedule(seed: u64, opts: Options) -> Result<(u64, usize), String> {
         let mut rng = fastrand::Rng::with_seed(seed);
         let base_instant = Instant::now();
-        let at = |ms: u64| base_instant + Duration::from_millis(ms);
+        // A node's own clock at true time `ms` (its gates and deadlines live on it).
+        let local =
+            |rate: f64, ms: u64| base_instant + Duration::from_millis((ms as f64 * rate) as u64);
         let mono = MonoBase::new();
         let mut db = Model::new(Some(1), Some(7));
         for id in 1..=ACCOUNTS {
@@ -71,6 +91,7 @@ mod tests {
                 next_cycle: rng.u64(0..1000),
                 in_flight: None,
                 instance: 0,
+                rate: if i == 0 { opts.n0_rate } else { 1.0 },
             })
             .collect();
         // Database states by the true time they were committed (for lost tails).
@@ -102,17 +123,20 @@ mod tests {
             // Now and then the database fails over, losing the commits of the last few seconds.
             if rng.u32(..400) == 0 {
                 let lost = rng.u64(0..6000);
-                let keep = history
-                    .iter()
-                    .rev()
-                    .find(|(when, _)| *when + lost <= t)
-                    .map(|(_, m)| m.clone())
-                    .unwrap_or_else(|| history[0].1.clone());
-                let mut promoted = keep;
-                promoted.server.timeline = Some(2 + failovers as i64);
-                promoted.now = db.now.max(t as i64);
-                db = promoted;
-                failovers += 1;
+                // (Drawn either way, so a seed names the same schedule with or without.)
+                if opts.failovers {
+                    let keep = history
+                        .iter()
+                        .rev()
+                        .find(|(when, _)| *when + lost <= t)
+                        .map(|(_, m)| m.clone())
+                        .unwrap_or_else(|| history[0].1.clone());
+                    let mut promoted = keep;
+                    promoted.server.timeline = Some(2 + failovers as i64);
+                    promoted.now = db.now.max(t as i64);
+                    db = promoted;
+                    failovers += 1;
+                }
             }
             db.now = db.now.max(t as i64);
             if is_reply {
@@ -120,9 +144,9 @@ mod tests {
                 let (_, t0, outcome) = node.in_flight.take().expect("a reply in flight");
                 // A reply may be lost (the connection dropped after the commit).
                 if rng.u32(..20) != 0 && outcome.member {
-                    let from = if trust_from_reply { t } else { t0 };
-                    let deadline = trust::deadline(at(from), LEASE, FENCE);
-                    let acknowledged = at(t);
+                    let from = if opts.trust_from_reply { t } else { t0 };
+                    let deadline = trust::deadline(local(node.rate, from), LEASE, FENCE);
+                    let acknowledged = local(node.rate, t);
                     let seen: BTreeMap<i64, i64> =
                         outcome.owned.iter().map(|r| (r.id, r.epoch)).collect();
                     node.gates.retain(|id, g| {
@@ -167,7 +191,11 @@ mod tests {
                 for id in 1..=ACCOUNTS {
                     let open: Vec<&str> = nodes
                         .iter()
-                        .filter(|n| n.gates.get(&id).is_some_and(|g| g.holds_at(at(t))))
+                        .filter(|n| {
+                            n.gates
+                                .get(&id)
+                                .is_some_and(|g| g.holds_at(local(n.rate, t)))
+                        })
                         .map(|n| n.id.as_str())
                         .collect();
                     checks += 1;
@@ -194,7 +222,10 @@ mod tests {
                     continue;
                 }
                 // Gates open without a break up to t0 are the ones kept through a grace.
-                let kept: Vec<i64> = if node.deadline.is_some_and(|d| trust::holds(at(t0), d)) {
+                let kept: Vec<i64> = if node
+                    .deadline
+                    .is_some_and(|d| trust::holds(local(node.rate, t0), d))
+                {
                     node.gates.values().map(AccountGate::epoch).collect()
                 } else {
                     Vec::new()
@@ -273,7 +304,7 @@ mod tests {
         };
         let (mut failovers, mut checks) = (0, 0);
         for seed in seeds {
-            match schedule(seed, false) {
+            match schedule(seed, REAL) {
                 Ok((f, c)) => {
                     failovers += f;
                     checks += c;
@@ -287,11 +318,51 @@ mod tests {
 
     #[test]
     fn a_trust_deadline_counted_from_the_reply_is_caught() {
-        let caught = (0..300u64).find_map(|seed| schedule(seed, true).err());
+        let bug = Options {
+            trust_from_reply: true,
+            ..REAL
+        };
+        let caught = (0..300u64).find_map(|seed| schedule(seed, bug).err());
         assert!(
             caught.is_some(),
             "300 schedules did not catch trust counted from the reply"
         );
         eprintln!("caught: {}", caught.unwrap_or_default());
+    }
+
+    /// The envelope of clock rates: node n0's monotonic clock runs slow against true time (the
+    /// others' exactly), with no database failover. The design's analysis: a node trusts a renewal
+    /// for `lease - fence` of its own time, a peer claims `lease` of the database's time after the
+    /// commit, so S1 holds while `rate > (lease - fence) / lease`, 0.75 at lease 20 s, fence 5 s.
+    #[test]
+    fn a_slow_clock_breaks_s1_only_beyond_what_the_fence_absorbs() {
+        let bound = (LEASE - FENCE).as_secs_f64() / LEASE.as_secs_f64();
+        let rates = [1.0, 0.95, 0.9, 0.85, 0.8, 0.77, 0.73, 0.7, 0.65, 0.6];
+        let mut first_break = None;
+        for rate in rates {
+            let opts = Options {
+                n0_rate: rate,
+                failovers: false,
+                ..REAL
+            };
+            let broken = (0..150u64)
+                .filter(|seed| schedule(*seed, opts).is_err())
+                .count();
+            eprintln!("n0's clock at {rate}: {broken} of 150 schedules break S1");
+            if broken > 0 && first_break.is_none() {
+                first_break = Some(rate);
+            }
+            if rate > bound {
+                assert_eq!(
+                    broken, 0,
+                    "S1 broke at clock rate {rate}, inside the envelope (> {bound})"
+                );
+            }
+        }
+        let first = first_break.expect("some rate beyond the bound breaks S1");
+        assert!(
+            first < bound,
+            "first break at {first}, the analysis says below {bound}"
+        );
     }
 }
