@@ -60,8 +60,25 @@ mod tests {
         failovers: true,
     };
 
-    /// Runs one schedule; returns a description of the first S1 violation, if any.
-    fn schedule(seed: u64, opts: Options) -> Result<(u64, usize), String> {
+    /// What a schedule found wrong.
+    enum Violation {
+        /// Two open gates for one account at one instant.
+        S1(String),
+        /// After the faults healed, an account not owned by exactly the node whose gate is open.
+        Liveness(String),
+    }
+
+    impl std::fmt::Display for Violation {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Violation::S1(e) => write!(f, "S1: {e}"),
+                Violation::Liveness(e) => write!(f, "liveness: {e}"),
+            }
+        }
+    }
+
+    /// Runs one schedule; returns the first violation, if any.
+    fn schedule(seed: u64, opts: Options) -> Result<(u64, usize), Violation> {
         let mut rng = fastrand::Rng::with_seed(seed);
         let base_instant = Instant::now();
         // A node's own clock at true time `ms` (its gates and deadlines live on it).
@@ -98,7 +115,10 @@ mod tests {
         let mut history: Vec<(u64, Model)> = vec![(0, db.clone())];
         let mut failovers = 0;
         let mut checks = 0usize;
-        let end = 180_000u64;
+        // Faults for the first 150 s; then a quiet 90 s, after which every account must be
+        // owned (in the database) by the one node whose gate for it is open.
+        let faults_until = 150_000u64;
+        let end = 240_000u64;
         let mut t = 0u64;
         while t < end {
             // The next event: a reply arriving, or a cycle starting.
@@ -120,11 +140,16 @@ mod tests {
                 (None, None) => break,
             };
             t = when;
+            if t >= end {
+                break;
+            }
+            let faulty = t < faults_until;
             // Now and then the database fails over, losing the commits of the last few seconds.
+            // (Every fault is drawn either way, so a seed names the same schedule whatever is
+            // switched off.)
             if rng.u32(..400) == 0 {
                 let lost = rng.u64(0..6000);
-                // (Drawn either way, so a seed names the same schedule with or without.)
-                if opts.failovers {
+                if opts.failovers && faulty {
                     let keep = history
                         .iter()
                         .rev()
@@ -143,7 +168,8 @@ mod tests {
                 let node = &mut nodes[i];
                 let (_, t0, outcome) = node.in_flight.take().expect("a reply in flight");
                 // A reply may be lost (the connection dropped after the commit).
-                if rng.u32(..20) != 0 && outcome.member {
+                let delivered = rng.u32(..20) != 0 || !faulty;
+                if delivered && outcome.member {
                     let from = if opts.trust_from_reply { t } else { t0 };
                     let deadline = trust::deadline(local(node.rate, from), LEASE, FENCE);
                     let acknowledged = local(node.rate, t);
@@ -176,6 +202,7 @@ mod tests {
                 if rng.u32(..12) == 0
                     && let Some((&id, _)) =
                         node.gates.iter().nth(rng.usize(..node.gates.len().max(1)))
+                    && faulty
                 {
                     let gate = node.gates.remove(&id).expect("picked above");
                     gate.close();
@@ -200,9 +227,9 @@ mod tests {
                         .collect();
                     checks += 1;
                     if open.len() > 1 {
-                        return Err(format!(
+                        return Err(Violation::S1(format!(
                             "seed {seed}: at {t} ms account {id} has open gates on {open:?} ({failovers} failovers)"
-                        ));
+                        )));
                     }
                 }
             } else {
@@ -210,7 +237,7 @@ mod tests {
                 let t0 = t;
                 // Now and then the process crashes: every gate goes with it, and it comes back
                 // as a new instance of the same node id a few seconds later.
-                if rng.u32(..150) == 0 {
+                if rng.u32(..150) == 0 && faulty {
                     for g in node.gates.values() {
                         g.close();
                     }
@@ -251,6 +278,7 @@ mod tests {
                 } else {
                     0
                 };
+                let paused = if faulty { paused } else { 0 };
                 // One database: statements run one after another on its clock.
                 let runs_at = (t0 + rng.u64(0..800)).max(db.now as u64);
                 db.now = runs_at as i64;
@@ -259,6 +287,31 @@ mod tests {
                 let arrives = runs_at + rng.u64(0..800) + paused;
                 node.in_flight = Some((arrives, t0, outcome));
                 node.next_cycle = arrives + 1000 - rng.u64(0..200);
+            }
+        }
+        // Liveness once the faults have healed: every account owned by exactly the node whose
+        // gate for it is open.
+        db.now = db.now.max(end as i64);
+        for id in 1..=ACCOUNTS {
+            let open: Vec<&str> = nodes
+                .iter()
+                .filter(|n| {
+                    n.gates
+                        .get(&id)
+                        .is_some_and(|g| g.holds_at(local(n.rate, end)))
+                })
+                .map(|n| n.id.as_str())
+                .collect();
+            let row = &db.accounts[&id];
+            let owner = row
+                .node_id
+                .as_deref()
+                .filter(|_| row.lease_until.is_some_and(|l| l >= db.now));
+            if open.len() != 1 || owner != Some(open[0]) {
+                return Err(Violation::Liveness(format!(
+                    "seed {seed}: {} s after the last fault, account {id} has open gates on {open:?} and is owned by {owner:?} in the database ({failovers} failovers)",
+                    (end - faults_until) / 1000
+                )));
             }
         }
         Ok((failovers, checks))
@@ -322,7 +375,10 @@ mod tests {
             trust_from_reply: true,
             ..REAL
         };
-        let caught = (0..300u64).find_map(|seed| schedule(seed, bug).err());
+        let caught = (0..300u64).find_map(|seed| match schedule(seed, bug) {
+            Err(Violation::S1(e)) => Some(e),
+            _ => None,
+        });
         assert!(
             caught.is_some(),
             "300 schedules did not catch trust counted from the reply"
@@ -346,7 +402,7 @@ mod tests {
                 ..REAL
             };
             let broken = (0..150u64)
-                .filter(|seed| schedule(*seed, opts).is_err())
+                .filter(|seed| matches!(schedule(*seed, opts), Err(Violation::S1(_))))
                 .count();
             eprintln!("n0's clock at {rate}: {broken} of 150 schedules break S1");
             if broken > 0 && first_break.is_none() {
