@@ -123,6 +123,24 @@ pub struct OpenOrder {
     pub price_limit: Option<f64>,
 }
 
+impl OpenOrder {
+    /// The position this order opens once filled as `ticket` at `price`.
+    pub fn position(&self, ticket: i64, price: f64, open_time_ms: i64) -> Position {
+        Position {
+            ticket,
+            symbol: self.symbol.clone(),
+            side: self.side,
+            volume: self.volume,
+            open_price: price,
+            sl: self.sl,
+            tp: self.tp,
+            magic: self.magic,
+            comment: self.comment.clone(),
+            open_time_ms,
+        }
+    }
+}
+
 /// Closes all (`volume: None`) or part of a position.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CloseOrder {

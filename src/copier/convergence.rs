@@ -96,18 +96,7 @@ impl Server {
                     self.reopened.push(*master_ticket);
                 }
                 self.next += 1;
-                let p = Position {
-                    ticket: 5_000 + self.next,
-                    symbol: order.symbol.clone(),
-                    side: order.side,
-                    volume: order.volume,
-                    open_price: 1.1,
-                    sl: order.sl,
-                    tp: order.tp,
-                    magic: order.magic,
-                    comment: order.comment.clone(),
-                    open_time_ms: 0,
-                };
+                let p = order.position(5_000 + self.next, 1.1, 0);
                 self.open.push(p.clone());
                 Some(PositionChange::Opened { position: p })
             }

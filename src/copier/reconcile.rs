@@ -360,18 +360,7 @@ mod tests {
                         if let Some(b) = base {
                             self.memory.bases.insert(900 + self.next, *b);
                         }
-                        self.open.push(Position {
-                            ticket: 900 + self.next,
-                            symbol: order.symbol.clone(),
-                            side: order.side,
-                            volume: order.volume,
-                            open_price: 1.1,
-                            sl: order.sl,
-                            tp: order.tp,
-                            magic: order.magic,
-                            comment: order.comment.clone(),
-                            open_time_ms: 0,
-                        });
+                        self.open.push(order.position(900 + self.next, 1.1, 0));
                     }
                     Action::Close { ticket, .. } => {
                         let i = self.open.iter().position(|p| p.ticket == *ticket).unwrap();

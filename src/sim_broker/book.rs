@@ -444,16 +444,8 @@ impl Book {
             check_price_limit(order.side, price, order.price_limit)?;
             let ticket = self.next_ticket;
             let position = Position {
-                ticket,
-                symbol: order.symbol.clone(),
-                side: order.side,
                 volume: round_volume(order.volume),
-                open_price: price,
-                sl: order.sl,
-                tp: order.tp,
-                magic: order.magic,
-                comment: order.comment.clone(),
-                open_time_ms: now_ms,
+                ..order.position(ticket, price, now_ms)
             };
             let r = Record::Opened {
                 login: login.to_string(),

@@ -12,7 +12,7 @@
 use tracing::{debug, info, warn};
 
 use super::Follower;
-use crate::broker::types::{CloseOrder, ModifyOrder, Position};
+use crate::broker::types::{CloseOrder, ModifyOrder};
 use crate::broker::{BrokerError, RejectCode};
 use crate::copier::reconcile::Action;
 use crate::copier::rules::{Link, SkipCode};
@@ -68,18 +68,8 @@ impl Follower<'_> {
                     Ok(fill) => {
                         self.copies_sent += 1;
                         info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = order.volume, duplicate = fill.duplicate, "copy opened");
-                        self.index.opened(Position {
-                            ticket: fill.ticket,
-                            symbol: order.symbol.clone(),
-                            side: order.side,
-                            volume: order.volume,
-                            open_price: fill.price,
-                            sl: order.sl,
-                            tp: order.tp,
-                            magic: order.magic,
-                            comment: order.comment.clone(),
-                            open_time_ms: 0,
-                        });
+                        self.index
+                            .opened(order.position(fill.ticket, fill.price, 0));
                         if let Some(master_volume) = base {
                             self.record_base(link, master_ticket, fill.ticket, master_volume)
                                 .await;
