@@ -5,6 +5,12 @@
 #   docker run --rm -e DATABASE_URL=... -e COPIER_PLATFORM=mt5 -p 9464:9464 copier-node:0.1.0 run
 
 FROM rust:1.95-bookworm AS build
+# cmake builds the QuickFIX C++ engine the FIX adapter binds (the `quickfix` crate); g++ is in the
+# image already.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cmake \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, so source edits do not rebuild them. Cargo reads every target the
 # manifest declares, so the test and bench targets get empty stand-ins (never built here).

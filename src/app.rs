@@ -182,10 +182,9 @@ pub async fn start(
             node_id: node.node_id.clone(),
             pool: pool.clone(),
             hub,
-            brokers: options
-                .brokers
-                .clone()
-                .unwrap_or_else(|| Arc::new(Brokers::new(node.node_id.clone()))),
+            brokers: options.brokers.clone().unwrap_or_else(|| {
+                Arc::new(Brokers::new(node.node_id.clone()).with_database(pool.clone()))
+            }),
             lost: lost_for_tasks,
             metrics: metrics.clone(),
             credentials_key: config.credentials_key.clone(),

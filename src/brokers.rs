@@ -1,13 +1,16 @@
 //! Where account sessions get their brokers: [`BrokerConnector`] is the seam (tests wrap it to
 //! inject broker faults), [`Brokers`] the node's implementation: one [`BridgeClient`] per trade
 //! server (`host:port` from the account row), shared by every account session of the node on
-//! that server.
+//! that server. Servers written `fix://...` get a [`FixBroker`] (one FIX session per account).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use sqlx::PgPool;
+
 use crate::broker::Broker;
 use crate::broker::client::BridgeClient;
+use crate::broker::fix::{FixBroker, FixEndpoint};
 
 /// Gives account sessions a broker for a server address.
 pub trait BrokerConnector: Send + Sync + std::fmt::Debug {
@@ -22,6 +25,8 @@ pub trait BrokerConnector: Send + Sync + std::fmt::Debug {
 pub struct Brokers {
     node_id: String,
     clients: Mutex<HashMap<String, BridgeClient>>,
+    /// The FIX adapter's ledger lives in the node's database.
+    pool: Option<PgPool>,
 }
 
 impl Brokers {
@@ -29,7 +34,14 @@ impl Brokers {
         Brokers {
             node_id: node_id.into(),
             clients: Mutex::new(HashMap::new()),
+            pool: None,
         }
+    }
+
+    /// Brokers that can also log in accounts on `fix://` servers (their ledger is in `pool`).
+    pub fn with_database(mut self, pool: PgPool) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     /// The connection to `server`, opened (in the background) if this is its first use.
@@ -44,6 +56,10 @@ impl Brokers {
 
 impl BrokerConnector for Brokers {
     fn broker(&self, server: &str) -> Arc<dyn Broker> {
+        if FixEndpoint::is_fix(server) {
+            // One QuickFIX session per account: nothing to share between accounts.
+            return Arc::new(FixBroker::new(server, &self.node_id, self.pool.clone()));
+        }
         Arc::new(self.client(server))
     }
 

@@ -86,6 +86,7 @@ impl AccountContext {
             login: row.login.clone(),
             password,
             fence: Some(self.epoch()),
+            account_id: Some(self.account_id),
         };
         let mut retry = crate::retry::BROKER_LOGIN.start();
         loop {

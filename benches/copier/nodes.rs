@@ -169,6 +169,7 @@ impl Observer {
                     login: login.clone(),
                     password: None,
                     fence: None,
+                    account_id: None,
                 })
                 .await?;
             let tx = tx.clone();

@@ -11,6 +11,7 @@
 //! FIX session.
 
 pub mod client;
+pub mod fix;
 pub mod protocol;
 pub mod types;
 
@@ -133,6 +134,8 @@ pub struct AccountLogin {
     pub password: Option<Secret>,
     /// The ownership epoch: sent at login and with every order.
     pub fence: Option<i64>,
+    /// The account row's id (the FIX adapter's ledger is kept by it; the bridge ignores it).
+    pub account_id: Option<i64>,
 }
 
 /// Something that happened to a session outside its own calls.
@@ -158,6 +161,11 @@ pub trait TradeApi: Send + Sync {
     fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>>;
     fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>>;
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
+    /// False when the venue sets no stop loss or take profit on positions (FIX): the follower
+    /// then copies positions without stops and sends no stop changes.
+    fn supports_stops(&self) -> bool {
+        true
+    }
 }
 
 /// A logged-in account. Dropping every clone of `api` logs it out.

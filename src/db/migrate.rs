@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "failover grace",
         include_str!("../../migrations/0007_failover_grace.sql"),
     ),
+    (
+        8,
+        "fix ledger",
+        include_str!("../../migrations/0008_fix_ledger.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod copy;
 pub mod credentials;
+pub mod fix;
 pub mod lease;
 pub mod migrate;
 pub mod replication;

@@ -6,7 +6,8 @@
 // Sessions are those of <settings> (SenderCompID = the venue, TargetCompID = the account's
 // login); each session's dictionary carries `Password=` (checked against Logon's 554; 553 must
 // equal the login). Per account: hedging positions filled at fixed quotes, NewOrderSingle (D)
-// market orders (PosMaintRptID 721 names the position a closing order reduces), duplicate
+// market orders and immediate-or-cancel limit orders (PosMaintRptID 721 names the position a
+// closing order reduces), duplicate
 // ClOrdIDs rejected (OrdRejReason 6), OrderStatusRequest (H), RequestForPositions (AN) answered
 // with an ack (AO) and PositionReports (AP), updates pushed when subscribed (263=1),
 // SecurityListRequest (x) answered with every symbol and its contract size (231), and
@@ -18,7 +19,14 @@
 //   open <login> <symbol> <buy|sell> <lots>      -> ok <ticket>     (the hand client)
 //   close <login> <ticket> <lots>                -> ok <ticket>
 //   positions <login>                            -> ok <ticket>:<symbol>:<side>:<lots> ...
-//   fault <drop_after_fill|lose_reply|refuse_logon> <on|off>  -> ok
+//   fault <name> <on|off>                        -> ok, where <name> is one of
+//     drop_after_fill  the connection drops after a fill, before its report (never sent)
+//     gap_after_fill   the connection drops after a fill; the report goes to the session's store
+//                      (the client gets it by ResendRequest after its next logon)
+//     lose_reply       fills are never reported
+//     refuse_logon     every Logon is refused
+//     no_drop_copy     the hand client's trades reach sessions only as PositionReports of a
+//                      subscription (no ExecutionReport)
 //   reset <login>                                -> ok (the venue resets the session's sequence
 //                                                   numbers: a Logout, then both sides at 1)
 //   quit                                         -> ok (and the process exits)
@@ -130,6 +138,8 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
   std::atomic<bool> drop_after_fill{false};
   std::atomic<bool> lose_reply{false};
   std::atomic<bool> refuse_logon{false};
+  std::atomic<bool> gap_after_fill{false};
+  std::atomic<bool> no_drop_copy{false};
 
   // --- FIX::Application
   void onCreate(const FIX::SessionID&) override {}
@@ -201,8 +211,10 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     if (acc.orders.count(cl.getValue())) {
       reason = "duplicate ClOrdID";
       rej = FIX::OrdRejReason_DUPLICATE_ORDER;
-    } else if (type.getValue() != FIX::OrdType_MARKET) {
-      reason = "only market orders";
+    } else if (type.getValue() != FIX::OrdType_MARKET &&
+               !(type.getValue() == FIX::OrdType_LIMIT && m.isSetField(44) &&
+                 m.isSetField(59) && m.getField(59) == "3")) {
+      reason = "only market orders and immediate-or-cancel limit orders";
       rej = FIX::OrdRejReason_UNSUPPORTED_ORDER_CHARACTERISTIC;
     } else if (quote == QUOTES.end()) {
       reason = "unknown symbol";
@@ -253,6 +265,25 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       return;
     }
     double price = side.getValue() == FIX::Side_BUY ? quote->second.ask : quote->second.bid;
+    if (type.getValue() == FIX::OrdType_LIMIT) {
+      double limit = std::stod(m.getField(44));
+      bool beyond = side.getValue() == FIX::Side_BUY ? price > limit + 1e-9 : price < limit - 1e-9;
+      if (beyond) {
+        // Immediate-or-cancel: nothing fills, the order is cancelled.
+        acc.orders[cl.getValue()] = Order{next_id(), FIX::OrdStatus_CANCELED, symbol.getValue(),
+                                          side.getValue(), qty.getValue(), 0, position};
+        journal(who, client, action, symbol.getValue(), position, journal_side, lots,
+                cl.getValue(), false, "price beyond the limit");
+        FIX44::ExecutionReport er = report(cl.getValue(), acc.orders[cl.getValue()].order_id,
+                                           FIX::ExecType_CANCELED, FIX::OrdStatus_CANCELED,
+                                           symbol.getValue(), side.getValue(), qty.getValue(), 0,
+                                           0, position);
+        er.set(FIX::Text("price beyond the limit"));
+        g.unlock();
+        send(er, id);
+        return;
+      }
+    }
     Position before = position != 0 ? acc.positions.at(position) : Position{};
     long ticket = fill(acc, symbol.getValue(), side.getValue(), qty.getValue(), price, position);
     acc.orders[cl.getValue()] = Order{next_id(), FIX::OrdStatus_FILLED, symbol.getValue(),
@@ -267,6 +298,14 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     g.unlock();
     if (drop_after_fill) {
       if (FIX::Session* s = FIX::Session::lookupSession(id)) s->disconnect();
+      return;
+    }
+    if (gap_after_fill) {
+      // The report is sent (into the session's store) after the connection is gone: the
+      // client gets it by ResendRequest when it logs on again.
+      if (FIX::Session* s = FIX::Session::lookupSession(id)) s->disconnect();
+      send(er, id);
+      for (auto& u : updates) send(u, id);
       return;
     }
     if (lose_reply) return;
@@ -428,7 +467,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       if (login(s) == who) sessions.push_back(s);
     g.unlock();
     for (auto& s : sessions) {
-      send(er, s);
+      if (!no_drop_copy) send(er, s);
       for (auto& u : updates) send(u, s);
     }
     return "ok " + std::to_string(ticket);
@@ -550,6 +589,8 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       if (name == "drop_after_fill") venue.drop_after_fill = on;
       else if (name == "lose_reply") venue.lose_reply = on;
       else if (name == "refuse_logon") venue.refuse_logon = on;
+      else if (name == "gap_after_fill") venue.gap_after_fill = on;
+      else if (name == "no_drop_copy") venue.no_drop_copy = on;
       else return "error unknown fault " + name;
       return "ok";
     }

@@ -22,6 +22,7 @@ fn account(login: &str, fence: Option<i64>) -> AccountLogin {
         login: login.into(),
         password: None,
         fence,
+        account_id: None,
     }
 }
 
@@ -515,6 +516,7 @@ async fn credentials_are_checked_and_never_journaled() {
         login: "8008".into(),
         password: Some(Secret::new(pw)),
         fence: Some(1),
+        account_id: None,
     };
     client.login(&with("hunter2")).await.unwrap();
     let err = client.login(&with("wrong")).await.unwrap_err();

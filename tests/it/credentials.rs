@@ -85,6 +85,7 @@ async fn credentials_are_decrypted_only_with_the_nodes_key_and_never_shown() {
                 login: login.to_string(),
                 password: Some(Secret::new(password)),
                 fence: None,
+                account_id: None,
             })
             .await
             .unwrap();

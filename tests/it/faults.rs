@@ -529,6 +529,7 @@ async fn a_stale_owners_late_order_is_rejected_by_the_brokers_fence() {
             login: "f2".into(),
             password: None,
             fence: Some(old_epoch),
+            account_id: None,
         })
         .await
         .unwrap();

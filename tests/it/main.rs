@@ -9,6 +9,7 @@ mod credentials;
 mod decisions;
 mod failover;
 mod faults;
+mod fix_copy;
 mod fix_venue;
 mod hardening;
 mod lease_sql;

@@ -202,10 +202,15 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
 
 impl Follower<'_> {
     fn links_of(&self, master: i64) -> Vec<Link> {
+        // A venue without stops on positions (FIX) gets its copies without them.
+        let stops = self.api.supports_stops();
         self.links
             .iter()
             .filter(|l| l.master_id == master)
-            .cloned()
+            .map(|l| Link {
+                copy_sl_tp: l.copy_sl_tp && stops,
+                ..l.clone()
+            })
             .collect()
     }
 

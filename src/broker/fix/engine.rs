@@ -1,0 +1,359 @@
+//! One FIX session on QuickFIX (the `quickfix` crate, a binding to the C++ engine): logon,
+//! heartbeats, TestRequest, sequence numbers, ResendRequest and gap fill are the engine's.
+//!
+//! Each account runs its own initiator on a thread of its own (QuickFIX's objects are neither
+//! `Send` nor `'static`): the thread builds the settings, the callbacks and the initiator, starts
+//! it, and waits for [`Engine`] to be dropped, then logs out and stops. What the engine receives
+//! reaches the async side as [`EngineEvent`]s; messages go out with [`Engine::send`], which
+//! QuickFIX makes safe from any thread.
+//!
+//! Sequence numbers: an engine starts with an empty in-memory store and its first Logon carries
+//! ResetSeqNumFlag (141=Y), so a new owner never needs the previous owner's store; reconnects of
+//! the same engine keep the store, so the venue's ResendRequest and gap fill recover what a drop
+//! lost. An order is never sent late: a NewOrderSingle the engine would resend (PossDupFlag) is
+//! turned into a gap fill, and its outcome is found by OrderStatusRequest instead.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use quickfix::dictionary_item::{
+    AllowUnknownMsgFields, ConnectionType, DataDictionary, HeartBtInt, LogonTimeout,
+    ReconnectInterval, SocketConnectHost, SocketConnectPort, SocketNodelay, UseDataDictionary,
+    ValidateFieldsHaveValues, ValidateFieldsOutOfOrder, ValidateUserDefinedFields,
+};
+use quickfix::{
+    Application, ApplicationCallback, ConnectionHandler, Dictionary, FieldMap, FixSocketServerKind,
+    Initiator, LogCallback, LogFactory, MemoryMessageStoreFactory, Message, MsgFromAdminError,
+    MsgFromAppError, MsgToAppError, SessionId, SessionSettings,
+};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::msg::Fields;
+use crate::secret::Secret;
+
+/// Where a session connects and who it is.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub host: String,
+    pub port: u16,
+    pub sender_comp_id: String,
+    pub target_comp_id: String,
+    /// The account's own SenderSubID; the node id then goes in SenderLocationID (142).
+    pub sender_sub_id: Option<String>,
+    pub node_id: String,
+    pub username: String,
+    pub password: Option<Secret>,
+    pub heartbeat_secs: u16,
+    pub reconnect_secs: u16,
+}
+
+/// What the engine saw.
+#[derive(Debug)]
+pub enum EngineEvent {
+    LoggedOn,
+    LoggedOut,
+    /// A Logout from the venue, with its Text (why a Logon was refused).
+    LogoutText(String),
+    /// An application message (ExecutionReport, PositionReport, ...).
+    App(Fields),
+    /// The engine could not be created or started.
+    Failed(String),
+}
+
+/// A running session. Dropping it logs out and stops the engine.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    logged_on: Arc<AtomicBool>,
+    /// True until the engine thread starts stopping; sends hold it, so no message is handed to
+    /// a session QuickFIX is tearing down.
+    alive: Arc<std::sync::Mutex<bool>>,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Engines of this process by session identity: QuickFIX keeps one global registry of sessions,
+/// so a second engine for the same identity waits for the first to be gone.
+static LIVE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+impl Engine {
+    /// Starts the session's engine (it connects and logs on in the background). `None` while an
+    /// engine of this process still holds the identity (try again shortly).
+    pub fn start(
+        config: EngineConfig,
+        events: mpsc::UnboundedSender<EngineEvent>,
+    ) -> Option<Engine> {
+        let key = config.identity();
+        {
+            let mut live = LIVE.lock().expect("fix engines");
+            if live.contains(&key) {
+                return None;
+            }
+            live.push(key.clone());
+        }
+        let logged_on = Arc::new(AtomicBool::new(false));
+        let alive = Arc::new(std::sync::Mutex::new(true));
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread_config = config.clone();
+        let flag = logged_on.clone();
+        let thread_alive = alive.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("fix-{}", config.sender_comp_id))
+            .spawn(move || {
+                if let Err(e) = run(&thread_config, flag, &thread_alive, events.clone(), stopped) {
+                    let _ = events.send(EngineEvent::Failed(e));
+                }
+                LIVE.lock().expect("fix engines").retain(|k| *k != key);
+            })
+            .expect("spawning a FIX engine thread");
+        Some(Engine {
+            config,
+            logged_on,
+            alive,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn logged_on(&self) -> bool {
+        self.logged_on.load(Ordering::Acquire)
+    }
+
+    /// Hands an application message to the engine. `false` (nothing sent) while not logged on.
+    /// QuickFIX fills the header (BeginString, CompIDs, MsgSeqNum, SendingTime) and the
+    /// callbacks add the node id.
+    pub fn send(&self, msg_type: &str, body: &[(u32, String)]) -> Result<bool, String> {
+        let alive = self.alive.lock().expect("fix engine");
+        if !*alive || !self.logged_on() {
+            return Ok(false);
+        }
+        let session = session_id(&self.config).map_err(|e| e.to_string())?;
+        let mut msg = Message::new();
+        msg.with_header_mut(|h| h.set_field(35, msg_type))
+            .map_err(|e| e.to_string())?;
+        for (tag, value) in body {
+            msg.set_field(*tag as i32, value.as_str())
+                .map_err(|e| e.to_string())?;
+        }
+        quickfix::send_to_target(msg, &session).map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        // The thread logs out and stops on its own; nobody waits for it here (a drop may run on
+        // the async runtime). The registry frees the identity when it is done.
+        drop(self.thread.take());
+    }
+}
+
+impl EngineConfig {
+    /// The session identity QuickFIX registers (one engine per identity and process).
+    pub fn identity(&self) -> String {
+        format!("FIX.4.4:{}->{}", self.sender_comp_id, self.target_comp_id)
+    }
+}
+
+fn session_id(config: &EngineConfig) -> Result<SessionId, quickfix::QuickFixError> {
+    SessionId::try_new(
+        "FIX.4.4",
+        &config.sender_comp_id,
+        &config.target_comp_id,
+        "",
+    )
+}
+
+/// The engine thread: builds everything QuickFIX needs on its stack, runs until told to stop.
+fn run(
+    config: &EngineConfig,
+    logged_on: Arc<AtomicBool>,
+    alive: &std::sync::Mutex<bool>,
+    events: mpsc::UnboundedSender<EngineEvent>,
+    stopped: std::sync::mpsc::Receiver<()>,
+) -> Result<(), String> {
+    let e = |e: quickfix::QuickFixError| e.to_string();
+    let mut settings = SessionSettings::new();
+    settings
+        .set(
+            None,
+            Dictionary::try_from_items(&[
+                &ConnectionType::Initiator,
+                &ReconnectInterval(config.reconnect_secs.max(1)),
+                &HeartBtInt(config.heartbeat_secs.max(1)),
+                &LogonTimeout(10),
+                &SocketNodelay(true),
+                &UseDataDictionary(true),
+                &DataDictionary(&dictionary_path()?),
+                &AllowUnknownMsgFields(true),
+                &ValidateUserDefinedFields(false),
+                &ValidateFieldsOutOfOrder(false),
+                &ValidateFieldsHaveValues(false),
+                &("StartTime", "00:00:00"),
+                &("EndTime", "00:00:00"),
+                &("BeginString", "FIX.4.4"),
+                &("PersistMessages", "Y"),
+            ])
+            .map_err(e)?,
+        )
+        .map_err(e)?;
+    let session = session_id(config).map_err(e)?;
+    settings
+        .set(
+            Some(&session),
+            Dictionary::try_from_items(&[
+                &SocketConnectHost(&config.host),
+                &SocketConnectPort(config.port),
+            ])
+            .map_err(e)?,
+        )
+        .map_err(e)?;
+    let callbacks = Callbacks {
+        config: config.clone(),
+        logged_on,
+        events,
+        logons: AtomicU64::new(0),
+    };
+    let app = Application::try_new(&callbacks).map_err(e)?;
+    let store = MemoryMessageStoreFactory::new();
+    let logs = LogFactory::try_new(&EngineLog).map_err(e)?;
+    let mut initiator = Initiator::try_new(
+        &settings,
+        &app,
+        &store,
+        &logs,
+        FixSocketServerKind::SingleThreaded,
+    )
+    .map_err(e)?;
+    initiator.start().map_err(e)?;
+    // Blocks until the Engine is dropped (its sender with it).
+    let _ = stopped.recv();
+    *alive.lock().expect("fix engine") = false;
+    if let Err(err) = initiator.stop() {
+        warn!(session = %config.identity(), error = %err, "stopping a FIX session failed");
+    }
+    callbacks.logged_on.store(false, Ordering::Release);
+    Ok(())
+}
+
+struct Callbacks {
+    config: EngineConfig,
+    logged_on: Arc<AtomicBool>,
+    events: mpsc::UnboundedSender<EngineEvent>,
+    /// Logons sent by this engine: the first carries ResetSeqNumFlag.
+    logons: AtomicU64,
+}
+
+impl Callbacks {
+    fn stamp_node(&self, msg: &mut Message) {
+        let tag = if self.config.sender_sub_id.is_some() {
+            142
+        } else {
+            50
+        };
+        let _ = msg.with_header_mut(|h| {
+            if let Some(sub) = &self.config.sender_sub_id {
+                let _ = h.set_field(50, sub.as_str());
+            }
+            h.set_field(tag, self.config.node_id.as_str())
+        });
+    }
+}
+
+fn msg_type(msg: &Message) -> String {
+    msg.with_header(|h| h.get_field(35)).unwrap_or_default()
+}
+
+impl ApplicationCallback for Callbacks {
+    fn on_logon(&self, _session: &SessionId) {
+        self.logged_on.store(true, Ordering::Release);
+        let _ = self.events.send(EngineEvent::LoggedOn);
+    }
+
+    fn on_logout(&self, _session: &SessionId) {
+        self.logged_on.store(false, Ordering::Release);
+        let _ = self.events.send(EngineEvent::LoggedOut);
+    }
+
+    fn on_msg_to_admin(&self, msg: &mut Message, _session: &SessionId) {
+        self.stamp_node(msg);
+        if msg_type(msg) == "A" {
+            let _ = msg.set_field(553, self.config.username.as_str());
+            if let Some(password) = &self.config.password {
+                let _ = msg.set_field(554, password.expose());
+            }
+            if self.logons.fetch_add(1, Ordering::AcqRel) == 0 {
+                // QuickFIX resets its own store when it sees the flag on an outgoing Logon.
+                let _ = msg.set_field(141, "Y");
+            }
+        }
+    }
+
+    fn on_msg_to_app(&self, msg: &mut Message, _session: &SessionId) -> Result<(), MsgToAppError> {
+        let poss_dup = msg.with_header(|h| h.get_field(43)).as_deref() == Some("Y");
+        if poss_dup && msg_type(msg) == "D" {
+            // A resend of an order: never executed late. The engine sends a gap fill instead.
+            debug!(session = %self.config.identity(), "an order resend became a gap fill");
+            return Err(MsgToAppError::DoNotSend);
+        }
+        self.stamp_node(msg);
+        Ok(())
+    }
+
+    fn on_msg_from_admin(
+        &self,
+        msg: &Message,
+        _session: &SessionId,
+    ) -> Result<(), MsgFromAdminError> {
+        if msg_type(msg) == "5" {
+            let text = msg.get_field(58).unwrap_or_default();
+            let _ = self.events.send(EngineEvent::LogoutText(text));
+        }
+        Ok(())
+    }
+
+    fn on_msg_from_app(&self, msg: &Message, _session: &SessionId) -> Result<(), MsgFromAppError> {
+        match msg.to_fix_string() {
+            Ok(text) => {
+                let _ = self.events.send(EngineEvent::App(Fields::parse(&text)));
+            }
+            Err(err) => warn!(error = %err, "a FIX message could not be read"),
+        }
+        Ok(())
+    }
+}
+
+/// QuickFIX's session events go to the log; the messages themselves never do (a Logon carries
+/// the password).
+struct EngineLog;
+
+impl LogCallback for EngineLog {
+    fn on_event(&self, session: Option<&SessionId>, text: &str) {
+        let session = session.map(|s| s.to_repr()).unwrap_or_default();
+        debug!(session, event = text, "fix engine");
+    }
+}
+
+/// The data dictionary (`dictionary.xml`, built in), written once per process to a file because
+/// QuickFIX reads it from a path.
+fn dictionary_path() -> Result<String, String> {
+    static PATH: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        const XML: &str = include_str!("dictionary.xml");
+        let path = std::env::temp_dir().join(format!(
+            "copier-node-fix44-{}-{}.xml",
+            std::process::id(),
+            XML.len()
+        ));
+        std::fs::write(&path, XML)
+            .map_err(|e| format!("writing the FIX dictionary to {}: {e}", path.display()))?;
+        Ok(path.display().to_string())
+    })
+    .clone()
+}
+
+/// How long [`Engine`] users wait between checks of a condition.
+pub const POLL: Duration = Duration::from_millis(20);

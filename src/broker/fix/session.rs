@@ -1,0 +1,1216 @@
+//! One logged-in FIX account: the dispatcher that reads what the engine receives, and the
+//! [`TradeApi`] the copy engine calls.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::engine::{Engine, EngineConfig, EngineEvent, POLL};
+use super::msg::{Fields, decimal, utc_timestamp};
+use super::{FixEndpoint, Updates};
+use crate::broker::types::{
+    AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, ModifyOrder, OpenFill, OpenOrder,
+    Position, PositionChange, Side, SymbolSpec,
+};
+use crate::broker::{
+    BoxFuture, BrokerError, RejectCode, Rejection, Session, SessionEvent, TradeApi,
+};
+use crate::db::fix::{self as ledger, FixOrder, FixPosition, Writer};
+use crate::secret::Secret;
+
+pub(super) struct LoginArgs {
+    pub endpoint: FixEndpoint,
+    pub pool: PgPool,
+    pub node_id: String,
+    pub account_id: i64,
+    pub epoch: i64,
+    pub login: String,
+    pub password: Option<Secret>,
+}
+
+/// Where the session is, as the dispatcher sees it.
+#[derive(Debug, Clone, PartialEq)]
+enum Link {
+    Connecting,
+    Online,
+    /// A Logon was refused, with the venue's reason.
+    Refused(String),
+    Offline,
+}
+
+/// A RequestForPositions being answered.
+struct Collect {
+    expected: Option<usize>,
+    reports: Vec<Fields>,
+    done: Option<oneshot::Sender<Result<Vec<Fields>, String>>>,
+}
+
+struct Shared {
+    endpoint: FixEndpoint,
+    pool: PgPool,
+    writer: Writer,
+    engine: Engine,
+    link: watch::Sender<Link>,
+    events: mpsc::UnboundedSender<SessionEvent>,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+    stop: CancellationToken,
+}
+
+#[derive(Default)]
+struct State {
+    /// Contract sizes and rules by symbol, from the SecurityList.
+    symbols: HashMap<String, SymbolSpec>,
+    /// The account's open positions (volumes in lots).
+    positions: BTreeMap<i64, Position>,
+    /// Reports awaited by ClOrdID (final states only).
+    orders: HashMap<String, oneshot::Sender<Fields>>,
+    positions_requests: HashMap<String, Collect>,
+    security_requests: HashMap<String, oneshot::Sender<Fields>>,
+    /// ExecIDs applied (a resent report is applied once).
+    exec_ids: HashSet<String>,
+    /// PosReqID of the positions subscription, if any.
+    subscription: Option<String>,
+}
+
+/// Ends the session (logout, engine stopped) when the last API handle goes.
+struct SessionApi(Arc<Shared>);
+
+impl Drop for SessionApi {
+    fn drop(&mut self) {
+        self.0.stop.cancel();
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BrokerError {
+    BrokerError::Unavailable(e.to_string())
+}
+
+fn db_unknown(e: sqlx::Error) -> BrokerError {
+    BrokerError::Unknown(format!("the FIX order ledger: {}", crate::db::describe(&e)))
+}
+
+pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
+    let config = EngineConfig {
+        host: args.endpoint.host.clone(),
+        port: args.endpoint.port,
+        sender_comp_id: args
+            .endpoint
+            .sender
+            .clone()
+            .unwrap_or_else(|| args.login.clone()),
+        target_comp_id: args.endpoint.target.clone(),
+        sender_sub_id: args.endpoint.sub.clone(),
+        node_id: args.node_id.clone(),
+        username: args.login.clone(),
+        password: args.password,
+        heartbeat_secs: args.endpoint.heartbeat_secs,
+        reconnect_secs: 1,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // A previous session of this account in this process may still be logging out.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let engine = loop {
+        if let Some(engine) = Engine::start(config.clone(), tx.clone()) {
+            break engine;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(unavailable(format!(
+                "{}: a previous session of this account is still closing",
+                config.identity()
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let (link, mut link_rx) = watch::channel(Link::Connecting);
+    let shared = Arc::new(Shared {
+        endpoint: args.endpoint,
+        pool: args.pool,
+        writer: Writer {
+            account_id: args.account_id,
+            node_id: args.node_id,
+            epoch: args.epoch,
+        },
+        engine,
+        link,
+        events: events_tx,
+        next_id: AtomicU64::new(1),
+        state: Mutex::new(State::default()),
+        stop: CancellationToken::new(),
+    });
+    // The dispatcher holds only a weak reference: the session ends with its last API handle.
+    let weak = Arc::downgrade(&shared);
+    let stop = shared.stop.clone();
+    tokio::spawn(async move {
+        let mut ever_online = false;
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => break,
+                e = rx.recv() => match e { Some(e) => e, None => break },
+            };
+            let Some(shared) = weak.upgrade() else { break };
+            shared.on_engine(event, &mut ever_online);
+        }
+    });
+    let api = Arc::new(SessionApi(shared.clone()));
+    // Logon: the venue accepts one logon per session identity, so this waits for the previous
+    // owner's session to be gone (up to about two heartbeat intervals after it froze).
+    let wait = Duration::from_secs(u64::from(shared.endpoint.heartbeat_secs) * 3 + 10);
+    let outcome = tokio::time::timeout(wait, async {
+        loop {
+            match link_rx.borrow_and_update().clone() {
+                Link::Online => return Ok(()),
+                Link::Refused(why) => return Err(why),
+                _ => {}
+            }
+            if link_rx.changed().await.is_err() {
+                return Err("the FIX session ended".to_string());
+            }
+        }
+    })
+    .await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => {
+            let lower = why.to_ascii_lowercase();
+            let code = if lower.contains("password")
+                || lower.contains("credential")
+                || lower.contains("user")
+            {
+                RejectCode::InvalidCredentials
+            } else {
+                RejectCode::Rejected
+            };
+            return Err(BrokerError::Rejected(Rejection::new(
+                code,
+                format!("the venue refused the logon: {why}"),
+            )));
+        }
+        Err(_) => {
+            return Err(unavailable(format!(
+                "{}: no logon within {wait:?}",
+                config.identity()
+            )));
+        }
+    }
+    info!(session = %config.identity(), account_id = shared.writer.account_id, "FIX session logged on");
+    shared.load_symbols().await?;
+    if shared.endpoint.updates == Updates::Subscribe {
+        shared.subscribe().await?;
+    }
+    // Resolves orders a previous owner left without an outcome, and fills the position cache.
+    shared.read_positions().await?;
+    if shared.endpoint.updates == Updates::Poll {
+        let weak = Arc::downgrade(&shared);
+        let stop = shared.stop.clone();
+        let every = shared.endpoint.poll;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let Some(shared) = weak.upgrade() else { break };
+                if let Err(e) = shared.read_positions().await {
+                    debug!(error = %e, "polling FIX positions failed");
+                }
+            }
+        });
+    }
+    Ok(Session {
+        api,
+        events: events_rx,
+        account: AccountInfo {
+            balance: 0.0,
+            equity: 0.0,
+        },
+    })
+}
+
+fn side_code(side: Side) -> &'static str {
+    match side {
+        Side::Buy => "1",
+        Side::Sell => "2",
+    }
+}
+
+fn side_of(code: Option<&str>) -> Option<Side> {
+    match code? {
+        "1" => Some(Side::Buy),
+        "2" => Some(Side::Sell),
+        _ => None,
+    }
+}
+
+fn side_parse(text: &str) -> Side {
+    if text == "buy" { Side::Buy } else { Side::Sell }
+}
+
+fn side_text(side: Side) -> &'static str {
+    match side {
+        Side::Buy => "buy",
+        Side::Sell => "sell",
+    }
+}
+
+#[allow(clippy::disallowed_methods)] // TransactTime and open times are wall-clock facts
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The typed code of a rejection, from OrdRejReason (103) and Text (58).
+fn reject_code(reason: Option<i64>, text: &str) -> RejectCode {
+    let t = text.to_ascii_lowercase();
+    match reason {
+        Some(1) => return RejectCode::UnknownSymbol,
+        Some(2) => return RejectCode::MarketClosed,
+        Some(13) => return RejectCode::InvalidVolume,
+        Some(5) => return RejectCode::UnknownTicket,
+        _ => {}
+    }
+    if t.contains("no such position") || t.contains("unknown position") {
+        RejectCode::UnknownTicket
+    } else if t.contains("market closed") || t.contains("market is closed") {
+        RejectCode::MarketClosed
+    } else if t.contains("requote") || t.contains("off quotes") {
+        RejectCode::Requote
+    } else if t.contains("margin") || t.contains("money") || t.contains("funds") {
+        RejectCode::NoMoney
+    } else if t.contains("quantity") || t.contains("volume") {
+        RejectCode::InvalidVolume
+    } else if t.contains("symbol") {
+        RejectCode::UnknownSymbol
+    } else {
+        RejectCode::Rejected
+    }
+}
+
+impl Shared {
+    fn id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}-{}-{}",
+            self.writer.epoch,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fix session state")
+    }
+
+    fn send(&self, msg_type: &str, body: &[(u32, String)]) -> Result<(), BrokerError> {
+        match self.engine.send(msg_type, body) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(unavailable("the FIX session is not logged on")),
+            Err(e) => Err(unavailable(format!(
+                "the FIX engine refused a message: {e}"
+            ))),
+        }
+    }
+
+    fn emit(&self, change: PositionChange) {
+        let _ = self.events.send(SessionEvent::Position(change));
+    }
+
+    /// Everything the engine reports, in order.
+    fn on_engine(&self, event: EngineEvent, ever_online: &mut bool) {
+        match event {
+            EngineEvent::LoggedOn => {
+                let again = *ever_online;
+                *ever_online = true;
+                self.link.send_replace(Link::Online);
+                if again {
+                    info!(
+                        account_id = self.writer.account_id,
+                        "FIX session logged on again"
+                    );
+                    let _ = self.events.send(SessionEvent::Reconnected);
+                    if self.endpoint.updates == Updates::Subscribe {
+                        let body = self.subscription_request();
+                        if let Err(e) = self.send("AN", &body) {
+                            warn!(error = %e, "re-subscribing to FIX positions failed");
+                        }
+                    }
+                }
+            }
+            EngineEvent::LoggedOut => {
+                if *self.link.borrow() == Link::Online {
+                    self.link.send_replace(Link::Offline);
+                }
+                // Whatever was awaited will not come on this connection: outcomes unknown.
+                let mut state = self.state();
+                state.orders.clear();
+                state.security_requests.clear();
+                for (_, mut c) in state.positions_requests.drain() {
+                    if let Some(done) = c.done.take() {
+                        let _ = done.send(Err("the FIX connection dropped".into()));
+                    }
+                }
+            }
+            EngineEvent::LogoutText(text) => {
+                if *self.link.borrow() != Link::Online {
+                    warn!(account_id = self.writer.account_id, reason = %text, "the venue refused the FIX logon");
+                    if *ever_online {
+                        let _ = self.events.send(SessionEvent::LoginLost(format!(
+                            "the venue refused the logon: {text}"
+                        )));
+                    }
+                    self.link.send_replace(Link::Refused(text));
+                } else {
+                    info!(account_id = self.writer.account_id, reason = %text, "the venue logged the FIX session out");
+                }
+            }
+            EngineEvent::Failed(e) => {
+                warn!(account_id = self.writer.account_id, error = %e, "the FIX engine failed");
+                self.link.send_replace(Link::Refused(e));
+            }
+            EngineEvent::App(fields) => self.on_app(fields),
+        }
+    }
+
+    fn on_app(&self, m: Fields) {
+        match m.msg_type() {
+            "8" => self.on_execution(m),
+            "AO" => {
+                let req = m.get(710).unwrap_or("").to_string();
+                let total = m.integer(727).unwrap_or(0).max(0) as usize;
+                let result = m.integer(728).unwrap_or(0);
+                let mut state = self.state();
+                if let Some(c) = state.positions_requests.get_mut(&req) {
+                    if result != 0 {
+                        let why = m.get(58).unwrap_or("request refused").to_string();
+                        if let Some(done) = c.done.take() {
+                            let _ = done.send(Err(format!(
+                                "RequestForPositions refused ({result}): {why}"
+                            )));
+                        }
+                        state.positions_requests.remove(&req);
+                    } else {
+                        c.expected = Some(total);
+                        if c.reports.len() >= total
+                            && let Some(mut c) = state.positions_requests.remove(&req)
+                            && let Some(done) = c.done.take()
+                        {
+                            let _ = done.send(Ok(c.reports));
+                        }
+                    }
+                }
+            }
+            "AP" => {
+                let req = m.get(710).unwrap_or("").to_string();
+                let mut state = self.state();
+                if let Some(c) = state.positions_requests.get_mut(&req) {
+                    c.reports.push(m);
+                    if c.expected.is_some_and(|n| c.reports.len() >= n)
+                        && let Some(mut c) = state.positions_requests.remove(&req)
+                        && let Some(done) = c.done.take()
+                    {
+                        let _ = done.send(Ok(c.reports));
+                    }
+                    return;
+                }
+                if state.subscription.as_deref() == Some(req.as_str()) {
+                    drop(state);
+                    if let Some(p) = self.position_of_report(&m) {
+                        self.apply_report(p);
+                    }
+                }
+            }
+            "y" => {
+                let req = m.get(320).unwrap_or("").to_string();
+                if let Some(done) = self.state().security_requests.remove(&req) {
+                    let _ = done.send(m);
+                }
+            }
+            other => debug!(msg_type = other, "FIX message not used"),
+        }
+    }
+
+    fn on_execution(&self, m: Fields) {
+        let cl = m.get(11).unwrap_or("").to_string();
+        let exec_type = m.get(150).unwrap_or("");
+        let status = m.get(39).unwrap_or("");
+        let is_fill = matches!(exec_type, "F" | "1" | "2") && m.number(32).unwrap_or(0.0) > 0.0;
+        if is_fill {
+            let exec_id = m.get(17).unwrap_or("").to_string();
+            let fresh = exec_id.is_empty() || self.state().exec_ids.insert(exec_id);
+            if fresh {
+                self.apply_fill(&m);
+            }
+        }
+        // Final states (and status answers) go to whoever waits for the ClOrdID.
+        if (matches!(status, "2" | "4" | "8" | "C") || exec_type == "I")
+            && let Some(done) = self.state().orders.remove(&cl)
+        {
+            let _ = done.send(m);
+        }
+    }
+
+    fn contract(&self, symbol: &str) -> Option<f64> {
+        self.state()
+            .symbols
+            .get(symbol)
+            .map(|s| s.contract_size)
+            .filter(|c| *c > 0.0)
+    }
+
+    /// Applies a fill (ours, or another session's by drop copy) to the cached positions.
+    fn apply_fill(&self, m: &Fields) {
+        let (Some(position_id), Some(side), Some(symbol)) =
+            (m.integer(721), side_of(m.get(54)), m.get(55))
+        else {
+            return;
+        };
+        let Some(contract) = self.contract(symbol) else {
+            warn!(
+                symbol,
+                "a fill on a symbol the SecurityList lacks is not tracked"
+            );
+            return;
+        };
+        let lots = m.number(32).unwrap_or(0.0) / contract;
+        let price = m.number(31).or_else(|| m.number(6)).unwrap_or(0.0);
+        let mut state = self.state();
+        let known = state.positions.get(&position_id).cloned();
+        match known {
+            Some(mut p) if p.side != side => {
+                let closed_volume = lots.min(p.volume);
+                let remaining = round_lots(p.volume - closed_volume);
+                let closed = ClosedPosition {
+                    position: Position {
+                        volume: closed_volume,
+                        ..p.clone()
+                    },
+                    close_price: price,
+                    close_time_ms: now_ms(),
+                    closed_by: if m.get(11).is_some_and(|c| c.starts_with("manual")) {
+                        ClosedBy::Manual
+                    } else {
+                        ClosedBy::Client
+                    },
+                    remaining_volume: remaining,
+                    profit: (price - p.open_price) * p.side.sign() * closed_volume * contract,
+                };
+                if remaining <= 0.0 {
+                    state.positions.remove(&position_id);
+                    drop(state);
+                    self.emit(PositionChange::Closed { closed });
+                    let pool = self.pool.clone();
+                    let account = self.writer.account_id;
+                    tokio::spawn(async move {
+                        let _ = ledger::seen_closed(&pool, account, position_id, Some(price)).await;
+                    });
+                } else {
+                    p.volume = remaining;
+                    state.positions.insert(position_id, p.clone());
+                    drop(state);
+                    self.emit(PositionChange::PartiallyClosed {
+                        position: p,
+                        closed,
+                    });
+                }
+            }
+            Some(_) => {
+                warn!(
+                    position_id,
+                    "a fill adding to an open FIX position is not supported; reconcile reads it"
+                );
+            }
+            None => {
+                let p = Position {
+                    ticket: position_id,
+                    symbol: symbol.to_string(),
+                    side,
+                    volume: round_lots(lots),
+                    open_price: price,
+                    sl: None,
+                    tp: None,
+                    magic: 0,
+                    comment: String::new(),
+                    open_time_ms: now_ms(),
+                };
+                state.positions.insert(position_id, p.clone());
+                drop(state);
+                self.emit(PositionChange::Opened { position: p });
+            }
+        }
+    }
+
+    /// A PositionReport as a position (volume 0: the position is gone).
+    fn position_of_report(&self, m: &Fields) -> Option<Position> {
+        let ticket = m.integer(721)?;
+        let symbol = m.get(55)?;
+        let contract = self.contract(symbol)?;
+        let long = m.number(704).unwrap_or(0.0);
+        let short = m.number(705).unwrap_or(0.0);
+        let (side, units) = if long >= short {
+            (Side::Buy, long - short)
+        } else {
+            (Side::Sell, short - long)
+        };
+        Some(Position {
+            ticket,
+            symbol: symbol.to_string(),
+            side,
+            volume: round_lots(units / contract),
+            open_price: m.number(730).unwrap_or(0.0),
+            sl: None,
+            tp: None,
+            magic: 0,
+            comment: String::new(),
+            open_time_ms: now_ms(),
+        })
+    }
+
+    /// A subscribed PositionReport: the position as it is now (or gone).
+    fn apply_report(&self, now: Position) {
+        let mut state = self.state();
+        let before = state.positions.get(&now.ticket).cloned();
+        match before {
+            None if now.volume > 0.0 => {
+                state.positions.insert(now.ticket, now.clone());
+                drop(state);
+                self.emit(PositionChange::Opened { position: now });
+            }
+            Some(p) if now.volume + 1e-9 < p.volume => {
+                let closed_volume = round_lots(p.volume - now.volume);
+                let closed = ClosedPosition {
+                    position: Position {
+                        volume: closed_volume,
+                        ..p.clone()
+                    },
+                    close_price: p.open_price,
+                    close_time_ms: now_ms(),
+                    closed_by: ClosedBy::Manual,
+                    remaining_volume: now.volume,
+                    profit: 0.0,
+                };
+                if now.volume <= 0.0 {
+                    state.positions.remove(&now.ticket);
+                    drop(state);
+                    self.emit(PositionChange::Closed { closed });
+                } else {
+                    let mut left = p.clone();
+                    left.volume = now.volume;
+                    state.positions.insert(now.ticket, left.clone());
+                    drop(state);
+                    self.emit(PositionChange::PartiallyClosed {
+                        position: left,
+                        closed,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    async fn load_symbols(&self) -> Result<(), BrokerError> {
+        let req = self.id("sec");
+        let (tx, rx) = oneshot::channel();
+        self.state().security_requests.insert(req.clone(), tx);
+        self.send("x", &[(320, req.clone()), (559, "4".into())])?;
+        let list = tokio::time::timeout(self.endpoint.request_timeout, rx)
+            .await
+            .map_err(|_| unavailable("no SecurityList in time"))?
+            .map_err(|_| unavailable("the FIX connection dropped"))?;
+        let mut symbols = HashMap::new();
+        for member in list.group(55) {
+            let (Some(symbol), Some(contract)) = (member.get(55), member.number(231)) else {
+                continue;
+            };
+            if contract <= 0.0 {
+                continue;
+            }
+            let lot = member.number(561).map_or(0.01, |u| u / contract);
+            let min = member.number(562).map_or(lot, |u| u / contract);
+            symbols.insert(
+                symbol.to_string(),
+                SymbolSpec {
+                    symbol: symbol.to_string(),
+                    price: 0.0,
+                    volume_step: lot,
+                    volume_min: min,
+                    volume_max: member.number(1140).map_or(1.0e6, |u| u / contract),
+                    contract_size: contract,
+                },
+            );
+        }
+        debug!(symbols = symbols.len(), "FIX SecurityList read");
+        self.state().symbols = symbols;
+        Ok(())
+    }
+
+    fn subscription_request(&self) -> Vec<(u32, String)> {
+        let req = self.id("sub");
+        self.state().subscription = Some(req.clone());
+        self.positions_request(req, true)
+    }
+
+    fn positions_request(&self, req: String, subscribe: bool) -> Vec<(u32, String)> {
+        let mut body = vec![
+            (710, req),
+            (724, "0".to_string()),
+            (1, self.writer.account_id.to_string()),
+            (581, "1".to_string()),
+            (715, utc_timestamp(now_ms())[..8].to_string()),
+            (60, utc_timestamp(now_ms())),
+        ];
+        if subscribe {
+            body.push((263, "1".to_string()));
+        }
+        body
+    }
+
+    async fn subscribe(&self) -> Result<(), BrokerError> {
+        let body = self.subscription_request();
+        self.send("AN", &body)
+    }
+
+    /// RequestForPositions: every open position of the account, as the venue reports them.
+    async fn request_positions(&self) -> Result<Vec<Position>, BrokerError> {
+        let req = self.id("pos");
+        let (tx, rx) = oneshot::channel();
+        self.state().positions_requests.insert(
+            req.clone(),
+            Collect {
+                expected: None,
+                reports: Vec::new(),
+                done: Some(tx),
+            },
+        );
+        let body = self.positions_request(req.clone(), false);
+        if let Err(e) = self.send("AN", &body) {
+            self.state().positions_requests.remove(&req);
+            return Err(e);
+        }
+        let reports = tokio::time::timeout(self.endpoint.request_timeout, rx).await;
+        self.state().positions_requests.remove(&req);
+        let reports = reports
+            .map_err(|_| unavailable("no PositionReports in time"))?
+            .map_err(|_| unavailable("the FIX connection dropped"))?
+            .map_err(unavailable)?;
+        Ok(reports
+            .iter()
+            .filter_map(|r| self.position_of_report(r))
+            .filter(|p| p.volume > 0.0)
+            .collect())
+    }
+
+    /// Resolves orders without an outcome, reads the positions, marks them from the ledger,
+    /// records what opened and closed, and refreshes the cache (announcing differences).
+    async fn read_positions(&self) -> Result<Vec<Position>, BrokerError> {
+        self.resolve_unresolved().await?;
+        let mut positions = self.request_positions().await?;
+        let known = ledger::positions(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        let by_id: HashMap<i64, &FixPosition> = known.iter().map(|k| (k.position_id, k)).collect();
+        for p in &mut positions {
+            if let Some(k) = by_id.get(&p.ticket) {
+                p.magic = k.magic;
+                p.comment = k.comment.clone();
+                p.open_time_ms = k.opened_ms;
+            }
+        }
+        let open: HashSet<i64> = positions.iter().map(|p| p.ticket).collect();
+        for p in &positions {
+            let stale = by_id
+                .get(&p.ticket)
+                .is_none_or(|k| k.closed_ms.is_some() || (k.volume - p.volume).abs() > 1e-9);
+            if stale {
+                let row = FixPosition {
+                    position_id: p.ticket,
+                    symbol: p.symbol.clone(),
+                    side: side_text(p.side).into(),
+                    volume: p.volume,
+                    open_price: p.open_price,
+                    magic: p.magic,
+                    comment: p.comment.clone(),
+                    opened_ms: p.open_time_ms,
+                    closed_ms: None,
+                    close_price: None,
+                };
+                ledger::seen_open(&self.pool, self.writer.account_id, &row)
+                    .await
+                    .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            }
+        }
+        for k in &known {
+            if k.closed_ms.is_none() && !open.contains(&k.position_id) {
+                ledger::seen_closed(&self.pool, self.writer.account_id, k.position_id, None)
+                    .await
+                    .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            }
+        }
+        // The cache follows the venue; differences are announced as changes.
+        let before = std::mem::take(&mut self.state().positions);
+        for p in &positions {
+            match before.get(&p.ticket) {
+                None => self.emit(PositionChange::Opened {
+                    position: p.clone(),
+                }),
+                Some(b) if p.volume + 1e-9 < b.volume => {
+                    self.emit(PositionChange::PartiallyClosed {
+                        position: p.clone(),
+                        closed: closed_of(b, b.volume - p.volume, p.volume),
+                    })
+                }
+                _ => {}
+            }
+        }
+        for (ticket, b) in &before {
+            if !open.contains(ticket) {
+                self.emit(PositionChange::Closed {
+                    closed: closed_of(b, b.volume, 0.0),
+                });
+            }
+        }
+        self.state().positions = positions.iter().map(|p| (p.ticket, p.clone())).collect();
+        Ok(positions)
+    }
+
+    /// OrderStatusRequest for every order of the ledger without an outcome.
+    async fn resolve_unresolved(&self) -> Result<(), BrokerError> {
+        let open = ledger::unresolved(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        for order in open {
+            let report = self.order_status(&order).await?;
+            self.complete(&order.cl_ord_id, &report).await?;
+        }
+        Ok(())
+    }
+
+    async fn order_status(&self, order: &FixOrder) -> Result<Fields, BrokerError> {
+        let (tx, rx) = oneshot::channel();
+        self.state().orders.insert(order.cl_ord_id.clone(), tx);
+        let side = side_code(side_parse(&order.side));
+        self.send(
+            "H",
+            &[
+                (11, order.cl_ord_id.clone()),
+                (55, order.symbol.clone()),
+                (54, side.to_string()),
+            ],
+        )?;
+        tokio::time::timeout(self.endpoint.request_timeout, rx)
+            .await
+            .map_err(|_| unavailable("no answer to an OrderStatusRequest in time"))?
+            .map_err(|_| unavailable("the FIX connection dropped"))
+    }
+
+    /// Records a final report in the ledger; returns it as an outcome.
+    async fn complete(&self, cl: &str, m: &Fields) -> Result<Outcome, BrokerError> {
+        let outcome = outcome_of(m);
+        let account = self.writer.account_id;
+        match &outcome {
+            Outcome::Filled {
+                position, price, ..
+            } => {
+                ledger::complete_order(&self.pool, account, cl, Ok((*position, *price)))
+                    .await
+                    .map_err(db_unknown)?;
+            }
+            Outcome::Refused(r) => {
+                ledger::complete_order(&self.pool, account, cl, Err(&r.reason))
+                    .await
+                    .map_err(db_unknown)?;
+            }
+            Outcome::Duplicate => {}
+        }
+        Ok(outcome)
+    }
+
+    /// Sends an order (recorded in the ledger first) and waits for its final report.
+    async fn place(
+        &self,
+        base_id: &str,
+        order: FixOrder,
+        limit: Option<f64>,
+        position: Option<i64>,
+    ) -> Result<(String, Outcome, bool), BrokerError> {
+        // A ClOrdID the ledger has already: its outcome, or (rejected) the next attempt's id.
+        let mut cl = base_id.to_string();
+        for attempt in 2..=50 {
+            match ledger::order(&self.pool, self.writer.account_id, &cl)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?
+            {
+                None => break,
+                Some((_, state)) if state == "rejected" => cl = format!("{base_id}~{attempt}"),
+                Some((known, _)) => {
+                    // Sent before (by this owner or an earlier one): its outcome, never a resend.
+                    let report = self.order_status(&known).await?;
+                    let outcome = self.complete(&cl, &report).await?;
+                    return Ok((cl, outcome, true));
+                }
+            }
+        }
+        let order = FixOrder {
+            cl_ord_id: cl.clone(),
+            ..order
+        };
+        if !ledger::record_order(&self.pool, &self.writer, &order)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?
+        {
+            return Err(BrokerError::Rejected(Rejection::new(
+                RejectCode::StaleFence,
+                format!(
+                    "account {} is no longer owned by this node at epoch {}: the order was not sent",
+                    self.writer.account_id, self.writer.epoch
+                ),
+            )));
+        }
+        let mut body = vec![
+            (11, cl.clone()),
+            (55, order.symbol.clone()),
+            (54, side_code(side_parse(&order.side)).to_string()),
+            (38, decimal(order.quantity)),
+            (60, utc_timestamp(now_ms())),
+        ];
+        match limit {
+            Some(price) => {
+                body.push((40, "2".into()));
+                body.push((44, decimal(price)));
+                body.push((59, "3".into()));
+            }
+            None => body.push((40, "1".into())),
+        }
+        if let Some(p) = position {
+            body.push((721, p.to_string()));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.state().orders.insert(cl.clone(), tx);
+        if let Err(e) = self.send("D", &body) {
+            self.state().orders.remove(&cl);
+            // Not sent: no row, so nobody waits for it and the next attempt may use the ClOrdID.
+            let _ = ledger::forget_order(&self.pool, self.writer.account_id, &cl).await;
+            return Err(e);
+        }
+        let report = match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
+            Ok(Ok(report)) => report,
+            Ok(Err(_)) => {
+                return Err(BrokerError::Unknown(format!(
+                    "order {cl}: the FIX connection dropped before its report"
+                )));
+            }
+            Err(_) => {
+                self.state().orders.remove(&cl);
+                return Err(BrokerError::Unknown(format!(
+                    "order {cl}: no report in time"
+                )));
+            }
+        };
+        if outcome_of(&report) == Outcome::Duplicate {
+            // The venue executed this ClOrdID before: ask what came of it.
+            let report = self.order_status(&order).await?;
+            let outcome = self.complete(&cl, &report).await?;
+            return Ok((cl, outcome, true));
+        }
+        let outcome = self.complete(&cl, &report).await?;
+        Ok((cl, outcome, false))
+    }
+
+    /// A position from the cache, or (not there) from a fresh read.
+    async fn position(&self, ticket: i64) -> Result<Option<Position>, BrokerError> {
+        if let Some(p) = self.state().positions.get(&ticket).cloned() {
+            return Ok(Some(p));
+        }
+        let positions = self.read_positions().await?;
+        Ok(positions.into_iter().find(|p| p.ticket == ticket))
+    }
+}
+
+fn closed_of(p: &Position, volume: f64, remaining: f64) -> ClosedPosition {
+    ClosedPosition {
+        position: Position {
+            volume: round_lots(volume),
+            ..p.clone()
+        },
+        close_price: p.open_price,
+        close_time_ms: now_ms(),
+        closed_by: ClosedBy::Manual,
+        remaining_volume: round_lots(remaining),
+        profit: 0.0,
+    }
+}
+
+fn round_lots(v: f64) -> f64 {
+    (v * 1e8).round() / 1e8
+}
+
+/// How an order ended, from its final ExecutionReport.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Filled {
+        position: i64,
+        price: f64,
+        units: f64,
+    },
+    Refused(Rejection),
+    /// The venue refused the ClOrdID as one it executed before.
+    Duplicate,
+}
+
+fn outcome_of(m: &Fields) -> Outcome {
+    let status = m.get(39).unwrap_or("");
+    let cum = m.number(14).unwrap_or(0.0);
+    let text = m.get(58).unwrap_or("").to_string();
+    let reason = m.integer(103);
+    match status {
+        "2" | "1" | "4" | "C" if cum > 0.0 => match m.integer(721) {
+            Some(position) => Outcome::Filled {
+                position,
+                price: m.number(6).unwrap_or(0.0),
+                units: cum,
+            },
+            None => Outcome::Refused(Rejection::new(
+                RejectCode::Rejected,
+                "the venue's fill names no position (PosMaintRptID)",
+            )),
+        },
+        "8" if reason == Some(6) => Outcome::Duplicate,
+        "8" if reason == Some(5) || text.contains("unknown order") => Outcome::Refused(
+            Rejection::new(RejectCode::Rejected, "the venue never received the order"),
+        ),
+        "4" | "C" => Outcome::Refused(Rejection::new(
+            RejectCode::Slippage,
+            if text.is_empty() {
+                "the order was cancelled unfilled (price beyond its limit)".to_string()
+            } else {
+                text
+            },
+        )),
+        _ => Outcome::Refused(Rejection::new(
+            reject_code(reason, &text),
+            if text.is_empty() {
+                format!("rejected (OrdStatus {status})")
+            } else {
+                text
+            },
+        )),
+    }
+}
+
+impl TradeApi for SessionApi {
+    fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
+        Box::pin(self.0.read_positions())
+    }
+
+    fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>> {
+        Box::pin(async move {
+            let rows = ledger::positions(&self.0.pool, self.0.writer.account_id)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|r| {
+                    let closed_ms = r.closed_ms?;
+                    Some(ClosedPosition {
+                        position: Position {
+                            ticket: r.position_id,
+                            symbol: r.symbol,
+                            side: side_parse(&r.side),
+                            volume: r.volume,
+                            open_price: r.open_price,
+                            sl: None,
+                            tp: None,
+                            magic: r.magic,
+                            comment: r.comment,
+                            open_time_ms: r.opened_ms,
+                        },
+                        close_price: r.close_price.unwrap_or(r.open_price),
+                        close_time_ms: closed_ms,
+                        closed_by: ClosedBy::Client,
+                        remaining_volume: 0.0,
+                        profit: 0.0,
+                    })
+                })
+                .collect())
+        })
+    }
+
+    fn account(&self) -> BoxFuture<'_, Result<AccountInfo, BrokerError>> {
+        Box::pin(async {
+            Err(unavailable(
+                "account balance and equity are not read over FIX",
+            ))
+        })
+    }
+
+    fn symbols(&self) -> BoxFuture<'_, Result<Vec<SymbolSpec>, BrokerError>> {
+        Box::pin(async move { Ok(self.0.state().symbols.values().cloned().collect()) })
+    }
+
+    fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>> {
+        Box::pin(async move {
+            let s = &self.0;
+            let Some(contract) = s.contract(&order.symbol) else {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::UnknownSymbol,
+                    format!(
+                        "unknown symbol {} (not in the venue's SecurityList)",
+                        order.symbol
+                    ),
+                )));
+            };
+            let base = order
+                .client_order_id
+                .clone()
+                .unwrap_or_else(|| s.id(&format!("{}-open", s.writer.node_id)));
+            let record = FixOrder {
+                cl_ord_id: base.clone(),
+                kind: "open".into(),
+                symbol: order.symbol.clone(),
+                side: side_text(order.side).into(),
+                quantity: order.volume * contract,
+                position_id: None,
+                magic: order.magic,
+                comment: order.comment.clone(),
+            };
+            let (cl, outcome, prior) = s.place(&base, record, order.price_limit, None).await?;
+            match outcome {
+                Outcome::Filled {
+                    position, price, ..
+                } => {
+                    // The cache learns the marker the ledger holds.
+                    if let Some(p) = s.state().positions.get_mut(&position) {
+                        p.magic = order.magic;
+                        p.comment = order.comment.clone();
+                    }
+                    Ok(OpenFill {
+                        ticket: position,
+                        price,
+                        duplicate: prior,
+                    })
+                }
+                Outcome::Refused(r) => Err(BrokerError::Rejected(r)),
+                Outcome::Duplicate => Err(BrokerError::Unknown(format!(
+                    "order {cl}: the venue calls it a duplicate but reports no fill"
+                ))),
+            }
+        })
+    }
+
+    fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>> {
+        Box::pin(async move {
+            let s = &self.0;
+            let Some(p) = s.position(order.ticket).await? else {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::UnknownTicket,
+                    format!("unknown ticket {}", order.ticket),
+                )));
+            };
+            let Some(contract) = s.contract(&p.symbol) else {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::UnknownSymbol,
+                    format!("unknown symbol {}", p.symbol),
+                )));
+            };
+            let lots = order.volume.unwrap_or(p.volume).min(p.volume);
+            let base = order
+                .client_order_id
+                .clone()
+                .unwrap_or_else(|| s.id(&format!("{}-close{}", s.writer.node_id, order.ticket)));
+            let record = FixOrder {
+                cl_ord_id: base.clone(),
+                kind: "close".into(),
+                symbol: p.symbol.clone(),
+                side: side_text(p.side.flip()).into(),
+                quantity: lots * contract,
+                position_id: Some(p.ticket),
+                magic: p.magic,
+                comment: p.comment.clone(),
+            };
+            let (cl, outcome, prior) = s.place(&base, record, None, Some(p.ticket)).await?;
+            match outcome {
+                Outcome::Filled { price, units, .. } => {
+                    let closed = round_lots(units / contract);
+                    Ok(CloseFill {
+                        ticket: p.ticket,
+                        closed_volume: closed,
+                        remaining_volume: round_lots((p.volume - closed).max(0.0)),
+                        price,
+                        duplicate: prior,
+                    })
+                }
+                Outcome::Refused(r) => Err(BrokerError::Rejected(r)),
+                Outcome::Duplicate => Err(BrokerError::Unknown(format!(
+                    "order {cl}: the venue calls it a duplicate but reports no fill"
+                ))),
+            }
+        })
+    }
+
+    fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            Err(BrokerError::Rejected(Rejection::new(
+                RejectCode::Rejected,
+                format!(
+                    "ticket {}: stop loss and take profit are not set over FIX",
+                    order.ticket
+                ),
+            )))
+        })
+    }
+
+    fn supports_stops(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(fields: &[(u32, &str)]) -> Fields {
+        Fields(fields.iter().map(|(t, v)| (*t, v.to_string())).collect())
+    }
+
+    #[test]
+    fn final_reports_become_outcomes() {
+        let filled = report(&[(39, "2"), (14, "20000"), (6, "1.1001"), (721, "77")]);
+        assert_eq!(
+            outcome_of(&filled),
+            Outcome::Filled {
+                position: 77,
+                price: 1.1001,
+                units: 20000.0
+            }
+        );
+        let partial_then_cancelled = report(&[(39, "4"), (14, "5000"), (6, "1.1"), (721, "78")]);
+        assert!(
+            matches!(outcome_of(&partial_then_cancelled), Outcome::Filled { units, .. } if units == 5000.0)
+        );
+        let unfilled = report(&[(39, "4"), (14, "0")]);
+        assert!(
+            matches!(outcome_of(&unfilled), Outcome::Refused(r) if r.code == RejectCode::Slippage)
+        );
+        let duplicate = report(&[(39, "8"), (103, "6"), (58, "duplicate ClOrdID")]);
+        assert_eq!(outcome_of(&duplicate), Outcome::Duplicate);
+        let symbol = report(&[(39, "8"), (103, "1"), (58, "unknown symbol")]);
+        assert!(
+            matches!(outcome_of(&symbol), Outcome::Refused(r) if r.code == RejectCode::UnknownSymbol)
+        );
+        let gone = report(&[(39, "8"), (103, "99"), (58, "no such position")]);
+        assert!(
+            matches!(outcome_of(&gone), Outcome::Refused(r) if r.code == RejectCode::UnknownTicket)
+        );
+        assert_eq!(reject_code(Some(2), ""), RejectCode::MarketClosed);
+        assert_eq!(
+            reject_code(Some(99), "Not enough margin"),
+            RejectCode::NoMoney
+        );
+        assert_eq!(reject_code(None, "requote"), RejectCode::Requote);
+    }
+}

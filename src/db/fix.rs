@@ -1,0 +1,244 @@
+//! The FIX adapter's ledger (`migrations/0008_fix_ledger.sql`): orders written before they are
+//! sent and completed when their outcome is known, and the positions seen with their copy
+//! markers. Order rows are fenced like every write of an account session: the statement locks
+//! the account row `FOR SHARE` and matches the writer's (node, epoch), so a node that lost the
+//! account records (and therefore sends) nothing.
+
+use sqlx::{PgPool, Row};
+
+/// An order of the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FixOrder {
+    pub cl_ord_id: String,
+    pub kind: String,
+    pub symbol: String,
+    pub side: String,
+    pub quantity: f64,
+    pub position_id: Option<i64>,
+    pub magic: i64,
+    pub comment: String,
+}
+
+/// A position of the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FixPosition {
+    pub position_id: i64,
+    pub symbol: String,
+    pub side: String,
+    pub volume: f64,
+    pub open_price: f64,
+    pub magic: i64,
+    pub comment: String,
+    pub opened_ms: i64,
+    pub closed_ms: Option<i64>,
+    pub close_price: Option<f64>,
+}
+
+/// Who writes: the account and the writer's ownership of it.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    pub account_id: i64,
+    pub node_id: String,
+    pub epoch: i64,
+}
+
+/// Records an order about to be sent. False when the writer no longer owns the account (the
+/// order must not go out) or the ClOrdID was recorded before (the intent was sent already).
+pub async fn record_order(pool: &PgPool, w: &Writer, o: &FixOrder) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO fix_orders (account_id, cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, node_id, owner_epoch)
+SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $2, $3
+  FROM trading_accounts a
+ WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
+   FOR SHARE
+ON CONFLICT (account_id, cl_ord_id) DO NOTHING
+"#;
+    let done = sqlx::query(SQL)
+        .bind(w.account_id)
+        .bind(&w.node_id)
+        .bind(w.epoch)
+        .bind(&o.cl_ord_id)
+        .bind(&o.kind)
+        .bind(&o.symbol)
+        .bind(&o.side)
+        .bind(o.quantity)
+        .bind(o.position_id)
+        .bind(o.magic)
+        .bind(&o.comment)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// The order recorded under a ClOrdID, whatever its state.
+pub async fn order(
+    pool: &PgPool,
+    account_id: i64,
+    cl_ord_id: &str,
+) -> Result<Option<(FixOrder, String)>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, state \
+           FROM fix_orders WHERE account_id = $1 AND cl_ord_id = $2",
+    )
+    .bind(account_id)
+    .bind(cl_ord_id)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| Ok((order_of(&r)?, r.try_get("state")?)))
+        .transpose()
+}
+
+fn order_of(r: &sqlx::postgres::PgRow) -> Result<FixOrder, sqlx::Error> {
+    Ok(FixOrder {
+        cl_ord_id: r.try_get("cl_ord_id")?,
+        kind: r.try_get("kind")?,
+        symbol: r.try_get("symbol")?,
+        side: r.try_get("side")?,
+        quantity: r.try_get("quantity")?,
+        position_id: r.try_get("position_id")?,
+        magic: r.try_get("magic")?,
+        comment: r.try_get("comment")?,
+    })
+}
+
+/// Orders whose outcome is not known yet (sent, no report), oldest first.
+pub async fn unresolved(pool: &PgPool, account_id: i64) -> Result<Vec<FixOrder>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment \
+           FROM fix_orders WHERE account_id = $1 AND state = 'sent' ORDER BY sent_at",
+    )
+    .bind(account_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(order_of).collect()
+}
+
+/// Completes an order: filled (with the position it opened or reduced) or rejected. A fill of
+/// an opening order also records its position with the order's marker. Not fenced: it records
+/// what the venue reports, which is true whoever reads it.
+pub async fn complete_order(
+    pool: &PgPool,
+    account_id: i64,
+    cl_ord_id: &str,
+    outcome: Result<(i64, f64), &str>,
+) -> Result<(), sqlx::Error> {
+    match outcome {
+        Ok((position_id, price)) => {
+            sqlx::query(
+                r#"
+WITH o AS (
+    UPDATE fix_orders SET state = 'filled', position_id = $3, done_at = now(), reason = NULL
+     WHERE account_id = $1 AND cl_ord_id = $2
+ RETURNING kind, symbol, side, quantity, magic, comment)
+INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, magic, comment)
+SELECT $1, $3, o.symbol, o.side, 0, $4, o.magic, o.comment FROM o WHERE o.kind = 'open'
+ON CONFLICT (account_id, position_id) DO UPDATE SET magic = EXCLUDED.magic, comment = EXCLUDED.comment
+"#,
+            )
+            .bind(account_id)
+            .bind(cl_ord_id)
+            .bind(position_id)
+            .bind(price)
+            .execute(pool)
+            .await?;
+        }
+        Err(reason) => {
+            sqlx::query(
+                "UPDATE fix_orders SET state = 'rejected', reason = $3, done_at = now() \
+                  WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
+            )
+            .bind(account_id)
+            .bind(cl_ord_id)
+            .bind(reason)
+            .execute(pool)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes an order that was recorded but never left (the session was not logged on): the next
+/// attempt may use its ClOrdID.
+pub async fn forget_order(
+    pool: &PgPool,
+    account_id: i64,
+    cl_ord_id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM fix_orders WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
+    )
+    .bind(account_id)
+    .bind(cl_ord_id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Every position of the account the ledger knows (open and closed).
+pub async fn positions(pool: &PgPool, account_id: i64) -> Result<Vec<FixPosition>, sqlx::Error> {
+    let rows = sqlx::query(
+        r#"SELECT position_id, symbol, side, volume, open_price, magic, comment,
+                  (extract(epoch FROM opened_at) * 1000)::bigint AS opened_ms,
+                  (extract(epoch FROM closed_at) * 1000)::bigint AS closed_ms, close_price
+             FROM fix_positions WHERE account_id = $1 ORDER BY position_id"#,
+    )
+    .bind(account_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(FixPosition {
+                position_id: r.try_get("position_id")?,
+                symbol: r.try_get("symbol")?,
+                side: r.try_get("side")?,
+                volume: r.try_get("volume")?,
+                open_price: r.try_get("open_price")?,
+                magic: r.try_get("magic")?,
+                comment: r.try_get("comment")?,
+                opened_ms: r.try_get("opened_ms")?,
+                closed_ms: r.try_get("closed_ms")?,
+                close_price: r.try_get("close_price")?,
+            })
+        })
+        .collect()
+}
+
+/// Records a position seen open (keeping its marker and first sighting).
+pub async fn seen_open(pool: &PgPool, account_id: i64, p: &FixPosition) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        r#"
+INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (account_id, position_id) DO UPDATE
+   SET volume = EXCLUDED.volume, open_price = EXCLUDED.open_price, closed_at = NULL, close_price = NULL
+"#,
+    )
+    .bind(account_id)
+    .bind(p.position_id)
+    .bind(&p.symbol)
+    .bind(&p.side)
+    .bind(p.volume)
+    .bind(p.open_price)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Records positions gone (closed), at `close_price` when known.
+pub async fn seen_closed(
+    pool: &PgPool,
+    account_id: i64,
+    position_id: i64,
+    close_price: Option<f64>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE fix_positions SET closed_at = now(), close_price = $3 \
+          WHERE account_id = $1 AND position_id = $2 AND closed_at IS NULL",
+    )
+    .bind(account_id)
+    .bind(position_id)
+    .bind(close_price)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! The FIX adapter end to end: nodes in-process trading on the QuickFIX venue (and, mixed, on
+//! the simulated broker), judged from the venue's journal and positions.
+
+use std::time::Duration;
+
+use copier_node::credentials::CredentialsKey;
+use copier_node::sim_broker::journal::JournalEntry;
+use sqlx::PgConnection;
+
+use crate::support::broker::journal;
+use crate::support::fix::{FixVenue, VenueAccount};
+use crate::support::fixture::CopySetup;
+use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, start_node};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn server(v: &FixVenue, extra: &str) -> String {
+    format!(
+        "fix://127.0.0.1:{}?target={}&heartbeat=1{extra}",
+        v.port, v.comp_id
+    )
+}
+
+/// The venue's positions of `login`: (ticket, symbol, side, lots).
+fn venue_positions(v: &FixVenue, login: &str) -> Vec<(i64, String, String, f64)> {
+    let reply = v.control(&format!("positions {login}"));
+    let rest = reply.strip_prefix("ok").expect("positions answered");
+    rest.split_whitespace()
+        .map(|p| {
+            let f: Vec<&str> = p.split(':').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].to_string(),
+                f[2].to_string(),
+                f[3].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn hand(v: &FixVenue, command: &str) -> i64 {
+    let reply = v.control(command);
+    reply
+        .strip_prefix("ok ")
+        .unwrap_or_else(|| panic!("{command}: {reply}"))
+        .parse()
+        .unwrap()
+}
+
+fn venue_journal(v: &FixVenue) -> Vec<JournalEntry> {
+    journal(&v.journal)
+}
+
+async fn wait_venue(
+    v: &FixVenue,
+    login: &str,
+    what: &str,
+    want: impl Fn(&[(i64, String, String, f64)]) -> bool,
+) -> Vec<(i64, String, String, f64)> {
+    eventually(format!("{login}: {what}"), WAIT, async || {
+        let p = venue_positions(v, login);
+        want(&p).then_some(p)
+    })
+    .await
+}
+
+async fn status_of(conn: &mut PgConnection, id: i64) -> String {
+    sqlx::query_scalar::<_, Option<String>>("SELECT status FROM trading_accounts WHERE id = $1")
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
+async fn wait_status(conn: &mut PgConnection, id: i64, wants: &str) {
+    eventually(
+        format!("account {id}: status with {wants:?}"),
+        WAIT,
+        async || status_of(conn, id).await.contains(wants).then_some(()),
+    )
+    .await;
+}
+
+fn accepted_orders<'a>(lines: &'a [JournalEntry], login: &str) -> Vec<&'a JournalEntry> {
+    lines
+        .iter()
+        .filter(|l| l.login == login && l.accepted && l.action != "login")
+        .collect()
+}
+
+fn lots_close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+#[tokio::test]
+async fn master_trades_copy_over_fix_and_between_protocols() {
+    let mut s = CopySetup::new("fix-copy").await;
+    let v = FixVenue::start(
+        &s.dir,
+        &[
+            VenueAccount {
+                login: "m1",
+                password: "",
+            },
+            VenueAccount {
+                login: "f1",
+                password: "",
+            },
+            VenueAccount {
+                login: "f2",
+                password: "",
+            },
+        ],
+    );
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
+    add_account(&mut s.conn, 3, "follower", &fix, "f2").await;
+    add_account(&mut s.conn, 4, "follower", &s.addr, "b4").await;
+    add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    add_link(
+        &mut s.conn,
+        1,
+        3,
+        LinkSpec {
+            reverse: true,
+            lot_value: 2.0,
+            symbol_map: r#"{"EURUSD": "GBPUSD"}"#,
+            ..Default::default()
+        },
+    )
+    .await;
+    let (_, bridge_magic) = add_link(&mut s.conn, 1, 4, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "fx-node", 100, FAST)).await;
+    for id in 2..=4 {
+        wait_status(&mut s.conn, id, "follower: master").await;
+    }
+
+    // Open: every follower gets its copy, on its own protocol.
+    let ticket = hand(&v, "open m1 EURUSD buy 0.5");
+    let f1 = wait_venue(&v, "f1", "a copy", |p| p.len() == 1).await;
+    assert_eq!((f1[0].1.as_str(), f1[0].2.as_str()), ("EURUSD", "buy"));
+    assert!(lots_close(f1[0].3, 0.5), "{f1:?}");
+    let f2 = wait_venue(&v, "f2", "a reversed, mapped copy", |p| p.len() == 1).await;
+    assert_eq!((f2[0].1.as_str(), f2[0].2.as_str()), ("GBPUSD", "sell"));
+    assert!(lots_close(f2[0].3, 1.0), "{f2:?}");
+    let bridge = s.t.copy_of("b4", bridge_magic, ticket, WAIT).await;
+    assert!(lots_close(bridge.volume, 0.5), "{bridge:?}");
+
+    // Partial close, then full close.
+    hand(&v, &format!("close m1 {ticket} 0.2"));
+    wait_venue(&v, "f1", "the copy trimmed", |p| {
+        p.len() == 1 && lots_close(p[0].3, 0.3)
+    })
+    .await;
+    wait_venue(&v, "f2", "the copy trimmed", |p| {
+        p.len() == 1 && lots_close(p[0].3, 0.6)
+    })
+    .await;
+    hand(&v, &format!("close m1 {ticket} 0.3"));
+    wait_venue(&v, "f1", "the copy closed", |p| p.is_empty()).await;
+    wait_venue(&v, "f2", "the copy closed", |p| p.is_empty()).await;
+    eventually("the bridge copy closed", WAIT, async || {
+        s.t.positions("b4").await.is_empty().then_some(())
+    })
+    .await;
+
+    // The venue's journal: one open, one trim, one close per FIX follower, each from this node.
+    let lines = venue_journal(&v);
+    for login in ["f1", "f2"] {
+        let orders = accepted_orders(&lines, login);
+        let actions: Vec<&str> = orders.iter().map(|l| l.action.as_str()).collect();
+        assert_eq!(actions, ["open", "close", "close"], "{login}: {orders:?}");
+        assert!(orders.iter().all(|l| l.client == "fx-node"), "{orders:?}");
+        assert!(
+            orders.iter().all(|l| l.client_order_id.is_some()),
+            "every order carries its intent's ClOrdID: {orders:?}"
+        );
+    }
+    // The ledger knows each copy's position and master ticket.
+    let ledger: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT account_id, comment, state FROM fix_orders WHERE kind = 'open' ORDER BY account_id",
+    )
+    .fetch_all(&mut s.conn)
+    .await
+    .unwrap();
+    let marker = format!("mc{ticket}");
+    assert_eq!(
+        ledger,
+        vec![
+            (2, marker.clone(), "filled".to_string()),
+            (3, marker, "filled".to_string())
+        ]
+    );
+    node.shutdown();
+}
+
+#[tokio::test]
+async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
+    let mut s = CopySetup::new("fix-logon").await;
+    let v = FixVenue::start(
+        &s.dir,
+        &[
+            VenueAccount {
+                login: "m1",
+                password: "",
+            },
+            VenueAccount {
+                login: "f1",
+                password: "pw-right",
+            },
+            VenueAccount {
+                login: "f2",
+                password: "pw-two",
+            },
+        ],
+    );
+    let key = CredentialsKey::generate();
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
+    add_account(&mut s.conn, 3, "follower", &fix, "f2").await;
+    for (id, password) in [(2, "pw-wrong"), (3, "pw-two")] {
+        sqlx::query("UPDATE trading_accounts SET credentials = $2 WHERE id = $1")
+            .bind(id)
+            .bind(key.encrypt(password))
+            .execute(&mut s.conn)
+            .await
+            .unwrap();
+    }
+    add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    add_link(&mut s.conn, 1, 3, LinkSpec::default()).await;
+    let mut cfg = config(&s.db, "fx-logon", 100, FAST);
+    cfg.credentials_key = Some(key);
+    let node = start_node(&cfg).await;
+    wait_status(&mut s.conn, 2, "refused the logon").await;
+    wait_status(&mut s.conn, 3, "follower: master").await;
+    hand(&v, "open m1 XAUUSD sell 0.1");
+    wait_venue(&v, "f2", "a copy", |p| p.len() == 1).await;
+    assert!(venue_positions(&v, "f1").is_empty());
+    let lines = venue_journal(&v);
+    assert!(
+        lines.iter().any(|l| l.login == "f1"
+            && l.action == "login"
+            && !l.accepted
+            && l.reason.as_deref() == Some("wrong password")),
+        "the venue refused f1's password"
+    );
+    // The password itself is in no log of ours: the venue's journal never holds it either.
+    let text = std::fs::read_to_string(&v.journal).unwrap();
+    assert!(!text.contains("pw-wrong") && !text.contains("pw-two"));
+    node.shutdown();
+}
+
+/// Both ways a fill's report can go missing: never sent (resolved by OrderStatusRequest before
+/// anything else is sent), or sent while the connection was down (resolved by the session's
+/// ResendRequest after the next logon). Either way the follower ends with one copy.
+#[tokio::test]
+async fn lost_fill_reports_are_resolved_without_a_duplicate() {
+    for fault in ["drop_after_fill", "gap_after_fill"] {
+        let mut s = CopySetup::new(&format!("fix-{fault}")).await;
+        let v = FixVenue::start(
+            &s.dir,
+            &[
+                VenueAccount {
+                    login: "m1",
+                    password: "",
+                },
+                VenueAccount {
+                    login: "f1",
+                    password: "",
+                },
+            ],
+        );
+        let fix = server(&v, "");
+        add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+        add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
+        add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+        let node = start_node(&config(&s.db, "fx-lost", 100, FAST)).await;
+        wait_status(&mut s.conn, 2, "follower: master").await;
+        assert_eq!(v.control(&format!("fault {fault} on")), "ok");
+        let first = hand(&v, "open m1 EURUSD sell 0.3");
+        // The fill happens; its report does not arrive on that connection.
+        wait_venue(&v, "f1", "the copy filled", |p| p.len() == 1).await;
+        assert_eq!(v.control(&format!("fault {fault} off")), "ok");
+        // The follower carries on: a second master trade is copied after the first is resolved.
+        let second = hand(&v, "open m1 EURUSD buy 0.2");
+        let f1 = wait_venue(&v, "f1", "both copies", |p| p.len() == 2).await;
+        // Settled: no third order shows up while the follower reconciles again.
+        let ledger = eventually(format!("{fault}: the ledger resolved"), WAIT, async || {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT comment, state FROM fix_orders WHERE account_id = 2 ORDER BY sent_at",
+            )
+            .fetch_all(&mut s.conn)
+            .await
+            .unwrap();
+            rows.iter()
+                .all(|(_, state)| state == "filled")
+                .then_some(rows)
+        })
+        .await;
+        let comments: Vec<&str> = ledger.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(
+            comments,
+            [format!("mc{first}"), format!("mc{second}")],
+            "{fault}"
+        );
+        let lines = venue_journal(&v);
+        let opens = accepted_orders(&lines, "f1");
+        assert_eq!(
+            opens.len(),
+            2,
+            "{fault}: exactly two orders filled: {opens:?}"
+        );
+        assert_eq!(f1.len(), 2);
+        node.shutdown();
+        drop(v);
+    }
+}
