@@ -203,14 +203,15 @@ pub async fn positions(pool: &PgPool, account_id: i64) -> Result<Vec<FixPosition
         .collect()
 }
 
-/// Records a position seen open (keeping its marker and first sighting).
+/// Records a position seen open (keeping its marker and first sighting). A position the ledger
+/// has seen closed stays closed: venues never reuse a position id.
 pub async fn seen_open(pool: &PgPool, account_id: i64, p: &FixPosition) -> Result<(), sqlx::Error> {
     sqlx::query(
         r#"
 INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (account_id, position_id) DO UPDATE
-   SET volume = EXCLUDED.volume, open_price = EXCLUDED.open_price, closed_at = NULL, close_price = NULL
+   SET volume = EXCLUDED.volume, open_price = EXCLUDED.open_price
 "#,
     )
     .bind(account_id)

@@ -318,3 +318,186 @@ async fn lost_fill_reports_are_resolved_without_a_duplicate() {
         drop(v);
     }
 }
+
+#[allow(clippy::disallowed_methods)] // compared with the venue's journal times (wall clock)
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+async fn owner_of(conn: &mut PgConnection, id: i64) -> Option<String> {
+    sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = $1")
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Node processes trading over FIX: the owner of the follower is killed (-9), then the next one
+/// is frozen (SIGSTOP) past its lease and thawed. Judged from the venue's journal alone (the
+/// venue checks no fence): each master trade copied once, and no order from the frozen owner
+/// after the new owner's first. The takeover time of the frozen case is printed.
+#[tokio::test]
+async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
+    use crate::support::process::NodeProcess;
+
+    let mut s = CopySetup::new("fix-failover").await;
+    let v = FixVenue::start(
+        &s.dir,
+        &[
+            VenueAccount {
+                login: "m1",
+                password: "",
+            },
+            VenueAccount {
+                login: "f1",
+                password: "",
+            },
+        ],
+    );
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
+    add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let mut nodes: Vec<NodeProcess> = ["fa", "fb"]
+        .iter()
+        .map(|id| NodeProcess::spawn(&s.db, id, 100, FAST, &[]))
+        .collect();
+    wait_status(&mut s.conn, 2, "follower: master").await;
+    let copies = async |n: usize| {
+        wait_venue(&v, "f1", &format!("{n} copies"), |p| p.len() == n).await;
+    };
+    hand(&v, "open m1 EURUSD buy 0.1");
+    copies(1).await;
+
+    // kill -9 of the follower's owner.
+    let victim = owner_of(&mut s.conn, 2).await.expect("owned");
+    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
+    nodes[idx].kill9();
+    eventually("the follower owned by the survivor", WAIT, async || {
+        owner_of(&mut s.conn, 2)
+            .await
+            .filter(|o| *o != victim)
+            .map(|_| ())
+    })
+    .await;
+    hand(&v, "open m1 EURUSD sell 0.2");
+    copies(2).await;
+
+    // A third node joins; then the follower's owner freezes past its lease.
+    nodes.push(NodeProcess::spawn(&s.db, "fc", 100, FAST, &[]));
+    nodes[2].wait_for_output("joined the cluster", WAIT).await;
+    let frozen = owner_of(&mut s.conn, 2).await.expect("owned");
+    let fidx = nodes.iter().position(|n| n.node_id == frozen).unwrap();
+    nodes[fidx].signal("STOP");
+    let froze_at = wall_ms();
+    hand(&v, "open m1 XAUUSD buy 0.3");
+    copies(3).await;
+    let new_owner = owner_of(&mut s.conn, 2).await.expect("owned");
+    assert_ne!(new_owner, frozen);
+    let lines = venue_journal(&v);
+    let logon = lines
+        .iter()
+        .find(|l| {
+            l.login == "f1"
+                && l.action == "login"
+                && l.accepted
+                && l.client == new_owner
+                && l.ts_ms >= froze_at
+        })
+        .expect("the new owner's logon");
+    let takeover_ms = logon.ts_ms - froze_at;
+    eprintln!("FIX takeover from a frozen owner: {takeover_ms} ms (lease 3 s, heartbeat 1 s)");
+    assert!(takeover_ms < 30_000, "takeover took {takeover_ms} ms");
+
+    // Thawed, the old owner finds its lease gone and sends nothing.
+    nodes[fidx].signal("CONT");
+    nodes[fidx].wait_for_output("gate closed", WAIT).await;
+    hand(&v, "open m1 GBPUSD sell 0.4");
+    copies(4).await;
+
+    let lines = venue_journal(&v);
+    let orders: Vec<&JournalEntry> = accepted_orders(&lines, "f1");
+    let opens: Vec<String> = orders
+        .iter()
+        .filter(|l| l.action == "open")
+        .map(|l| {
+            let id = l.client_order_id.clone().unwrap_or_default();
+            id.split('~').next().unwrap_or("").to_string()
+        })
+        .collect();
+    let mut distinct = opens.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(opens.len(), 4, "one open per master trade: {orders:?}");
+    assert_eq!(distinct.len(), 4, "no intent opened twice: {opens:?}");
+    let first_new = orders
+        .iter()
+        .filter(|l| l.client == new_owner && l.ts_ms >= froze_at)
+        .map(|l| l.ts_ms)
+        .min()
+        .expect("the new owner traded");
+    let late: Vec<&JournalEntry> = lines
+        .iter()
+        .filter(|l| l.login == "f1" && l.action != "login" && l.client == frozen)
+        .filter(|l| l.ts_ms >= first_new)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "orders from the frozen owner after the new owner's first: {late:?}"
+    );
+}
+
+/// Without drop copy (the venue sends other sessions' trades to nobody), the master's trades
+/// arrive by a positions subscription (SubscriptionRequestType=1) or by polling; both feed the
+/// same copy engine.
+#[tokio::test]
+async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling() {
+    for updates in ["subscribe", "poll"] {
+        let mut s = CopySetup::new(&format!("fix-{updates}")).await;
+        let v = FixVenue::start(
+            &s.dir,
+            &[
+                VenueAccount {
+                    login: "m1",
+                    password: "",
+                },
+                VenueAccount {
+                    login: "f1",
+                    password: "",
+                },
+            ],
+        );
+        assert_eq!(v.control("fault no_drop_copy on"), "ok");
+        let master = server(&v, &format!("&updates={updates}&poll_ms=200"));
+        add_account(&mut s.conn, 1, "master", &master, "m1").await;
+        add_account(&mut s.conn, 2, "follower", &server(&v, ""), "f1").await;
+        add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+        let node = start_node(&config(&s.db, "fx-updates", 100, FAST)).await;
+        wait_status(&mut s.conn, 2, "follower: master").await;
+        let ticket = hand(&v, "open m1 GBPUSD buy 0.4");
+        wait_venue(&v, "f1", &format!("{updates}: a copy"), |p| {
+            p.len() == 1 && lots_close(p[0].3, 0.4)
+        })
+        .await;
+        hand(&v, &format!("close m1 {ticket} 0.1"));
+        wait_venue(&v, "f1", &format!("{updates}: the copy trimmed"), |p| {
+            p.len() == 1 && lots_close(p[0].3, 0.3)
+        })
+        .await;
+        hand(&v, &format!("close m1 {ticket} 0.3"));
+        wait_venue(&v, "f1", &format!("{updates}: the copy closed"), |p| {
+            p.is_empty()
+        })
+        .await;
+        let lines = venue_journal(&v);
+        assert_eq!(
+            accepted_orders(&lines, "f1").len(),
+            3,
+            "{updates}: open, trim, close"
+        );
+        node.shutdown();
+    }
+}

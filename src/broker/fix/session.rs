@@ -48,7 +48,7 @@ enum Link {
 struct Collect {
     expected: Option<usize>,
     reports: Vec<Fields>,
-    done: Option<oneshot::Sender<Result<Vec<Fields>, String>>>,
+    done: Option<oneshot::Sender<Result<(Vec<Fields>, u64), String>>>,
 }
 
 struct Shared {
@@ -77,6 +77,9 @@ struct State {
     exec_ids: HashSet<String>,
     /// PosReqID of the positions subscription, if any.
     subscription: Option<String>,
+    /// Fills and reports applied to `positions` so far: a positions answer completed at an
+    /// earlier count is older than the cache and must not overwrite it.
+    changes: u64,
 }
 
 /// Ends the session (logout, engine stopped) when the last API handle goes.
@@ -385,6 +388,7 @@ impl Shared {
                 let total = m.integer(727).unwrap_or(0).max(0) as usize;
                 let result = m.integer(728).unwrap_or(0);
                 let mut state = self.state();
+                let changes = state.changes;
                 if let Some(c) = state.positions_requests.get_mut(&req) {
                     if result != 0 {
                         let why = m.get(58).unwrap_or("request refused").to_string();
@@ -400,7 +404,7 @@ impl Shared {
                             && let Some(mut c) = state.positions_requests.remove(&req)
                             && let Some(done) = c.done.take()
                         {
-                            let _ = done.send(Ok(c.reports));
+                            let _ = done.send(Ok((c.reports, changes)));
                         }
                     }
                 }
@@ -408,13 +412,14 @@ impl Shared {
             "AP" => {
                 let req = m.get(710).unwrap_or("").to_string();
                 let mut state = self.state();
+                let changes = state.changes;
                 if let Some(c) = state.positions_requests.get_mut(&req) {
                     c.reports.push(m);
                     if c.expected.is_some_and(|n| c.reports.len() >= n)
                         && let Some(mut c) = state.positions_requests.remove(&req)
                         && let Some(done) = c.done.take()
                     {
-                        let _ = done.send(Ok(c.reports));
+                        let _ = done.send(Ok((c.reports, changes)));
                     }
                     return;
                 }
@@ -480,6 +485,7 @@ impl Shared {
         let lots = m.number(32).unwrap_or(0.0) / contract;
         let price = m.number(31).or_else(|| m.number(6)).unwrap_or(0.0);
         let mut state = self.state();
+        state.changes += 1;
         let known = state.positions.get(&position_id).cloned();
         match known {
             Some(mut p) if p.side != side => {
@@ -574,6 +580,7 @@ impl Shared {
     /// A subscribed PositionReport: the position as it is now (or gone).
     fn apply_report(&self, now: Position) {
         let mut state = self.state();
+        state.changes += 1;
         let before = state.positions.get(&now.ticket).cloned();
         match before {
             None if now.volume > 0.0 => {
@@ -676,7 +683,7 @@ impl Shared {
     }
 
     /// RequestForPositions: every open position of the account, as the venue reports them.
-    async fn request_positions(&self) -> Result<Vec<Position>, BrokerError> {
+    async fn request_positions(&self) -> Result<(Vec<Position>, u64), BrokerError> {
         let req = self.id("pos");
         let (tx, rx) = oneshot::channel();
         self.state().positions_requests.insert(
@@ -694,22 +701,49 @@ impl Shared {
         }
         let reports = tokio::time::timeout(self.endpoint.request_timeout, rx).await;
         self.state().positions_requests.remove(&req);
-        let reports = reports
+        let (reports, changes) = reports
             .map_err(|_| unavailable("no PositionReports in time"))?
             .map_err(|_| unavailable("the FIX connection dropped"))?
             .map_err(unavailable)?;
-        Ok(reports
+        let positions = reports
             .iter()
             .filter_map(|r| self.position_of_report(r))
             .filter(|p| p.volume > 0.0)
-            .collect())
+            .collect();
+        Ok((positions, changes))
     }
 
     /// Resolves orders without an outcome, reads the positions, marks them from the ledger,
     /// records what opened and closed, and refreshes the cache (announcing differences).
     async fn read_positions(&self) -> Result<Vec<Position>, BrokerError> {
         self.resolve_unresolved().await?;
-        let mut positions = self.request_positions().await?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (positions, changes) = self.request_positions().await?;
+            let positions = self.mark(positions).await?;
+            // A fill applied after the venue answered makes the answer older than the cache:
+            // ask again rather than let it undo the fill (a stale read would announce a close).
+            if self.state().changes != changes {
+                if attempt < 5 {
+                    continue;
+                }
+                return Ok(positions);
+            }
+            self.record_seen(&positions).await?;
+            let mut state = self.state();
+            if state.changes == changes {
+                let before = std::mem::take(&mut state.positions);
+                state.positions = positions.iter().map(|p| (p.ticket, p.clone())).collect();
+                drop(state);
+                self.announce(&before, &positions);
+            }
+            return Ok(positions);
+        }
+    }
+
+    /// Copy markers and first sightings from the ledger.
+    async fn mark(&self, mut positions: Vec<Position>) -> Result<Vec<Position>, BrokerError> {
         let known = ledger::positions(&self.pool, self.writer.account_id)
             .await
             .map_err(|e| unavailable(crate::db::describe(&e)))?;
@@ -721,11 +755,20 @@ impl Shared {
                 p.open_time_ms = k.opened_ms;
             }
         }
+        Ok(positions)
+    }
+
+    /// Records a current read in the ledger: positions seen open, and ledger positions gone.
+    async fn record_seen(&self, positions: &[Position]) -> Result<(), BrokerError> {
+        let known = ledger::positions(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        let by_id: HashMap<i64, &FixPosition> = known.iter().map(|k| (k.position_id, k)).collect();
         let open: HashSet<i64> = positions.iter().map(|p| p.ticket).collect();
-        for p in &positions {
+        for p in positions {
             let stale = by_id
                 .get(&p.ticket)
-                .is_none_or(|k| k.closed_ms.is_some() || (k.volume - p.volume).abs() > 1e-9);
+                .is_none_or(|k| (k.volume - p.volume).abs() > 1e-9);
             if stale {
                 let row = FixPosition {
                     position_id: p.ticket,
@@ -751,9 +794,12 @@ impl Shared {
                     .map_err(|e| unavailable(crate::db::describe(&e)))?;
             }
         }
-        // The cache follows the venue; differences are announced as changes.
-        let before = std::mem::take(&mut self.state().positions);
-        for p in &positions {
+        Ok(())
+    }
+
+    /// Announces what changed between the cache and a read.
+    fn announce(&self, before: &BTreeMap<i64, Position>, positions: &[Position]) {
+        for p in positions {
             match before.get(&p.ticket) {
                 None => self.emit(PositionChange::Opened {
                     position: p.clone(),
@@ -767,15 +813,14 @@ impl Shared {
                 _ => {}
             }
         }
-        for (ticket, b) in &before {
+        let open: HashSet<i64> = positions.iter().map(|p| p.ticket).collect();
+        for (ticket, b) in before {
             if !open.contains(ticket) {
                 self.emit(PositionChange::Closed {
                     closed: closed_of(b, b.volume, 0.0),
                 });
             }
         }
-        self.state().positions = positions.iter().map(|p| (p.ticket, p.clone())).collect();
-        Ok(positions)
     }
 
     /// OrderStatusRequest for every order of the ledger without an outcome.
