@@ -44,11 +44,14 @@ enum Link {
     Offline,
 }
 
+/// A RequestForPositions' reports, and how many changes the cache had seen when they completed.
+type Answer = Result<(Vec<Fields>, u64), String>;
+
 /// A RequestForPositions being answered.
 struct Collect {
     expected: Option<usize>,
     reports: Vec<Fields>,
-    done: Option<oneshot::Sender<Result<(Vec<Fields>, u64), String>>>,
+    done: Option<oneshot::Sender<Answer>>,
 }
 
 struct Shared {
