@@ -1,10 +1,10 @@
-//! copier-node benchmarks: copy latency, lease-cycle cost, claim storms, failover and handoff,
+//! copier-node benchmarks: copy latency (over the bridge and over FIX), lease-cycle cost, claim storms, failover and handoff,
 //! cost per account, and the notification path, each beside a floor measured in the same run.
 //!
 //!   cargo bench --bench copier                  # the full run: writes BENCHMARKS.md, benchmarks.json
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
-//!                                               #   failover, rebalance, cost, notify)
+//!                                               #   fix, failover, rebalance, cost, notify)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
@@ -13,6 +13,7 @@ mod copy;
 mod cost;
 mod cycle;
 mod failover;
+mod fix;
 mod floors;
 mod nodes;
 mod notify;
@@ -31,6 +32,7 @@ use copy::{CopyRow, copy_latency};
 use cost::{CostRow, cost_per_account};
 use cycle::{CycleRow, lease_cycle};
 use failover::{FailoverRow, failover};
+use fix::{FixRow, fix_latency};
 use floors::{floors, machine};
 use notify::{NotifyRow, notification_path};
 use rebalance::{RebalanceRow, rebalance};
@@ -50,6 +52,7 @@ pub(crate) struct Report {
     cycle: Vec<CycleRow>,
     storm: Vec<StormRow>,
     copy: Vec<CopyRow>,
+    fix: Vec<FixRow>,
     failover: Vec<FailoverRow>,
     rebalance: Vec<RebalanceRow>,
     cost: Vec<CostRow>,
@@ -142,6 +145,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "copy") {
         copy_latency(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "fix") {
+        fix_latency(&options, &pg, &mut report).await?;
     }
     if wanted(&options, "failover") {
         failover(&options, &pg, &mut report).await?;

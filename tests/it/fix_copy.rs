@@ -97,7 +97,7 @@ fn lots_close(a: f64, b: f64) -> bool {
 async fn master_trades_copy_over_fix_and_between_protocols() {
     let mut s = CopySetup::new("fix-copy").await;
     let v = FixVenue::start(
-        &s.dir,
+        &s.dir.0,
         &[
             VenueAccount {
                 login: "m1",
@@ -200,7 +200,7 @@ async fn master_trades_copy_over_fix_and_between_protocols() {
 async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
     let mut s = CopySetup::new("fix-logon").await;
     let v = FixVenue::start(
-        &s.dir,
+        &s.dir.0,
         &[
             VenueAccount {
                 login: "m1",
@@ -261,7 +261,7 @@ async fn lost_fill_reports_are_resolved_without_a_duplicate() {
     for fault in ["drop_after_fill", "gap_after_fill"] {
         let mut s = CopySetup::new(&format!("fix-{fault}")).await;
         let v = FixVenue::start(
-            &s.dir,
+            &s.dir.0,
             &[
                 VenueAccount {
                     login: "m1",
@@ -345,7 +345,7 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
 
     let mut s = CopySetup::new("fix-failover").await;
     let v = FixVenue::start(
-        &s.dir,
+        &s.dir.0,
         &[
             VenueAccount {
                 login: "m1",
@@ -458,7 +458,7 @@ async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling() {
     for updates in ["subscribe", "poll"] {
         let mut s = CopySetup::new(&format!("fix-{updates}")).await;
         let v = FixVenue::start(
-            &s.dir,
+            &s.dir.0,
             &[
                 VenueAccount {
                     login: "m1",

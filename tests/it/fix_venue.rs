@@ -10,7 +10,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn venue(dir: &Scratch) -> FixVenue {
     FixVenue::start(
-        dir,
+        &dir.0,
         &[
             VenueAccount {
                 login: "f1",

@@ -5,151 +5,16 @@
 //! The client frames tag=value messages, nothing more: it is the tests' hand on the venue (the
 //! session layer under test is QuickFIX's, on the venue's side).
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::broker::{Scratch, free_port};
+#[path = "../../fix/venue.rs"]
+mod venue;
+pub use venue::{FixVenue, VenueAccount};
 
-const SOURCE: &str = include_str!("../../fix/acceptor.cpp");
 pub const SOH: char = '\u{1}';
-
-/// The venue binary, compiled on first use (cached under the target dir by the source's hash).
-pub fn acceptor_binary() -> &'static PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let hash = SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fix-acceptor");
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join(format!("fix-acceptor-{hash:016x}"));
-        // One build at a time (nextest runs each test in its own process): the first to create
-        // the lock directory builds, the others wait for the binary (or build anyway after a
-        // minute, should a builder have died holding the lock).
-        let lock = dir.join(format!("fix-acceptor-{hash:016x}.lock"));
-        let builder = std::fs::create_dir(&lock).is_ok();
-        if !builder {
-            for _ in 0..1200 {
-                if bin.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        if !bin.exists() {
-            let tmp = dir.join(format!(
-                "build-{}-{:08x}",
-                std::process::id(),
-                fastrand::u32(..)
-            ));
-            let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fix/acceptor.cpp");
-            let out = Command::new("g++")
-                .args(["-std=c++14", "-O1", "-Wall", "-Wno-deprecated", "-o"])
-                .arg(&tmp)
-                .arg(source)
-                .args(["-lquickfix", "-lpthread"])
-                .output()
-                .expect("running g++ (the FIX venue needs g++ and libquickfix-dev)");
-            assert!(
-                out.status.success(),
-                "building the FIX venue failed (apt-get install libquickfix-dev g++):\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::rename(&tmp, &bin).unwrap();
-        }
-        if builder {
-            let _ = std::fs::remove_dir(&lock);
-        }
-        bin
-    })
-}
-
-/// An account the venue knows: its login (the session's TargetCompID) and password.
-pub struct VenueAccount<'a> {
-    pub login: &'a str,
-    pub password: &'a str,
-}
-
-/// A running venue.
-pub struct FixVenue {
-    child: Child,
-    pub port: u16,
-    control_port: u16,
-    pub journal: PathBuf,
-    pub comp_id: String,
-}
-
-impl FixVenue {
-    pub fn start(dir: &Scratch, accounts: &[VenueAccount<'_>]) -> FixVenue {
-        let port = free_port();
-        let control_port = free_port();
-        let logs = dir.path("fix-logs");
-        std::fs::create_dir_all(&logs).unwrap();
-        let mut settings = format!(
-            "[DEFAULT]\nConnectionType=acceptor\nSocketAcceptPort={port}\nSocketReuseAddress=Y\n\
-             StartTime=00:00:00\nEndTime=00:00:00\nBeginString=FIX.4.4\nSenderCompID=VENUE\n\
-             UseDataDictionary=N\nFileLogPath={}\n",
-            logs.display()
-        );
-        for a in accounts {
-            settings.push_str(&format!(
-                "\n[SESSION]\nTargetCompID={}\nPassword={}\n",
-                a.login, a.password
-            ));
-        }
-        let settings_path = dir.path("fix-venue.cfg");
-        std::fs::write(&settings_path, settings).unwrap();
-        let journal = dir.path("fix-journal.jsonl");
-        let mut child = Command::new(acceptor_binary())
-            .arg(&settings_path)
-            .arg(&journal)
-            .arg(control_port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        assert!(
-            first.contains("ready"),
-            "the FIX venue did not start: {first:?}"
-        );
-        FixVenue {
-            child,
-            port,
-            control_port,
-            journal,
-            comp_id: "VENUE".into(),
-        }
-    }
-
-    /// One control command (see the venue's header); returns its answer line.
-    pub fn control(&self, command: &str) -> String {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.control_port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(format!("{command}\n").as_bytes()).unwrap();
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).unwrap();
-        line.trim().to_string()
-    }
-}
-
-impl Drop for FixVenue {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A message as tag -> value pairs, in order.
 #[derive(Debug, Clone)]
