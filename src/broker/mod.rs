@@ -161,11 +161,6 @@ pub trait TradeApi: Send + Sync {
     fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>>;
     fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>>;
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
-    /// False when the venue sets no stop loss or take profit on positions (FIX): the follower
-    /// then copies positions without stops and sends no stop changes.
-    fn supports_stops(&self) -> bool {
-        true
-    }
 }
 
 /// A logged-in account. Dropping every clone of `api` logs it out.

@@ -17,9 +17,21 @@ pub struct FixOrder {
     pub position_id: Option<i64>,
     pub magic: i64,
     pub comment: String,
+    /// A resting order's stop or limit price.
+    pub price: Option<f64>,
 }
 
-/// A position of the ledger.
+/// A resting order in force: a position's stop loss (`sl`) or take profit (`tp`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Working {
+    pub cl_ord_id: String,
+    pub kind: String,
+    pub position_id: i64,
+    pub price: f64,
+    pub side: String,
+    pub symbol: String,
+    pub quantity: f64,
+}
 #[derive(Debug, Clone, PartialEq)]
 pub struct FixPosition {
     pub position_id: i64,
@@ -46,8 +58,8 @@ pub struct Writer {
 /// order must not go out) or the ClOrdID was recorded before (the intent was sent already).
 pub async fn record_order(pool: &PgPool, w: &Writer, o: &FixOrder) -> Result<bool, sqlx::Error> {
     const SQL: &str = r#"
-INSERT INTO fix_orders (account_id, cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, node_id, owner_epoch)
-SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $2, $3
+INSERT INTO fix_orders (account_id, cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, price, node_id, owner_epoch)
+SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $2, $3
   FROM trading_accounts a
  WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
    FOR SHARE
@@ -65,6 +77,7 @@ ON CONFLICT (account_id, cl_ord_id) DO NOTHING
         .bind(o.position_id)
         .bind(o.magic)
         .bind(&o.comment)
+        .bind(o.price)
         .execute(pool)
         .await?;
     Ok(done.rows_affected() > 0)
@@ -77,7 +90,7 @@ pub async fn order(
     cl_ord_id: &str,
 ) -> Result<Option<(FixOrder, String)>, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, state \
+        "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, price, state \
            FROM fix_orders WHERE account_id = $1 AND cl_ord_id = $2",
     )
     .bind(account_id)
@@ -98,13 +111,14 @@ fn order_of(r: &sqlx::postgres::PgRow) -> Result<FixOrder, sqlx::Error> {
         position_id: r.try_get("position_id")?,
         magic: r.try_get("magic")?,
         comment: r.try_get("comment")?,
+        price: r.try_get("price")?,
     })
 }
 
 /// Orders whose outcome is not known yet (sent, no report), oldest first.
 pub async fn unresolved(pool: &PgPool, account_id: i64) -> Result<Vec<FixOrder>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment \
+        "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, price \
            FROM fix_orders WHERE account_id = $1 AND state = 'sent' ORDER BY sent_at",
     )
     .bind(account_id)
@@ -155,6 +169,52 @@ ON CONFLICT (account_id, position_id) DO UPDATE SET magic = EXCLUDED.magic, comm
         }
     }
     Ok(())
+}
+
+/// Sets an order's state (a resting order accepted, cancelled or filled) from what the venue
+/// reported; `from` lists the states it may leave.
+pub async fn set_state(
+    pool: &PgPool,
+    account_id: i64,
+    cl_ord_id: &str,
+    from: &[&str],
+    state: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE fix_orders SET state = $3, done_at = now() \
+          WHERE account_id = $1 AND cl_ord_id = $2 AND state = ANY($4)",
+    )
+    .bind(account_id)
+    .bind(cl_ord_id)
+    .bind(state)
+    .bind(from)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The account's resting orders in force.
+pub async fn working(pool: &PgPool, account_id: i64) -> Result<Vec<Working>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT cl_ord_id, kind, position_id, price, side, symbol, quantity FROM fix_orders \
+          WHERE account_id = $1 AND state = 'working' AND position_id IS NOT NULL AND price IS NOT NULL",
+    )
+    .bind(account_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Working {
+                cl_ord_id: r.try_get("cl_ord_id")?,
+                kind: r.try_get("kind")?,
+                position_id: r.try_get("position_id")?,
+                price: r.try_get("price")?,
+                side: r.try_get("side")?,
+                symbol: r.try_get("symbol")?,
+                quantity: r.try_get("quantity")?,
+            })
+        })
+        .collect()
 }
 
 /// Removes an order that was recorded but never left (the session was not logged on): the next

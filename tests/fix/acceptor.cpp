@@ -12,13 +12,19 @@
 // with an ack (AO) and PositionReports (AP), updates pushed when subscribed (263=1),
 // SecurityListRequest (x) answered with every symbol and its contract size (231), and
 // ExecutionReports for trades placed by the hand client pushed to the account's session (drop
-// copy). Every request is journaled in the simulated broker's JSON-lines format, `client` from
+// copy). Stop losses and take profits are resting orders on a position, as cTrader's FIX API
+// takes them: a stop (OrdType 3, StopPx) or a limit (OrdType 2, Price, not IOC) on the opposite
+// side with PosMaintRptID naming the position, acknowledged New, cancelled by
+// OrderCancelRequest (F), filled when `quote` moves the price to them, and cancelled by the venue
+// when their position is gone. Every request is journaled in the simulated broker's JSON-lines format, `client` from
 // SenderSubID (50).
 //
 // The control port takes one command per line and answers one line:
 //   open <login> <symbol> <buy|sell> <lots>      -> ok <ticket>     (the hand client)
 //   close <login> <ticket> <lots>                -> ok <ticket>
 //   positions <login>                            -> ok <ticket>:<symbol>:<side>:<lots> ...
+//   quote <symbol> <bid> <ask>                   -> ok <fills> (moves the quote; resting stop
+//                                                   and limit orders it reaches are filled)
 //   fault <name> <on|off>                        -> ok, where <name> is one of
 //     drop_after_fill  the connection drops after a fill, before its report (never sent)
 //     gap_after_fill   the connection drops after a fill; the report goes to the session's store
@@ -43,6 +49,8 @@
 #include "quickfix/Values.h"
 #include "quickfix/fix44/ExecutionReport.h"
 #include "quickfix/fix44/NewOrderSingle.h"
+#include "quickfix/fix44/OrderCancelReject.h"
+#include "quickfix/fix44/OrderCancelRequest.h"
 #include "quickfix/fix44/OrderStatusRequest.h"
 #include "quickfix/fix44/PositionReport.h"
 #include "quickfix/fix44/RequestForPositions.h"
@@ -100,8 +108,20 @@ struct Order {
   long position;
 };
 
+// A resting order protecting a position (cTrader's way of a stop loss or take profit): a stop
+// (OrdType 3, StopPx 99) or a limit (OrdType 2, Price 44, not IOC) on the opposite side, naming
+// the position with PosMaintRptID 721.
+struct Pending {
+  char type;  // OrdType
+  double price;
+  char side;
+  double units;
+  long position;
+};
+
 struct Account {
   std::map<long, Position> positions;
+  std::map<std::string, Pending> pending;  // by ClOrdID
   std::map<std::string, Order> orders;  // by ClOrdID
   std::set<std::string> subscriptions;  // PosReqIDs of a subscribed RequestForPositions
 };
@@ -205,7 +225,16 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     std::string who = login(id);
     std::unique_lock<std::mutex> g(mutex_);
     Account& acc = accounts_[who];
-    auto quote = QUOTES.find(symbol.getValue());
+    bool resting = position > 0 && !bad_position &&
+                   (type.getValue() == FIX::OrdType_STOP ||
+                    (type.getValue() == FIX::OrdType_LIMIT &&
+                     !(m.isSetField(59) && m.getField(59) == "3")));
+    if (resting) {
+      protect(g, acc, who, client, id, m, cl.getValue(), type.getValue(), side.getValue(),
+              symbol.getValue(), qty.getValue(), position);
+      return;
+    }
+    auto quote = quotes_.find(symbol.getValue());
     std::string reason;
     int rej = 0;
     if (acc.orders.count(cl.getValue())) {
@@ -216,7 +245,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
                  m.isSetField(59) && m.getField(59) == "3")) {
       reason = "only market orders and immediate-or-cancel limit orders";
       rej = FIX::OrdRejReason_UNSUPPORTED_ORDER_CHARACTERISTIC;
-    } else if (quote == QUOTES.end()) {
+    } else if (quote == quotes_.end()) {
       reason = "unknown symbol";
       rej = FIX::OrdRejReason_UNKNOWN_SYMBOL;
     } else if (qty.getValue() <= 0) {
@@ -243,7 +272,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     }
     std::string action = position != 0 || bad_position ? "close" : "open";
     // Volumes in lots, as the simulated broker journals them (-1: not convertible).
-    double lots = quote == QUOTES.end() ? -1 : qty.getValue() / quote->second.contract;
+    double lots = quote == quotes_.end() ? -1 : qty.getValue() / quote->second.contract;
     // A close is journaled with the position's side, as the simulated broker does.
     char journal_side = side.getValue();
     if (position != 0 && acc.positions.count(position))
@@ -295,7 +324,9 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
                FIX::OrdStatus_FILLED, symbol.getValue(), side.getValue(), qty.getValue(),
                qty.getValue(), price, ticket);
     std::vector<FIX44::PositionReport> updates = subscribed_reports(acc, ticket, before);
+    std::vector<FIX44::ExecutionReport> orphans = cancel_orphans(acc, ticket);
     g.unlock();
+    for (auto& o : orphans) send(o, id);
     if (drop_after_fill) {
       if (FIX::Session* s = FIX::Session::lookupSession(id)) s->disconnect();
       return;
@@ -362,7 +393,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     list.set(req);
     list.set(FIX::SecurityResponseID(next_id()));
     list.set(FIX::SecurityRequestResult(FIX::SecurityRequestResult_VALID_REQUEST));
-    for (auto& q : QUOTES) {
+    for (auto& q : quotes_) {
       FIX44::SecurityList::NoRelatedSym sym;
       sym.set(FIX::Symbol(q.first));
       sym.set(FIX::ContractMultiplier(q.second.contract));
@@ -373,11 +404,101 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     send(list, id);
   }
 
+  void onMessage(const FIX44::OrderCancelRequest& m, const FIX::SessionID& id) override {
+    FIX::ClOrdID cl;
+    FIX::OrigClOrdID orig;
+    m.get(cl);
+    m.get(orig);
+    std::string who = login(id);
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    auto p = acc.pending.find(orig.getValue());
+    if (p == acc.pending.end()) {
+      auto o = acc.orders.find(orig.getValue());
+      journal(who, sub_id(m), "modify", "", 0, ' ', 0, cl.getValue(), false, "no such resting order");
+      FIX44::OrderCancelReject reject(
+          FIX::OrderID(o == acc.orders.end() ? "NONE" : o->second.order_id), cl, orig,
+          FIX::OrdStatus(o == acc.orders.end() ? FIX::OrdStatus_REJECTED : o->second.status),
+          FIX::CxlRejResponseTo(FIX::CxlRejResponseTo_ORDER_CANCEL_REQUEST));
+      reject.set(FIX::CxlRejReason(FIX::CxlRejReason_UNKNOWN_ORDER));
+      reject.set(FIX::Text("no such resting order"));
+      g.unlock();
+      send(reject, id);
+      return;
+    }
+    Pending pending = p->second;
+    acc.pending.erase(p);
+    Order& order = acc.orders[orig.getValue()];
+    order.status = FIX::OrdStatus_CANCELED;
+    journal(who, sub_id(m), "modify", order.symbol, pending.position, pending.side, -1,
+            cl.getValue(), true, "");
+    FIX44::ExecutionReport er =
+        report(cl.getValue(), order.order_id, FIX::ExecType_CANCELED, FIX::OrdStatus_CANCELED,
+               order.symbol, pending.side, pending.units, 0, 0, pending.position);
+    er.set(FIX::OrigClOrdID(orig.getValue()));
+    g.unlock();
+    send(er, id);
+  }
+
+  // Moves a symbol's quote and fills every resting order the new price reaches.
+  std::string move_quote(const std::string& symbol, double bid, double ask) {
+    std::unique_lock<std::mutex> g(mutex_);
+    auto q = quotes_.find(symbol);
+    if (q == quotes_.end()) return "error unknown symbol";
+    if (!(bid > 0 && ask >= bid)) return "error bid and ask must be positive, ask >= bid";
+    q->second.bid = bid;
+    q->second.ask = ask;
+    std::vector<std::pair<std::string, FIX44::ExecutionReport>> out;
+    int filled = 0;
+    for (auto& a : accounts_) {
+      Account& acc = a.second;
+      std::vector<std::string> hit;
+      for (auto& p : acc.pending) {
+        const Pending& o = p.second;
+        auto pos = acc.positions.find(o.position);
+        if (pos == acc.positions.end() || pos->second.symbol != symbol) continue;
+        bool sell = o.side == FIX::Side_SELL;
+        double px = sell ? bid : ask;
+        bool stop = o.type == FIX::OrdType_STOP;
+        bool reached = sell ? (stop ? px <= o.price : px >= o.price)
+                            : (stop ? px >= o.price : px <= o.price);
+        if (reached) hit.push_back(p.first);
+      }
+      for (auto& cl : hit) {
+        auto p = acc.pending.find(cl);
+        if (p == acc.pending.end()) continue;  // cancelled as an orphan of an earlier hit
+        Pending o = p->second;
+        acc.pending.erase(p);
+        auto pos = acc.positions.find(o.position);
+        if (pos == acc.positions.end()) continue;
+        Position before = pos->second;
+        double units = std::min(o.units, before.units);
+        fill(acc, symbol, o.side, units, o.price, o.position);
+        Order& order = acc.orders[cl];
+        order.status = FIX::OrdStatus_FILLED;
+        order.price = o.price;
+        journal(a.first, o.type == FIX::OrdType_STOP ? "stop" : "limit", "close", symbol,
+                o.position, before.side, units / q->second.contract, cl, true, "");
+        out.emplace_back(a.first, report(cl, order.order_id, FIX::ExecType_TRADE,
+                                         FIX::OrdStatus_FILLED, symbol, o.side, units, units,
+                                         o.price, o.position));
+        for (auto& orphan : cancel_orphans(acc, o.position)) out.emplace_back(a.first, orphan);
+        ++filled;
+      }
+    }
+    std::vector<std::pair<FIX::SessionID, FIX44::ExecutionReport>> sends;
+    for (auto& o : out)
+      for (auto& s : sessions_of(o.first)) sends.emplace_back(s, o.second);
+    g.unlock();
+    for (auto& s : sends) send(s.second, s.first);
+    return "ok " + std::to_string(filled);
+  }
+
   // --- the hand client (control port)
   std::string hand_open(const std::string& who, const std::string& symbol, char side, double lots) {
     std::unique_lock<std::mutex> g(mutex_);
-    auto quote = QUOTES.find(symbol);
-    if (quote == QUOTES.end()) return "error unknown symbol";
+    auto quote = quotes_.find(symbol);
+    if (quote == quotes_.end()) return "error unknown symbol";
     if (!(lots > 0)) return "error lots must be positive";
     Account& acc = accounts_[who];
     double units = lots * quote->second.contract;
@@ -394,7 +515,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     if (p == acc.positions.end()) return "error no such position";
     if (!(lots > 0)) return "error lots must be positive";
     Position before = p->second;
-    auto quote = QUOTES.at(p->second.symbol);
+    auto quote = quotes_.at(p->second.symbol);
     double units = std::min(lots * quote.contract, p->second.units);
     char side = p->second.side == FIX::Side_BUY ? FIX::Side_SELL : FIX::Side_BUY;
     std::string symbol = p->second.symbol;
@@ -402,7 +523,12 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     fill(acc, symbol, side, units, price, ticket);
     journal(who, "manual", "close", symbol, ticket, before.side, units / quote.contract, "", true,
             "");
-    return drop_copy(g, who, acc, symbol, side, units, price, ticket, before);
+    std::vector<FIX44::ExecutionReport> orphans = cancel_orphans(acc, ticket);
+    std::vector<FIX::SessionID> sessions = sessions_of(who);
+    std::string reply = drop_copy(g, who, acc, symbol, side, units, price, ticket, before);
+    for (auto& s : sessions)
+      for (auto& o : orphans) send(o, s);
+    return reply;
   }
 
   std::string reset(const std::string& who) {
@@ -425,7 +551,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     for (auto& p : accounts_[who].positions) {
       out << ' ' << p.first << ':' << p.second.symbol << ':'
           << (p.second.side == FIX::Side_BUY ? "buy" : "sell") << ':'
-          << p.second.units / QUOTES.at(p.second.symbol).contract;
+          << p.second.units / quotes_.at(p.second.symbol).contract;
     }
     return out.str();
   }
@@ -438,6 +564,91 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
   }
 
   std::string next_id() { return std::to_string(++ids_); }
+
+  std::vector<FIX::SessionID> sessions_of(const std::string& who) {
+    std::vector<FIX::SessionID> out;
+    for (auto& s : logged_on_)
+      if (login(s) == who) out.push_back(s);
+    return out;
+  }
+
+  // A resting protective order: accepted (ExecType New) or rejected.
+  void protect(std::unique_lock<std::mutex>& g, Account& acc, const std::string& who,
+               const std::string& client, const FIX::SessionID& id, const FIX::Message& m,
+               const std::string& cl, char type, char side, const std::string& symbol,
+               double units, long position) {
+    double price = 0;
+    std::string reason;
+    int rej = FIX::OrdRejReason_OTHER;
+    const int price_tag = type == FIX::OrdType_STOP ? 99 : 44;
+    auto p = acc.positions.find(position);
+    if (acc.orders.count(cl)) {
+      reason = "duplicate ClOrdID";
+      rej = FIX::OrdRejReason_DUPLICATE_ORDER;
+    } else if (!m.isSetField(price_tag)) {
+      reason = type == FIX::OrdType_STOP ? "a stop order needs StopPx" : "a limit order needs Price";
+    } else if (p == acc.positions.end()) {
+      reason = "no such position";
+    } else if (p->second.symbol != symbol) {
+      reason = "the position is on another symbol";
+    } else if (p->second.side == side) {
+      reason = "a protective order must take the opposite side";
+    } else if (!(units > 0)) {
+      reason = "invalid quantity";
+      rej = FIX::OrdRejReason_INCORRECT_QUANTITY;
+    } else {
+      price = std::stod(m.getField(price_tag));
+      const Quote& q = quotes_.at(symbol);
+      double now = side == FIX::Side_SELL ? q.bid : q.ask;
+      bool stop = type == FIX::OrdType_STOP;
+      bool wrong_side = side == FIX::Side_SELL ? (stop ? price >= now : price <= now)
+                                               : (stop ? price <= now : price >= now);
+      if (!(price > 0) || wrong_side) reason = "invalid stops: the price is on the wrong side of the market";
+    }
+    char journal_side = p != acc.positions.end() ? p->second.side : side;
+    if (!reason.empty()) {
+      if (rej != FIX::OrdRejReason_DUPLICATE_ORDER)
+        acc.orders[cl] = Order{next_id(), FIX::OrdStatus_REJECTED, symbol, side, units, 0, position};
+      journal(who, client, "modify", symbol, position, journal_side, -1, cl, false, reason);
+      FIX44::ExecutionReport er = report(cl, next_id(), FIX::ExecType_REJECTED,
+                                         FIX::OrdStatus_REJECTED, symbol, side, units, 0, 0,
+                                         position);
+      er.set(FIX::OrdRejReason(rej));
+      er.set(FIX::Text(reason));
+      g.unlock();
+      send(er, id);
+      return;
+    }
+    acc.pending[cl] = Pending{type, price, side, units, position};
+    acc.orders[cl] = Order{next_id(), FIX::OrdStatus_NEW, symbol, side, units, price, position};
+    journal(who, client, "modify", symbol, position, journal_side, -1, cl, true, "");
+    FIX44::ExecutionReport er = report(cl, acc.orders[cl].order_id, FIX::ExecType_NEW,
+                                       FIX::OrdStatus_NEW, symbol, side, units, 0, 0, position);
+    if (type == FIX::OrdType_STOP) er.set(FIX::StopPx(price));
+    else er.set(FIX::Price(price));
+    er.set(FIX::OrdType(type));
+    g.unlock();
+    send(er, id);
+  }
+
+  // Cancels the resting orders of a position that is gone: their ExecutionReports (Canceled).
+  std::vector<FIX44::ExecutionReport> cancel_orphans(Account& acc, long position) {
+    std::vector<FIX44::ExecutionReport> out;
+    if (acc.positions.count(position)) return out;
+    for (auto p = acc.pending.begin(); p != acc.pending.end();) {
+      if (p->second.position != position) {
+        ++p;
+        continue;
+      }
+      Order& order = acc.orders[p->first];
+      order.status = FIX::OrdStatus_CANCELED;
+      out.push_back(report(p->first, order.order_id, FIX::ExecType_CANCELED,
+                           FIX::OrdStatus_CANCELED, order.symbol, p->second.side, p->second.units,
+                           0, 0, position));
+      p = acc.pending.erase(p);
+    }
+    return out;
+  }
 
   // Applies a fill to the account's positions; returns the position's ticket.
   long fill(Account& acc, const std::string& symbol, char side, double units, double price,
@@ -550,6 +761,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
   }
 
   const FIX::SessionSettings& settings_;
+  std::map<std::string, Quote> quotes_ = QUOTES;
   std::ofstream journal_;
   std::mutex mutex_;
   std::map<std::string, Account> accounts_;
@@ -593,6 +805,12 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       else if (name == "no_drop_copy") venue.no_drop_copy = on;
       else return "error unknown fault " + name;
       return "ok";
+    }
+    if (cmd == "quote") {
+      std::string symbol;
+      double bid, ask;
+      if (!(in >> symbol >> bid >> ask)) return "error usage: quote <symbol> <bid> <ask>";
+      return venue.move_quote(symbol, bid, ask);
     }
     if (cmd == "reset") {
       std::string who;

@@ -501,3 +501,97 @@ async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling() {
         node.shutdown();
     }
 }
+
+/// Stops on a FIX follower are resting orders on the copy's position (cTrader's way): set with
+/// the copy, replaced when the master moves them, filled by the venue when the price reaches
+/// one (the other is cancelled with the position), and a copy its stop loss closed is never
+/// opened again.
+#[tokio::test]
+async fn stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_closed() {
+    use copier_node::broker::types::Side;
+
+    let mut s = CopySetup::new("fix-stops").await;
+    let v = FixVenue::start(
+        &s.dir.0,
+        &[VenueAccount {
+            login: "f1",
+            password: "",
+        }],
+    );
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &server(&v, ""), "f1").await;
+    add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "fx-stops", 100, FAST)).await;
+    wait_status(&mut s.conn, 2, "follower: master").await;
+
+    let ticket =
+        s.t.open("m1", "EURUSD", Side::Buy, 0.2, Some(1.09), Some(1.12))
+            .await;
+    let intent = format!("-m{ticket}-");
+    let working = async |conn: &mut PgConnection| -> Vec<(String, f64)> {
+        sqlx::query_as(
+            "SELECT kind, price FROM fix_orders WHERE account_id = 2 AND state = 'working' ORDER BY kind",
+        )
+        .fetch_all(conn)
+        .await
+        .unwrap()
+    };
+    eventually(
+        "the copy's stop loss and take profit rest at the venue",
+        WAIT,
+        async || {
+            let w = working(&mut s.conn).await;
+            (w == [("sl".to_string(), 1.09), ("tp".to_string(), 1.12)]).then_some(())
+        },
+    )
+    .await;
+
+    // The master moves its take profit: the resting limit is replaced, the stop stays.
+    s.t.modify("m1", ticket, Some(1.09), Some(1.13)).await;
+    eventually("the take profit replaced", WAIT, async || {
+        let w = working(&mut s.conn).await;
+        (w == [("sl".to_string(), 1.09), ("tp".to_string(), 1.13)]).then_some(())
+    })
+    .await;
+
+    // The price falls through the stop: the venue closes the copy and cancels the limit.
+    assert_eq!(v.control("quote EURUSD 1.08900 1.08910"), "ok 1");
+    wait_venue(&v, "f1", "the copy stopped out", |p| p.is_empty()).await;
+    eventually("the ledger shows the stop filled and no order in force", WAIT, async || {
+        let states: Vec<(String, String)> = sqlx::query_as(
+            "SELECT kind, state FROM fix_orders WHERE account_id = 2 AND kind IN ('sl', 'tp') ORDER BY sent_at",
+        )
+        .fetch_all(&mut s.conn)
+        .await
+        .unwrap();
+        let sl_filled = states.iter().any(|(k, st)| k == "sl" && st == "filled");
+        let none_working = states.iter().all(|(_, st)| st != "working");
+        (sl_filled && none_working).then_some(())
+    })
+    .await;
+
+    // The master's position is still open; a later master trade is copied, and the stopped copy
+    // is never opened again (its close is in the ledger's history).
+    s.t.open("m1", "GBPUSD", Side::Sell, 0.1, None, None).await;
+    wait_venue(&v, "f1", "the next copy", |p| {
+        p.len() == 1 && p[0].1 == "GBPUSD"
+    })
+    .await;
+    let lines = venue_journal(&v);
+    let reopened = lines
+        .iter()
+        .filter(|l| l.login == "f1" && l.action == "open" && l.accepted)
+        .filter(|l| {
+            l.client_order_id
+                .as_deref()
+                .is_some_and(|c| c.contains(&intent))
+        })
+        .count();
+    assert_eq!(reopened, 1, "the stopped copy was opened once");
+    let stopped = lines
+        .iter()
+        .filter(|l| l.login == "f1" && l.action == "close" && l.client == "stop")
+        .count();
+    assert_eq!(stopped, 1, "the venue's stop closed it");
+    node.shutdown();
+}

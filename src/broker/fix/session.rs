@@ -72,8 +72,12 @@ struct State {
     symbols: HashMap<String, SymbolSpec>,
     /// The account's open positions (volumes in lots).
     positions: BTreeMap<i64, Position>,
-    /// Reports awaited by ClOrdID (final states only).
+    /// Reports awaited by ClOrdID (final states only; also New for the ClOrdIDs in `acks`).
     orders: HashMap<String, oneshot::Sender<Fields>>,
+    /// Resting orders being placed: their New acknowledgement is what is awaited.
+    acks: HashSet<String>,
+    /// The account's resting orders by ClOrdID: what a fill of one closes by (stop or limit).
+    resting: HashMap<String, ClosedBy>,
     positions_requests: HashMap<String, Collect>,
     security_requests: HashMap<String, oneshot::Sender<Fields>>,
     /// ExecIDs applied (a resent report is applied once).
@@ -283,7 +287,9 @@ fn reject_code(reason: Option<i64>, text: &str) -> RejectCode {
         Some(5) => return RejectCode::UnknownTicket,
         _ => {}
     }
-    if t.contains("no such position") || t.contains("unknown position") {
+    if t.contains("stops") || t.contains("stop price") {
+        RejectCode::InvalidStops
+    } else if t.contains("no such position") || t.contains("unknown position") {
         RejectCode::UnknownTicket
     } else if t.contains("market closed") || t.contains("market is closed") {
         RejectCode::MarketClosed
@@ -433,6 +439,13 @@ impl Shared {
                     }
                 }
             }
+            "9" => {
+                // OrderCancelReject: to whoever cancels (by the cancel's ClOrdID).
+                let cl = m.get(11).unwrap_or("").to_string();
+                if let Some(done) = self.state().orders.remove(&cl) {
+                    let _ = done.send(m);
+                }
+            }
             "y" => {
                 let req = m.get(320).unwrap_or("").to_string();
                 if let Some(done) = self.state().security_requests.remove(&req) {
@@ -455,11 +468,25 @@ impl Shared {
                 self.apply_fill(&m);
             }
         }
-        // Final states (and status answers) go to whoever waits for the ClOrdID.
-        if (matches!(status, "2" | "4" | "8" | "C") || exec_type == "I")
-            && let Some(done) = self.state().orders.remove(&cl)
-        {
+        // Final states (and status answers, and a resting order's New) go to whoever waits for
+        // the ClOrdID; a resting order's unsolicited end (filled, or cancelled by the venue
+        // because its position is gone) goes to the ledger.
+        let mut state = self.state();
+        let awaited = matches!(status, "2" | "4" | "8" | "C")
+            || exec_type == "I"
+            || (status == "0" && state.acks.contains(&cl));
+        if awaited && let Some(done) = state.orders.remove(&cl) {
+            state.acks.remove(&cl);
+            drop(state);
             let _ = done.send(m);
+        } else if matches!(status, "2" | "4") && state.resting.contains_key(&cl) {
+            state.resting.remove(&cl);
+            drop(state);
+            let (pool, account) = (self.pool.clone(), self.writer.account_id);
+            let end = if status == "2" { "filled" } else { "canceled" };
+            tokio::spawn(async move {
+                let _ = ledger::set_state(&pool, account, &cl, &["working", "sent"], end).await;
+            });
         }
     }
 
@@ -488,6 +515,11 @@ impl Shared {
         let lots = m.number(32).unwrap_or(0.0) / contract;
         let price = m.number(31).or_else(|| m.number(6)).unwrap_or(0.0);
         let mut state = self.state();
+        let by = match m.get(11) {
+            Some(c) if c.starts_with("manual") => ClosedBy::Manual,
+            Some(c) => state.resting.get(c).copied().unwrap_or(ClosedBy::Client),
+            None => ClosedBy::Client,
+        };
         state.changes += 1;
         let known = state.positions.get(&position_id).cloned();
         match known {
@@ -501,11 +533,7 @@ impl Shared {
                     },
                     close_price: price,
                     close_time_ms: now_ms(),
-                    closed_by: if m.get(11).is_some_and(|c| c.starts_with("manual")) {
-                        ClosedBy::Manual
-                    } else {
-                        ClosedBy::Client
-                    },
+                    closed_by: by,
                     remaining_volume: remaining,
                     profit: (price - p.open_price) * p.side.sign() * closed_volume * contract,
                 };
@@ -751,12 +779,31 @@ impl Shared {
             .await
             .map_err(|e| unavailable(crate::db::describe(&e)))?;
         let by_id: HashMap<i64, &FixPosition> = known.iter().map(|k| (k.position_id, k)).collect();
+        let working = ledger::working(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
         for p in &mut positions {
             if let Some(k) = by_id.get(&p.ticket) {
                 p.magic = k.magic;
                 p.comment = k.comment.clone();
                 p.open_time_ms = k.opened_ms;
             }
+            for w in working.iter().filter(|w| w.position_id == p.ticket) {
+                match w.kind.as_str() {
+                    "sl" => p.sl = Some(w.price),
+                    "tp" => p.tp = Some(w.price),
+                    _ => {}
+                }
+            }
+        }
+        let mut state = self.state();
+        for w in &working {
+            let by = if w.kind == "sl" {
+                ClosedBy::Sl
+            } else {
+                ClosedBy::Tp
+            };
+            state.resting.insert(w.cl_ord_id.clone(), by);
         }
         Ok(positions)
     }
@@ -795,6 +842,265 @@ impl Shared {
                 ledger::seen_closed(&self.pool, self.writer.account_id, k.position_id, None)
                     .await
                     .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            }
+        }
+        // A resting order whose position is gone is gone with it (venues cancel them).
+        let working = ledger::working(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        for w in working.iter().filter(|w| !open.contains(&w.position_id)) {
+            ledger::set_state(
+                &self.pool,
+                self.writer.account_id,
+                &w.cl_ord_id,
+                &["working"],
+                "canceled",
+            )
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        }
+        Ok(())
+    }
+
+    /// Places a resting order protecting position `p` (`kind` sl: a stop; tp: a limit) and
+    /// waits for the venue to accept it.
+    async fn place_resting(
+        &self,
+        p: &Position,
+        kind: &str,
+        price: f64,
+        base_id: &str,
+    ) -> Result<(), BrokerError> {
+        let contract = self.contract(&p.symbol).ok_or_else(|| {
+            BrokerError::Rejected(Rejection::new(
+                RejectCode::UnknownSymbol,
+                format!("unknown symbol {}", p.symbol),
+            ))
+        })?;
+        let mut cl = base_id.to_string();
+        for attempt in 2..=50 {
+            match ledger::order(&self.pool, self.writer.account_id, &cl)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?
+            {
+                None => break,
+                Some((_, state)) if state == "working" => return Ok(()),
+                Some((known, state)) if state == "sent" => {
+                    // Sent before without an answer: ask; accepted means in force.
+                    let report = self.order_status(&known).await?;
+                    if report.get(39) == Some("0") {
+                        ledger::set_state(
+                            &self.pool,
+                            self.writer.account_id,
+                            &cl,
+                            &["sent"],
+                            "working",
+                        )
+                        .await
+                        .map_err(db_unknown)?;
+                        return Ok(());
+                    }
+                    ledger::set_state(
+                        &self.pool,
+                        self.writer.account_id,
+                        &cl,
+                        &["sent"],
+                        "rejected",
+                    )
+                    .await
+                    .map_err(db_unknown)?;
+                    cl = format!("{base_id}~{attempt}");
+                }
+                Some(_) => cl = format!("{base_id}~{attempt}"),
+            }
+        }
+        let side = p.side.flip();
+        let order = FixOrder {
+            cl_ord_id: cl.clone(),
+            kind: kind.to_string(),
+            symbol: p.symbol.clone(),
+            side: side_text(side).into(),
+            quantity: p.volume * contract,
+            position_id: Some(p.ticket),
+            magic: p.magic,
+            comment: p.comment.clone(),
+            price: Some(price),
+        };
+        if !ledger::record_order(&self.pool, &self.writer, &order)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?
+        {
+            return Err(BrokerError::Rejected(Rejection::new(
+                RejectCode::StaleFence,
+                format!(
+                    "account {} is no longer owned by this node at epoch {}: the order was not sent",
+                    self.writer.account_id, self.writer.epoch
+                ),
+            )));
+        }
+        let mut body = vec![
+            (11, cl.clone()),
+            (55, p.symbol.clone()),
+            (54, side_code(side).to_string()),
+            (38, decimal(order.quantity)),
+            (60, utc_timestamp(now_ms())),
+            (59, "1".to_string()),
+            (721, p.ticket.to_string()),
+        ];
+        if kind == "sl" {
+            body.push((40, "3".into()));
+            body.push((99, decimal(price)));
+        } else {
+            body.push((40, "2".into()));
+            body.push((44, decimal(price)));
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = self.state();
+            state.orders.insert(cl.clone(), tx);
+            state.acks.insert(cl.clone());
+        }
+        if let Err(e) = self.send("D", &body) {
+            {
+                let mut state = self.state();
+                state.orders.remove(&cl);
+                state.acks.remove(&cl);
+            }
+            let _ = ledger::forget_order(&self.pool, self.writer.account_id, &cl).await;
+            return Err(e);
+        }
+        let report = match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
+            Ok(Ok(report)) => report,
+            Ok(Err(_)) => {
+                return Err(BrokerError::Unknown(format!(
+                    "resting order {cl}: the FIX connection dropped before its acknowledgement"
+                )));
+            }
+            Err(_) => {
+                let mut state = self.state();
+                state.orders.remove(&cl);
+                state.acks.remove(&cl);
+                return Err(BrokerError::Unknown(format!(
+                    "resting order {cl}: no acknowledgement in time"
+                )));
+            }
+        };
+        match report.get(39) {
+            Some("0") => {
+                let by = if kind == "sl" {
+                    ClosedBy::Sl
+                } else {
+                    ClosedBy::Tp
+                };
+                self.state().resting.insert(cl.clone(), by);
+                ledger::set_state(
+                    &self.pool,
+                    self.writer.account_id,
+                    &cl,
+                    &["sent"],
+                    "working",
+                )
+                .await
+                .map_err(db_unknown)?;
+                Ok(())
+            }
+            _ => {
+                let text = report.get(58).unwrap_or("rejected").to_string();
+                ledger::complete_order(&self.pool, self.writer.account_id, &cl, Err(&text))
+                    .await
+                    .map_err(db_unknown)?;
+                Err(BrokerError::Rejected(Rejection::new(
+                    reject_code(report.integer(103), &text),
+                    text,
+                )))
+            }
+        }
+    }
+
+    /// Cancels a resting order (OrderCancelRequest); gone already counts as cancelled.
+    async fn cancel_resting(&self, w: &ledger::Working) -> Result<(), BrokerError> {
+        let cl = self.id("cxl");
+        let (tx, rx) = oneshot::channel();
+        self.state().orders.insert(cl.clone(), tx);
+        let side = side_code(side_parse(&w.side));
+        if let Err(e) = self.send(
+            "F",
+            &[
+                (11, cl.clone()),
+                (41, w.cl_ord_id.clone()),
+                (55, w.symbol.clone()),
+                (54, side.to_string()),
+                (38, decimal(w.quantity)),
+                (60, utc_timestamp(now_ms())),
+            ],
+        ) {
+            self.state().orders.remove(&cl);
+            return Err(e);
+        }
+        match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => {
+                return Err(BrokerError::Unknown(format!(
+                    "cancel of {}: the FIX connection dropped",
+                    w.cl_ord_id
+                )));
+            }
+            Err(_) => {
+                self.state().orders.remove(&cl);
+                return Err(BrokerError::Unknown(format!(
+                    "cancel of {}: no answer in time",
+                    w.cl_ord_id
+                )));
+            }
+        }
+        self.state().resting.remove(&w.cl_ord_id);
+        ledger::set_state(
+            &self.pool,
+            self.writer.account_id,
+            &w.cl_ord_id,
+            &["working", "sent"],
+            "canceled",
+        )
+        .await
+        .map_err(db_unknown)
+    }
+
+    /// Makes position `ticket`'s resting stop loss and take profit what is asked.
+    async fn set_stops(
+        &self,
+        ticket: i64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        base_id: &str,
+    ) -> Result<(), BrokerError> {
+        let Some(p) = self.position(ticket).await? else {
+            return Err(BrokerError::Rejected(Rejection::new(
+                RejectCode::UnknownTicket,
+                format!("unknown ticket {ticket}"),
+            )));
+        };
+        let working = ledger::working(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        for (kind, want) in [("sl", sl), ("tp", tp)] {
+            let current: Vec<&ledger::Working> = working
+                .iter()
+                .filter(|w| w.position_id == ticket && w.kind == kind)
+                .collect();
+            let same = match (current.as_slice(), want) {
+                ([one], Some(price)) => (one.price - price).abs() < 1e-9,
+                ([], None) => true,
+                _ => false,
+            };
+            if same {
+                continue;
+            }
+            for w in current {
+                self.cancel_resting(w).await?;
+            }
+            if let Some(price) = want {
+                self.place_resting(&p, kind, price, &format!("{base_id}-{kind}"))
+                    .await?;
             }
         }
         Ok(())
@@ -1125,6 +1431,7 @@ impl TradeApi for SessionApi {
                 position_id: None,
                 magic: order.magic,
                 comment: order.comment.clone(),
+                price: None,
             };
             let (cl, outcome, prior) = s.place(&base, record, order.price_limit, None).await?;
             match outcome {
@@ -1135,6 +1442,13 @@ impl TradeApi for SessionApi {
                     if let Some(p) = s.state().positions.get_mut(&position) {
                         p.magic = order.magic;
                         p.comment = order.comment.clone();
+                    }
+                    // Stops are resting orders placed after the fill; one that fails leaves the
+                    // copy without it, and the next reconcile sets it again.
+                    if (order.sl.is_some() || order.tp.is_some())
+                        && let Err(e) = s.set_stops(position, order.sl, order.tp, &cl).await
+                    {
+                        warn!(ticket = position, error = %e, "setting a new FIX position's stops failed; the next reconcile retries");
                     }
                     Ok(OpenFill {
                         ticket: position,
@@ -1179,6 +1493,7 @@ impl TradeApi for SessionApi {
                 position_id: Some(p.ticket),
                 magic: p.magic,
                 comment: p.comment.clone(),
+                price: None,
             };
             let (cl, outcome, prior) = s.place(&base, record, None, Some(p.ticket)).await?;
             match outcome {
@@ -1202,18 +1517,13 @@ impl TradeApi for SessionApi {
 
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
         Box::pin(async move {
-            Err(BrokerError::Rejected(Rejection::new(
-                RejectCode::Rejected,
-                format!(
-                    "ticket {}: stop loss and take profit are not set over FIX",
-                    order.ticket
-                ),
-            )))
+            let s = &self.0;
+            let base = order
+                .client_order_id
+                .clone()
+                .unwrap_or_else(|| s.id(&format!("{}-stops{}", s.writer.node_id, order.ticket)));
+            s.set_stops(order.ticket, order.sl, order.tp, &base).await
         })
-    }
-
-    fn supports_stops(&self) -> bool {
-        false
     }
 }
 

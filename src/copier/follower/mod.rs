@@ -202,15 +202,10 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
 
 impl Follower<'_> {
     fn links_of(&self, master: i64) -> Vec<Link> {
-        // A venue without stops on positions (FIX) gets its copies without them.
-        let stops = self.api.supports_stops();
         self.links
             .iter()
             .filter(|l| l.master_id == master)
-            .map(|l| Link {
-                copy_sl_tp: l.copy_sl_tp && stops,
-                ..l.clone()
-            })
+            .cloned()
             .collect()
     }
 
