@@ -33,6 +33,8 @@
 //     refuse_logon     every Logon is refused
 //     no_drop_copy     the hand client's trades reach sessions only as PositionReports of a
 //                      subscription (no ExecutionReport)
+//   forget <login>                               -> ok (the venue forgets the account's ClOrdIDs,
+//                                                   as after a trading-day roll)
 //   reset <login>                                -> ok (the venue resets the session's sequence
 //                                                   numbers: a Logout, then both sides at 1)
 //   quit                                         -> ok (and the process exits)
@@ -531,6 +533,14 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     return reply;
   }
 
+  // The venue forgets the account's ClOrdIDs (as after a trading-day roll): status requests for
+  // them answer "unknown order", and a duplicate is no longer refused.
+  std::string forget(const std::string& who) {
+    std::lock_guard<std::mutex> g(mutex_);
+    accounts_[who].orders.clear();
+    return "ok";
+  }
+
   std::string reset(const std::string& who) {
     std::vector<FIX::SessionID> sessions;
     {
@@ -816,6 +826,11 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       std::string who;
       in >> who;
       return venue.reset(who);
+    }
+    if (cmd == "forget") {
+      std::string who;
+      in >> who;
+      return venue.forget(who);
     }
     if (cmd == "quit") {
       quit = true;

@@ -253,12 +253,15 @@ async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
     node.shutdown();
 }
 
-/// Both ways a fill's report can go missing: never sent (resolved by OrderStatusRequest before
-/// anything else is sent), or sent while the connection was down (resolved by the session's
-/// ResendRequest after the next logon). Either way the follower ends with one copy.
+/// Three ways a fill's report can go missing: never sent (resolved by OrderStatusRequest before
+/// anything else is sent), never sent and the venue then forgets the ClOrdID (as after a
+/// trading-day roll: the status answer is "unknown order", and the unmarked position the order
+/// made is found and adopted rather than the order sent again), or sent while the connection
+/// was down (resolved by the session's ResendRequest after the next logon). Every way the
+/// follower ends with one copy.
 #[tokio::test]
 async fn lost_fill_reports_are_resolved_without_a_duplicate() {
-    for fault in ["drop_after_fill", "gap_after_fill"] {
+    for fault in ["drop_after_fill", "drop_and_forget", "gap_after_fill"] {
         let mut s = CopySetup::new(&format!("fix-{fault}")).await;
         let v = FixVenue::start(
             &s.dir.0,
@@ -279,11 +282,19 @@ async fn lost_fill_reports_are_resolved_without_a_duplicate() {
         add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
         let node = start_node(&config(&s.db, "fx-lost", 100, FAST)).await;
         wait_status(&mut s.conn, 2, "follower: master").await;
-        assert_eq!(v.control(&format!("fault {fault} on")), "ok");
+        let switch = if fault == "drop_and_forget" {
+            "drop_after_fill"
+        } else {
+            fault
+        };
+        assert_eq!(v.control(&format!("fault {switch} on")), "ok");
         let first = hand(&v, "open m1 EURUSD sell 0.3");
         // The fill happens; its report does not arrive on that connection.
         wait_venue(&v, "f1", "the copy filled", |p| p.len() == 1).await;
-        assert_eq!(v.control(&format!("fault {fault} off")), "ok");
+        if fault == "drop_and_forget" {
+            assert_eq!(v.control("forget f1"), "ok");
+        }
+        assert_eq!(v.control(&format!("fault {switch} off")), "ok");
         // The follower carries on: a second master trade is copied after the first is resolved.
         let second = hand(&v, "open m1 EURUSD buy 0.2");
         let f1 = wait_venue(&v, "f1", "both copies", |p| p.len() == 2).await;

@@ -14,7 +14,7 @@
 //! turned into a gap fill, and its outcome is found by OrderStatusRequest instead.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use quickfix::dictionary_item::{
@@ -215,7 +215,7 @@ fn run(
         config: config.clone(),
         logged_on,
         events,
-        logons: AtomicU64::new(0),
+        reset: AtomicBool::new(true),
     };
     let app = Application::try_new(&callbacks).map_err(e)?;
     let store = MemoryMessageStoreFactory::new();
@@ -243,8 +243,9 @@ struct Callbacks {
     config: EngineConfig,
     logged_on: Arc<AtomicBool>,
     events: mpsc::UnboundedSender<EngineEvent>,
-    /// Logons sent by this engine: the first carries ResetSeqNumFlag.
-    logons: AtomicU64,
+    /// True until a Logon of this engine is accepted: until then every Logon carries
+    /// ResetSeqNumFlag (a refused first attempt must not leave the next without it).
+    reset: AtomicBool,
 }
 
 impl Callbacks {
@@ -269,6 +270,7 @@ fn msg_type(msg: &Message) -> String {
 
 impl ApplicationCallback for Callbacks {
     fn on_logon(&self, _session: &SessionId) {
+        self.reset.store(false, Ordering::Release);
         self.logged_on.store(true, Ordering::Release);
         let _ = self.events.send(EngineEvent::LoggedOn);
     }
@@ -285,7 +287,7 @@ impl ApplicationCallback for Callbacks {
             if let Some(password) = &self.config.password {
                 let _ = msg.set_field(554, password.expose());
             }
-            if self.logons.fetch_add(1, Ordering::AcqRel) == 0 {
+            if self.reset.load(Ordering::Acquire) {
                 // QuickFIX resets its own store when it sees the flag on an outgoing Logon.
                 let _ = msg.set_field(141, "Y");
             }

@@ -63,6 +63,10 @@ struct Shared {
     events: mpsc::UnboundedSender<SessionEvent>,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// Held by every operation that reads positions or sends orders (the API calls, the poll):
+    /// one at a time per account, so no answer older than the last applied is applied, and no
+    /// status request races an order for the same ClOrdID.
+    ops: tokio::sync::Mutex<()>,
     stop: CancellationToken,
 }
 
@@ -74,6 +78,10 @@ struct State {
     positions: BTreeMap<i64, Position>,
     /// Reports awaited by ClOrdID (final states only; also New for the ClOrdIDs in `acks`).
     orders: HashMap<String, oneshot::Sender<Fields>>,
+    /// OrderStatusRequest answers awaited by ClOrdID (ExecType I), apart from order reports.
+    statuses: HashMap<String, oneshot::Sender<Fields>>,
+    /// SecurityList fragments received so far (LastFragment 893=N), by request.
+    security_parts: HashMap<String, Vec<(u32, String)>>,
     /// Resting orders being placed: their New acknowledgement is what is awaited.
     acks: HashSet<String>,
     /// The account's resting orders by ClOrdID: what a fill of one closes by (stop or limit).
@@ -153,6 +161,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
         events: events_tx,
         next_id: AtomicU64::new(1),
         state: Mutex::new(State::default()),
+        ops: tokio::sync::Mutex::new(()),
         stop: CancellationToken::new(),
     });
     // The dispatcher holds only a weak reference: the session ends with its last API handle.
@@ -216,7 +225,10 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
         shared.subscribe().await?;
     }
     // Resolves orders a previous owner left without an outcome, and fills the position cache.
-    shared.read_positions().await?;
+    {
+        let _op = shared.ops.lock().await;
+        shared.read_positions().await?;
+    }
     if shared.endpoint.updates == Updates::Poll {
         let weak = Arc::downgrade(&shared);
         let stop = shared.stop.clone();
@@ -228,6 +240,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
                     _ = tokio::time::sleep(every) => {}
                 }
                 let Some(shared) = weak.upgrade() else { break };
+                let _op = shared.ops.lock().await;
                 if let Err(e) = shared.read_positions().await {
                     debug!(error = %e, "polling FIX positions failed");
                 }
@@ -361,7 +374,10 @@ impl Shared {
                 // Whatever was awaited will not come on this connection: outcomes unknown.
                 let mut state = self.state();
                 state.orders.clear();
+                state.statuses.clear();
+                state.acks.clear();
                 state.security_requests.clear();
+                state.security_parts.clear();
                 for (_, mut c) in state.positions_requests.drain() {
                     if let Some(done) = c.done.take() {
                         let _ = done.send(Err("the FIX connection dropped".into()));
@@ -398,6 +414,8 @@ impl Shared {
                 let result = m.integer(728).unwrap_or(0);
                 let mut state = self.state();
                 let changes = state.changes;
+                // PosReqResult 2: no positions found, an empty answer.
+                let (result, total) = if result == 2 { (0, 0) } else { (result, total) };
                 if let Some(c) = state.positions_requests.get_mut(&req) {
                     if result != 0 {
                         let why = m.get(58).unwrap_or("request refused").to_string();
@@ -448,8 +466,13 @@ impl Shared {
             }
             "y" => {
                 let req = m.get(320).unwrap_or("").to_string();
-                if let Some(done) = self.state().security_requests.remove(&req) {
-                    let _ = done.send(m);
+                let mut state = self.state();
+                let mut parts = state.security_parts.remove(&req).unwrap_or_default();
+                parts.extend(m.0.iter().cloned());
+                if m.get(893) == Some("N") {
+                    state.security_parts.insert(req, parts);
+                } else if let Some(done) = state.security_requests.remove(&req) {
+                    let _ = done.send(Fields(parts));
                 }
             }
             other => debug!(msg_type = other, "FIX message not used"),
@@ -460,6 +483,13 @@ impl Shared {
         let cl = m.get(11).unwrap_or("").to_string();
         let exec_type = m.get(150).unwrap_or("");
         let status = m.get(39).unwrap_or("");
+        if exec_type == "I" {
+            // An OrderStatusRequest's answer: it changes nothing at the venue.
+            if let Some(done) = self.state().statuses.remove(&cl) {
+                let _ = done.send(m);
+            }
+            return;
+        }
         let is_fill = matches!(exec_type, "F" | "1" | "2") && m.number(32).unwrap_or(0.0) > 0.0;
         if is_fill {
             let exec_id = m.get(17).unwrap_or("").to_string();
@@ -472,9 +502,8 @@ impl Shared {
         // the ClOrdID; a resting order's unsolicited end (filled, or cancelled by the venue
         // because its position is gone) goes to the ledger.
         let mut state = self.state();
-        let awaited = matches!(status, "2" | "4" | "8" | "C")
-            || exec_type == "I"
-            || (status == "0" && state.acks.contains(&cl));
+        let awaited =
+            matches!(status, "2" | "4" | "8" | "C") || (status == "0" && state.acks.contains(&cl));
         if awaited && let Some(done) = state.orders.remove(&cl) {
             state.acks.remove(&cl);
             drop(state);
@@ -736,11 +765,31 @@ impl Shared {
             .map_err(|_| unavailable("no PositionReports in time"))?
             .map_err(|_| unavailable("the FIX connection dropped"))?
             .map_err(unavailable)?;
-        let positions = reports
-            .iter()
-            .filter_map(|r| self.position_of_report(r))
-            .filter(|p| p.volume > 0.0)
-            .collect();
+        // Every report must map to a position: one that does not (a symbol the SecurityList
+        // lacked, no PosMaintRptID) fails the read, after one reload of the SecurityList; a read
+        // that silently dropped a position would make it look closed.
+        let mut positions = Vec::with_capacity(reports.len());
+        let mut reloaded = false;
+        for r in &reports {
+            let mut mapped = self.position_of_report(r);
+            if mapped.is_none() && !reloaded && r.integer(721).is_some() {
+                reloaded = true;
+                self.load_symbols().await?;
+                mapped = self.position_of_report(r);
+            }
+            match mapped {
+                Some(p) if p.volume > 0.0 => positions.push(p),
+                Some(_) => {}
+                None => {
+                    return Err(unavailable(format!(
+                        "a PositionReport the adapter cannot read (position {:?}, symbol {:?}: \
+                         not in the venue's SecurityList, or no PosMaintRptID)",
+                        r.get(721),
+                        r.get(55)
+                    )));
+                }
+            }
+        }
         Ok((positions, changes))
     }
 
@@ -1137,16 +1186,102 @@ impl Shared {
         let open = ledger::unresolved(&self.pool, self.writer.account_id)
             .await
             .map_err(|e| unavailable(crate::db::describe(&e)))?;
-        for order in open {
-            let report = self.order_status(&order).await?;
-            self.complete(&order.cl_ord_id, &report).await?;
+        for order in open
+            .iter()
+            .filter(|o| o.kind == "open" || o.kind == "close")
+        {
+            // Still unknown (the venue says it is working): it stays `sent`, and its intent is
+            // blocked until the venue says how it ended.
+            if let Outcome::Unknown(why) = self.settle(order).await? {
+                warn!(account_id = self.writer.account_id, cl_ord_id = %order.cl_ord_id, why, "a FIX order's outcome is still unknown");
+            }
+        }
+        for order in open.iter().filter(|o| o.kind == "sl" || o.kind == "tp") {
+            let report = self.order_status(order).await?;
+            let state = if report.get(39) == Some("0") {
+                "working"
+            } else {
+                "rejected"
+            };
+            ledger::set_state(
+                &self.pool,
+                self.writer.account_id,
+                &order.cl_ord_id,
+                &["sent"],
+                state,
+            )
+            .await
+            .map_err(db_unknown)?;
         }
         Ok(())
     }
 
+    /// How an order recorded earlier ended, asked of the venue by OrderStatusRequest and
+    /// written to the ledger. A venue that does not know the ClOrdID may have forgotten it (a
+    /// reset, a new trading day): an opening order is then matched against the account's
+    /// unmarked positions before it is called never received.
+    async fn settle(&self, order: &FixOrder) -> Result<Outcome, BrokerError> {
+        let report = self.order_status(order).await?;
+        let status = report.get(39).unwrap_or("");
+        let cum = report.number(14).unwrap_or(0.0);
+        let text = report.get(58).unwrap_or("").to_string();
+        let unknown = report.integer(103) == Some(5) || text.contains("unknown order");
+        let outcome = if cum > 0.0 {
+            outcome_of(&report)
+        } else if unknown {
+            match self.adopt(order).await? {
+                Some((position, price)) => Outcome::Filled {
+                    position,
+                    price,
+                    units: order.quantity,
+                },
+                None => Outcome::Refused(Rejection::new(
+                    RejectCode::Rejected,
+                    "the venue never received the order",
+                )),
+            }
+        } else if matches!(status, "8" | "4" | "C") {
+            outcome_of(&report)
+        } else {
+            Outcome::Unknown(format!(
+                "order {} is still working at the venue (OrdStatus {status})",
+                order.cl_ord_id
+            ))
+        };
+        self.record_outcome(&order.cl_ord_id, &outcome).await?;
+        Ok(outcome)
+    }
+
+    /// An unmarked open position that an opening order the venue forgot could have made: same
+    /// symbol, side and quantity, and no other order of the ledger opened it.
+    async fn adopt(&self, order: &FixOrder) -> Result<Option<(i64, f64)>, BrokerError> {
+        if order.kind != "open" {
+            return Ok(None);
+        }
+        let contract = self.contract(&order.symbol).unwrap_or(1.0);
+        let (positions, _) = self.request_positions().await?;
+        let known = ledger::positions(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        let marked: HashSet<i64> = known
+            .iter()
+            .filter(|k| !k.comment.is_empty() || k.magic != 0)
+            .map(|k| k.position_id)
+            .collect();
+        Ok(positions
+            .iter()
+            .filter(|p| !marked.contains(&p.ticket))
+            .filter(|p| p.symbol == order.symbol && side_text(p.side) == order.side)
+            .filter(|p| {
+                (p.volume * contract - order.quantity).abs() <= 1e-6 * order.quantity.max(1.0)
+            })
+            .max_by_key(|p| p.ticket)
+            .map(|p| (p.ticket, p.open_price)))
+    }
+
     async fn order_status(&self, order: &FixOrder) -> Result<Fields, BrokerError> {
         let (tx, rx) = oneshot::channel();
-        self.state().orders.insert(order.cl_ord_id.clone(), tx);
+        self.state().statuses.insert(order.cl_ord_id.clone(), tx);
         let side = side_code(side_parse(&order.side));
         self.send(
             "H",
@@ -1162,9 +1297,14 @@ impl Shared {
             .map_err(|_| unavailable("the FIX connection dropped"))
     }
 
-    /// Records a final report in the ledger; returns it as an outcome.
+    /// Records an order's own final report in the ledger; returns it as an outcome.
     async fn complete(&self, cl: &str, m: &Fields) -> Result<Outcome, BrokerError> {
         let outcome = outcome_of(m);
+        self.record_outcome(cl, &outcome).await?;
+        Ok(outcome)
+    }
+
+    async fn record_outcome(&self, cl: &str, outcome: &Outcome) -> Result<(), BrokerError> {
         let account = self.writer.account_id;
         match &outcome {
             Outcome::Filled {
@@ -1179,9 +1319,9 @@ impl Shared {
                     .await
                     .map_err(db_unknown)?;
             }
-            Outcome::Duplicate => {}
+            Outcome::Duplicate | Outcome::Unknown(_) => {}
         }
-        Ok(outcome)
+        Ok(())
     }
 
     /// Sends an order (recorded in the ledger first) and waits for its final report.
@@ -1192,22 +1332,35 @@ impl Shared {
         limit: Option<f64>,
         position: Option<i64>,
     ) -> Result<(String, Outcome, bool), BrokerError> {
-        // A ClOrdID the ledger has already: its outcome, or (rejected) the next attempt's id.
+        // A ClOrdID the ledger has already: how it ended (never a resend of it); a new attempt
+        // (`~N`) only when the venue says it definitively did not execute, or (a close) filled
+        // only part.
         let mut cl = base_id.to_string();
-        for attempt in 2..=50 {
-            match ledger::order(&self.pool, self.writer.account_id, &cl)
+        let mut attempt = 1;
+        loop {
+            attempt += 1;
+            if attempt > 50 {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::Rejected,
+                    format!("{base_id}: 50 attempts refused; not sent again"),
+                )));
+            }
+            let Some((known, state)) = ledger::order(&self.pool, self.writer.account_id, &cl)
                 .await
                 .map_err(|e| unavailable(crate::db::describe(&e)))?
-            {
-                None => break,
-                Some((_, state)) if state == "rejected" => cl = format!("{base_id}~{attempt}"),
-                Some((known, _)) => {
-                    // Sent before (by this owner or an earlier one): its outcome, never a resend.
-                    let report = self.order_status(&known).await?;
-                    let outcome = self.complete(&cl, &report).await?;
-                    return Ok((cl, outcome, true));
+            else {
+                break;
+            };
+            if state != "rejected" {
+                match self.settle(&known).await? {
+                    Outcome::Refused(_) => {}
+                    Outcome::Filled { units, .. }
+                        if known.kind == "close" && units + 1e-9 < known.quantity => {}
+                    Outcome::Unknown(why) => return Err(BrokerError::Unknown(why)),
+                    outcome => return Ok((cl, outcome, true)),
                 }
             }
+            cl = format!("{base_id}~{attempt}");
         }
         let order = FixOrder {
             cl_ord_id: cl.clone(),
@@ -1267,9 +1420,10 @@ impl Shared {
         };
         if outcome_of(&report) == Outcome::Duplicate {
             // The venue executed this ClOrdID before: ask what came of it.
-            let report = self.order_status(&order).await?;
-            let outcome = self.complete(&cl, &report).await?;
-            return Ok((cl, outcome, true));
+            return match self.settle(&order).await? {
+                Outcome::Unknown(why) => Err(BrokerError::Unknown(why)),
+                outcome => Ok((cl, outcome, true)),
+            };
         }
         let outcome = self.complete(&cl, &report).await?;
         Ok((cl, outcome, false))
@@ -1314,6 +1468,8 @@ enum Outcome {
     Refused(Rejection),
     /// The venue refused the ClOrdID as one it executed before.
     Duplicate,
+    /// Not known how it ended (still working, or a fill that names no position).
+    Unknown(String),
 }
 
 fn outcome_of(m: &Fields) -> Outcome {
@@ -1328,10 +1484,7 @@ fn outcome_of(m: &Fields) -> Outcome {
                 price: m.number(6).unwrap_or(0.0),
                 units: cum,
             },
-            None => Outcome::Refused(Rejection::new(
-                RejectCode::Rejected,
-                "the venue's fill names no position (PosMaintRptID)",
-            )),
+            None => Outcome::Unknown("the venue's fill names no position (PosMaintRptID)".into()),
         },
         "8" if reason == Some(6) => Outcome::Duplicate,
         "8" if reason == Some(5) || text.contains("unknown order") => Outcome::Refused(
@@ -1358,7 +1511,10 @@ fn outcome_of(m: &Fields) -> Outcome {
 
 impl TradeApi for SessionApi {
     fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
-        Box::pin(self.0.read_positions())
+        Box::pin(async move {
+            let _op = self.0.ops.lock().await;
+            self.0.read_positions().await
+        })
     }
 
     fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>> {
@@ -1409,6 +1565,7 @@ impl TradeApi for SessionApi {
     fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>> {
         Box::pin(async move {
             let s = &self.0;
+            let _op = s.ops.lock().await;
             let Some(contract) = s.contract(&order.symbol) else {
                 return Err(BrokerError::Rejected(Rejection::new(
                     RejectCode::UnknownSymbol,
@@ -1460,6 +1617,7 @@ impl TradeApi for SessionApi {
                 Outcome::Duplicate => Err(BrokerError::Unknown(format!(
                     "order {cl}: the venue calls it a duplicate but reports no fill"
                 ))),
+                Outcome::Unknown(why) => Err(BrokerError::Unknown(format!("order {cl}: {why}"))),
             }
         })
     }
@@ -1467,6 +1625,7 @@ impl TradeApi for SessionApi {
     fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>> {
         Box::pin(async move {
             let s = &self.0;
+            let _op = s.ops.lock().await;
             let Some(p) = s.position(order.ticket).await? else {
                 return Err(BrokerError::Rejected(Rejection::new(
                     RejectCode::UnknownTicket,
@@ -1511,6 +1670,7 @@ impl TradeApi for SessionApi {
                 Outcome::Duplicate => Err(BrokerError::Unknown(format!(
                     "order {cl}: the venue calls it a duplicate but reports no fill"
                 ))),
+                Outcome::Unknown(why) => Err(BrokerError::Unknown(format!("order {cl}: {why}"))),
             }
         })
     }
@@ -1518,6 +1678,7 @@ impl TradeApi for SessionApi {
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
         Box::pin(async move {
             let s = &self.0;
+            let _op = s.ops.lock().await;
             let base = order
                 .client_order_id
                 .clone()
