@@ -102,10 +102,19 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name(format!("fix-{}", config.sender_comp_id))
             .spawn(move || {
+                // Frees the identity however the thread ends (a panic included).
+                struct Release(String);
+                impl Drop for Release {
+                    fn drop(&mut self) {
+                        if let Ok(mut live) = LIVE.lock() {
+                            live.retain(|k| *k != self.0);
+                        }
+                    }
+                }
+                let _release = Release(key);
                 if let Err(e) = run(&thread_config, flag, &thread_alive, events.clone(), stopped) {
                     let _ = events.send(EngineEvent::Failed(e));
                 }
-                LIVE.lock().expect("fix engines").retain(|k| *k != key);
             })
             .expect("spawning a FIX engine thread");
         Some(Engine {

@@ -56,6 +56,8 @@ struct Collect {
 
 struct Shared {
     endpoint: FixEndpoint,
+    /// The account's login at the venue (Account, tag 1, of position requests).
+    login: String,
     pool: PgPool,
     writer: Writer,
     engine: Engine,
@@ -150,6 +152,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
     let (link, mut link_rx) = watch::channel(Link::Connecting);
     let shared = Arc::new(Shared {
         endpoint: args.endpoint,
+        login: args.login.clone(),
         pool: args.pool,
         writer: Writer {
             account_id: args.account_id,
@@ -726,7 +729,7 @@ impl Shared {
         let mut body = vec![
             (710, req),
             (724, "0".to_string()),
-            (1, self.writer.account_id.to_string()),
+            (1, self.login.clone()),
             (581, "1".to_string()),
             (715, utc_timestamp(now_ms())[..8].to_string()),
             (60, utc_timestamp(now_ms())),
