@@ -444,6 +444,13 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     distinct.dedup();
     assert_eq!(opens.len(), 4, "one open per master trade: {orders:?}");
     assert_eq!(distinct.len(), 4, "no intent opened twice: {opens:?}");
+    // Not even refused by the venue's ClOrdID check: no open request was sent twice at all (a
+    // venue that deduplicates nothing would have executed a second one).
+    let requests = lines
+        .iter()
+        .filter(|l| l.login == "f1" && l.action == "open")
+        .count();
+    assert_eq!(requests, 4, "one open request per master trade: {lines:?}");
     let first_new = orders
         .iter()
         .filter(|l| l.client == new_owner && l.ts_ms >= froze_at)
