@@ -36,6 +36,213 @@ pub enum Command {
     /// `trading_accounts.credentials` column.
     #[command(subcommand)]
     Credentials(CredentialsCommand),
+    /// Trading accounts without SQL: add, list, show, set, disable, remove (each change one
+    /// transaction, checked as the node checks a row).
+    #[command(subcommand)]
+    Accounts(AccountsCommand),
+    /// Copy links without SQL: add, list, show, set, remove (a link the node would refuse is
+    /// refused here, naming the field).
+    #[command(subcommand)]
+    Links(LinksCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Add an account (its password, if any, read from standard input and stored encrypted).
+    Add(AccountAddArgs),
+    /// List accounts with their owner and status.
+    List(AccountListArgs),
+    /// One account.
+    Show(AccountIdArgs),
+    /// Change an account's fields.
+    Set(AccountSetArgs),
+    /// Disable an account (its owner releases it; nothing is deleted).
+    Disable(AccountIdArgs),
+    /// Delete an account: one a node trades is disabled first and deleted once released (or
+    /// refused after `--wait`); one with copy links is refused.
+    Remove(AccountRemoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ManageArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Print JSON (one object, or an array for `list`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountFields {
+    /// Platform whose nodes run the account (e.g. mt4, mt5).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// master or follower.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// The broker: host:port (bridge protocol) or fix://host:port?target=... (FIX 4.4).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The login on that broker.
+    #[arg(long)]
+    pub login: Option<String>,
+    /// Read the broker password from standard input (one line) and store it encrypted with
+    /// the credentials key.
+    #[arg(long)]
+    pub password_stdin: bool,
+    /// Secrets file holding the credentials key (or COPIER_CREDENTIALS_KEY).
+    #[arg(long, value_name = "PATH")]
+    pub credentials_key_file: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountAddArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// The account's id (the row's primary key).
+    #[arg(long)]
+    pub id: i64,
+    #[command(flatten)]
+    pub fields: AccountFields,
+    /// Add it disabled (no node takes it until enabled).
+    #[arg(long)]
+    pub disabled: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountListArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// Only this platform's accounts.
+    #[arg(long)]
+    pub platform: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountIdArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    pub id: i64,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountSetArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    pub id: i64,
+    #[command(flatten)]
+    pub fields: AccountFields,
+    /// true or false.
+    #[arg(long)]
+    pub enabled: Option<bool>,
+    /// Remove the stored password (log in without one).
+    #[arg(long, conflicts_with = "password_stdin")]
+    pub clear_password: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AccountRemoveArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    pub id: i64,
+    /// How long to wait for the owner to release an account a node trades.
+    #[arg(long, default_value = "120s", value_name = "DURATION")]
+    pub wait: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LinksCommand {
+    /// Add a link: the follower copies the master.
+    Add(LinkAddArgs),
+    /// List links.
+    List(LinkListArgs),
+    /// One link.
+    Show(LinkIdArgs),
+    /// Change a link's settings.
+    Set(LinkSetArgs),
+    /// Delete a link (the follower stops copying that master; its open copies stay).
+    Remove(LinkIdArgs),
+}
+
+/// A link's settings (defaults as the schema's when added).
+#[derive(Debug, Args)]
+pub struct LinkFields {
+    /// fixed, multiplier, balance_ratio, equity_ratio or risk_percent.
+    #[arg(long)]
+    pub lot_mode: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub lot_value: Option<f64>,
+    /// true: copies take the opposite side.
+    #[arg(long)]
+    pub reverse: Option<bool>,
+    #[arg(long)]
+    pub copy_sl_tp: Option<bool>,
+    /// JSON object of master symbol -> follower symbol.
+    #[arg(long)]
+    pub symbol_map: Option<String>,
+    /// true: also copy positions open when the link was made.
+    #[arg(long)]
+    pub copy_existing: Option<bool>,
+    #[arg(long)]
+    pub enabled: Option<bool>,
+    /// Only these master symbols (comma-separated; `all` lifts the filter).
+    #[arg(long)]
+    pub symbols: Option<String>,
+    /// Only master positions with these magic numbers (comma-separated; `all` lifts it).
+    #[arg(long)]
+    pub magics: Option<String>,
+    /// both, buy or sell.
+    #[arg(long)]
+    pub sides: Option<String>,
+    #[arg(long)]
+    pub close_only: Option<bool>,
+    /// Largest copy in lots (`none` lifts it; the same for the limits below).
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_lot: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_delay_ms: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_slippage: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub equity_stop: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LinkAddArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    #[arg(long)]
+    pub master: i64,
+    #[arg(long)]
+    pub follower: i64,
+    #[command(flatten)]
+    pub fields: LinkFields,
+}
+
+#[derive(Debug, Args)]
+pub struct LinkListArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    #[arg(long)]
+    pub master: Option<i64>,
+    #[arg(long)]
+    pub follower: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct LinkIdArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    pub id: i64,
+}
+
+#[derive(Debug, Args)]
+pub struct LinkSetArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    pub id: i64,
+    #[command(flatten)]
+    pub fields: LinkFields,
 }
 
 #[derive(Debug, Subcommand)]

@@ -100,9 +100,28 @@ impl Hub {
         wake: Arc<Notify>,
         cancel: CancellationToken,
     ) -> Hub {
+        Self::spawn_measured(options, platform, node_id, wake, cancel, None)
+    }
+
+    /// As [`Hub::spawn`], reading PostgreSQL's NOTIFY queue usage into `notify_usage` every
+    /// [`NOTIFY_USAGE_EVERY`] on the listening connection.
+    pub fn spawn_measured(
+        options: PgConnectOptions,
+        platform: String,
+        node_id: String,
+        wake: Arc<Notify>,
+        cancel: CancellationToken,
+        notify_usage: Option<prometheus::Gauge>,
+    ) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(tracing::Instrument::in_current_span(run(
-            options, platform, node_id, wake, rx, cancel,
+            options,
+            platform,
+            node_id,
+            wake,
+            rx,
+            cancel,
+            notify_usage,
         )));
         Hub {
             commands: tx,
@@ -199,6 +218,9 @@ impl Subscribers {
     }
 }
 
+/// How often the listener reads the NOTIFY queue's usage (when asked to).
+pub const NOTIFY_USAGE_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
 async fn run(
     options: PgConnectOptions,
     platform: String,
@@ -206,6 +228,7 @@ async fn run(
     wake: Arc<Notify>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     cancel: CancellationToken,
+    notify_usage: Option<prometheus::Gauge>,
 ) {
     let mut subs = Subscribers::default();
     let mut retry = crate::retry::LISTEN.start();
@@ -273,9 +296,26 @@ async fn run(
         wake.notify_one();
 
         // Traffic until the connection fails.
+        let mut measure = tokio::time::interval(NOTIFY_USAGE_EVERY);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
+                _ = measure.tick(), if notify_usage.is_some() => {
+                    let usage = sqlx::query_scalar::<_, f64>("SELECT pg_notification_queue_usage()")
+                        .fetch_one(&mut listener)
+                        .await;
+                    match usage {
+                        Ok(u) => {
+                            if let Some(g) = &notify_usage {
+                                g.set(u);
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %db::describe(&e), "reading the NOTIFY queue usage failed; reconnecting");
+                            break;
+                        }
+                    }
+                }
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
                     match cmd {

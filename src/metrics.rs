@@ -38,6 +38,9 @@ pub struct Metrics {
     pub db_timeline: IntGauge,
     pub db_grace: prometheus::Gauge,
     pub db_failovers: IntCounter,
+    pub accounts_claimable: IntGauge,
+    pub broker_sessions: IntGauge,
+    pub notify_queue_usage: prometheus::Gauge,
 }
 
 impl Default for Metrics {
@@ -142,6 +145,21 @@ impl Metrics {
             "Database failovers this node saw (a new WAL timeline or system identifier)",
         )
         .expect("valid metric");
+        let accounts_claimable = IntGauge::new(
+            "copier_accounts_claimable",
+            "Enabled accounts of this node's platform that are free or held by dead nodes, as its last lease cycle saw them",
+        )
+        .expect("valid metric");
+        let broker_sessions = IntGauge::new(
+            "copier_broker_sessions",
+            "Account sessions of this node logged in to their broker",
+        )
+        .expect("valid metric");
+        let notify_queue_usage = prometheus::Gauge::new(
+            "copier_notify_queue_usage",
+            "PostgreSQL's NOTIFY queue usage (0..1, pg_notification_queue_usage), read by the node's listener",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(owned_accounts.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_valid.clone()),
@@ -159,6 +177,9 @@ impl Metrics {
             Box::new(db_timeline.clone()),
             Box::new(db_grace.clone()),
             Box::new(db_failovers.clone()),
+            Box::new(accounts_claimable.clone()),
+            Box::new(broker_sessions.clone()),
+            Box::new(notify_queue_usage.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -180,6 +201,9 @@ impl Metrics {
             db_timeline,
             db_grace,
             db_failovers,
+            accounts_claimable,
+            broker_sessions,
+            notify_queue_usage,
         }
     }
 
@@ -229,6 +253,9 @@ mod tests {
             "copier_db_timeline -1",
             "copier_db_grace_seconds 0",
             "copier_db_failovers_total 0",
+            "copier_accounts_claimable 0",
+            "copier_broker_sessions 0",
+            "copier_notify_queue_usage 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -11,7 +11,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::broker::{AccountLogin, BrokerError, Session};
+use crate::broker::types::{
+    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
+    SymbolSpec,
+};
+use crate::broker::{AccountLogin, BoxFuture, BrokerError, Session, TradeApi};
 use crate::brokers::BrokerConnector;
 use crate::credentials::{self, CredentialsKey};
 use crate::db;
@@ -95,7 +99,7 @@ impl AccountContext {
                 r = client.login(&account) => r,
             };
             match attempt {
-                Ok(session) => return Ok(Some(session)),
+                Ok(session) => return Ok(Some(counted(session, &self.node.metrics))),
                 Err(BrokerError::Rejected(reason)) => bail!(
                     "the broker at {} refused the login of {}: {reason}",
                     row.server,
@@ -112,6 +116,54 @@ impl AccountContext {
                 }
             }
         }
+    }
+}
+
+/// The session with its api counted in `copier_broker_sessions` for as long as it lives (the
+/// last clone of the api dropped is the logout).
+fn counted(session: Session, metrics: &Arc<Metrics>) -> Session {
+    metrics.broker_sessions.inc();
+    Session {
+        api: Arc::new(Counted {
+            inner: session.api,
+            metrics: metrics.clone(),
+        }),
+        ..session
+    }
+}
+
+struct Counted {
+    inner: Arc<dyn TradeApi>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.metrics.broker_sessions.dec();
+    }
+}
+
+impl TradeApi for Counted {
+    fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
+        self.inner.positions()
+    }
+    fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>> {
+        self.inner.history()
+    }
+    fn account(&self) -> BoxFuture<'_, Result<AccountInfo, BrokerError>> {
+        self.inner.account()
+    }
+    fn symbols(&self) -> BoxFuture<'_, Result<Vec<SymbolSpec>, BrokerError>> {
+        self.inner.symbols()
+    }
+    fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>> {
+        self.inner.open(order)
+    }
+    fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>> {
+        self.inner.close(order)
+    }
+    fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.modify(order)
     }
 }
 

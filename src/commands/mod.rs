@@ -10,6 +10,7 @@
 
 mod credentials;
 mod demo;
+mod manage;
 mod migrate;
 mod run;
 mod sim_broker;
@@ -75,6 +76,8 @@ pub async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Status(args) => status::status(args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Credentials(command) => credentials::credentials(command).await,
+        Command::Accounts(command) => manage::accounts(command).await,
+        Command::Links(command) => manage::links(command).await,
     }
 }
 

@@ -411,6 +411,7 @@ impl LeaseLoop {
         }
         run.target = Some(target);
         self.metrics.target_accounts.set(target as i64);
+        self.metrics.accounts_claimable.set(outcome.free as i64);
         if run.draining.is_some() {
             return 0;
         }

@@ -911,7 +911,9 @@ int main(int argc, char** argv) {
     Control control(std::stoi(argv[3]));
     acceptor.poll(0);  // binds the FIX port before anyone is told the venue is ready
     std::cout << "fix-acceptor: ready" << std::endl;
-    while (!control.service(venue)) acceptor.poll(0.005);
+    // Ends with the test that started it, even one that crashed before it could stop the venue.
+    const pid_t parent = getppid();
+    while (!control.service(venue) && getppid() == parent) acceptor.poll(0.005);
     acceptor.stop();
     return 0;
   } catch (std::exception& e) {

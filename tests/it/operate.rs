@@ -102,6 +102,10 @@ async fn metrics_move_with_orders_and_the_gate_and_readiness_follows_trust() {
     .await;
     assert!(sample(&after, "copier_copy_latency_seconds_count") >= 1.0);
     assert!(sample(&after, "copier_reconciles_total") >= 1.0);
+    assert!(
+        sample(&after, "copier_broker_sessions") >= 1.0,
+        "the follower's broker session is counted"
+    );
     let master_metrics = get(a.http_addr, "/metrics").await.1;
     assert!(sample(&master_metrics, "copier_master_events_published_total") >= 1.0);
 
@@ -570,4 +574,112 @@ fn the_dockerfile_passes_hadolint() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Every `copier_*` name the alert rules and the dashboard use, without a histogram's suffixes.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("copier_") {
+        let start = i + at;
+        let preceded =
+            start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start;
+        while end < bytes.len()
+            && (bytes[end].is_ascii_lowercase()
+                || bytes[end].is_ascii_digit()
+                || bytes[end] == b'_')
+        {
+            end += 1;
+        }
+        if !preceded {
+            let name = &text[start..end];
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|b| b.ends_with("_seconds")))
+                .unwrap_or(name);
+            out.insert(base.to_string());
+        }
+        i = end.max(start + 1);
+    }
+    out
+}
+
+/// The alert rules and the dashboard name only metrics a running node exports on `/metrics`, and
+/// the rules pass `promtool check rules` and their unit tests (`promtool test rules`).
+#[tokio::test]
+async fn alert_rules_and_the_dashboard_use_only_exported_metrics_and_pass_promtool() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let rules =
+        std::fs::read_to_string(format!("{root}/config/prometheus/copier-node.rules.yml")).unwrap();
+    let dashboard =
+        std::fs::read_to_string(format!("{root}/config/grafana/copier-node.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let exprs: Vec<String> = json["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            t["expr"]
+                .as_str()
+                .expect("every target has an expr")
+                .to_string()
+        })
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+
+    let db = TestDb::new().await;
+    let node = start_node(&config(&db, "metrics-names", 10, FAST)).await;
+    let exported = get(node.http_addr, "/metrics").await.1;
+    let families: std::collections::BTreeSet<String> = exported
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    for (what, text) in [("rules", rules.clone()), ("dashboard", exprs.join("\n"))] {
+        let used = metric_names(&text);
+        assert!(!used.is_empty(), "{what} names no metric");
+        let missing: Vec<&String> = used.iter().filter(|n| !families.contains(*n)).collect();
+        assert!(
+            missing.is_empty(),
+            "{what} uses metrics the node does not export: {missing:?}\nexported: {families:?}"
+        );
+    }
+    node.shutdown();
+
+    if tool_available("promtool") {
+        let dir = format!("{root}/config/prometheus");
+        for args in [
+            ["check", "rules", "copier-node.rules.yml"],
+            ["test", "rules", "copier-node.rules.test.yml"],
+        ] {
+            let out = std::process::Command::new("promtool")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "promtool {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    if tool_available("yamllint") {
+        let out = std::process::Command::new("yamllint")
+            .args(["-f", "parsable", "-c"])
+            .arg(format!("{root}/config/kubernetes/.yamllint"))
+            .arg(format!("{root}/config/prometheus"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.trim().is_empty(),
+            "yamllint:\n{text}"
+        );
+    }
 }

@@ -1,0 +1,841 @@
+//! `copier-node accounts ...` and `copier-node links ...`: the rows operators manage, without
+//! SQL. Every change is one transaction, checked as the node checks the row (a link is read back
+//! through the node's own parser before the transaction commits), and a refusal names the field.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{Connection, PgConnection, Row};
+
+use super::{CommandError, load};
+use crate::broker::fix::FixEndpoint;
+use crate::cli::{AccountFields, AccountsCommand, LinkFields, LinksCommand, ManageArgs};
+use crate::config::Config;
+use crate::db;
+
+async fn connect(
+    manage: &ManageArgs,
+    extra: Vec<(&'static str, Option<String>)>,
+) -> Result<(Config, PgConnection), CommandError> {
+    let mut flags = manage.db.flags();
+    flags.extend(extra);
+    let (config, _) = load(manage.db.config.as_deref(), &flags, false)?;
+    let conn = db::admin_connect(&config.database_url).await?;
+    Ok((config, conn))
+}
+
+fn sql(what: &str) -> impl FnOnce(sqlx::Error) -> CommandError + '_ {
+    move |e| {
+        // A CHECK or foreign key the schema enforces is a usage error naming its constraint.
+        if let sqlx::Error::Database(d) = &e
+            && (d.is_check_violation() || d.is_foreign_key_violation() || d.is_unique_violation())
+        {
+            return CommandError::usage(format!("{what}: refused by the schema: {}", d.message()));
+        }
+        CommandError::failed(format!("{what}: {}", db::describe(&e)))
+    }
+}
+
+/// An account as `list` and `show` print it.
+#[derive(Debug, Serialize)]
+struct AccountView {
+    id: i64,
+    platform: String,
+    role: String,
+    enabled: bool,
+    server: String,
+    login: String,
+    has_password: bool,
+    owner: Option<String>,
+    status: Option<String>,
+}
+
+impl std::fmt::Display for AccountView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "account {}: {} {} {} login {} on {}{}; owner {}; status {}",
+            self.id,
+            self.platform,
+            self.role,
+            if self.enabled { "enabled" } else { "disabled" },
+            self.login,
+            self.server,
+            if self.has_password {
+                " (password stored)"
+            } else {
+                ""
+            },
+            self.owner.as_deref().unwrap_or("none"),
+            self.status.as_deref().unwrap_or("-"),
+        )
+    }
+}
+
+const ACCOUNT_SELECT: &str =
+    "SELECT id, platform, role, enabled, server, login, credentials IS NOT NULL AS has_password,
+        CASE WHEN lease_until > now() THEN node_id END AS owner, status
+   FROM trading_accounts";
+
+fn account_of(r: &sqlx::postgres::PgRow) -> Result<AccountView, sqlx::Error> {
+    Ok(AccountView {
+        id: r.try_get("id")?,
+        platform: r.try_get("platform")?,
+        role: r.try_get("role")?,
+        enabled: r.try_get("enabled")?,
+        server: r.try_get("server")?,
+        login: r.try_get("login")?,
+        has_password: r.try_get("has_password")?,
+        owner: r.try_get("owner")?,
+        status: r.try_get("status")?,
+    })
+}
+
+fn print<T: Serialize + std::fmt::Display>(json: bool, items: &[T]) {
+    if json {
+        println!("{}", serde_json::to_string(items).expect("serialises"));
+    } else {
+        for i in items {
+            println!("{i}");
+        }
+    }
+}
+
+fn print_one<T: Serialize + std::fmt::Display>(json: bool, item: &T) {
+    if json {
+        println!("{}", serde_json::to_string(item).expect("serialises"));
+    } else {
+        println!("{item}");
+    }
+}
+
+/// Every problem of an account's fields, each naming its field.
+fn check_account(fields: &AccountFields, adding: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    let need = |v: &Option<String>, name: &str, problems: &mut Vec<String>| {
+        if adding && v.as_deref().is_none_or(str::is_empty) {
+            problems.push(format!("--{name} is required"));
+        }
+    };
+    need(&fields.platform, "platform", &mut problems);
+    need(&fields.role, "role", &mut problems);
+    need(&fields.server, "server", &mut problems);
+    need(&fields.login, "login", &mut problems);
+    if let Some(role) = &fields.role
+        && role != "master"
+        && role != "follower"
+    {
+        problems.push(format!("role: {role:?} is neither master nor follower"));
+    }
+    if fields.platform.as_deref() == Some("") {
+        problems.push("platform: empty".into());
+    }
+    if fields.login.as_deref() == Some("") {
+        problems.push("login: empty".into());
+    }
+    if let Some(server) = &fields.server {
+        if FixEndpoint::is_fix(server) {
+            if let Err(e) = FixEndpoint::parse(server) {
+                problems.push(format!("server: {e}"));
+            }
+        } else {
+            let ok = server
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                problems.push(format!(
+                    "server: {server:?} is neither host:port nor fix://host:port?target=..."
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn refuse(problems: Vec<String>) -> Result<(), CommandError> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CommandError::usage(problems.join("\n")))
+    }
+}
+
+/// The password from standard input, encrypted with the configured key.
+fn read_password(config: &Config) -> Result<String, CommandError> {
+    let key = config.credentials_key.clone().ok_or_else(|| {
+        CommandError::usage(
+            "--password-stdin needs a credentials key: set COPIER_CREDENTIALS_KEY or `credentials_key_file`",
+        )
+    })?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).map_err(|e| {
+        CommandError::failed(format!("cannot read the password from standard input: {e}"))
+    })?;
+    let password = line.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(CommandError::usage(
+            "--password-stdin: no password on standard input",
+        ));
+    }
+    Ok(key.encrypt(password))
+}
+
+pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandError> {
+    match command {
+        AccountsCommand::Add(args) => {
+            refuse(check_account(&args.fields, true))?;
+            let (config, mut conn) = connect(
+                &args.manage,
+                vec![(
+                    "credentials_key_file",
+                    args.fields.credentials_key_file.clone(),
+                )],
+            )
+            .await?;
+            let credentials = if args.fields.password_stdin {
+                Some(read_password(&config)?)
+            } else {
+                None
+            };
+            let f = &args.fields;
+            sqlx::query(
+                "INSERT INTO trading_accounts (id, platform, role, server, login, credentials, enabled)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(args.id)
+            .bind(&f.platform)
+            .bind(&f.role)
+            .bind(&f.server)
+            .bind(&f.login)
+            .bind(credentials)
+            .bind(!args.disabled)
+            .execute(&mut conn)
+            .await
+            .map_err(sql(&format!("account {}", args.id)))?;
+            show_account(&mut conn, args.id, args.manage.json).await
+        }
+        AccountsCommand::List(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let rows = sqlx::query(&format!(
+                "{ACCOUNT_SELECT} WHERE $1::text IS NULL OR platform = $1 ORDER BY id"
+            ))
+            .bind(&args.platform)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(sql("listing accounts"))?;
+            let views = rows
+                .iter()
+                .map(account_of)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql("listing accounts"))?;
+            print(args.manage.json, &views);
+            Ok(())
+        }
+        AccountsCommand::Show(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            show_account(&mut conn, args.id, args.manage.json).await
+        }
+        AccountsCommand::Set(args) => {
+            refuse(check_account(&args.fields, false))?;
+            let (config, mut conn) = connect(
+                &args.manage,
+                vec![(
+                    "credentials_key_file",
+                    args.fields.credentials_key_file.clone(),
+                )],
+            )
+            .await?;
+            let credentials = if args.fields.password_stdin {
+                Some(read_password(&config)?)
+            } else {
+                None
+            };
+            let f = &args.fields;
+            let what = format!("account {}", args.id);
+            let mut tx = conn.begin().await.map_err(sql(&what))?;
+            if let Some(role) = &f.role {
+                // A role change would leave links pointing the wrong way.
+                let links: Vec<i64> = sqlx::query_scalar(
+                    "SELECT id FROM copy_links WHERE (master_id = $1 AND $2 <> 'master') OR (follower_id = $1 AND $2 <> 'follower') ORDER BY id",
+                )
+                .bind(args.id)
+                .bind(role)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(sql(&what))?;
+                if !links.is_empty() {
+                    return Err(CommandError::usage(format!(
+                        "role: account {} is in copy links {links:?} as the other role; remove them first",
+                        args.id
+                    )));
+                }
+            }
+            let done = sqlx::query(
+                "UPDATE trading_accounts SET
+                    platform = coalesce($2, platform), role = coalesce($3, role),
+                    server = coalesce($4, server), login = coalesce($5, login),
+                    credentials = CASE WHEN $7 THEN NULL ELSE coalesce($6, credentials) END,
+                    enabled = coalesce($8, enabled)
+                  WHERE id = $1",
+            )
+            .bind(args.id)
+            .bind(&f.platform)
+            .bind(&f.role)
+            .bind(&f.server)
+            .bind(&f.login)
+            .bind(credentials)
+            .bind(args.clear_password)
+            .bind(args.enabled)
+            .execute(&mut *tx)
+            .await
+            .map_err(sql(&what))?;
+            if done.rows_affected() == 0 {
+                return Err(CommandError::usage(format!(
+                    "account {}: no such account",
+                    args.id
+                )));
+            }
+            tx.commit().await.map_err(sql(&what))?;
+            show_account(&mut conn, args.id, args.manage.json).await
+        }
+        AccountsCommand::Disable(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let done = sqlx::query("UPDATE trading_accounts SET enabled = false WHERE id = $1")
+                .bind(args.id)
+                .execute(&mut conn)
+                .await
+                .map_err(sql(&format!("account {}", args.id)))?;
+            if done.rows_affected() == 0 {
+                return Err(CommandError::usage(format!(
+                    "account {}: no such account",
+                    args.id
+                )));
+            }
+            show_account(&mut conn, args.id, args.manage.json).await
+        }
+        AccountsCommand::Remove(args) => {
+            let wait = crate::config::parse_duration(&args.wait)
+                .map_err(|e| CommandError::usage(format!("--wait: {e}")))?;
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            remove_account(&mut conn, args.id, wait).await?;
+            if args.manage.json {
+                println!("{}", serde_json::json!({ "removed": args.id }));
+            } else {
+                println!("account {} removed", args.id);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn show_account(conn: &mut PgConnection, id: i64, json: bool) -> Result<(), CommandError> {
+    let what = format!("account {id}");
+    let row = sqlx::query(&format!("{ACCOUNT_SELECT} WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+        .map_err(sql(&what))?
+        .ok_or_else(|| CommandError::usage(format!("account {id}: no such account")))?;
+    print_one(json, &account_of(&row).map_err(sql(&what))?);
+    Ok(())
+}
+
+/// Deletes an account no node trades: one a node owns is disabled and deleted once its owner
+/// released it (the delete itself matches only a row without a live owner), or refused after
+/// `wait`; one with copy links is refused.
+async fn remove_account(
+    conn: &mut PgConnection,
+    id: i64,
+    wait: Duration,
+) -> Result<(), CommandError> {
+    let what = format!("account {id}");
+    let links: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM copy_links WHERE master_id = $1 OR follower_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(sql(&what))?;
+    if !links.is_empty() {
+        return Err(CommandError::usage(format!(
+            "account {id} is in copy links {links:?}: remove them first (copier-node links remove <id>)"
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut disabled = false;
+    loop {
+        let done = sqlx::query(
+            "DELETE FROM trading_accounts WHERE id = $1 AND (node_id IS NULL OR lease_until <= now())",
+        )
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .map_err(sql(&what))?;
+        if done.rows_affected() > 0 {
+            return Ok(());
+        }
+        let owner: Option<Option<String>> =
+            sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(sql(&what))?;
+        let Some(owner) = owner else {
+            return Err(CommandError::usage(format!(
+                "account {id}: no such account"
+            )));
+        };
+        if !disabled {
+            sqlx::query("UPDATE trading_accounts SET enabled = false WHERE id = $1")
+                .bind(id)
+                .execute(&mut *conn)
+                .await
+                .map_err(sql(&what))?;
+            disabled = true;
+            eprintln!(
+                "account {id} is traded by node {}: disabled it; waiting up to {wait:?} for the release",
+                owner.as_deref().unwrap_or("?")
+            );
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CommandError::failed(format!(
+                "account {id} is still owned by node {} after {wait:?}: it is disabled and was not deleted; run remove again once it is released",
+                owner.as_deref().unwrap_or("?")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A link as `list` and `show` print it.
+#[derive(Debug, Serialize)]
+struct LinkView {
+    id: i64,
+    master_id: i64,
+    follower_id: i64,
+    enabled: bool,
+    magic: i64,
+    lot_mode: String,
+    lot_value: f64,
+    reverse: bool,
+    copy_sl_tp: bool,
+    symbol_map: serde_json::Value,
+    copy_existing: bool,
+    symbols: Option<Vec<String>>,
+    magics: Option<Vec<i64>>,
+    sides: String,
+    close_only: bool,
+    max_lot: Option<f64>,
+    max_delay_ms: Option<i64>,
+    max_slippage: Option<f64>,
+    equity_stop: Option<f64>,
+}
+
+impl std::fmt::Display for LinkView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "link {}: master {} -> follower {} ({}), magic {}, {} {}{}{}, symbol map {}, sides {}",
+            self.id,
+            self.master_id,
+            self.follower_id,
+            if self.enabled { "enabled" } else { "disabled" },
+            self.magic,
+            self.lot_mode,
+            self.lot_value,
+            if self.reverse { ", reversed" } else { "" },
+            if self.copy_sl_tp {
+                ", stops copied"
+            } else {
+                ", no stops"
+            },
+            self.symbol_map,
+            self.sides,
+        )?;
+        if let Some(s) = &self.symbols {
+            write!(f, ", symbols {}", s.join(","))?;
+        }
+        if let Some(m) = &self.magics {
+            write!(f, ", magics {m:?}")?;
+        }
+        for (name, v) in [
+            ("max_lot", self.max_lot),
+            ("max_slippage", self.max_slippage),
+            ("equity_stop", self.equity_stop),
+        ] {
+            if let Some(v) = v {
+                write!(f, ", {name} {v}")?;
+            }
+        }
+        if let Some(ms) = self.max_delay_ms {
+            write!(f, ", max_delay_ms {ms}")?;
+        }
+        if self.close_only {
+            write!(f, ", close only")?;
+        }
+        Ok(())
+    }
+}
+
+const LINK_SELECT: &str =
+    "SELECT id, master_id, follower_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp,
+        symbol_map::text AS symbol_map, copy_existing, symbols, magics, sides, close_only, max_lot,
+        max_delay_ms, max_slippage, equity_stop
+   FROM copy_links";
+
+fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
+    let map: String = r.try_get("symbol_map")?;
+    Ok(LinkView {
+        id: r.try_get("id")?,
+        master_id: r.try_get("master_id")?,
+        follower_id: r.try_get("follower_id")?,
+        enabled: r.try_get("enabled")?,
+        magic: r.try_get("magic")?,
+        lot_mode: r.try_get("lot_mode")?,
+        lot_value: r.try_get("lot_value")?,
+        reverse: r.try_get("reverse")?,
+        copy_sl_tp: r.try_get("copy_sl_tp")?,
+        symbol_map: serde_json::from_str(&map).unwrap_or(serde_json::Value::Null),
+        copy_existing: r.try_get("copy_existing")?,
+        symbols: r.try_get("symbols")?,
+        magics: r.try_get("magics")?,
+        sides: r.try_get("sides")?,
+        close_only: r.try_get("close_only")?,
+        max_lot: r.try_get("max_lot")?,
+        max_delay_ms: r.try_get("max_delay_ms")?,
+        max_slippage: r.try_get("max_slippage")?,
+        equity_stop: r.try_get("equity_stop")?,
+    })
+}
+
+/// A limit given on the command line: a number, or `none` (lifted).
+fn limit<T: std::str::FromStr>(
+    name: &str,
+    v: &Option<String>,
+    problems: &mut Vec<String>,
+) -> Option<Option<T>> {
+    let text = v.as_deref()?;
+    if text == "none" {
+        return Some(None);
+    }
+    match text.parse::<T>() {
+        Ok(n) => Some(Some(n)),
+        Err(_) => {
+            problems.push(format!("{name}: {text:?} is not a number (or `none`)"));
+            None
+        }
+    }
+}
+
+/// A link's fields, checked: what to write, or every problem naming its field.
+struct LinkValues {
+    max_lot: Option<Option<f64>>,
+    max_delay_ms: Option<Option<i64>>,
+    max_slippage: Option<Option<f64>>,
+    equity_stop: Option<Option<f64>>,
+    symbols: Option<Option<Vec<String>>>,
+    magics: Option<Option<Vec<i64>>>,
+}
+
+fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
+    let mut problems = Vec::new();
+    if let Some(mode) = &f.lot_mode
+        && let Err(e) = mode.parse::<crate::model::link::LotMode>()
+    {
+        problems.push(format!(
+            "lot_mode: {e} (fixed, multiplier, balance_ratio, equity_ratio or risk_percent)"
+        ));
+    }
+    if let Some(v) = f.lot_value
+        && !(v.is_finite() && v > 0.0)
+    {
+        problems.push(format!("lot_value: {v} must be above 0"));
+    }
+    if let Some(map) = &f.symbol_map
+        && let Err(e) = serde_json::from_str::<HashMap<String, String>>(map)
+    {
+        problems.push(format!(
+            "symbol_map: must be a JSON object of symbol names to symbol names ({e})"
+        ));
+    }
+    if let Some(sides) = &f.sides
+        && let Err(e) = sides.parse::<crate::model::link::Sides>()
+    {
+        problems.push(format!("sides: {e}"));
+    }
+    let max_lot = limit::<f64>("max_lot", &f.max_lot, &mut problems);
+    let max_delay_ms = limit::<i64>("max_delay_ms", &f.max_delay_ms, &mut problems);
+    let max_slippage = limit::<f64>("max_slippage", &f.max_slippage, &mut problems);
+    let equity_stop = limit::<f64>("equity_stop", &f.equity_stop, &mut problems);
+    if let Some(Some(v)) = max_lot
+        && !(v.is_finite() && v > 0.0)
+    {
+        problems.push(format!("max_lot: {v} must be above 0"));
+    }
+    for (name, v) in [("max_slippage", max_slippage), ("equity_stop", equity_stop)] {
+        if let Some(Some(v)) = v
+            && !(v.is_finite() && v >= 0.0)
+        {
+            problems.push(format!("{name}: {v} must be 0 or more"));
+        }
+    }
+    if let Some(Some(v)) = max_delay_ms
+        && v < 0
+    {
+        problems.push(format!("max_delay_ms: {v} must be 0 or more"));
+    }
+    let list = |v: &Option<String>| -> Option<Option<Vec<String>>> {
+        let text = v.as_deref()?;
+        if text == "all" {
+            return Some(None);
+        }
+        Some(Some(
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+        ))
+    };
+    let symbols = list(&f.symbols);
+    if let Some(Some(s)) = &symbols
+        && s.is_empty()
+    {
+        problems.push("symbols: no symbol given (`all` lifts the filter)".into());
+    }
+    let magics = match list(&f.magics) {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(items)) => {
+            let parsed: Result<Vec<i64>, _> = items.iter().map(|m| m.parse::<i64>()).collect();
+            match parsed {
+                Ok(m) if !m.is_empty() => Some(Some(m)),
+                _ => {
+                    problems.push(format!(
+                        "magics: {:?} is not a comma-separated list of whole numbers (or `all`)",
+                        f.magics.as_deref().unwrap_or("")
+                    ));
+                    None
+                }
+            }
+        }
+    };
+    if !problems.is_empty() {
+        return Err(CommandError::usage(problems.join("\n")));
+    }
+    Ok(LinkValues {
+        max_lot,
+        max_delay_ms,
+        max_slippage,
+        equity_stop,
+        symbols,
+        magics,
+    })
+}
+
+/// Writes a link's given fields (NULL parameters keep the current value).
+async fn write_link(
+    conn: &mut PgConnection,
+    id: i64,
+    f: &LinkFields,
+    v: &LinkValues,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE copy_links SET
+            lot_mode = coalesce($2, lot_mode), lot_value = coalesce($3, lot_value),
+            reverse = coalesce($4, reverse), copy_sl_tp = coalesce($5, copy_sl_tp),
+            symbol_map = coalesce($6::jsonb, symbol_map), copy_existing = coalesce($7, copy_existing),
+            enabled = coalesce($8, enabled), sides = coalesce($9, sides), close_only = coalesce($10, close_only),
+            symbols = CASE WHEN $11 THEN $12 ELSE symbols END,
+            magics = CASE WHEN $13 THEN $14 ELSE magics END,
+            max_lot = CASE WHEN $15 THEN $16 ELSE max_lot END,
+            max_delay_ms = CASE WHEN $17 THEN $18 ELSE max_delay_ms END,
+            max_slippage = CASE WHEN $19 THEN $20 ELSE max_slippage END,
+            equity_stop = CASE WHEN $21 THEN $22 ELSE equity_stop END
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(&f.lot_mode)
+    .bind(f.lot_value)
+    .bind(f.reverse)
+    .bind(f.copy_sl_tp)
+    .bind(&f.symbol_map)
+    .bind(f.copy_existing)
+    .bind(f.enabled)
+    .bind(&f.sides)
+    .bind(f.close_only)
+    .bind(v.symbols.is_some())
+    .bind(v.symbols.clone().flatten())
+    .bind(v.magics.is_some())
+    .bind(v.magics.clone().flatten())
+    .bind(v.max_lot.is_some())
+    .bind(v.max_lot.flatten())
+    .bind(v.max_delay_ms.is_some())
+    .bind(v.max_delay_ms.flatten())
+    .bind(v.max_slippage.is_some())
+    .bind(v.max_slippage.flatten())
+    .bind(v.equity_stop.is_some())
+    .bind(v.equity_stop.flatten())
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// The node's own reading of the follower's links: a link it would refuse fails the change.
+async fn node_accepts(
+    conn: &mut PgConnection,
+    follower: i64,
+    link: i64,
+) -> Result<(), CommandError> {
+    let links = db::copy::load_links(conn, follower)
+        .await
+        .map_err(sql(&format!("link {link}")))?;
+    for l in links {
+        if let Err(e) = l
+            && e.starts_with(&format!("copy link {link}:"))
+        {
+            return Err(CommandError::usage(e));
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn links(command: LinksCommand) -> Result<(), CommandError> {
+    match command {
+        LinksCommand::Add(args) => {
+            let values = check_link(&args.fields)?;
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let what = format!("link {} -> {}", args.master, args.follower);
+            let mut tx = conn.begin().await.map_err(sql(&what))?;
+            let roles: Vec<(i64, String, String)> = sqlx::query_as(
+                "SELECT id, role, platform FROM trading_accounts WHERE id = ANY($1)",
+            )
+            .bind(vec![args.master, args.follower])
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(sql(&what))?;
+            let role = |id: i64| roles.iter().find(|r| r.0 == id).map(|r| r.1.as_str());
+            match (role(args.master), role(args.follower)) {
+                (None, _) => {
+                    return Err(CommandError::usage(format!(
+                        "master: account {} does not exist",
+                        args.master
+                    )));
+                }
+                (_, None) => {
+                    return Err(CommandError::usage(format!(
+                        "follower: account {} does not exist",
+                        args.follower
+                    )));
+                }
+                (Some(m), _) if m != "master" => {
+                    return Err(CommandError::usage(format!(
+                        "master: account {} is a {m}",
+                        args.master
+                    )));
+                }
+                (_, Some(f)) if f != "follower" => {
+                    return Err(CommandError::usage(format!(
+                        "follower: account {} is a {f}",
+                        args.follower
+                    )));
+                }
+                _ => {}
+            }
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO copy_links (master_id, follower_id) VALUES ($1, $2) RETURNING id",
+            )
+            .bind(args.master)
+            .bind(args.follower)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(sql(&what))?;
+            write_link(&mut tx, id, &args.fields, &values)
+                .await
+                .map_err(sql(&what))?;
+            node_accepts(&mut tx, args.follower, id).await?;
+            tx.commit().await.map_err(sql(&what))?;
+            show_link(&mut conn, id, args.manage.json).await
+        }
+        LinksCommand::List(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let rows = sqlx::query(&format!(
+                "{LINK_SELECT} WHERE ($1::bigint IS NULL OR master_id = $1) AND ($2::bigint IS NULL OR follower_id = $2) ORDER BY id"
+            ))
+            .bind(args.master)
+            .bind(args.follower)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(sql("listing links"))?;
+            let views = rows
+                .iter()
+                .map(link_of)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql("listing links"))?;
+            print(args.manage.json, &views);
+            Ok(())
+        }
+        LinksCommand::Show(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            show_link(&mut conn, args.id, args.manage.json).await
+        }
+        LinksCommand::Set(args) => {
+            let values = check_link(&args.fields)?;
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let what = format!("link {}", args.id);
+            let mut tx = conn.begin().await.map_err(sql(&what))?;
+            if write_link(&mut tx, args.id, &args.fields, &values)
+                .await
+                .map_err(sql(&what))?
+                == 0
+            {
+                return Err(CommandError::usage(format!(
+                    "link {}: no such link",
+                    args.id
+                )));
+            }
+            let follower: i64 =
+                sqlx::query_scalar("SELECT follower_id FROM copy_links WHERE id = $1")
+                    .bind(args.id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(sql(&what))?;
+            node_accepts(&mut tx, follower, args.id).await?;
+            tx.commit().await.map_err(sql(&what))?;
+            show_link(&mut conn, args.id, args.manage.json).await
+        }
+        LinksCommand::Remove(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let done = sqlx::query("DELETE FROM copy_links WHERE id = $1")
+                .bind(args.id)
+                .execute(&mut conn)
+                .await
+                .map_err(sql(&format!("link {}", args.id)))?;
+            if done.rows_affected() == 0 {
+                return Err(CommandError::usage(format!(
+                    "link {}: no such link",
+                    args.id
+                )));
+            }
+            if args.manage.json {
+                println!("{}", serde_json::json!({ "removed": args.id }));
+            } else {
+                println!("link {} removed", args.id);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn show_link(conn: &mut PgConnection, id: i64, json: bool) -> Result<(), CommandError> {
+    let what = format!("link {id}");
+    let row = sqlx::query(&format!("{LINK_SELECT} WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+        .map_err(sql(&what))?
+        .ok_or_else(|| CommandError::usage(format!("link {id}: no such link")))?;
+    print_one(json, &link_of(&row).map_err(sql(&what))?);
+    Ok(())
+}

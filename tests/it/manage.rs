@@ -1,0 +1,382 @@
+//! `copier-node accounts ...` and `copier-node links ...` against a real database: every change,
+//! every refusal (naming its field), the JSON output, the password read from standard input
+//! and stored encrypted, and the removal of an account a node is trading.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use copier_node::config::Secret;
+use copier_node::credentials::CredentialsKey;
+
+use crate::support::process::{binary, run_to_end};
+use crate::support::{FAST, TestDb, config, eventually, start_node};
+
+fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+    run_to_end(args, &[("DATABASE_URL", db.url.as_str())])
+}
+
+fn ok(db: &TestDb, args: &[&str]) -> String {
+    let (code, out, err) = cli(db, args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
+}
+
+fn refused(db: &TestDb, args: &[&str], names: &str) {
+    let (code, out, err) = cli(db, args);
+    assert_eq!(
+        code, 2,
+        "{args:?} should be refused as a usage error: {out}{err}"
+    );
+    assert!(
+        err.contains(names),
+        "{args:?}: the refusal names {names:?}: {err}"
+    );
+}
+
+#[tokio::test]
+async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field() {
+    let db = TestDb::new().await;
+    let added = ok(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "1",
+            "--platform",
+            "mt5",
+            "--role",
+            "master",
+            "--server",
+            "10.0.0.5:443",
+            "--login",
+            "m1",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&added).unwrap();
+    assert_eq!(
+        (v["id"].as_i64(), v["role"].as_str()),
+        (Some(1), Some("master"))
+    );
+    ok(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "2",
+            "--platform",
+            "mt5",
+            "--role",
+            "follower",
+            "--server",
+            "fix://venue:9876?target=CSERVER",
+            "--login",
+            "f2",
+        ],
+    );
+
+    refused(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "3",
+            "--platform",
+            "mt5",
+            "--role",
+            "boss",
+            "--server",
+            "h:1",
+            "--login",
+            "x",
+        ],
+        "role",
+    );
+    refused(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "3",
+            "--platform",
+            "mt5",
+            "--role",
+            "follower",
+            "--server",
+            "nowhere",
+            "--login",
+            "x",
+        ],
+        "server",
+    );
+    refused(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "3",
+            "--platform",
+            "mt5",
+            "--role",
+            "follower",
+            "--server",
+            "fix://h:1",
+            "--login",
+            "x",
+        ],
+        "target",
+    );
+    refused(
+        &db,
+        &[
+            "accounts", "add", "--id", "3", "--role", "follower", "--server", "h:1", "--login", "x",
+        ],
+        "--platform",
+    );
+    refused(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "1",
+            "--platform",
+            "mt5",
+            "--role",
+            "master",
+            "--server",
+            "h:1",
+            "--login",
+            "dup",
+        ],
+        "account 1",
+    );
+
+    // Links: every bad value is refused with its field; nothing is written.
+    let bad = [
+        (vec!["--lot-mode", "double"], "lot_mode"),
+        (vec!["--lot-value", "0"], "lot_value"),
+        (vec!["--symbol-map", "[1,2]"], "symbol_map"),
+        (vec!["--sides", "up"], "sides"),
+        (vec!["--max-lot", "-1"], "max_lot"),
+        (vec!["--max-delay-ms", "soon"], "max_delay_ms"),
+        (vec!["--magics", "1,x"], "magics"),
+    ];
+    for (flags, field) in bad {
+        let mut args = vec!["links", "add", "--master", "1", "--follower", "2"];
+        args.extend(flags);
+        refused(&db, &args, field);
+    }
+    refused(
+        &db,
+        &["links", "add", "--master", "2", "--follower", "1"],
+        "master",
+    );
+    assert_eq!(
+        ok(&db, &["links", "list", "--json"]).trim(),
+        "[]",
+        "refusals wrote nothing"
+    );
+
+    let link = ok(
+        &db,
+        &[
+            "links",
+            "add",
+            "--master",
+            "1",
+            "--follower",
+            "2",
+            "--lot-mode",
+            "fixed",
+            "--lot-value",
+            "0.1",
+            "--symbol-map",
+            r#"{"EURUSD.m":"EURUSD"}"#,
+            "--symbols",
+            "EURUSD.m,GBPUSD.m",
+            "--max-slippage",
+            "0.0005",
+            "--json",
+        ],
+    );
+    let l: serde_json::Value = serde_json::from_str(&link).unwrap();
+    let id = l["id"].as_i64().unwrap().to_string();
+    assert_eq!(l["lot_mode"], "fixed");
+    assert_eq!(l["symbol_map"]["EURUSD.m"], "EURUSD");
+    assert_eq!(l["symbols"], serde_json::json!(["EURUSD.m", "GBPUSD.m"]));
+    let set = ok(
+        &db,
+        &[
+            "links",
+            "set",
+            &id,
+            "--reverse",
+            "true",
+            "--symbols",
+            "all",
+            "--max-slippage",
+            "none",
+            "--json",
+        ],
+    );
+    let l: serde_json::Value = serde_json::from_str(&set).unwrap();
+    assert_eq!(
+        (
+            l["reverse"].as_bool(),
+            l["symbols"].is_null(),
+            l["max_slippage"].is_null()
+        ),
+        (Some(true), true, true)
+    );
+    assert_eq!(
+        l["lot_value"].as_f64(),
+        Some(0.1),
+        "set keeps what it was not given"
+    );
+    refused(
+        &db,
+        &["links", "set", &id, "--lot-mode", "half"],
+        "lot_mode",
+    );
+    let text = ok(&db, &["links", "show", &id]);
+    assert!(
+        text.contains("master 1 -> follower 2") && text.contains("reversed"),
+        "{text}"
+    );
+
+    // An account in a link keeps its role and is not removed.
+    refused(&db, &["accounts", "set", "2", "--role", "master"], "role");
+    refused(&db, &["accounts", "remove", "2"], "copy links");
+    ok(&db, &["links", "remove", &id]);
+    refused(&db, &["links", "remove", &id], "no such link");
+
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["accounts", "list", "--json"])).unwrap();
+    assert_eq!(list.as_array().map(Vec::len), Some(2));
+    let disabled: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["accounts", "disable", "2", "--json"])).unwrap();
+    assert_eq!(disabled["enabled"], false);
+    ok(&db, &["accounts", "remove", "2"]);
+    refused(&db, &["accounts", "show", "2"], "no such account");
+}
+
+#[tokio::test]
+async fn a_password_from_standard_input_is_stored_encrypted_and_never_printed() {
+    let db = TestDb::new().await;
+    let key = CredentialsKey::generate();
+    let mut child = Command::new(binary())
+        .args([
+            "accounts",
+            "add",
+            "--id",
+            "7",
+            "--platform",
+            "mt5",
+            "--role",
+            "follower",
+            "--server",
+            "h:1",
+            "--login",
+            "f7",
+            "--password-stdin",
+        ])
+        .env_remove("DATABASE_URL")
+        .env("DATABASE_URL", &db.url)
+        .env("COPIER_CREDENTIALS_KEY", key.encode())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "s3cret-pw").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{printed}");
+    assert!(
+        printed.contains("password stored") && !printed.contains("s3cret-pw"),
+        "{printed}"
+    );
+    let mut conn = db.conn().await;
+    let stored: String =
+        sqlx::query_scalar("SELECT credentials FROM trading_accounts WHERE id = 7")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(stored.starts_with("enc:v1:"), "{stored}");
+    let plain =
+        copier_node::credentials::decrypt(Some(&key), &Secret::new(stored.as_str())).unwrap();
+    assert_eq!(plain.expose(), "s3cret-pw");
+    // Without a key the password is refused, not stored in plaintext.
+    let (code, _, err) = run_to_end(
+        &["accounts", "set", "7", "--password-stdin"],
+        &[("DATABASE_URL", db.url.as_str())],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("credentials key"), "{err}");
+}
+
+#[tokio::test]
+async fn removing_an_account_a_node_trades_disables_it_and_deletes_it_once_released() {
+    let db = TestDb::new().await;
+    ok(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "5",
+            "--platform",
+            "mt5",
+            "--role",
+            "master",
+            "--server",
+            "127.0.0.1:1",
+            "--login",
+            "m5",
+        ],
+    );
+    let node = start_node(&config(&db, "manage-owner", 10, FAST)).await;
+    let mut conn = db.conn().await;
+    eventually(
+        "the node to own the account",
+        Duration::from_secs(20),
+        async || {
+            let owner: Option<String> =
+                sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = 5")
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap();
+            owner.is_some().then_some(())
+        },
+    )
+    .await;
+    // Too short a wait: refused, and the account is left disabled, not deleted.
+    let (code, _, err) = cli(&db, &["accounts", "remove", "5", "--wait", "1ms"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("still owned by node manage-owner"), "{err}");
+    let enabled: bool = sqlx::query_scalar("SELECT enabled FROM trading_accounts WHERE id = 5")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(!enabled, "disabled while it waits for the release");
+    // Given time, the owner releases the disabled account and it is deleted.
+    let (code, out, err) = cli(&db, &["accounts", "remove", "5", "--wait", "30s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE id = 5")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    node.shutdown();
+}
