@@ -44,6 +44,19 @@ pub enum Command {
     /// refused here, naming the field).
     #[command(subcommand)]
     Links(LinksCommand),
+    /// Why a master position was or was not copied to a follower: each link's recorded
+    /// decisions, the master's published position, and (FIX followers) the order ledger.
+    Why(WhyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WhyArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// The follower account's id.
+    pub follower: i64,
+    /// The master position's ticket.
+    pub master_ticket: i64,
 }
 
 #[derive(Debug, Subcommand)]

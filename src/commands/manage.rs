@@ -10,7 +10,7 @@ use sqlx::{Connection, PgConnection, Row};
 
 use super::{CommandError, load};
 use crate::broker::fix::FixEndpoint;
-use crate::cli::{AccountFields, AccountsCommand, LinkFields, LinksCommand, ManageArgs};
+use crate::cli::{AccountFields, AccountsCommand, LinkFields, LinksCommand, ManageArgs, WhyArgs};
 use crate::config::Config;
 use crate::db;
 
@@ -837,5 +837,214 @@ async fn show_link(conn: &mut PgConnection, id: i64, json: bool) -> Result<(), C
         .map_err(sql(&what))?
         .ok_or_else(|| CommandError::usage(format!("link {id}: no such link")))?;
     print_one(json, &link_of(&row).map_err(sql(&what))?);
+    Ok(())
+}
+
+/// One link's part of the answer to `why`.
+#[derive(Debug, Serialize)]
+struct WhyLink {
+    link_id: i64,
+    master_id: i64,
+    link_enabled: bool,
+    /// The master's last published state names the position (open when published).
+    master_position_published: bool,
+    /// Decisions recorded for this (link, master ticket), oldest first.
+    decisions: Vec<WhyDecision>,
+    /// FIX followers: the copy's orders in the order ledger (marker `mc<ticket>`).
+    fix_orders: Vec<WhyOrder>,
+    verdict: String,
+}
+
+#[derive(Debug, Serialize)]
+struct WhyDecision {
+    code: Option<String>,
+    reason: String,
+    is_final: bool,
+    decided_at: String,
+    node_id: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct WhyOrder {
+    cl_ord_id: String,
+    kind: String,
+    state: String,
+    position_id: Option<i64>,
+}
+
+impl std::fmt::Display for WhyLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "link {} (master {}): {}",
+            self.link_id, self.master_id, self.verdict
+        )?;
+        for d in &self.decisions {
+            writeln!(
+                f,
+                "  {} {}: {}{}{}",
+                d.decided_at,
+                d.code.as_deref().unwrap_or("-"),
+                d.reason,
+                if d.is_final { " (final)" } else { "" },
+                d.node_id
+                    .as_deref()
+                    .map(|n| format!(" [node {n}]"))
+                    .unwrap_or_default()
+            )?;
+        }
+        for o in &self.fix_orders {
+            writeln!(
+                f,
+                "  FIX order {} ({}): {}{}",
+                o.cl_ord_id,
+                o.kind,
+                o.state,
+                o.position_id
+                    .map(|p| format!(", position {p}"))
+                    .unwrap_or_default()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) async fn why(args: WhyArgs) -> Result<(), CommandError> {
+    let (_, mut conn) = connect(&args.manage, vec![]).await?;
+    let what = format!(
+        "follower {} and master ticket {}",
+        args.follower, args.master_ticket
+    );
+    let role: Option<String> =
+        sqlx::query_scalar("SELECT role FROM trading_accounts WHERE id = $1")
+            .bind(args.follower)
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(sql(&what))?;
+    match role.as_deref() {
+        None => {
+            return Err(CommandError::usage(format!(
+                "account {}: no such account",
+                args.follower
+            )));
+        }
+        Some("follower") => {}
+        Some(other) => {
+            return Err(CommandError::usage(format!(
+                "account {} is a {other}, not a follower",
+                args.follower
+            )));
+        }
+    }
+    let links: Vec<(i64, i64, bool)> = sqlx::query_as(
+        "SELECT id, master_id, enabled FROM copy_links WHERE follower_id = $1 ORDER BY id",
+    )
+    .bind(args.follower)
+    .fetch_all(&mut conn)
+    .await
+    .map_err(sql(&what))?;
+    let marker = crate::model::marker(args.master_ticket);
+    let orders: Vec<(String, String, String, Option<i64>)> = sqlx::query_as(
+        "SELECT cl_ord_id, kind, state, position_id FROM fix_orders
+          WHERE account_id = $1 AND comment = $2 ORDER BY sent_at",
+    )
+    .bind(args.follower)
+    .bind(&marker)
+    .fetch_all(&mut conn)
+    .await
+    .map_err(sql(&what))?;
+    let mut out = Vec::new();
+    for (link_id, master_id, enabled) in links {
+        let published: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM master_state m, jsonb_array_elements(m.positions) p
+                             WHERE m.master_id = $1 AND (p ->> 'ticket')::bigint = $2)",
+        )
+        .bind(master_id)
+        .bind(args.master_ticket)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(sql(&what))?;
+        let rows = sqlx::query(
+            "SELECT code, reason, final, decided_at::text AS decided_at, node_id FROM copy_skips
+              WHERE link_id = $1 AND master_ticket = $2 ORDER BY decided_at",
+        )
+        .bind(link_id)
+        .bind(args.master_ticket)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(sql(&what))?;
+        let decisions = rows
+            .iter()
+            .map(|r| {
+                Ok(WhyDecision {
+                    code: r.try_get("code")?,
+                    reason: r.try_get("reason")?,
+                    is_final: r.try_get("final")?,
+                    decided_at: r.try_get("decided_at")?,
+                    node_id: r.try_get("node_id")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(sql(&what))?;
+        let fix_orders: Vec<WhyOrder> = orders
+            .iter()
+            .filter(|o| o.0.starts_with(&format!("l{link_id}-")))
+            .map(|o| WhyOrder {
+                cl_ord_id: o.0.clone(),
+                kind: o.1.clone(),
+                state: o.2.clone(),
+                position_id: o.3,
+            })
+            .collect();
+        let verdict = if let Some(d) = decisions.iter().rev().find(|d| d.is_final) {
+            format!(
+                "not copied, for good: {} ({})",
+                d.code.as_deref().unwrap_or("skipped"),
+                d.reason
+            )
+        } else if let Some(o) = fix_orders
+            .iter()
+            .find(|o| o.kind == "open" && o.state == "filled")
+        {
+            format!(
+                "copied (FIX position {})",
+                o.position_id.map_or("?".to_string(), |p| p.to_string())
+            )
+        } else if let Some(d) = decisions.last() {
+            format!(
+                "not copied yet: {} ({}); retried while it may still succeed",
+                d.code.as_deref().unwrap_or("skipped"),
+                d.reason
+            )
+        } else if !enabled {
+            "the link is disabled".to_string()
+        } else if published {
+            "no decision recorded: copied, or being copied (the follower's broker shows the copy by its marker)".to_string()
+        } else {
+            "no decision recorded and the master does not publish this position (closed before it was copied, or never seen)".to_string()
+        };
+        out.push(WhyLink {
+            link_id,
+            master_id,
+            link_enabled: enabled,
+            master_position_published: published,
+            decisions,
+            fix_orders,
+            verdict,
+        });
+    }
+    if out.is_empty() {
+        return Err(CommandError::usage(format!(
+            "account {} follows no master (no copy links)",
+            args.follower
+        )));
+    }
+    if args.manage.json {
+        println!("{}", serde_json::to_string(&out).expect("serialises"));
+    } else {
+        for l in &out {
+            print!("{l}");
+        }
+    }
     Ok(())
 }

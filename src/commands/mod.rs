@@ -78,6 +78,7 @@ pub async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Credentials(command) => credentials::credentials(command).await,
         Command::Accounts(command) => manage::accounts(command).await,
         Command::Links(command) => manage::links(command).await,
+        Command::Why(args) => manage::why(args).await,
     }
 }
 

@@ -380,3 +380,64 @@ async fn removing_an_account_a_node_trades_disables_it_and_deletes_it_once_relea
     assert_eq!(left, 0);
     node.shutdown();
 }
+
+/// `copier-node why` says why a master position was or was not copied, from the follower's
+/// recorded decisions and the master's published state.
+#[tokio::test]
+async fn why_tells_a_filtered_position_from_a_copied_one() {
+    use copier_node::broker::types::Side;
+
+    use crate::support::fixture::CopySetup;
+    use crate::support::{LinkSpec, add_account, add_link};
+
+    let mut s = CopySetup::new("why").await;
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
+    let (link, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    ok(
+        &s.db,
+        &["links", "set", &link.to_string(), "--symbols", "EURUSD"],
+    );
+    let node = start_node(&config(&s.db, "why-node", 10, FAST)).await;
+    eventually(
+        "the follower to reconcile",
+        Duration::from_secs(20),
+        async || {
+            let st: Option<String> =
+                sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+                    .fetch_one(&mut s.conn)
+                    .await
+                    .unwrap();
+            st.is_some_and(|t| t.starts_with("follower: master"))
+                .then_some(())
+        },
+    )
+    .await;
+    let copied = s.t.open("m1", "EURUSD", Side::Buy, 0.1, None, None).await;
+    let filtered = s.t.open("m1", "GBPUSD", Side::Buy, 0.1, None, None).await;
+    s.t.copy_of("f2", magic, copied, Duration::from_secs(20))
+        .await;
+    let answer = eventually(
+        "the filter decision to be recorded",
+        Duration::from_secs(20),
+        async || {
+            let out = ok(&s.db, &["why", "2", &filtered.to_string(), "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            (!v[0]["decisions"].as_array().unwrap().is_empty()).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(answer[0]["link_id"].as_i64(), Some(link));
+    assert_eq!(answer[0]["decisions"][0]["code"], "filtered", "{answer}");
+    assert!(
+        answer[0]["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("not copied, for good"),
+        "{answer}"
+    );
+    let text = ok(&s.db, &["why", "2", &copied.to_string()]);
+    assert!(text.contains("no decision recorded: copied"), "{text}");
+    refused(&s.db, &["why", "1", &copied.to_string()], "not a follower");
+    node.shutdown();
+}
