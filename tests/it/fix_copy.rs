@@ -14,6 +14,18 @@ use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, 
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The venue with these accounts (no passwords), in the test's scratch directory.
+fn venue(s: &CopySetup, logins: &[&str]) -> FixVenue {
+    let accounts: Vec<VenueAccount<'_>> = logins
+        .iter()
+        .map(|login| VenueAccount {
+            login,
+            password: "",
+        })
+        .collect();
+    FixVenue::start(&s.dir.0, &accounts)
+}
+
 fn server(v: &FixVenue, extra: &str) -> String {
     format!(
         "fix://127.0.0.1:{}?target={}&heartbeat=1{extra}",
@@ -96,23 +108,7 @@ fn lots_close(a: f64, b: f64) -> bool {
 #[tokio::test]
 async fn master_trades_copy_over_fix_and_between_protocols() {
     let mut s = CopySetup::new("fix-copy").await;
-    let v = FixVenue::start(
-        &s.dir.0,
-        &[
-            VenueAccount {
-                login: "m1",
-                password: "",
-            },
-            VenueAccount {
-                login: "f1",
-                password: "",
-            },
-            VenueAccount {
-                login: "f2",
-                password: "",
-            },
-        ],
-    );
+    let v = venue(&s, &["m1", "f1", "f2"]);
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
     add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -263,19 +259,7 @@ async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
 async fn lost_fill_reports_are_resolved_without_a_duplicate() {
     for fault in ["drop_after_fill", "drop_and_forget", "gap_after_fill"] {
         let mut s = CopySetup::new(&format!("fix-{fault}")).await;
-        let v = FixVenue::start(
-            &s.dir.0,
-            &[
-                VenueAccount {
-                    login: "m1",
-                    password: "",
-                },
-                VenueAccount {
-                    login: "f1",
-                    password: "",
-                },
-            ],
-        );
+        let v = venue(&s, &["m1", "f1"]);
         let fix = server(&v, "");
         add_account(&mut s.conn, 1, "master", &fix, "m1").await;
         add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -355,19 +339,7 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     use crate::support::process::NodeProcess;
 
     let mut s = CopySetup::new("fix-failover").await;
-    let v = FixVenue::start(
-        &s.dir.0,
-        &[
-            VenueAccount {
-                login: "m1",
-                password: "",
-            },
-            VenueAccount {
-                login: "f1",
-                password: "",
-            },
-        ],
-    );
+    let v = venue(&s, &["m1", "f1"]);
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
     add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -475,19 +447,7 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
 async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling() {
     for updates in ["subscribe", "poll"] {
         let mut s = CopySetup::new(&format!("fix-{updates}")).await;
-        let v = FixVenue::start(
-            &s.dir.0,
-            &[
-                VenueAccount {
-                    login: "m1",
-                    password: "",
-                },
-                VenueAccount {
-                    login: "f1",
-                    password: "",
-                },
-            ],
-        );
+        let v = venue(&s, &["m1", "f1"]);
         assert_eq!(v.control("fault no_drop_copy on"), "ok");
         let master = server(&v, &format!("&updates={updates}&poll_ms=200"));
         add_account(&mut s.conn, 1, "master", &master, "m1").await;
@@ -529,13 +489,7 @@ async fn stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_cl
     use copier_node::broker::types::Side;
 
     let mut s = CopySetup::new("fix-stops").await;
-    let v = FixVenue::start(
-        &s.dir.0,
-        &[VenueAccount {
-            login: "f1",
-            password: "",
-        }],
-    );
+    let v = venue(&s, &["f1"]);
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     add_account(&mut s.conn, 2, "follower", &server(&v, ""), "f1").await;
     add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;

@@ -914,6 +914,24 @@ impl Shared {
         Ok(())
     }
 
+    /// Writes an order to the ledger before it is sent; refused (nothing to send) when this
+    /// node no longer owns the account at its epoch.
+    async fn record(&self, order: &FixOrder) -> Result<(), BrokerError> {
+        if ledger::record_order(&self.pool, &self.writer, order)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?
+        {
+            return Ok(());
+        }
+        Err(BrokerError::Rejected(Rejection::new(
+            RejectCode::StaleFence,
+            format!(
+                "account {} is no longer owned by this node at epoch {}: the order was not sent",
+                self.writer.account_id, self.writer.epoch
+            ),
+        )))
+    }
+
     /// Places a resting order protecting position `p` (`kind` sl: a stop; tp: a limit) and
     /// waits for the venue to accept it.
     async fn place_resting(
@@ -978,18 +996,7 @@ impl Shared {
             comment: p.comment.clone(),
             price: Some(price),
         };
-        if !ledger::record_order(&self.pool, &self.writer, &order)
-            .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?
-        {
-            return Err(BrokerError::Rejected(Rejection::new(
-                RejectCode::StaleFence,
-                format!(
-                    "account {} is no longer owned by this node at epoch {}: the order was not sent",
-                    self.writer.account_id, self.writer.epoch
-                ),
-            )));
-        }
+        self.record(&order).await?;
         let mut body = vec![
             (11, cl.clone()),
             (55, p.symbol.clone()),
@@ -1369,18 +1376,7 @@ impl Shared {
             cl_ord_id: cl.clone(),
             ..order
         };
-        if !ledger::record_order(&self.pool, &self.writer, &order)
-            .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?
-        {
-            return Err(BrokerError::Rejected(Rejection::new(
-                RejectCode::StaleFence,
-                format!(
-                    "account {} is no longer owned by this node at epoch {}: the order was not sent",
-                    self.writer.account_id, self.writer.epoch
-                ),
-            )));
-        }
+        self.record(&order).await?;
         let mut body = vec![
             (11, cl.clone()),
             (55, order.symbol.clone()),

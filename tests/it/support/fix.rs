@@ -16,31 +16,8 @@ pub use venue::{FixVenue, VenueAccount};
 
 pub const SOH: char = '\u{1}';
 
-/// A message as tag -> value pairs, in order.
-#[derive(Debug, Clone)]
-pub struct Msg(pub Vec<(u32, String)>);
-
-impl Msg {
-    pub fn get(&self, tag: u32) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(t, _)| *t == tag)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of `tag`, in order (the fields of a repeating group).
-    pub fn all(&self, tag: u32) -> Vec<&str> {
-        self.0
-            .iter()
-            .filter(|(t, _)| *t == tag)
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
-
-    pub fn msg_type(&self) -> &str {
-        self.get(35).unwrap_or("")
-    }
-}
+/// A message as tag -> value pairs, in order: the adapter's own reading of FIX text.
+pub use copier_node::broker::fix::msg::Fields as Msg;
 
 /// A plain FIX 4.4 initiator connection: frames and sequence numbers, nothing else.
 pub struct FixClient {
@@ -151,38 +128,16 @@ impl FixClient {
         let close = text[end + 1..].find(SOH)? + end + 1;
         let frame = text[..close].to_string();
         self.buf.drain(..=close);
-        Some(Msg(frame
-            .split(SOH)
-            .filter_map(|f| {
-                let (t, v) = f.split_once('=')?;
-                Some((t.parse().ok()?, v.to_string()))
-            })
-            .collect()))
+        Some(Msg::parse(&frame))
     }
 }
 
 /// FIX's SendingTime (52) is wall-clock time by definition.
 #[allow(clippy::disallowed_methods)]
 fn sending_time() -> String {
-    // UTC yyyymmdd-HH:MM:SS from the system clock (civil-from-days, Howard Hinnant).
-    let secs = std::time::SystemTime::now()
+    let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+        .as_millis() as i64;
+    copier_node::broker::fix::msg::utc_timestamp(ms)
 }
