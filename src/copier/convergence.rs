@@ -378,6 +378,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
                     tp: stops.then_some(if *buy { 1.2 } else { 1.0 }),
                     magic: 0,
                     first_seen_ms: Some(1),
+                    open_time_ms: None,
                 };
                 master.push(position.clone());
                 Some(MasterEvent::Open { position })

@@ -374,6 +374,9 @@ fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
         tp: p.tp,
         magic: p.magic,
         first_seen_ms: known.and_then(|k| k.first_seen_ms),
+        open_time_ms: (p.open_time_ms > 0)
+            .then_some(p.open_time_ms)
+            .or(known.and_then(|k| k.open_time_ms)),
     }
 }
 
@@ -426,6 +429,7 @@ mod tests {
     fn known(ticket: i64, volume: f64, seen: i64) -> MasterPosition {
         MasterPosition {
             first_seen_ms: Some(seen),
+            open_time_ms: None,
             ..from_broker(&pos(ticket, volume), None)
         }
     }

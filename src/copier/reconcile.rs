@@ -310,6 +310,7 @@ mod tests {
             tp: None,
             magic: 0,
             first_seen_ms: Some(2_000),
+            open_time_ms: None,
         }
     }
 

@@ -424,6 +424,7 @@ mod tests {
             tp: Some(1.12),
             magic: 0,
             first_seen_ms: Some(2_000),
+            open_time_ms: None,
         }
     }
 
@@ -552,6 +553,7 @@ mod tests {
     fn links_copy_only_later_positions_unless_copy_existing() {
         let earlier = MasterPosition {
             first_seen_ms: Some(500),
+            open_time_ms: None,
             ..position(1.0)
         };
         assert!(

@@ -75,6 +75,7 @@ mod tests {
                     tp: Some(1990.0),
                     magic: 0,
                     first_seen_ms: Some(1_796_000_000_000),
+                    open_time_ms: None,
                 },
             },
         };

@@ -28,6 +28,10 @@ pub struct MasterPosition {
     /// When a master session first recorded the position, on the database's clock (Unix ms);
     /// `None` until the database stamps it.
     pub first_seen_ms: Option<i64>,
+    /// When the master's broker filled it, on the broker's clock (Unix ms; `None` when the
+    /// broker did not say, or in snapshots from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_time_ms: Option<i64>,
 }
 
 /// The comment that marks a copy of master ticket `ticket`.
