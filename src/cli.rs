@@ -44,9 +44,23 @@ pub enum Command {
     /// refused here, naming the field).
     #[command(subcommand)]
     Links(LinksCommand),
+    /// A follower's recent copies from the copy ledger: master and follower tickets, requested
+    /// and filled price, slippage, and the latency by leg.
+    Copies(CopiesArgs),
     /// Why a master position was or was not copied to a follower: each link's recorded
     /// decisions, the master's published position, and (FIX followers) the order ledger.
     Why(WhyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CopiesArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// The follower account's id.
+    pub follower: i64,
+    /// How many copies, newest first.
+    #[arg(long, default_value_t = 20)]
+    pub limit: i64,
 }
 
 #[derive(Debug, Args)]

@@ -297,21 +297,30 @@ async fn run(
 
         // Traffic until the connection fails.
         let mut measure = tokio::time::interval(NOTIFY_USAGE_EVERY);
+        measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = measure.tick(), if notify_usage.is_some() => {
-                    let usage = sqlx::query_scalar::<_, f64>("SELECT pg_notification_queue_usage()")
-                        .fetch_one(&mut listener)
-                        .await;
+                    // Bounded: a half-open connection must not hold up commands and shutdown.
+                    let usage = tokio::time::timeout(
+                        std::time::Duration::from_secs(5),
+                        sqlx::query_scalar::<_, f64>("SELECT pg_notification_queue_usage()")
+                            .fetch_one(&mut listener),
+                    )
+                    .await;
                     match usage {
-                        Ok(u) => {
+                        Ok(Ok(u)) => {
                             if let Some(g) = &notify_usage {
                                 g.set(u);
                             }
                         }
-                        Err(e) => {
+                        Ok(Err(e)) => {
                             warn!(error = %db::describe(&e), "reading the NOTIFY queue usage failed; reconnecting");
+                            break;
+                        }
+                        Err(_) => {
+                            warn!("reading the NOTIFY queue usage took over 5 s; reconnecting");
                             break;
                         }
                     }

@@ -19,6 +19,13 @@ const MS_BUCKETS: &[f64] = &[
 pub(crate) const ACTIONS: &[&str] = &["open", "close", "modify"];
 pub(crate) const RESULTS: &[&str] = &["accepted", "rejected", "unknown", "unavailable"];
 
+/// The legs of a copy's latency in `copier_copy_leg_seconds`.
+pub(crate) const LEGS: &[&str] = &[
+    "master_fill_to_event",
+    "event_to_decision",
+    "decision_to_accept",
+];
+
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
@@ -41,6 +48,7 @@ pub struct Metrics {
     pub accounts_claimable: IntGauge,
     pub broker_sessions: IntGauge,
     pub notify_queue_usage: prometheus::Gauge,
+    pub copy_legs: prometheus::HistogramVec,
 }
 
 impl Default for Metrics {
@@ -160,6 +168,18 @@ impl Metrics {
             "PostgreSQL's NOTIFY queue usage (0..1, pg_notification_queue_usage), read by the node's listener",
         )
         .expect("valid metric");
+        let copy_legs = prometheus::HistogramVec::new(
+            HistogramOpts::new(
+                "copier_copy_leg_seconds",
+                "A copy's latency by leg: master_fill_to_event (broker clock to database clock), event_to_decision (database clock to node clock), decision_to_accept (node clock)",
+            )
+            .buckets(MS_BUCKETS.to_vec()),
+            &["leg"],
+        )
+        .expect("valid metric");
+        for leg in LEGS {
+            copy_legs.with_label_values(&[leg]);
+        }
         for c in [
             Box::new(owned_accounts.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_valid.clone()),
@@ -180,6 +200,7 @@ impl Metrics {
             Box::new(accounts_claimable.clone()),
             Box::new(broker_sessions.clone()),
             Box::new(notify_queue_usage.clone()),
+            Box::new(copy_legs.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -204,7 +225,13 @@ impl Metrics {
             accounts_claimable,
             broker_sessions,
             notify_queue_usage,
+            copy_legs,
         }
+    }
+
+    /// Observes one leg of a copy's latency (`LEGS` names them).
+    pub fn copy_leg(&self, leg: &str, seconds: f64) {
+        self.copy_legs.with_label_values(&[leg]).observe(seconds);
     }
 
     /// Counts an order by action and outcome.
@@ -256,6 +283,7 @@ mod tests {
             "copier_accounts_claimable 0",
             "copier_broker_sessions 0",
             "copier_notify_queue_usage 0",
+            "copier_copy_leg_seconds_count{leg=\"decision_to_accept\"} 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

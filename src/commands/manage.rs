@@ -10,7 +10,9 @@ use sqlx::{Connection, PgConnection, Row};
 
 use super::{CommandError, load};
 use crate::broker::fix::FixEndpoint;
-use crate::cli::{AccountFields, AccountsCommand, LinkFields, LinksCommand, ManageArgs, WhyArgs};
+use crate::cli::{
+    AccountFields, AccountsCommand, CopiesArgs, LinkFields, LinksCommand, ManageArgs, WhyArgs,
+};
 use crate::config::Config;
 use crate::db;
 
@@ -254,6 +256,12 @@ pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandErro
             let f = &args.fields;
             let what = format!("account {}", args.id);
             let mut tx = conn.begin().await.map_err(sql(&what))?;
+            // Locks the row first: a concurrent `links add` waits for this change (and sees it).
+            sqlx::query("SELECT FROM trading_accounts WHERE id = $1 FOR UPDATE")
+                .bind(args.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(sql(&what))?;
             if let Some(role) = &f.role {
                 // A role change would leave links pointing the wrong way.
                 let links: Vec<i64> = sqlx::query_scalar(
@@ -365,8 +373,14 @@ async fn remove_account(
     let deadline = tokio::time::Instant::now() + wait;
     let mut disabled = false;
     loop {
+        // Only a row no node may still trade: no owner, or an owner whose membership expired
+        // outside a database failover grace (during a grace the new primary may lack the
+        // owner's last renewals, and the owner may still trust its gate).
         let done = sqlx::query(
-            "DELETE FROM trading_accounts WHERE id = $1 AND (node_id IS NULL OR lease_until <= now())",
+            "DELETE FROM trading_accounts a WHERE a.id = $1
+               AND (a.node_id IS NULL
+                    OR (NOT EXISTS (SELECT FROM nodes n WHERE n.node_id = a.node_id AND n.lease_until > now())
+                        AND NOT EXISTS (SELECT FROM copier_database d WHERE d.claims_after > now())))",
         )
         .bind(id)
         .execute(&mut *conn)
@@ -709,7 +723,7 @@ pub(super) async fn links(command: LinksCommand) -> Result<(), CommandError> {
             let what = format!("link {} -> {}", args.master, args.follower);
             let mut tx = conn.begin().await.map_err(sql(&what))?;
             let roles: Vec<(i64, String, String)> = sqlx::query_as(
-                "SELECT id, role, platform FROM trading_accounts WHERE id = ANY($1)",
+                "SELECT id, role, platform FROM trading_accounts WHERE id = ANY($1) FOR SHARE",
             )
             .bind(vec![args.master, args.follower])
             .fetch_all(&mut *tx)
@@ -996,7 +1010,21 @@ pub(super) async fn why(args: WhyArgs) -> Result<(), CommandError> {
                 position_id: o.3,
             })
             .collect();
-        let verdict = if let Some(d) = decisions.iter().rev().find(|d| d.is_final) {
+        let ledger: Vec<(i64, Option<i64>)> = sqlx::query_as(
+            "SELECT follower_ticket, accepted_ms FROM copy_ledger
+              WHERE follower_id = $1 AND link_id = $2 AND master_ticket = $3 ORDER BY recorded_at",
+        )
+        .bind(args.follower)
+        .bind(link_id)
+        .bind(args.master_ticket)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(sql(&what))?;
+        let verdict = if let Some((ticket, _)) = ledger.first() {
+            format!(
+                "copied as ticket {ticket} (copy ledger; `copier-node copies` has its prices and latency)"
+            )
+        } else if let Some(d) = decisions.iter().rev().find(|d| d.is_final) {
             format!(
                 "not copied, for good: {} ({})",
                 d.code.as_deref().unwrap_or("skipped"),
@@ -1012,9 +1040,15 @@ pub(super) async fn why(args: WhyArgs) -> Result<(), CommandError> {
             )
         } else if let Some(d) = decisions.last() {
             format!(
-                "not copied yet: {} ({}); retried while it may still succeed",
+                "last refused at {}: {} ({}); retried while it may succeed, so it may be copied since{}",
+                d.decided_at,
                 d.code.as_deref().unwrap_or("skipped"),
-                d.reason
+                d.reason,
+                if published {
+                    ""
+                } else {
+                    " (the master no longer publishes the position)"
+                }
             )
         } else if !enabled {
             "the link is disabled".to_string()
@@ -1045,6 +1079,53 @@ pub(super) async fn why(args: WhyArgs) -> Result<(), CommandError> {
         for l in &out {
             print!("{l}");
         }
+    }
+    Ok(())
+}
+
+pub(super) async fn copies(args: CopiesArgs) -> Result<(), CommandError> {
+    let (_, mut conn) = connect(&args.manage, vec![]).await?;
+    let what = format!("copies of follower {}", args.follower);
+    let rows = db::copy::ledger::recent(&mut conn, args.follower, args.limit.max(1))
+        .await
+        .map_err(sql(&what))?;
+    if args.manage.json {
+        println!("{}", serde_json::to_string(&rows).expect("serialises"));
+        return Ok(());
+    }
+    let ms = |from: Option<i64>, to: Option<i64>| match (from, to) {
+        (Some(a), Some(b)) => format!("{} ms", b - a),
+        _ => "-".to_string(),
+    };
+    for c in &rows {
+        println!(
+            "copy {} of master {} ticket {} (link {}): {} {} {} at {}{}{}; legs: fill->event {}, event->decision {}, decision->accept {}{}",
+            c.follower_ticket,
+            c.master_id,
+            c.master_ticket,
+            c.link_id,
+            c.side,
+            c.volume,
+            c.symbol,
+            c.filled_price,
+            c.requested_price
+                .map(|r| format!(" (master {r})"))
+                .unwrap_or_default(),
+            c.slippage_bps
+                .map(|b| format!(", slippage {b:.2} bps"))
+                .unwrap_or_default(),
+            ms(c.master_fill_ms, c.event_committed_ms),
+            ms(c.event_committed_ms, c.decided_ms),
+            ms(c.decided_ms, c.accepted_ms),
+            if c.found_by_reconcile {
+                " (found by reconcile: its reply was lost)"
+            } else {
+                ""
+            },
+        );
+    }
+    if rows.is_empty() {
+        println!("no copies recorded for account {}", args.follower);
     }
     Ok(())
 }

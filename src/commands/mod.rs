@@ -79,6 +79,7 @@ pub async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Accounts(command) => manage::accounts(command).await,
         Command::Links(command) => manage::links(command).await,
         Command::Why(args) => manage::why(args).await,
+        Command::Copies(args) => manage::copies(args).await,
     }
 }
 

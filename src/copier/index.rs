@@ -67,6 +67,11 @@ impl CopyIndex {
         }
     }
 
+    /// Records that the follower held a copy for `key` (the copy ledger says so).
+    pub fn mark_ever(&mut self, key: Key) {
+        self.ever.insert(key);
+    }
+
     fn insert(&mut self, p: Position) {
         let Some(t) = parse_marker(&p.comment) else {
             return;

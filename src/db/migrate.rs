@@ -53,6 +53,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fix ledger",
         include_str!("../../migrations/0008_fix_ledger.sql"),
     ),
+    (
+        9,
+        "copy ledger",
+        include_str!("../../migrations/0009_copy_ledger.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -259,6 +259,7 @@ impl LeaseLoop {
         run.held = outcome.owned.iter().map(|r| r.epoch).collect();
         run.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
         self.watch_database(run, &outcome.database, acknowledged);
+        self.metrics.accounts_claimable.set(outcome.free as i64);
         // Nobody can claim during a grace: handing accounts off would only leave them unowned.
         let moved = if outcome.database.grace.is_zero() {
             self.rebalance(run, &outcome)
@@ -411,7 +412,6 @@ impl LeaseLoop {
         }
         run.target = Some(target);
         self.metrics.target_accounts.set(target as i64);
-        self.metrics.accounts_claimable.set(outcome.free as i64);
         if run.draining.is_some() {
             return 0;
         }
@@ -501,6 +501,9 @@ impl LeaseLoop {
             .deadline
             .is_some_and(|d| trust::holds(Instant::now(), d));
         warn!(error = %reason, attempt = run.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");
+        // What a failed cycle could not see is not reported as seen (the nodes that can see
+        // the database report it).
+        self.metrics.accounts_claimable.set(0);
         self.publish(run, |s| {
             s.failed_cycles += 1;
             s.last_cycle_at = Some(Instant::now());

@@ -475,7 +475,10 @@ async fn an_unmigrated_database_is_refused_until_migrated() {
 
     let (code, stdout, _) = run_to_end(&["migrate"], &env);
     assert_eq!(code, 0);
-    assert_eq!(stdout.trim(), "applied migrations: 1, 2, 3, 4, 5, 6, 7, 8");
+    assert_eq!(
+        stdout.trim(),
+        "applied migrations: 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    );
     let (code, stdout, _) = run_to_end(&["migrate", "--database-url", &url], &[]);
     assert_eq!(code, 0);
     assert_eq!(stdout.trim(), "no pending migrations");

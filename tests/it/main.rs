@@ -13,6 +13,7 @@ mod fix_copy;
 mod fix_venue;
 mod hardening;
 mod lease_sql;
+mod ledger;
 mod manage;
 mod model;
 mod nodes;

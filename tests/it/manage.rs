@@ -436,8 +436,82 @@ async fn why_tells_a_filtered_position_from_a_copied_one() {
             .starts_with("not copied, for good"),
         "{answer}"
     );
-    let text = ok(&s.db, &["why", "2", &copied.to_string()]);
-    assert!(text.contains("no decision recorded: copied"), "{text}");
+    let text = eventually(
+        "the copy in the ledger",
+        Duration::from_secs(20),
+        async || {
+            let t = ok(&s.db, &["why", "2", &copied.to_string()]);
+            t.contains("copied as ticket").then_some(t)
+        },
+    )
+    .await;
+    assert!(text.contains("copy ledger"), "{text}");
     refused(&s.db, &["why", "1", &copied.to_string()], "not a follower");
     node.shutdown();
+}
+
+/// The delete matches only a row no node may still trade: a live owner's membership, or a
+/// database failover grace (when the new primary may lack the owner's last renewals), keeps it.
+#[tokio::test]
+async fn remove_never_deletes_a_row_whose_owner_is_live_or_within_a_failover_grace() {
+    let db = TestDb::new().await;
+    ok(
+        &db,
+        &[
+            "accounts",
+            "add",
+            "--id",
+            "6",
+            "--platform",
+            "mt5",
+            "--role",
+            "master",
+            "--server",
+            "h:1",
+            "--login",
+            "m6",
+        ],
+    );
+    let mut conn = db.conn().await;
+    // A live owner whose row's lease looks expired (as on a new primary that lost renewals).
+    sqlx::query(
+        "INSERT INTO nodes (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at)
+         VALUES ('ghost', 'i1', 'mt5', 10, now() + interval '1 hour', now(), now())",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE trading_accounts SET node_id = 'ghost', lease_until = now() - interval '1 second' WHERE id = 6")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let kept = async |conn: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE id = 6")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    let (code, _, err) = cli(&db, &["accounts", "remove", "6", "--wait", "300ms"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("still owned by node ghost"), "{err}");
+    assert_eq!(kept(&mut conn).await, 1, "a live owner's row is kept");
+    // The owner's membership expired, but the database is in a failover grace: still kept.
+    sqlx::query("UPDATE nodes SET lease_until = now() - interval '1 second'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE copier_database SET claims_after = now() + interval '1 hour'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (code, _, err) = cli(&db, &["accounts", "remove", "6", "--wait", "300ms"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(kept(&mut conn).await, 1, "kept through a failover grace");
+    // The grace over and the owner dead: deleted.
+    sqlx::query("UPDATE copier_database SET claims_after = NULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    ok(&db, &["accounts", "remove", "6", "--wait", "300ms"]);
+    assert_eq!(kept(&mut conn).await, 0);
 }

@@ -201,6 +201,65 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
 }
 
 impl Follower<'_> {
+    /// Reads what the ledger says this follower ever copied (R2 then holds whatever history the
+    /// broker keeps), and records the copies of master `m` a read shows that have no row yet
+    /// (an order whose reply was lost, found by its marker).
+    async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) {
+        let copied = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::ledger::copied(&mut conn, self.id).await
+        }
+        .await;
+        let copied = match copied {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %db::describe(&e), "reading the copy ledger failed; what was ever copied comes from the broker's history alone this time");
+                return;
+            }
+        };
+        let magics: HashMap<i64, i64> = self.links.iter().map(|l| (l.id, l.magic)).collect();
+        let mut recorded: HashSet<i64> = HashSet::new();
+        for (link_id, master_ticket, ticket) in copied {
+            if let Some(magic) = magics.get(&link_id) {
+                self.index.mark_ever((*magic, master_ticket));
+            }
+            recorded.insert(ticket);
+        }
+        for link in self.links_of(m) {
+            for p in open
+                .iter()
+                .filter(|p| p.magic == link.magic && !recorded.contains(&p.ticket))
+            {
+                let Some(master_ticket) = crate::copier::parse_marker(&p.comment) else {
+                    continue;
+                };
+                let order = crate::broker::types::OpenOrder {
+                    symbol: p.symbol.clone(),
+                    side: p.side,
+                    volume: self.index.original_volume(p),
+                    sl: None,
+                    tp: None,
+                    magic: p.magic,
+                    comment: p.comment.clone(),
+                    client_order_id: None,
+                    price_limit: None,
+                };
+                let source = masters.iter().find(|mp| mp.ticket == master_ticket);
+                let record = send::copy_record(
+                    &link,
+                    master_ticket,
+                    &order,
+                    p.ticket,
+                    p.open_price,
+                    source,
+                    None,
+                    None,
+                );
+                self.record_copy(&record).await;
+            }
+        }
+    }
+
     fn links_of(&self, master: i64) -> Vec<Link> {
         self.links
             .iter()
@@ -349,6 +408,7 @@ impl Follower<'_> {
             ),
         };
         let (view, now_ms) = view;
+        self.sync_ledger(m, &positions, &view.positions).await;
         if self.has_equity_stop(m) {
             self.report_funds().await;
         }
@@ -373,7 +433,12 @@ impl Follower<'_> {
                 if action.sends() {
                     sent += 1;
                 }
-                if self.execute(&link, action).await == Sent::Gated {
+                let source = view
+                    .positions
+                    .iter()
+                    .find(|p| p.ticket == action.master_ticket())
+                    .cloned();
+                if self.execute(&link, action, source.as_ref()).await == Sent::Gated {
                     break;
                 }
             }
@@ -508,7 +573,7 @@ impl Follower<'_> {
                     continue;
                 }
                 let opens = matches!(action, Action::Open { .. });
-                match self.execute(&link, action).await {
+                match self.execute(&link, action, position.as_ref()).await {
                     Sent::Accepted if opens => self
                         .ctx
                         .node

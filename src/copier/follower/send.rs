@@ -12,11 +12,14 @@
 use tracing::{debug, info, warn};
 
 use super::Follower;
+use crate::broker::types::OpenOrder;
 use crate::broker::types::{CloseOrder, ModifyOrder};
 use crate::broker::{BrokerError, RejectCode};
 use crate::copier::reconcile::Action;
 use crate::copier::rules::{Link, SkipCode};
 use crate::db;
+use crate::db::copy::ledger::CopyRecord;
+use crate::model::MasterPosition;
 
 /// What became of one action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +36,15 @@ pub(super) enum Sent {
 
 impl Follower<'_> {
     /// Sends one action. `Gated` when the gate refused it (the rest of a plan is not sent either).
-    pub(super) async fn execute(&mut self, link: &Link, action: Action) -> Sent {
+    /// Carries out one action of the plan. `source`: the master position it copies, as the
+    /// follower knows it (its price and times go to the copy ledger).
+    pub(super) async fn execute(
+        &mut self,
+        link: &Link,
+        action: Action,
+        source: Option<&MasterPosition>,
+    ) -> Sent {
+        let decided_ms = wall_ms();
         let master_ticket = action.master_ticket();
         match &action {
             Action::Skip { code, reason, .. } => {
@@ -70,6 +81,17 @@ impl Follower<'_> {
                         info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = order.volume, duplicate = fill.duplicate, "copy opened");
                         self.index
                             .opened(order.position(fill.ticket, fill.price, 0));
+                        let record = copy_record(
+                            link,
+                            master_ticket,
+                            &order,
+                            fill.ticket,
+                            fill.price,
+                            source,
+                            Some(decided_ms),
+                            Some(wall_ms()),
+                        );
+                        self.record_copy(&record).await;
                         if let Some(master_volume) = base {
                             self.record_base(link, master_ticket, fill.ticket, master_volume)
                                 .await;
@@ -289,6 +311,51 @@ impl Follower<'_> {
         }
     }
 
+    /// Writes a copy to the ledger (fenced) and observes its latency legs.
+    pub(super) async fn record_copy(&mut self, record: &CopyRecord) {
+        let metrics = &self.ctx.node.metrics;
+        let legs = [
+            (
+                "master_fill_to_event",
+                record.master_fill_ms,
+                record.event_committed_ms,
+            ),
+            (
+                "event_to_decision",
+                record.event_committed_ms,
+                record.decided_ms,
+            ),
+            ("decision_to_accept", record.decided_ms, record.accepted_ms),
+        ];
+        for (leg, from, to) in legs {
+            if let (Some(from), Some(to)) = (from, to) {
+                metrics.copy_leg(leg, (to - from).max(0) as f64 / 1000.0);
+            }
+        }
+        let result = async {
+            let mut conn = self.ctx.node.pool.acquire().await?;
+            db::copy::ledger::record_copy(
+                &mut conn,
+                &self.ctx.node.node_id,
+                self.id,
+                self.ctx.epoch(),
+                record,
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(true) => {}
+            Ok(false) => debug!(
+                ticket = record.follower_ticket,
+                "copy already in the ledger, or the follower is no longer owned"
+            ),
+            Err(e) => {
+                warn!(error = %db::describe(&e), ticket = record.follower_ticket, "recording a copy in the ledger failed; the next reconcile records it")
+            }
+        }
+    }
+
     async fn record_base(
         &mut self,
         link: &Link,
@@ -315,5 +382,53 @@ impl Follower<'_> {
         if let Err(e) = result {
             warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
         }
+    }
+}
+
+/// The node's wall clock (Unix ms): the ledger's decision and acceptance times.
+#[allow(clippy::disallowed_methods)] // the ledger records wall-clock facts
+pub(super) fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The ledger's row for a copy of `master_ticket` under `link`, filled as `ticket` at `price`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy_record(
+    link: &Link,
+    master_ticket: i64,
+    order: &OpenOrder,
+    ticket: i64,
+    price: f64,
+    source: Option<&MasterPosition>,
+    decided_ms: Option<i64>,
+    accepted_ms: Option<i64>,
+) -> CopyRecord {
+    let requested = source.map(|m| m.open_price).filter(|p| *p > 0.0);
+    // Positive when the copy filled worse than the master's price, for the copy's side.
+    let slippage = requested.map(|r| (price - r) * order.side.sign());
+    CopyRecord {
+        follower_ticket: ticket,
+        link_id: link.id,
+        master_id: link.master_id,
+        master_ticket,
+        symbol: order.symbol.clone(),
+        side: if order.side == crate::broker::types::Side::Buy {
+            "buy"
+        } else {
+            "sell"
+        }
+        .into(),
+        volume: order.volume,
+        requested_price: requested,
+        filled_price: price,
+        slippage,
+        slippage_bps: slippage.zip(requested).map(|(s, r)| s / r * 10_000.0),
+        master_fill_ms: source.and_then(|m| m.open_time_ms),
+        event_committed_ms: source.and_then(|m| m.first_seen_ms),
+        decided_ms,
+        accepted_ms,
+        found_by_reconcile: accepted_ms.is_none(),
     }
 }

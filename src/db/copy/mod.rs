@@ -9,6 +9,7 @@
 
 pub mod accounts;
 pub mod decisions;
+pub mod ledger;
 pub mod links;
 pub mod master;
 

@@ -624,6 +624,46 @@ impl Suite {
         Ok(out)
     }
 
+    /// The copy ledger against the broker's journal: every copy a node opened (an accepted open
+    /// carrying a copy marker) has its ledger row, and every row names a copy the journal shows.
+    /// Copies whose reply was lost are recorded by the next reconcile: this waits for it.
+    pub async fn ledger_matches_journal(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let mut conn = self.conn().await;
+        loop {
+            let lines = checker::load(&self.dir.path("journal.jsonl"));
+            let journal: std::collections::BTreeSet<(String, i64)> = lines
+                .iter()
+                .filter(|l| l.action == "open" && l.accepted && l.client != "manual")
+                .filter(|l| l.comment.as_deref().is_some_and(|c| c.starts_with("mc")))
+                .filter_map(|l| Some((l.login.clone(), l.ticket?)))
+                .collect();
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT a.login, l.follower_ticket FROM copy_ledger l JOIN trading_accounts a ON a.id = l.follower_id",
+            )
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+            let ledger: std::collections::BTreeSet<(String, i64)> = rows.into_iter().collect();
+            let missing: Vec<_> = journal.difference(&ledger).collect();
+            let extra: Vec<_> = ledger.difference(&journal).collect();
+            if missing.is_empty() && extra.is_empty() {
+                eprintln!(
+                    "[{}] copy ledger: {} rows, one per copy in the journal",
+                    self.name,
+                    ledger.len()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: the copy ledger does not match the journal: copies without a row {missing:?}; rows without a copy {extra:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Checks the journal and prints the figures; returns the handovers seen.
     pub fn check(&self, expect_stale_accepted: bool) -> Vec<checker::Handover> {
         let lines = checker::load(&self.dir.path("journal.jsonl"));

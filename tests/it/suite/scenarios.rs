@@ -51,6 +51,7 @@ async fn finish(s: &mut Suite) {
         converged.as_millis()
     );
     s.check(false);
+    s.ledger_matches_journal(CONVERGE).await;
 }
 
 #[tokio::test]

@@ -17,6 +17,8 @@ use copier_node::brokers::{BrokerConnector, Brokers};
 pub struct Faults {
     /// Positions and history reads of these logins come back empty.
     pub empty_reads: Mutex<HashSet<String>>,
+    /// History reads of these logins come back empty (a broker that keeps no history).
+    pub no_history: Mutex<HashSet<String>>,
     /// The next open of these logins is executed, but its reply is lost (once per login).
     pub lose_open_reply: Mutex<HashSet<String>>,
     /// Orders whose reply was lost.
@@ -116,7 +118,8 @@ impl TradeApi for FaultyApi {
     }
     fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>> {
         Box::pin(async move {
-            if self.empty() {
+            let forgets = self.faults.no_history.lock().unwrap().contains(&self.login);
+            if self.empty() || forgets {
                 Ok(Vec::new())
             } else {
                 self.inner.history().await

@@ -1,0 +1,122 @@
+//! The copy ledger (`migrations/0009_copy_ledger.sql`): a row per copy, fenced like every write
+//! of the follower's session.
+
+use sqlx::{PgConnection, Row};
+
+/// One copy as the ledger records it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CopyRecord {
+    pub follower_ticket: i64,
+    pub link_id: i64,
+    pub master_id: i64,
+    pub master_ticket: i64,
+    pub symbol: String,
+    pub side: String,
+    pub volume: f64,
+    pub requested_price: Option<f64>,
+    pub filled_price: f64,
+    pub slippage: Option<f64>,
+    pub slippage_bps: Option<f64>,
+    pub master_fill_ms: Option<i64>,
+    pub event_committed_ms: Option<i64>,
+    pub decided_ms: Option<i64>,
+    pub accepted_ms: Option<i64>,
+    pub found_by_reconcile: bool,
+}
+
+/// Records a copy (once per follower ticket). Fenced by the follower's (node, epoch); false if
+/// that no longer owns the follower (nothing is written).
+pub async fn record_copy(
+    conn: &mut PgConnection,
+    node_id: &str,
+    follower_id: i64,
+    epoch: i64,
+    c: &CopyRecord,
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
+                         requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
+                         event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch)
+SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3
+  FROM trading_accounts a
+ WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
+   FOR SHARE
+ON CONFLICT (follower_id, follower_ticket) DO NOTHING
+"#;
+    let done = sqlx::query(SQL)
+        .bind(follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(c.follower_ticket)
+        .bind(c.link_id)
+        .bind(c.master_id)
+        .bind(c.master_ticket)
+        .bind(&c.symbol)
+        .bind(&c.side)
+        .bind(c.volume)
+        .bind(c.requested_price)
+        .bind(c.filled_price)
+        .bind(c.slippage)
+        .bind(c.slippage_bps)
+        .bind(c.master_fill_ms)
+        .bind(c.event_committed_ms)
+        .bind(c.decided_ms)
+        .bind(c.accepted_ms)
+        .bind(c.found_by_reconcile)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Every (link, master ticket, follower ticket) the follower ever held a copy of.
+pub async fn copied(
+    conn: &mut PgConnection,
+    follower_id: i64,
+) -> Result<Vec<(i64, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT link_id, master_ticket, follower_ticket FROM copy_ledger WHERE follower_id = $1",
+    )
+    .bind(follower_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// The follower's most recent copies, newest first.
+pub async fn recent(
+    conn: &mut PgConnection,
+    follower_id: i64,
+    limit: i64,
+) -> Result<Vec<CopyRecord>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT follower_ticket, link_id, master_id, master_ticket, symbol, side, volume, requested_price,
+                filled_price, slippage, slippage_bps, master_fill_ms, event_committed_ms, decided_ms,
+                accepted_ms, found_by_reconcile
+           FROM copy_ledger WHERE follower_id = $1 ORDER BY recorded_at DESC, follower_ticket DESC LIMIT $2",
+    )
+    .bind(follower_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(CopyRecord {
+                follower_ticket: r.try_get("follower_ticket")?,
+                link_id: r.try_get("link_id")?,
+                master_id: r.try_get("master_id")?,
+                master_ticket: r.try_get("master_ticket")?,
+                symbol: r.try_get("symbol")?,
+                side: r.try_get("side")?,
+                volume: r.try_get("volume")?,
+                requested_price: r.try_get("requested_price")?,
+                filled_price: r.try_get("filled_price")?,
+                slippage: r.try_get("slippage")?,
+                slippage_bps: r.try_get("slippage_bps")?,
+                master_fill_ms: r.try_get("master_fill_ms")?,
+                event_committed_ms: r.try_get("event_committed_ms")?,
+                decided_ms: r.try_get("decided_ms")?,
+                accepted_ms: r.try_get("accepted_ms")?,
+                found_by_reconcile: r.try_get("found_by_reconcile")?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,162 @@
+//! The copy ledger end to end: every copy's row (tickets, prices, slippage, latency legs), the
+//! `copies` command, and R2 held by the ledger when the follower's broker keeps no history.
+
+use std::time::Duration;
+
+use copier_node::app::RunOptions;
+use copier_node::broker::types::Side;
+
+use crate::support::faults::FaultyBrokers;
+use crate::support::fixture::{CopySetup, master_and_follower};
+use crate::support::http::{get, sample};
+use crate::support::process::run_to_end;
+use crate::support::{FAST, LinkSpec, config, eventually, start_node, start_node_with};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn wait_ready(conn: &mut sqlx::PgConnection) {
+    eventually("the follower to reconcile", WAIT, async || {
+        let st: Option<String> =
+            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        st.is_some_and(|t| t.starts_with("follower: master"))
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn every_copy_has_its_ledger_row_with_prices_and_latency_legs() {
+    let mut s = CopySetup::new("ledger").await;
+    let (link, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "ledger-node", 10, FAST)).await;
+    wait_ready(&mut s.conn).await;
+    let ticket = s.t.open("m1", "EURUSD", Side::Sell, 0.3, None, None).await;
+    let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
+    let master_price = s.t.positions("m1").await[0].open_price;
+
+    let out = eventually("the copy's ledger row", WAIT, async || {
+        let (code, out, err) = run_to_end(
+            &["copies", "2", "--json"],
+            &[("DATABASE_URL", s.db.url.as_str())],
+        );
+        assert_eq!(code, 0, "{err}");
+        let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (rows.as_array().is_some_and(|r| r.len() == 1)).then_some(rows)
+    })
+    .await;
+    let row = &out[0];
+    assert_eq!(row["master_ticket"].as_i64(), Some(ticket));
+    assert_eq!(row["follower_ticket"].as_i64(), Some(copy.ticket));
+    assert_eq!(row["link_id"].as_i64(), Some(link));
+    assert_eq!(row["side"], "sell");
+    assert_eq!(row["requested_price"].as_f64(), Some(master_price));
+    assert_eq!(row["filled_price"].as_f64(), Some(copy.open_price));
+    let slippage = row["slippage"].as_f64().expect("slippage computed");
+    assert!(
+        (slippage - (master_price - copy.open_price)).abs() < 1e-9,
+        "{row}"
+    );
+    let at = |k: &str| {
+        row[k]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{k} missing: {row}"))
+    };
+    // Each leg's two ends are recorded; the node-clock leg is ordered.
+    let (fill, event, decided, accepted) = (
+        at("master_fill_ms"),
+        at("event_committed_ms"),
+        at("decided_ms"),
+        at("accepted_ms"),
+    );
+    assert!(decided <= accepted, "{row}");
+    // All clocks are this machine's here: the legs are short and in order within a loose bound.
+    assert!(event - fill > -1000 && decided - event > -1000, "{row}");
+    assert_eq!(row["found_by_reconcile"], false);
+
+    let text = run_to_end(&["copies", "2"], &[("DATABASE_URL", s.db.url.as_str())]).1;
+    assert!(
+        text.contains(&format!("copy {} of master 1 ticket {ticket}", copy.ticket)),
+        "{text}"
+    );
+    let metrics = get(node.http_addr, "/metrics").await.1;
+    assert!(
+        sample(
+            &metrics,
+            "copier_copy_leg_seconds_count{leg=\"decision_to_accept\"}"
+        ) >= 1.0
+    );
+    node.shutdown();
+}
+
+/// A follower whose broker keeps no history (and, as MT4/MT5 servers, deduplicates nothing and
+/// checks no fence): a copy closed by hand is still never reopened by a new session, because the
+/// ledger remembers it was copied. Judged from the journal alone: one open request, ever.
+#[tokio::test]
+async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
+    let mut s = CopySetup::with("ledger-r2", |o| {
+        o.dedupe = false;
+        o.fence_check = false;
+    })
+    .await;
+    let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    let start = async |s: &CopySetup, id: &str| {
+        let brokers = FaultyBrokers::new(id);
+        brokers
+            .faults
+            .no_history
+            .lock()
+            .unwrap()
+            .insert("f2".into());
+        start_node_with(
+            &config(&s.db, id, 10, FAST),
+            RunOptions {
+                brokers: Some(brokers),
+                ..Default::default()
+            },
+        )
+        .await
+    };
+    let first = start(&s, "r2-a").await;
+    wait_ready(&mut s.conn).await;
+    let ticket = s.t.open("m1", "GBPUSD", Side::Buy, 0.2, None, None).await;
+    let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
+    eventually("the copy's ledger row", WAIT, async || {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM copy_ledger WHERE follower_id = 2")
+            .fetch_one(&mut s.conn)
+            .await
+            .unwrap();
+        (n == 1).then_some(())
+    })
+    .await;
+    // Closed by hand while no session watches the follower (nothing records it but the
+    // broker, which keeps no history).
+    first.shutdown();
+    first.wait().await.unwrap();
+    s.t.close("f2", copy.ticket, None).await;
+
+    // A new session reads positions (the copy is gone) and no history at all.
+    let second = start(&s, "r2-b").await;
+    eventually("the new session to reconcile", WAIT, async || {
+        let by: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",
+        )
+        .fetch_optional(&mut s.conn)
+        .await
+        .unwrap();
+        (by.flatten().as_deref() == Some("r2-b")).then_some(())
+    })
+    .await;
+    // A later master trade is copied (the session works), and the closed copy is not reopened.
+    let next = s.t.open("m1", "EURUSD", Side::Sell, 0.1, None, None).await;
+    s.t.copy_of("f2", magic, next, WAIT).await;
+    let opens = crate::support::broker::journal(&s.dir.path("journal.jsonl"))
+        .into_iter()
+        .filter(|l| l.login == "f2" && l.action == "open")
+        .filter(|l| l.comment.as_deref() == Some(&format!("mc{ticket}")))
+        .count();
+    assert_eq!(opens, 1, "the copy closed by hand was asked for again");
+    second.shutdown();
+}
