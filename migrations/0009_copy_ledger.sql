@@ -11,6 +11,10 @@
 CREATE TABLE copy_ledger (
     follower_id        bigint NOT NULL REFERENCES trading_accounts (id) ON DELETE CASCADE,
     follower_ticket    bigint NOT NULL,
+    -- The broker account the copy is on: a row whose server or login changes trades another
+    -- account, whose copies are its own.
+    server             text   NOT NULL,
+    login              text   NOT NULL,
     link_id            bigint NOT NULL,
     master_id          bigint NOT NULL,
     master_ticket      bigint NOT NULL,
@@ -29,7 +33,7 @@ CREATE TABLE copy_ledger (
     node_id            text   NOT NULL,
     owner_epoch        bigint NOT NULL,
     recorded_at        timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (follower_id, follower_ticket)
+    PRIMARY KEY (follower_id, server, login, follower_ticket)
 );
 
 -- Every copy of one master position under one link (R2, `copier-node why`).

@@ -369,6 +369,10 @@ pub struct ServeArgs {
     /// profit (e.g. `100ms`). Prices stay fixed without it.
     #[arg(long, value_name = "DURATION")]
     pub price_walk: Option<String>,
+    /// List the default symbols under this suffix (repeat for several; `""` is the bare
+    /// name). Default: bare and `.m`.
+    #[arg(long, value_name = "SUFFIX")]
+    pub symbol_suffix: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -30,6 +30,11 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 balance: args.balance,
                 balances: Default::default(),
                 price_walk,
+                symbol_suffixes: if args.symbol_suffix.is_empty() {
+                    vec![String::new(), ".m".to_string()]
+                } else {
+                    args.symbol_suffix
+                },
             };
             let server = SimBroker::start(options).await?;
             stop.await;

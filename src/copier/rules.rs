@@ -21,12 +21,69 @@ pub struct Inputs {
     pub now_ms: Option<i64>,
 }
 
-/// The follower's symbol for a master symbol.
-pub fn follower_symbol(link: &Link, master_symbol: &str) -> String {
-    link.symbol_map
-        .get(master_symbol)
-        .cloned()
-        .unwrap_or_else(|| master_symbol.to_string())
+/// The follower's symbol for a master symbol, or why there is none. In order: the link's
+/// explicit map; the same name on the follower's broker; else the one follower symbol with the
+/// same core once each broker's prefix and suffix are stripped (`EURUSD.m` -> `EURUSD` ->
+/// `EURUSDpro`). Checked against the follower broker's symbol list.
+pub fn follower_symbol(
+    link: &Link,
+    master_symbol: &str,
+    specs: &HashMap<String, SymbolSpec>,
+) -> Result<String, String> {
+    if let Some(mapped) = link.symbol_map.get(master_symbol) {
+        return if specs.contains_key(mapped) {
+            Ok(mapped.clone())
+        } else {
+            Err(format!(
+                "symbol {mapped} is unknown on the follower's broker (the link maps {master_symbol} to it)"
+            ))
+        };
+    }
+    if specs.contains_key(master_symbol) {
+        return Ok(master_symbol.to_string());
+    }
+    let core = symbol_core(master_symbol);
+    let mut candidates: Vec<&String> = specs.keys().filter(|s| symbol_core(s) == core).collect();
+    candidates.sort();
+    match candidates.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(format!(
+            "symbol {master_symbol} is unknown on the follower's broker (nor any symbol like {core})"
+        )),
+        many => {
+            // The bare core itself wins over suffixed variants (EURUSD over EURUSD.pro).
+            if let Some(bare) = many.iter().find(|s| s.as_str() == core) {
+                return Ok((*bare).clone());
+            }
+            let names: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+            Err(format!(
+                "symbol {master_symbol} matches several symbols on the follower's broker ({}): map it in the link's symbol_map",
+                names.join(", ")
+            ))
+        }
+    }
+}
+
+/// A symbol's core: the longest part between separators (`.`, `_`, `-`, `#`, `+`, `!`, `/`)
+/// that has capital letters, without lowercase letters before or after (`EURUSD.m`, `mEURUSD`,
+/// `EURUSDpro`, `EURUSD_i` all give `EURUSD`). A symbol without capital letters is its own core,
+/// capitalised.
+pub fn symbol_core(symbol: &str) -> String {
+    let part = symbol
+        .split(['.', '_', '-', '#', '+', '!', '/'])
+        .filter(|p| p.chars().any(|c| c.is_ascii_uppercase()))
+        .max_by_key(|p| {
+            p.chars()
+                .filter(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+                .count()
+        });
+    match part {
+        Some(p) => p
+            .trim_start_matches(|c: char| c.is_ascii_lowercase())
+            .trim_end_matches(|c: char| c.is_ascii_lowercase())
+            .to_string(),
+        None => symbol.to_ascii_uppercase(),
+    }
 }
 
 /// The copy's side: the master's, or the opposite when the link reverses.
@@ -330,7 +387,8 @@ pub fn open_order(
     specs: &HashMap<String, SymbolSpec>,
 ) -> Result<OpenOrder, NotNow> {
     eligibility(link, position, funds)?;
-    let symbol = follower_symbol(link, &position.symbol);
+    let symbol = follower_symbol(link, &position.symbol, specs)
+        .map_err(|why| skip(SkipCode::SymbolNotFound, why))?;
     let spec = specs.get(&symbol).ok_or_else(|| {
         skip(
             SkipCode::SymbolNotFound,
@@ -527,6 +585,71 @@ mod tests {
         assert_eq!(
             (o.magic, o.comment.as_str(), o.client_order_id.as_deref()),
             (100_007, "mc42", Some("l7-m42-open"))
+        );
+    }
+
+    #[test]
+    fn symbols_resolve_across_prefixes_and_suffixes_against_the_followers_list() {
+        for (symbol, core) in [
+            ("EURUSD", "EURUSD"),
+            ("EURUSD.m", "EURUSD"),
+            ("EURUSDpro", "EURUSD"),
+            ("mEURUSD", "EURUSD"),
+            ("EURUSD_i", "EURUSD"),
+            ("#US30.cash", "US30"),
+            ("XAUUSD+", "XAUUSD"),
+            ("btcusd", "BTCUSD"),
+        ] {
+            assert_eq!(symbol_core(symbol), core, "{symbol}");
+        }
+        let list = |names: &[&str]| -> HashMap<String, SymbolSpec> {
+            names
+                .iter()
+                .map(|n| {
+                    (
+                        n.to_string(),
+                        SymbolSpec {
+                            symbol: n.to_string(),
+                            ..specs()["EURUSD"].clone()
+                        },
+                    )
+                })
+                .collect()
+        };
+        let l = link();
+        // Stripped on the master's side, added on the follower's.
+        assert_eq!(
+            follower_symbol(&l, "EURUSD.m", &list(&["EURUSDpro", "GBPUSDpro"])),
+            Ok("EURUSDpro".into())
+        );
+        // The same name wins; then the bare core over other variants.
+        assert_eq!(
+            follower_symbol(&l, "EURUSD.m", &list(&["EURUSD.m", "EURUSD"])),
+            Ok("EURUSD.m".into())
+        );
+        assert_eq!(
+            follower_symbol(&l, "EURUSD.m", &list(&["EURUSD", "EURUSD.pro"])),
+            Ok("EURUSD".into())
+        );
+        // Nothing, or several without a bare one: a skip naming the candidates.
+        let none = follower_symbol(&l, "EURUSD.m", &list(&["GBPUSD"])).unwrap_err();
+        assert!(none.contains("EURUSD.m is unknown"), "{none}");
+        let many = follower_symbol(&l, "EURUSD", &list(&["EURUSD.a", "EURUSDpro"])).unwrap_err();
+        assert!(many.contains("EURUSD.a, EURUSDpro"), "{many}");
+        let skipped = open_order(
+            &l,
+            &MasterPosition {
+                symbol: "GBPUSD.x".into(),
+                ..position(1.0)
+            },
+            &Inputs::default(),
+            &list(&["EURUSD"]),
+        )
+        .unwrap_err();
+        assert!(
+            skipped.message().contains("GBPUSD.x is unknown"),
+            "{}",
+            skipped.message()
         );
     }
 

@@ -121,6 +121,11 @@ impl Book {
         }
     }
 
+    /// Replaces the symbol list: the default symbols under these suffixes.
+    pub fn set_symbol_suffixes(&mut self, suffixes: &[&str]) {
+        self.market = Market::with_suffixes(suffixes);
+    }
+
     /// The balance `login` gets when it is created (at its first login or order).
     pub fn set_opening_balance(&mut self, login: &str, balance: f64) {
         self.opening.insert(login.to_string(), balance);

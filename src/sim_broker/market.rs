@@ -32,9 +32,15 @@ impl Default for Market {
 
 impl Market {
     pub fn new() -> Self {
+        Self::with_suffixes(&["", ".m"])
+    }
+
+    /// The default symbols, each under every one of `suffixes` (`""`: the bare name), as a
+    /// broker whose symbols carry its own suffix (`EURUSDpro`) lists them.
+    pub fn with_suffixes(suffixes: &[&str]) -> Self {
         let mut symbols = BTreeMap::new();
         for (name, price, contract) in BASE {
-            for suffix in ["", ".m"] {
+            for suffix in suffixes {
                 let symbol = format!("{name}{suffix}");
                 symbols.insert(
                     symbol.clone(),

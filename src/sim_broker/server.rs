@@ -52,6 +52,8 @@ pub struct ServeOptions {
     /// Move prices every this often and trigger stop loss / take profit (off by default:
     /// prices then stay at their defaults).
     pub price_walk: Option<Duration>,
+    /// The symbol list: the default symbols under these suffixes (default: bare and `.m`).
+    pub symbol_suffixes: Vec<String>,
 }
 
 impl ServeOptions {
@@ -66,6 +68,7 @@ impl ServeOptions {
             balance: 10_000.0,
             balances: HashMap::new(),
             price_walk: None,
+            symbol_suffixes: vec![String::new(), ".m".to_string()],
         }
     }
 }
@@ -98,6 +101,8 @@ impl SimBroker {
     pub async fn start(options: ServeOptions) -> anyhow::Result<SimBroker> {
         let mut book = Book::new(options.balance, options.fence_check);
         book.set_dedupe(options.dedupe);
+        let suffixes: Vec<&str> = options.symbol_suffixes.iter().map(String::as_str).collect();
+        book.set_symbol_suffixes(&suffixes);
         for (login, balance) in &options.balances {
             book.set_opening_balance(login, *balance);
         }

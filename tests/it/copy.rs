@@ -699,3 +699,38 @@ async fn link_and_account_row_changes_are_announced_to_that_accounts_subscribers
         "a renewal or status write was announced"
     );
 }
+
+/// Between brokers whose symbols carry their own suffixes, a copy finds its symbol without a
+/// map: the master's suffix stripped, the follower's found in its broker's list.
+#[tokio::test]
+async fn symbols_resolve_between_brokers_with_different_suffixes() {
+    use copier_node::sim_broker::server::{ServeOptions, SimBroker};
+
+    let mut s = CopySetup::new("copy-suffixes").await;
+    let other = SimBroker::start(ServeOptions {
+        symbol_suffixes: vec!["pro".to_string()],
+        ..ServeOptions::new("127.0.0.1:0", s.dir.path("journal-pro.jsonl"))
+    })
+    .await
+    .unwrap();
+    let pro = Trader {
+        addr: other.addr.to_string(),
+    };
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &other.addr.to_string(), "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "suffixes", 10, FAST)).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    let eur = s.t.open("m1", "EURUSD.m", Side::Buy, 0.2, None, None).await;
+    let gold = s.t.open("m1", "XAUUSD", Side::Sell, 0.1, None, None).await;
+    assert_eq!(
+        pro.copy_of("f2", magic, eur, WAIT).await.symbol,
+        "EURUSDpro"
+    );
+    assert_eq!(
+        pro.copy_of("f2", magic, gold, WAIT).await.symbol,
+        "XAUUSDpro"
+    );
+    node.shutdown();
+    other.stop().await;
+}

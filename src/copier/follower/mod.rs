@@ -61,6 +61,9 @@ struct MasterView {
 struct Follower<'a> {
     ctx: &'a AccountContext,
     id: i64,
+    /// The broker account this session trades (the copy ledger's rows are per account).
+    server: String,
+    login: String,
     api: Arc<dyn TradeApi>,
     signals: mpsc::UnboundedSender<Signal>,
     links: Vec<Link>,
@@ -110,6 +113,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
     let mut f = Follower {
         ctx,
         id: row.id,
+        server: row.server.clone(),
+        login: row.login.clone(),
         api: session.api.clone(),
         signals: tx,
         links: Vec::new(),
@@ -207,7 +212,7 @@ impl Follower<'_> {
     async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) {
         let copied = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::ledger::copied(&mut conn, self.id).await
+            db::copy::ledger::copied(&mut conn, self.id, &self.server, &self.login).await
         }
         .await;
         let copied = match copied {

@@ -313,6 +313,11 @@ impl Follower<'_> {
 
     /// Writes a copy to the ledger (fenced) and observes its latency legs.
     pub(super) async fn record_copy(&mut self, record: &CopyRecord) {
+        let record = &CopyRecord {
+            server: self.server.clone(),
+            login: self.login.clone(),
+            ..record.clone()
+        };
         let metrics = &self.ctx.node.metrics;
         let legs = [
             (
@@ -409,6 +414,8 @@ pub(super) fn copy_record(
     // Positive when the copy filled worse than the master's price, for the copy's side.
     let slippage = requested.map(|r| (price - r) * order.side.sign());
     CopyRecord {
+        server: String::new(),
+        login: String::new(),
         follower_ticket: ticket,
         link_id: link.id,
         master_id: link.master_id,

@@ -6,6 +6,9 @@ use sqlx::{PgConnection, Row};
 /// One copy as the ledger records it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CopyRecord {
+    /// The follower's broker account (server and login) the copy is on.
+    pub server: String,
+    pub login: String,
     pub follower_ticket: i64,
     pub link_id: i64,
     pub master_id: i64,
@@ -36,12 +39,13 @@ pub async fn record_copy(
     const SQL: &str = r#"
 INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
                          requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
-                         event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch)
-SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3
+                         event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
+                         server, login)
+SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3, $20, $21
   FROM trading_accounts a
  WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
    FOR SHARE
-ON CONFLICT (follower_id, follower_ticket) DO NOTHING
+ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
 "#;
     let done = sqlx::query(SQL)
         .bind(follower_id)
@@ -63,6 +67,8 @@ ON CONFLICT (follower_id, follower_ticket) DO NOTHING
         .bind(c.decided_ms)
         .bind(c.accepted_ms)
         .bind(c.found_by_reconcile)
+        .bind(&c.server)
+        .bind(&c.login)
         .execute(conn)
         .await?;
     Ok(done.rows_affected() > 0)
@@ -72,11 +78,16 @@ ON CONFLICT (follower_id, follower_ticket) DO NOTHING
 pub async fn copied(
     conn: &mut PgConnection,
     follower_id: i64,
+    server: &str,
+    login: &str,
 ) -> Result<Vec<(i64, i64, i64)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT link_id, master_ticket, follower_ticket FROM copy_ledger WHERE follower_id = $1",
+        "SELECT link_id, master_ticket, follower_ticket FROM copy_ledger
+          WHERE follower_id = $1 AND server = $2 AND login = $3",
     )
     .bind(follower_id)
+    .bind(server)
+    .bind(login)
     .fetch_all(conn)
     .await
 }
@@ -88,7 +99,7 @@ pub async fn recent(
     limit: i64,
 ) -> Result<Vec<CopyRecord>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT follower_ticket, link_id, master_id, master_ticket, symbol, side, volume, requested_price,
+        "SELECT server, login, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume, requested_price,
                 filled_price, slippage, slippage_bps, master_fill_ms, event_committed_ms, decided_ms,
                 accepted_ms, found_by_reconcile
            FROM copy_ledger WHERE follower_id = $1 ORDER BY recorded_at DESC, follower_ticket DESC LIMIT $2",
@@ -100,6 +111,8 @@ pub async fn recent(
     rows.iter()
         .map(|r| {
             Ok(CopyRecord {
+                server: r.try_get("server")?,
+                login: r.try_get("login")?,
                 follower_ticket: r.try_get("follower_ticket")?,
                 link_id: r.try_get("link_id")?,
                 master_id: r.try_get("master_id")?,

@@ -638,12 +638,11 @@ impl Suite {
                 .filter(|l| l.comment.as_deref().is_some_and(|c| c.starts_with("mc")))
                 .filter_map(|l| Some((l.login.clone(), l.ticket?)))
                 .collect();
-            let rows: Vec<(String, i64)> = sqlx::query_as(
-                "SELECT a.login, l.follower_ticket FROM copy_ledger l JOIN trading_accounts a ON a.id = l.follower_id",
-            )
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+            let rows: Vec<(String, i64)> =
+                sqlx::query_as("SELECT login, follower_ticket FROM copy_ledger")
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
             let ledger: std::collections::BTreeSet<(String, i64)> = rows.into_iter().collect();
             let missing: Vec<_> = journal.difference(&ledger).collect();
             let extra: Vec<_> = ledger.difference(&journal).collect();
