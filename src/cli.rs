@@ -232,6 +232,24 @@ pub struct LinkFields {
     pub max_slippage: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
     pub equity_stop: Option<String>,
+    /// Copy the stop loss (needs --copy-sl-tp true).
+    #[arg(long)]
+    pub copy_sl: Option<bool>,
+    /// Copy the take profit (needs --copy-sl-tp true).
+    #[arg(long)]
+    pub copy_tp: Option<bool>,
+    /// The farthest a copy's stop loss may be from the master's open price (price units).
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_sl_distance: Option<String>,
+    /// true: a copy below the broker's minimum lot opens at the minimum instead of being skipped.
+    #[arg(long)]
+    pub use_min_lot: Option<bool>,
+    /// Master positions smaller than this many lots are not copied.
+    #[arg(long, allow_hyphen_values = true)]
+    pub min_master_lot: Option<String>,
+    /// The link opens no copy while it holds this many open copies.
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_open_copies: Option<String>,
 }
 
 #[derive(Debug, Args)]

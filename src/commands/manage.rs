@@ -444,6 +444,12 @@ struct LinkView {
     max_delay_ms: Option<i64>,
     max_slippage: Option<f64>,
     equity_stop: Option<f64>,
+    copy_sl: bool,
+    copy_tp: bool,
+    max_sl_distance: Option<f64>,
+    use_min_lot: bool,
+    min_master_lot: Option<f64>,
+    max_open_copies: Option<i64>,
 }
 
 impl std::fmt::Display for LinkView {
@@ -488,6 +494,26 @@ impl std::fmt::Display for LinkView {
         if self.close_only {
             write!(f, ", close only")?;
         }
+        if self.copy_sl_tp && !self.copy_sl {
+            write!(f, ", no stop loss")?;
+        }
+        if self.copy_sl_tp && !self.copy_tp {
+            write!(f, ", no take profit")?;
+        }
+        for (name, v) in [
+            ("max_sl_distance", self.max_sl_distance),
+            ("min_master_lot", self.min_master_lot),
+        ] {
+            if let Some(v) = v {
+                write!(f, ", {name} {v}")?;
+            }
+        }
+        if self.use_min_lot {
+            write!(f, ", minimum lot used below it")?;
+        }
+        if let Some(n) = self.max_open_copies {
+            write!(f, ", max_open_copies {n}")?;
+        }
         Ok(())
     }
 }
@@ -495,7 +521,8 @@ impl std::fmt::Display for LinkView {
 const LINK_SELECT: &str =
     "SELECT id, master_id, follower_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp,
         symbol_map::text AS symbol_map, copy_existing, symbols, magics, sides, close_only, max_lot,
-        max_delay_ms, max_slippage, equity_stop
+        max_delay_ms, max_slippage, equity_stop, copy_sl, copy_tp, max_sl_distance, use_min_lot,
+        min_master_lot, max_open_copies::bigint AS max_open_copies
    FROM copy_links";
 
 fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
@@ -520,6 +547,12 @@ fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
         max_delay_ms: r.try_get("max_delay_ms")?,
         max_slippage: r.try_get("max_slippage")?,
         equity_stop: r.try_get("equity_stop")?,
+        copy_sl: r.try_get("copy_sl")?,
+        copy_tp: r.try_get("copy_tp")?,
+        max_sl_distance: r.try_get("max_sl_distance")?,
+        use_min_lot: r.try_get("use_min_lot")?,
+        min_master_lot: r.try_get("min_master_lot")?,
+        max_open_copies: r.try_get("max_open_copies")?,
     })
 }
 
@@ -544,6 +577,9 @@ fn limit<T: std::str::FromStr>(
 
 /// A link's fields, checked: what to write, or every problem naming its field.
 struct LinkValues {
+    max_sl_distance: Option<Option<f64>>,
+    min_master_lot: Option<Option<f64>>,
+    max_open_copies: Option<Option<i64>>,
     max_lot: Option<Option<f64>>,
     max_delay_ms: Option<Option<i64>>,
     max_slippage: Option<Option<f64>>,
@@ -582,6 +618,24 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
     let max_delay_ms = limit::<i64>("max_delay_ms", &f.max_delay_ms, &mut problems);
     let max_slippage = limit::<f64>("max_slippage", &f.max_slippage, &mut problems);
     let equity_stop = limit::<f64>("equity_stop", &f.equity_stop, &mut problems);
+    let max_sl_distance = limit::<f64>("max_sl_distance", &f.max_sl_distance, &mut problems);
+    let min_master_lot = limit::<f64>("min_master_lot", &f.min_master_lot, &mut problems);
+    let max_open_copies = limit::<i64>("max_open_copies", &f.max_open_copies, &mut problems);
+    for (name, v) in [
+        ("max_sl_distance", max_sl_distance),
+        ("min_master_lot", min_master_lot),
+    ] {
+        if let Some(Some(v)) = v
+            && !(v.is_finite() && v > 0.0)
+        {
+            problems.push(format!("{name}: {v} must be above 0"));
+        }
+    }
+    if let Some(Some(v)) = max_open_copies
+        && v < 1
+    {
+        problems.push(format!("max_open_copies: {v} must be 1 or more"));
+    }
     if let Some(Some(v)) = max_lot
         && !(v.is_finite() && v > 0.0)
     {
@@ -639,6 +693,9 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
         return Err(CommandError::usage(problems.join("\n")));
     }
     Ok(LinkValues {
+        max_sl_distance,
+        min_master_lot,
+        max_open_copies,
         max_lot,
         max_delay_ms,
         max_slippage,
@@ -666,7 +723,12 @@ async fn write_link(
             max_lot = CASE WHEN $15 THEN $16 ELSE max_lot END,
             max_delay_ms = CASE WHEN $17 THEN $18 ELSE max_delay_ms END,
             max_slippage = CASE WHEN $19 THEN $20 ELSE max_slippage END,
-            equity_stop = CASE WHEN $21 THEN $22 ELSE equity_stop END
+            equity_stop = CASE WHEN $21 THEN $22 ELSE equity_stop END,
+            copy_sl = coalesce($23, copy_sl), copy_tp = coalesce($24, copy_tp),
+            use_min_lot = coalesce($25, use_min_lot),
+            max_sl_distance = CASE WHEN $26 THEN $27 ELSE max_sl_distance END,
+            min_master_lot = CASE WHEN $28 THEN $29 ELSE min_master_lot END,
+            max_open_copies = CASE WHEN $30 THEN $31::integer ELSE max_open_copies END
           WHERE id = $1",
     )
     .bind(id)
@@ -691,6 +753,15 @@ async fn write_link(
     .bind(v.max_slippage.flatten())
     .bind(v.equity_stop.is_some())
     .bind(v.equity_stop.flatten())
+    .bind(f.copy_sl)
+    .bind(f.copy_tp)
+    .bind(f.use_min_lot)
+    .bind(v.max_sl_distance.is_some())
+    .bind(v.max_sl_distance.flatten())
+    .bind(v.min_master_lot.is_some())
+    .bind(v.min_master_lot.flatten())
+    .bind(v.max_open_copies.is_some())
+    .bind(v.max_open_copies.flatten())
     .execute(conn)
     .await?;
     Ok(done.rows_affected())

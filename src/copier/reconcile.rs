@@ -156,6 +156,15 @@ pub fn plan_ticket(
             // Held and closed by the follower (by hand, a stop, the broker), or decided never.
             return Vec::new();
         }
+        if let Some(max) = link.protections.max_open_copies
+            && index.copies_of_link(link.magic).count() as i64 >= max
+        {
+            return vec![Action::Skip {
+                master_ticket: ticket,
+                code: SkipCode::MaxOpenCopies,
+                reason: format!("the link already holds its max_open_copies ({max}) open copies"),
+            }];
+        }
         return vec![open_decision(link, m, at.funds, at.specs)];
     };
     let mut actions: Vec<Action> = extra
@@ -182,7 +191,7 @@ pub fn plan_ticket(
         }
     }
     if link.copy_sl_tp {
-        let (sl, tp) = follower_stops(link, m.sl, m.tp);
+        let (sl, tp) = follower_stops(link, m);
         if !same(sl, copy.sl) || !same(tp, copy.tp) {
             actions.push(Action::Modify {
                 master_ticket: ticket,
@@ -408,6 +417,40 @@ mod tests {
                 at: (5, 12),
             },
         )
+    }
+
+    #[test]
+    fn a_link_at_its_max_open_copies_skips_new_ones_for_good() {
+        let mut l = link();
+        l.protections.max_open_copies = Some(1);
+        let f = Follower {
+            open: vec![copy(1, 10, 0.5)],
+            ..Default::default()
+        };
+        let actions = run_link(&l, &f, &[master(10, 1.0, 1.0), master(11, 1.0, 1.0)]);
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::Skip {
+                    master_ticket: 11,
+                    code: SkipCode::MaxOpenCopies,
+                    ..
+                }
+            )),
+            "{actions:?}"
+        );
+        l.protections.max_open_copies = Some(2);
+        let actions = run_link(&l, &f, &[master(10, 1.0, 1.0), master(11, 1.0, 1.0)]);
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::Open {
+                    master_ticket: 11,
+                    ..
+                }
+            )),
+            "{actions:?}"
+        );
     }
 
     #[test]

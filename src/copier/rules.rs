@@ -92,13 +92,26 @@ pub fn follower_side(link: &Link, side: Side) -> Side {
 }
 
 /// The copy's (sl, tp): the master's, swapped when the link reverses (the master's take profit
-/// is where a reversed copy must stop its loss), none when the link does not copy stops.
-pub fn follower_stops(link: &Link, sl: Option<f64>, tp: Option<f64>) -> (Option<f64>, Option<f64>) {
-    match (link.copy_sl_tp, link.reverse) {
+/// is where a reversed copy must stop its loss); none when the link does not copy stops, each
+/// dropped by its own switch (`copy_sl`, `copy_tp`), and the stop loss brought within the link's
+/// `max_sl_distance` of the master's open price.
+pub fn follower_stops(link: &Link, m: &MasterPosition) -> (Option<f64>, Option<f64>) {
+    let (sl, tp) = match (link.copy_sl_tp, link.reverse) {
         (false, _) => (None, None),
-        (true, false) => (sl, tp),
-        (true, true) => (tp, sl),
-    }
+        (true, false) => (m.sl, m.tp),
+        (true, true) => (m.tp, m.sl),
+    };
+    let p = &link.protections;
+    let sl = sl.filter(|_| p.copy_sl);
+    let tp = tp.filter(|_| p.copy_tp);
+    let sl = match (sl, p.max_sl_distance) {
+        (Some(s), Some(cap)) => Some(match follower_side(link, m.side) {
+            Side::Buy => s.max(m.open_price - cap),
+            Side::Sell => s.min(m.open_price + cap),
+        }),
+        (s, _) => s,
+    };
+    (sl, tp)
 }
 
 /// Why a link does not copy a master position, as a closed set (stored in `copy_skips.code`);
@@ -123,6 +136,10 @@ pub enum SkipCode {
     BelowMinVolume,
     /// The computed volume is not a positive number.
     InvalidVolume,
+    /// The master's volume is below the link's `min_master_lot`.
+    BelowMinTrade,
+    /// The link already holds `max_open_copies` open copies.
+    MaxOpenCopies,
     /// `risk_percent` without a stop loss on the copy.
     NoStopLoss,
     /// The fill would have been beyond the link's `max_slippage` (the broker refused it).
@@ -152,6 +169,8 @@ impl SkipCode {
             SkipCode::SymbolNotFound => "symbol_not_found",
             SkipCode::BelowMinVolume => "below_min_volume",
             SkipCode::InvalidVolume => "invalid_volume",
+            SkipCode::BelowMinTrade => "below_min_trade",
+            SkipCode::MaxOpenCopies => "max_open_copies",
             SkipCode::NoStopLoss => "no_stop_loss",
             SkipCode::Slippage => "slippage",
             SkipCode::Rejected => "rejected",
@@ -367,6 +386,16 @@ pub fn copy_volume(
     {
         rounded = floor_to_step(cap, spec.volume_step);
     }
+    if rounded + 1e-9 < spec.volume_min
+        && link.protections.use_min_lot
+        && link
+            .protections
+            .max_lot
+            .is_none_or(|cap| cap + 1e-9 >= spec.volume_min)
+    {
+        // The link asks for the broker's minimum rather than no copy.
+        return Ok(spec.volume_min);
+    }
     if rounded + 1e-9 < spec.volume_min {
         return Err(skip(
             SkipCode::BelowMinVolume,
@@ -387,6 +416,17 @@ pub fn open_order(
     specs: &HashMap<String, SymbolSpec>,
 ) -> Result<OpenOrder, NotNow> {
     eligibility(link, position, funds)?;
+    if let Some(min) = link.protections.min_master_lot
+        && position.volume + 1e-9 < min
+    {
+        return Err(skip(
+            SkipCode::BelowMinTrade,
+            format!(
+                "the master's {} lots are below the link's min_master_lot {min}",
+                position.volume
+            ),
+        ));
+    }
     let symbol = follower_symbol(link, &position.symbol, specs)
         .map_err(|why| skip(SkipCode::SymbolNotFound, why))?;
     let spec = specs.get(&symbol).ok_or_else(|| {
@@ -395,7 +435,7 @@ pub fn open_order(
             format!("symbol {symbol} is unknown on the follower's broker"),
         )
     })?;
-    let (sl, tp) = follower_stops(link, position.sl, position.tp);
+    let (sl, tp) = follower_stops(link, position);
     // The risk of a copy: from the master's open price (where the copy means to open) to the
     // copy's own stop loss (the master's take profit when the link reverses; none when the link
     // does not copy stops).
@@ -586,6 +626,61 @@ mod tests {
             (o.magic, o.comment.as_str(), o.client_order_id.as_deref()),
             (100_007, "mc42", Some("l7-m42-open"))
         );
+    }
+
+    #[test]
+    fn stop_loss_and_take_profit_are_copied_separately_and_the_stop_capped() {
+        let m = position(1.0); // buy at 1.1, sl 1.09, tp 1.12
+        let mut l = link();
+        assert_eq!(follower_stops(&l, &m), (Some(1.09), Some(1.12)));
+        l.protections.copy_tp = false;
+        assert_eq!(follower_stops(&l, &m), (Some(1.09), None));
+        l.protections.copy_tp = true;
+        l.protections.copy_sl = false;
+        assert_eq!(follower_stops(&l, &m), (None, Some(1.12)));
+        l.protections.copy_sl = true;
+        l.protections.max_sl_distance = Some(0.005);
+        let (sl, _) = follower_stops(&l, &m);
+        assert!((sl.unwrap() - 1.095).abs() < 1e-12, "{sl:?}");
+        // A reversed copy sells: its stop is the master's take profit, capped above the price.
+        l.reverse = true;
+        let (sl, tp) = follower_stops(&l, &m);
+        assert!((sl.unwrap() - 1.105).abs() < 1e-12, "{sl:?}");
+        assert_eq!(tp, Some(1.09));
+        // The switch for all stops still rules.
+        l.copy_sl_tp = false;
+        assert_eq!(follower_stops(&l, &m), (None, None));
+    }
+
+    #[test]
+    fn the_minimum_lot_replaces_a_skip_and_small_master_trades_are_not_copied() {
+        let mut l = link();
+        l.lot_value = 0.001; // 1 lot -> 0.001, below the minimum 0.01
+        let skipped = open_order(&l, &position(1.0), &Inputs::default(), &specs()).unwrap_err();
+        assert!(
+            skipped.message().contains("below its minimum"),
+            "{}",
+            skipped.message()
+        );
+        l.protections.use_min_lot = true;
+        assert_eq!(
+            open_order(&l, &position(1.0), &Inputs::default(), &specs())
+                .unwrap()
+                .volume,
+            0.01
+        );
+        // Not past a cap below the minimum.
+        l.protections.max_lot = Some(0.005);
+        assert!(open_order(&l, &position(1.0), &Inputs::default(), &specs()).is_err());
+        let mut l = link();
+        l.protections.min_master_lot = Some(0.5);
+        let small = open_order(&l, &position(0.2), &Inputs::default(), &specs()).unwrap_err();
+        assert!(
+            small.message().contains("min_master_lot"),
+            "{}",
+            small.message()
+        );
+        assert!(open_order(&l, &position(0.5), &Inputs::default(), &specs()).is_ok());
     }
 
     #[test]

@@ -58,6 +58,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "copy ledger",
         include_str!("../../migrations/0009_copy_ledger.sql"),
     ),
+    (
+        10,
+        "copy sizes and stops",
+        include_str!("../../migrations/0010_copy_sizes_and_stops.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

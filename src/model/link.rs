@@ -73,6 +73,18 @@ pub struct Protections {
     pub max_slippage: Option<f64>,
     /// No new copies while the follower's equity is at or below this.
     pub equity_stop: Option<f64>,
+    /// Copy the stop loss (with `copy_sl_tp`).
+    pub copy_sl: bool,
+    /// Copy the take profit (with `copy_sl_tp`).
+    pub copy_tp: bool,
+    /// The farthest a copy's stop loss may be from the master's open price (price units).
+    pub max_sl_distance: Option<f64>,
+    /// A copy that rounds below the broker's minimum lot is opened at the minimum, not skipped.
+    pub use_min_lot: bool,
+    /// Master positions smaller than this (lots) are not copied.
+    pub min_master_lot: Option<f64>,
+    /// The link opens no copy while it holds this many.
+    pub max_open_copies: Option<i64>,
 }
 
 impl Default for Protections {
@@ -86,6 +98,12 @@ impl Default for Protections {
             max_delay_ms: None,
             max_slippage: None,
             equity_stop: None,
+            copy_sl: true,
+            copy_tp: true,
+            max_sl_distance: None,
+            use_min_lot: false,
+            min_master_lot: None,
+            max_open_copies: None,
         }
     }
 }

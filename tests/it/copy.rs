@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use copier_node::broker::types::Side;
 use copier_node::sim_broker::journal::JournalEntry;
-use sqlx::Executor;
+use sqlx::{Connection, Executor};
 
 use crate::support::broker::{Scratch, journal};
 use crate::support::fixture::{CopySetup, master_and_follower};
@@ -733,4 +733,69 @@ async fn symbols_resolve_between_brokers_with_different_suffixes() {
     );
     node.shutdown();
     other.stop().await;
+}
+
+/// A link's stops-and-sizes settings on a node: the take profit not copied, the stop loss
+/// brought within its cap, the broker's minimum lot used instead of a skip, small master trades
+/// and copies beyond the link's maximum not copied (each skip recorded with its code).
+#[tokio::test]
+async fn stops_and_sizes_settings_shape_and_limit_copies() {
+    let mut s = CopySetup::new("copy-sizes").await;
+    let (link, magic) = crate::support::fixture::master_and_follower(
+        &mut s.conn,
+        &s.addr,
+        LinkSpec {
+            lot_value: 0.001,
+            ..Default::default()
+        },
+    )
+    .await;
+    sqlx::query(
+        "UPDATE copy_links SET copy_tp = false, max_sl_distance = 0.005, use_min_lot = true,
+                min_master_lot = 0.05, max_open_copies = 2 WHERE id = $1",
+    )
+    .bind(link)
+    .execute(&mut s.conn)
+    .await
+    .unwrap();
+    let node = start_node(&config(&s.db, "sizes", 10, FAST)).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    let first =
+        s.t.open("m1", "EURUSD", Side::Buy, 1.0, Some(1.05), Some(1.2))
+            .await;
+    let copy = s.t.copy_of("f2", magic, first, WAIT).await;
+    assert_eq!(copy.volume, 0.01, "the broker's minimum, not a skip");
+    assert_eq!(copy.tp, None, "the take profit is not copied");
+    let master_open = s.t.positions("m1").await[0].open_price;
+    assert!(
+        (copy.sl.unwrap() - (master_open - 0.005)).abs() < 1e-9,
+        "the stop loss capped at 0.005 from the master's price: {copy:?}"
+    );
+    let small = s.t.open("m1", "EURUSD", Side::Buy, 0.01, None, None).await;
+    let second = s.t.open("m1", "GBPUSD", Side::Sell, 1.0, None, None).await;
+    s.t.copy_of("f2", magic, second, WAIT).await;
+    let third = s.t.open("m1", "XAUUSD", Side::Buy, 1.0, None, None).await;
+    let code = |ticket: i64| {
+        let url = s.db.url.clone();
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_scalar::<_, String>(
+                "SELECT code FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND final",
+            )
+            .bind(link)
+            .bind(ticket)
+            .fetch_optional(&mut c)
+            .await
+            .unwrap()
+        }
+    };
+    eventually("both skips recorded", WAIT, async || {
+        let (a, b) = (code(small).await, code(third).await);
+        (a.is_some() && b.is_some()).then_some((a, b))
+    })
+    .await;
+    assert_eq!(code(small).await.as_deref(), Some("below_min_trade"));
+    assert_eq!(code(third).await.as_deref(), Some("max_open_copies"));
+    assert_eq!(s.t.positions("f2").await.len(), 2);
+    node.shutdown();
 }

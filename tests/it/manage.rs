@@ -167,6 +167,9 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
         (vec!["--max-lot", "-1"], "max_lot"),
         (vec!["--max-delay-ms", "soon"], "max_delay_ms"),
         (vec!["--magics", "1,x"], "magics"),
+        (vec!["--max-open-copies", "0"], "max_open_copies"),
+        (vec!["--min-master-lot", "-1"], "min_master_lot"),
+        (vec!["--max-sl-distance", "far"], "max_sl_distance"),
     ];
     for (flags, field) in bad {
         let mut args = vec!["links", "add", "--master", "1", "--follower", "2"];
@@ -203,6 +206,12 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
             "EURUSD.m,GBPUSD.m",
             "--max-slippage",
             "0.0005",
+            "--copy-tp",
+            "false",
+            "--max-open-copies",
+            "3",
+            "--use-min-lot",
+            "true",
             "--json",
         ],
     );
@@ -211,6 +220,14 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
     assert_eq!(l["lot_mode"], "fixed");
     assert_eq!(l["symbol_map"]["EURUSD.m"], "EURUSD");
     assert_eq!(l["symbols"], serde_json::json!(["EURUSD.m", "GBPUSD.m"]));
+    assert_eq!(
+        (l["copy_tp"].as_bool(), l["copy_sl"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert_eq!(
+        (l["max_open_copies"].as_i64(), l["use_min_lot"].as_bool()),
+        (Some(3), Some(true))
+    );
     let set = ok(
         &db,
         &[

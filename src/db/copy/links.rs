@@ -15,7 +15,8 @@ pub async fn load_links(
     let rows = sqlx::query(
         "SELECT id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
                 copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
-                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop
+                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
+                copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies
            FROM copy_links WHERE follower_id = $1 ORDER BY id",
     )
     .bind(follower_id)
@@ -59,6 +60,12 @@ pub async fn load_links(
                         max_delay_ms: r.try_get("max_delay_ms")?,
                         max_slippage: r.try_get("max_slippage")?,
                         equity_stop: r.try_get("equity_stop")?,
+                        copy_sl: r.try_get("copy_sl")?,
+                        copy_tp: r.try_get("copy_tp")?,
+                        max_sl_distance: r.try_get("max_sl_distance")?,
+                        use_min_lot: r.try_get("use_min_lot")?,
+                        min_master_lot: r.try_get("min_master_lot")?,
+                        max_open_copies: r.try_get("max_open_copies")?,
                     },
                 }),
                 Err(e) => Err(e),
