@@ -391,6 +391,9 @@ pub struct ServeArgs {
     /// name). Default: bare and `.m`.
     #[arg(long, value_name = "SUFFIX")]
     pub symbol_suffix: Vec<String>,
+    /// Units per lot of a base symbol, e.g. `XAUUSD=10` (repeat for several).
+    #[arg(long, value_name = "SYMBOL=UNITS")]
+    pub contract_size: Vec<String>,
 }
 
 #[derive(Debug, Args)]

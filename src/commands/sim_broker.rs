@@ -30,6 +30,24 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 balance: args.balance,
                 balances: Default::default(),
                 price_walk,
+                contract_sizes: args
+                    .contract_size
+                    .iter()
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').ok_or_else(|| {
+                            CommandError::usage(format!(
+                                "--contract-size {kv}: expected SYMBOL=UNITS"
+                            ))
+                        })?;
+                        let units: f64 =
+                            v.parse().ok().filter(|u: &f64| *u > 0.0).ok_or_else(|| {
+                                CommandError::usage(format!(
+                                    "--contract-size {kv}: units must be a positive number"
+                                ))
+                            })?;
+                        Ok((k.to_string(), units))
+                    })
+                    .collect::<Result<_, CommandError>>()?,
                 symbol_suffixes: if args.symbol_suffix.is_empty() {
                     vec![String::new(), ".m".to_string()]
                 } else {

@@ -379,6 +379,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
                     magic: 0,
                     first_seen_ms: Some(1),
                     open_time_ms: None,
+                    contract_size: None,
                 };
                 master.push(position.clone());
                 Some(MasterEvent::Open { position })

@@ -10,7 +10,7 @@
 //! the master's history confirms it closed; an empty or partial read never closes copies. The
 //! stream's `closed` event carries the closing history entry itself.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use anyhow::bail;
@@ -44,6 +44,9 @@ struct Master<'a> {
     seq: i64,
     /// A change could not be published: publish a snapshot when the database answers again.
     dirty: bool,
+    /// Units per lot by symbol on the master's broker (positions carry theirs for sizing by
+    /// notional value).
+    contracts: HashMap<String, f64>,
 }
 
 /// Runs the master session until stopped.
@@ -72,6 +75,17 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         published: BTreeMap::new(),
         seq: 0,
         dirty: false,
+        contracts: match session.api.symbols().await {
+            Ok(list) => list
+                .into_iter()
+                .filter(|s| s.contract_size > 0.0)
+                .map(|s| (s.symbol, s.contract_size))
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "the master's symbols could not be read: copies are sized without its contract sizes");
+                HashMap::new()
+            }
+        },
     };
     if !m.load().await? {
         return Ok(Ended::Stopped);
@@ -177,7 +191,12 @@ impl Master<'_> {
                 return Ok(());
             }
         };
-        let next = merge_view(&self.view, &positions, &history);
+        let mut next = merge_view(&self.view, &positions, &history);
+        for p in next.values_mut() {
+            if p.contract_size.is_none() {
+                p.contract_size = self.contracts.get(&p.symbol).copied();
+            }
+        }
         for (ticket, p) in &self.view {
             if !next.contains_key(ticket) {
                 info!(master_ticket = ticket, symbol = %p.symbol, "master position closed (confirmed by history)");
@@ -208,7 +227,8 @@ impl Master<'_> {
                 if self.view.contains_key(&position.ticket) {
                     return Ok(());
                 }
-                let p = from_broker(&position, None);
+                let mut p = from_broker(&position, None);
+                p.contract_size = self.contracts.get(&p.symbol).copied();
                 self.view.insert(p.ticket, p.clone());
                 MasterEvent::Open { position: p }
             }
@@ -377,6 +397,7 @@ fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
         open_time_ms: (p.open_time_ms > 0)
             .then_some(p.open_time_ms)
             .or(known.and_then(|k| k.open_time_ms)),
+        contract_size: known.and_then(|k| k.contract_size),
     }
 }
 
@@ -430,6 +451,7 @@ mod tests {
         MasterPosition {
             first_seen_ms: Some(seen),
             open_time_ms: None,
+            contract_size: None,
             ..from_broker(&pos(ticket, volume), None)
         }
     }

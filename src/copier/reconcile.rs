@@ -320,6 +320,7 @@ mod tests {
             magic: 0,
             first_seen_ms: Some(2_000),
             open_time_ms: None,
+            contract_size: None,
         }
     }
 

@@ -436,11 +436,21 @@ pub fn open_order(
         )
     })?;
     let (sl, tp) = follower_stops(link, position);
+    // Sized by notional value: a lot is not the same amount on every broker (XAUUSD is 100 oz
+    // on one, 10 on another), so the master's volume counts in the follower's lots.
+    let master_volume = match (link.lot_mode, position.contract_size) {
+        (LotMode::Multiplier | LotMode::BalanceRatio | LotMode::EquityRatio, Some(c))
+            if c > 0.0 && spec.contract_size > 0.0 =>
+        {
+            position.volume * c / spec.contract_size
+        }
+        _ => position.volume,
+    };
     // The risk of a copy: from the master's open price (where the copy means to open) to the
     // copy's own stop loss (the master's take profit when the link reverses; none when the link
     // does not copy stops).
     let stop_distance = sl.map(|s| (position.open_price - s).abs());
-    let volume = copy_volume(link, position.volume, funds, spec, stop_distance)?;
+    let volume = copy_volume(link, master_volume, funds, spec, stop_distance)?;
     let side = follower_side(link, position.side);
     let price_limit = link.protections.max_slippage.map(|s| match side {
         Side::Buy => position.open_price + s,
@@ -523,6 +533,7 @@ mod tests {
             magic: 0,
             first_seen_ms: Some(2_000),
             open_time_ms: None,
+            contract_size: None,
         }
     }
 
@@ -625,6 +636,45 @@ mod tests {
         assert_eq!(
             (o.magic, o.comment.as_str(), o.client_order_id.as_deref()),
             (100_007, "mc42", Some("l7-m42-open"))
+        );
+    }
+
+    #[test]
+    fn volumes_count_in_the_followers_lots_by_notional_value() {
+        let mut gold = specs();
+        gold.insert(
+            "EURUSD".into(),
+            SymbolSpec {
+                contract_size: 10_000.0, // a tenth of the master's 100,000
+                ..spec("EURUSD")
+            },
+        );
+        let m = MasterPosition {
+            contract_size: Some(100_000.0),
+            ..position(0.3)
+        };
+        assert_eq!(
+            open_order(&link(), &m, &Inputs::default(), &gold)
+                .unwrap()
+                .volume,
+            3.0
+        );
+        // A fixed size is the follower's lots, whatever the master's contract.
+        let mut fixed = link();
+        fixed.lot_mode = LotMode::Fixed;
+        fixed.lot_value = 0.5;
+        assert_eq!(
+            open_order(&fixed, &m, &Inputs::default(), &gold)
+                .unwrap()
+                .volume,
+            0.5
+        );
+        // Without the master's contract size: lots as they are.
+        assert_eq!(
+            open_order(&link(), &position(0.3), &Inputs::default(), &gold)
+                .unwrap()
+                .volume,
+            0.3
         );
     }
 
@@ -772,6 +822,7 @@ mod tests {
         let earlier = MasterPosition {
             first_seen_ms: Some(500),
             open_time_ms: None,
+            contract_size: None,
             ..position(1.0)
         };
         assert!(

@@ -76,6 +76,7 @@ mod tests {
                     magic: 0,
                     first_seen_ms: Some(1_796_000_000_000),
                     open_time_ms: None,
+                    contract_size: None,
                 },
             },
         };

@@ -32,6 +32,10 @@ pub struct MasterPosition {
     /// broker did not say, or in snapshots from before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_time_ms: Option<i64>,
+    /// Units per lot of the symbol on the master's broker (sizing by notional value), when the
+    /// master session knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract_size: Option<f64>,
 }
 
 /// The comment that marks a copy of master ticket `ticket`.

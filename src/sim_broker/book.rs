@@ -126,6 +126,12 @@ impl Book {
         self.market = Market::with_suffixes(suffixes);
     }
 
+    /// Replaces the symbol list: the default symbols under these suffixes, with these contract
+    /// sizes by base symbol.
+    pub fn set_symbols(&mut self, suffixes: &[&str], contracts: &HashMap<String, f64>) {
+        self.market = Market::with(suffixes, contracts);
+    }
+
     /// The balance `login` gets when it is created (at its first login or order).
     pub fn set_opening_balance(&mut self, login: &str, balance: f64) {
         self.opening.insert(login.to_string(), balance);

@@ -38,6 +38,12 @@ impl Market {
     /// The default symbols, each under every one of `suffixes` (`""`: the bare name), as a
     /// broker whose symbols carry its own suffix (`EURUSDpro`) lists them.
     pub fn with_suffixes(suffixes: &[&str]) -> Self {
+        Self::with(suffixes, &std::collections::HashMap::new())
+    }
+
+    /// As [`Market::with_suffixes`], with contract sizes (units per lot) overridden by base
+    /// symbol (`XAUUSD` -> 10 applies to every suffixed variant), as brokers differ.
+    pub fn with(suffixes: &[&str], contracts: &std::collections::HashMap<String, f64>) -> Self {
         let mut symbols = BTreeMap::new();
         for (name, price, contract) in BASE {
             for suffix in suffixes {
@@ -50,7 +56,7 @@ impl Market {
                         volume_step: 0.01,
                         volume_min: 0.01,
                         volume_max: 100.0,
-                        contract_size: *contract,
+                        contract_size: contracts.get(*name).copied().unwrap_or(*contract),
                     },
                 );
             }

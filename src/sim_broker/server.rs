@@ -54,6 +54,8 @@ pub struct ServeOptions {
     pub price_walk: Option<Duration>,
     /// The symbol list: the default symbols under these suffixes (default: bare and `.m`).
     pub symbol_suffixes: Vec<String>,
+    /// Contract sizes (units per lot) by base symbol, overriding the defaults.
+    pub contract_sizes: HashMap<String, f64>,
 }
 
 impl ServeOptions {
@@ -69,6 +71,7 @@ impl ServeOptions {
             balances: HashMap::new(),
             price_walk: None,
             symbol_suffixes: vec![String::new(), ".m".to_string()],
+            contract_sizes: HashMap::new(),
         }
     }
 }
@@ -102,7 +105,7 @@ impl SimBroker {
         let mut book = Book::new(options.balance, options.fence_check);
         book.set_dedupe(options.dedupe);
         let suffixes: Vec<&str> = options.symbol_suffixes.iter().map(String::as_str).collect();
-        book.set_symbol_suffixes(&suffixes);
+        book.set_symbols(&suffixes, &options.contract_sizes);
         for (login, balance) in &options.balances {
             book.set_opening_balance(login, *balance);
         }

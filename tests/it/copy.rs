@@ -799,3 +799,36 @@ async fn stops_and_sizes_settings_shape_and_limit_copies() {
     assert_eq!(s.t.positions("f2").await.len(), 2);
     node.shutdown();
 }
+
+/// Sized by notional value: a lot of gold is 100 oz on the master's broker and 10 on the
+/// follower's, so a multiplier-1 copy of 0.3 lots is 3 lots there.
+#[tokio::test]
+async fn copies_are_sized_by_notional_value_across_contract_sizes() {
+    use copier_node::sim_broker::server::{ServeOptions, SimBroker};
+
+    let mut s = CopySetup::new("copy-notional").await;
+    let other = SimBroker::start(ServeOptions {
+        contract_sizes: [("XAUUSD".to_string(), 10.0)].into_iter().collect(),
+        ..ServeOptions::new("127.0.0.1:0", s.dir.path("journal-small.jsonl"))
+    })
+    .await
+    .unwrap();
+    let small = Trader {
+        addr: other.addr.to_string(),
+    };
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &other.addr.to_string(), "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "notional", 10, FAST)).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    let gold = s.t.open("m1", "XAUUSD", Side::Buy, 0.3, None, None).await;
+    let eur = s.t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
+    assert_eq!(small.copy_of("f2", magic, gold, WAIT).await.volume, 3.0);
+    assert_eq!(
+        small.copy_of("f2", magic, eur, WAIT).await.volume,
+        0.3,
+        "same contract: same lots"
+    );
+    node.shutdown();
+    other.stop().await;
+}
