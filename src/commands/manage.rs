@@ -632,9 +632,9 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
         }
     }
     if let Some(Some(v)) = max_open_copies
-        && v < 1
+        && !(1..=i64::from(i32::MAX)).contains(&v)
     {
-        problems.push(format!("max_open_copies: {v} must be 1 or more"));
+        problems.push(format!("max_open_copies: {v} must be 1 to {}", i32::MAX));
     }
     if let Some(Some(v)) = max_lot
         && !(v.is_finite() && v > 0.0)

@@ -191,6 +191,16 @@ impl Master<'_> {
                 return Ok(());
             }
         };
+        if self.contracts.is_empty()
+            && let Ok(list) = api.symbols().await
+        {
+            // The read failed at login: sizing by notional value needs it.
+            self.contracts = list
+                .into_iter()
+                .filter(|s| s.contract_size > 0.0)
+                .map(|s| (s.symbol, s.contract_size))
+                .collect();
+        }
         let mut next = merge_view(&self.view, &positions, &history);
         for p in next.values_mut() {
             if p.contract_size.is_none() {

@@ -133,7 +133,38 @@ pub fn plan(
     for t in orphans {
         actions.extend(plan_ticket(link, t, None, index, at));
     }
+    // Copies that stay (their master position is open) and opens planned in this pass count
+    // against the link's maximum; copies of closed master positions are being closed.
+    let staying = index
+        .copies_of_link(link.magic)
+        .filter(|(t, _)| open.contains(t))
+        .count();
+    limit_open_copies(link, actions, staying)
+}
+
+/// Holds back the opens beyond the link's `max_open_copies`, given `open_copies` copies that
+/// stay open: they wait (retried, within `max_delay_ms`) until a copy closes.
+pub fn limit_open_copies(link: &Link, actions: Vec<Action>, open_copies: usize) -> Vec<Action> {
+    let Some(max) = link.protections.max_open_copies else {
+        return actions;
+    };
+    let mut count = open_copies as i64;
     actions
+        .into_iter()
+        .map(|a| match a {
+            Action::Open { master_ticket, .. } if count >= max => Action::Wait {
+                master_ticket,
+                reason: format!(
+                    "the link holds its max_open_copies ({max}) open copies: copied when one closes"
+                ),
+            },
+            Action::Open { .. } => {
+                count += 1;
+                a
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// What `link` owes master ticket `ticket`, whose position is `master` (`None`: closed).
@@ -155,15 +186,6 @@ pub fn plan_ticket(
         if index.ever((link.magic, ticket)) || at.memory.decided.contains(&(link.id, ticket)) {
             // Held and closed by the follower (by hand, a stop, the broker), or decided never.
             return Vec::new();
-        }
-        if let Some(max) = link.protections.max_open_copies
-            && index.copies_of_link(link.magic).count() as i64 >= max
-        {
-            return vec![Action::Skip {
-                master_ticket: ticket,
-                code: SkipCode::MaxOpenCopies,
-                reason: format!("the link already holds its max_open_copies ({max}) open copies"),
-            }];
         }
         return vec![open_decision(link, m, at.funds, at.specs)];
     };
@@ -421,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn a_link_at_its_max_open_copies_skips_new_ones_for_good() {
+    fn a_link_at_its_max_open_copies_waits_and_counts_only_copies_that_stay() {
         let mut l = link();
         l.protections.max_open_copies = Some(1);
         let f = Follower {
@@ -432,16 +454,15 @@ mod tests {
         assert!(
             actions.iter().any(|a| matches!(
                 a,
-                Action::Skip {
+                Action::Wait {
                     master_ticket: 11,
-                    code: SkipCode::MaxOpenCopies,
                     ..
                 }
             )),
             "{actions:?}"
         );
-        l.protections.max_open_copies = Some(2);
-        let actions = run_link(&l, &f, &[master(10, 1.0, 1.0), master(11, 1.0, 1.0)]);
+        // The copy of a closed master position is being closed: it does not count.
+        let actions = run_link(&l, &f, &[master(11, 1.0, 1.0)]);
         assert!(
             actions.iter().any(|a| matches!(
                 a,
@@ -452,6 +473,14 @@ mod tests {
             )),
             "{actions:?}"
         );
+        // Opens planned in one pass count too.
+        let none = Follower::default();
+        let actions = run_link(&l, &none, &[master(20, 1.0, 1.0), master(21, 1.0, 1.0)]);
+        let opens = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Open { .. }))
+            .count();
+        assert_eq!(opens, 1, "{actions:?}");
     }
 
     #[test]

@@ -24,15 +24,16 @@ pub struct Inputs {
 /// The follower's symbol for a master symbol, or why there is none. In order: the link's
 /// explicit map; the same name on the follower's broker; else the one follower symbol with the
 /// same core once each broker's prefix and suffix are stripped (`EURUSD.m` -> `EURUSD` ->
-/// `EURUSDpro`). Checked against the follower broker's symbol list.
+/// `EURUSDpro`). Checked against the follower broker's symbol list. The second value is true
+/// for a match by core (the caller also checks the prices agree).
 pub fn follower_symbol(
     link: &Link,
     master_symbol: &str,
     specs: &HashMap<String, SymbolSpec>,
-) -> Result<String, String> {
+) -> Result<(String, bool), String> {
     if let Some(mapped) = link.symbol_map.get(master_symbol) {
         return if specs.contains_key(mapped) {
-            Ok(mapped.clone())
+            Ok((mapped.clone(), false))
         } else {
             Err(format!(
                 "symbol {mapped} is unknown on the follower's broker (the link maps {master_symbol} to it)"
@@ -40,20 +41,27 @@ pub fn follower_symbol(
         };
     }
     if specs.contains_key(master_symbol) {
-        return Ok(master_symbol.to_string());
+        return Ok((master_symbol.to_string(), false));
     }
-    let core = symbol_core(master_symbol);
-    let mut candidates: Vec<&String> = specs.keys().filter(|s| symbol_core(s) == core).collect();
+    let Some(core) = symbol_core(master_symbol) else {
+        return Err(format!(
+            "symbol {master_symbol} is unknown on the follower's broker (map it in the link's symbol_map)"
+        ));
+    };
+    let mut candidates: Vec<&String> = specs
+        .keys()
+        .filter(|s| symbol_core(s).as_deref() == Some(core.as_str()))
+        .collect();
     candidates.sort();
     match candidates.as_slice() {
-        [one] => Ok((*one).clone()),
+        [one] => Ok(((*one).clone(), true)),
         [] => Err(format!(
             "symbol {master_symbol} is unknown on the follower's broker (nor any symbol like {core})"
         )),
         many => {
             // The bare core itself wins over suffixed variants (EURUSD over EURUSD.pro).
             if let Some(bare) = many.iter().find(|s| s.as_str() == core) {
-                return Ok((*bare).clone());
+                return Ok(((*bare).clone(), true));
             }
             let names: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
             Err(format!(
@@ -64,26 +72,29 @@ pub fn follower_symbol(
     }
 }
 
-/// A symbol's core: the longest part between separators (`.`, `_`, `-`, `#`, `+`, `!`, `/`)
-/// that has capital letters, without lowercase letters before or after (`EURUSD.m`, `mEURUSD`,
-/// `EURUSDpro`, `EURUSD_i` all give `EURUSD`). A symbol without capital letters is its own core,
-/// capitalised.
-pub fn symbol_core(symbol: &str) -> String {
-    let part = symbol
-        .split(['.', '_', '-', '#', '+', '!', '/'])
-        .filter(|p| p.chars().any(|c| c.is_ascii_uppercase()))
-        .max_by_key(|p| {
-            p.chars()
-                .filter(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
-                .count()
-        });
-    match part {
-        Some(p) => p
+/// A symbol's core: its parts between separators (`.`, `_`, `-`, `#`, `+`, `!`, `/`), each
+/// without lowercase letters before or after, joined, keeping only parts that are then capitals
+/// and digits (`EURUSD.m`, `mEURUSD`, `EURUSDpro`, `EURUSD_i`, `EUR/USD` all give `EURUSD`;
+/// `US30_Z24` gives `US30Z24`, not `US30`). `None` (match by exact name only) when fewer than
+/// three capitals or digits remain (`Bitcoin`, `Brent`) or a part has lowercase inside.
+pub fn symbol_core(symbol: &str) -> Option<String> {
+    let mut core = String::new();
+    for part in symbol.split(['.', '_', '-', '#', '+', '!', '/']) {
+        let trimmed = part
             .trim_start_matches(|c: char| c.is_ascii_lowercase())
-            .trim_end_matches(|c: char| c.is_ascii_lowercase())
-            .to_string(),
-        None => symbol.to_ascii_uppercase(),
+            .trim_end_matches(|c: char| c.is_ascii_lowercase());
+        if trimmed.is_empty() {
+            continue;
+        }
+        if !trimmed
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        {
+            return None;
+        }
+        core.push_str(trimmed);
     }
+    (core.len() >= 3).then_some(core)
 }
 
 /// The copy's side: the master's, or the opposite when the link reverses.
@@ -138,8 +149,6 @@ pub enum SkipCode {
     InvalidVolume,
     /// The master's volume is below the link's `min_master_lot`.
     BelowMinTrade,
-    /// The link already holds `max_open_copies` open copies.
-    MaxOpenCopies,
     /// `risk_percent` without a stop loss on the copy.
     NoStopLoss,
     /// The fill would have been beyond the link's `max_slippage` (the broker refused it).
@@ -170,7 +179,6 @@ impl SkipCode {
             SkipCode::BelowMinVolume => "below_min_volume",
             SkipCode::InvalidVolume => "invalid_volume",
             SkipCode::BelowMinTrade => "below_min_trade",
-            SkipCode::MaxOpenCopies => "max_open_copies",
             SkipCode::NoStopLoss => "no_stop_loss",
             SkipCode::Slippage => "slippage",
             SkipCode::Rejected => "rejected",
@@ -427,7 +435,7 @@ pub fn open_order(
             ),
         ));
     }
-    let symbol = follower_symbol(link, &position.symbol, specs)
+    let (symbol, by_core) = follower_symbol(link, &position.symbol, specs)
         .map_err(|why| skip(SkipCode::SymbolNotFound, why))?;
     let spec = specs.get(&symbol).ok_or_else(|| {
         skip(
@@ -435,6 +443,20 @@ pub fn open_order(
             format!("symbol {symbol} is unknown on the follower's broker"),
         )
     })?;
+    // A name alike is not proof of the same instrument: its price must be near the master's.
+    if by_core
+        && spec.price > 0.0
+        && position.open_price > 0.0
+        && (spec.price / position.open_price - 1.0).abs() > 0.1
+    {
+        return Err(skip(
+            SkipCode::SymbolNotFound,
+            format!(
+                "symbol {symbol} on the follower's broker looks like {} but trades at {} against the master's {}: map it in the link's symbol_map",
+                position.symbol, spec.price, position.open_price
+            ),
+        ));
+    }
     let (sl, tp) = follower_stops(link, position);
     // Sized by notional value: a lot is not the same amount on every broker (XAUUSD is 100 oz
     // on one, 10 on another), so the master's volume counts in the follower's lots.
@@ -736,16 +758,21 @@ mod tests {
     #[test]
     fn symbols_resolve_across_prefixes_and_suffixes_against_the_followers_list() {
         for (symbol, core) in [
-            ("EURUSD", "EURUSD"),
-            ("EURUSD.m", "EURUSD"),
-            ("EURUSDpro", "EURUSD"),
-            ("mEURUSD", "EURUSD"),
-            ("EURUSD_i", "EURUSD"),
-            ("#US30.cash", "US30"),
-            ("XAUUSD+", "XAUUSD"),
-            ("btcusd", "BTCUSD"),
+            ("EURUSD", Some("EURUSD")),
+            ("EURUSD.m", Some("EURUSD")),
+            ("EURUSDpro", Some("EURUSD")),
+            ("mEURUSD", Some("EURUSD")),
+            ("EURUSD_i", Some("EURUSD")),
+            ("EUR/USD", Some("EURUSD")),
+            ("BTC/USD", Some("BTCUSD")),
+            ("#US30.cash", Some("US30")),
+            ("US30_Z24", Some("US30Z24")),
+            ("XAUUSD+", Some("XAUUSD")),
+            ("Bitcoin", None),
+            ("Brent", None),
+            ("btcusd", None),
         ] {
-            assert_eq!(symbol_core(symbol), core, "{symbol}");
+            assert_eq!(symbol_core(symbol).as_deref(), core, "{symbol}");
         }
         let list = |names: &[&str]| -> HashMap<String, SymbolSpec> {
             names
@@ -765,17 +792,38 @@ mod tests {
         // Stripped on the master's side, added on the follower's.
         assert_eq!(
             follower_symbol(&l, "EURUSD.m", &list(&["EURUSDpro", "GBPUSDpro"])),
-            Ok("EURUSDpro".into())
+            Ok(("EURUSDpro".into(), true))
         );
+        // A separated pair is not some other pair that shares a currency; names too short to
+        // tell apart match only exactly.
+        assert!(follower_symbol(&l, "EUR/USD", &list(&["BTC/USD"])).is_err());
+        assert!(follower_symbol(&l, "Bitcoin", &list(&["Brent"])).is_err());
         // The same name wins; then the bare core over other variants.
         assert_eq!(
             follower_symbol(&l, "EURUSD.m", &list(&["EURUSD.m", "EURUSD"])),
-            Ok("EURUSD.m".into())
+            Ok(("EURUSD.m".into(), false))
         );
         assert_eq!(
             follower_symbol(&l, "EURUSD.m", &list(&["EURUSD", "EURUSD.pro"])),
-            Ok("EURUSD".into())
+            Ok(("EURUSD".into(), true))
         );
+        // Alike by name but far in price: not the same instrument.
+        let far_list: HashMap<String, SymbolSpec> = [(
+            "EURUSDpro".to_string(),
+            SymbolSpec {
+                symbol: "EURUSDpro".into(),
+                price: 2.0,
+                ..spec("EURUSD")
+            },
+        )]
+        .into_iter()
+        .collect();
+        let far_master = MasterPosition {
+            symbol: "EURUSD.x".into(),
+            ..position(1.0)
+        };
+        let far = open_order(&l, &far_master, &Inputs::default(), &far_list).unwrap_err();
+        assert!(far.message().contains("trades at 2"), "{}", far.message());
         // Nothing, or several without a bare one: a skip naming the candidates.
         let none = follower_symbol(&l, "EURUSD.m", &list(&["GBPUSD"])).unwrap_err();
         assert!(none.contains("EURUSD.m is unknown"), "{none}");

@@ -737,7 +737,8 @@ async fn symbols_resolve_between_brokers_with_different_suffixes() {
 
 /// A link's stops-and-sizes settings on a node: the take profit not copied, the stop loss
 /// brought within its cap, the broker's minimum lot used instead of a skip, small master trades
-/// and copies beyond the link's maximum not copied (each skip recorded with its code).
+/// not copied (recorded with their code), and a copy beyond the link's maximum held back until
+/// a copy closes.
 #[tokio::test]
 async fn stops_and_sizes_settings_shape_and_limit_copies() {
     let mut s = CopySetup::new("copy-sizes").await;
@@ -779,8 +780,9 @@ async fn stops_and_sizes_settings_shape_and_limit_copies() {
         let url = s.db.url.clone();
         async move {
             let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
-            sqlx::query_scalar::<_, String>(
-                "SELECT code FROM copy_skips WHERE link_id = $1 AND master_ticket = $2 AND final",
+            sqlx::query_as::<_, (String, bool)>(
+                "SELECT code, final FROM copy_skips WHERE link_id = $1 AND master_ticket = $2
+                  ORDER BY decided_at DESC LIMIT 1",
             )
             .bind(link)
             .bind(ticket)
@@ -789,13 +791,21 @@ async fn stops_and_sizes_settings_shape_and_limit_copies() {
             .unwrap()
         }
     };
-    eventually("both skips recorded", WAIT, async || {
+    let (small_code, third_code) = eventually("both decisions recorded", WAIT, async || {
         let (a, b) = (code(small).await, code(third).await);
-        (a.is_some() && b.is_some()).then_some((a, b))
+        a.zip(b)
     })
     .await;
-    assert_eq!(code(small).await.as_deref(), Some("below_min_trade"));
-    assert_eq!(code(third).await.as_deref(), Some("max_open_copies"));
+    assert_eq!(small_code, ("below_min_trade".to_string(), true));
+    assert_eq!(
+        third_code,
+        ("waiting".to_string(), false),
+        "held back, not refused"
+    );
+    assert_eq!(s.t.positions("f2").await.len(), 2);
+    // A copy closes with its master: the held-back position is copied then.
+    s.t.close("m1", first, None).await;
+    s.t.copy_of("f2", magic, third, WAIT).await;
     assert_eq!(s.t.positions("f2").await.len(), 2);
     node.shutdown();
 }

@@ -32,7 +32,9 @@ use tracing::{debug, info, warn};
 
 use super::events::{MasterEvent, MasterNotice};
 use super::index::CopyIndex;
-use super::reconcile::{Action, Memory, Situation, apply_event, plan, plan_ticket};
+use super::reconcile::{
+    Action, Memory, Situation, apply_event, limit_open_copies, plan, plan_ticket,
+};
 use super::rules::{Inputs, Link, LotMode, SkipCode};
 use super::{MasterPosition, spread_interval};
 use crate::broker::types::{ClosedPosition, Position, SymbolSpec};
@@ -209,7 +211,7 @@ impl Follower<'_> {
     /// Reads what the ledger says this follower ever copied (R2 then holds whatever history the
     /// broker keeps), and records the copies of master `m` a read shows that have no row yet
     /// (an order whose reply was lost, found by its marker).
-    async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) {
+    async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) -> bool {
         let copied = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
             db::copy::ledger::copied(&mut conn, self.id, &self.server, &self.login).await
@@ -218,8 +220,8 @@ impl Follower<'_> {
         let copied = match copied {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %db::describe(&e), "reading the copy ledger failed; what was ever copied comes from the broker's history alone this time");
-                return;
+                warn!(error = %db::describe(&e), "reading the copy ledger failed; nothing is decided until it can be read");
+                return false;
             }
         };
         let magics: HashMap<i64, i64> = self.links.iter().map(|l| (l.id, l.magic)).collect();
@@ -263,6 +265,7 @@ impl Follower<'_> {
                 self.record_copy(&record).await;
             }
         }
+        true
     }
 
     fn links_of(&self, master: i64) -> Vec<Link> {
@@ -413,7 +416,13 @@ impl Follower<'_> {
             ),
         };
         let (view, now_ms) = view;
-        self.sync_ledger(m, &positions, &view.positions).await;
+        if !self.sync_ledger(m, &positions, &view.positions).await {
+            // Without the ledger a copy the follower closed could look never made: decide
+            // nothing until it can be read.
+            self.masters.remove(&m);
+            self.owe("copy ledger read failed");
+            return;
+        }
         if self.has_equity_stop(m) {
             self.report_funds().await;
         }
@@ -572,6 +581,9 @@ impl Follower<'_> {
                     at: (n.epoch, n.seq),
                 },
             );
+            // Live, every open copy counts (a reconcile tells those that are being closed).
+            let open_copies = self.index.copies_of_link(link.magic).count();
+            let actions = limit_open_copies(&link, actions, open_copies);
             for action in actions {
                 if !is_open && matches!(action, Action::Open { .. }) {
                     self.owe("a copy is owed; a reconcile decides it on the database's clock");
