@@ -17,6 +17,10 @@ CREATE TABLE copy_ledger (
     login              text   NOT NULL,
     link_id            bigint NOT NULL,
     master_id          bigint NOT NULL,
+    -- The master's broker account when the copy was recorded: a master row moved to another
+    -- account has other positions, whose ticket numbers may repeat.
+    master_server      text   NOT NULL,
+    master_login       text   NOT NULL,
     master_ticket      bigint NOT NULL,
     symbol             text   NOT NULL,
     side               text   NOT NULL CHECK (side IN ('buy', 'sell')),

@@ -160,3 +160,33 @@ async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
     assert_eq!(opens, 1, "the copy closed by hand was asked for again");
     second.shutdown();
 }
+
+/// A ledger row of a master account the master row no longer names (its login moved) does not
+/// count: the same ticket number on the new account is another position, and is copied.
+#[tokio::test]
+async fn a_ticket_recorded_under_another_master_account_does_not_block_a_copy() {
+    let mut s = CopySetup::new("ledger-master-moved").await;
+    let (link, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    // The simulated broker numbers positions from 1000001: the master's first position will be
+    // that ticket. A row says it was copied when the master row named another account.
+    sqlx::query(
+        "INSERT INTO copy_ledger (follower_id, follower_ticket, server, login, link_id, master_id,
+                                  master_server, master_login, master_ticket, symbol, side, volume,
+                                  filled_price, node_id, owner_epoch)
+         VALUES (2, 999, $1, 'f2', $2, 1, $1, 'm-before', 1000001, 'EURUSD', 'buy', 0.1, 1.1, 'x', 1)",
+    )
+    .bind(&s.addr)
+    .bind(link)
+    .execute(&mut s.conn)
+    .await
+    .unwrap();
+    let node = start_node(&config(&s.db, "moved", 10, FAST)).await;
+    wait_ready(&mut s.conn).await;
+    let ticket = s.t.open("m1", "EURUSD", Side::Buy, 0.1, None, None).await;
+    assert_eq!(
+        ticket, 1_000_001,
+        "the test's premise: the same ticket number"
+    );
+    s.t.copy_of("f2", magic, ticket, WAIT).await;
+    node.shutdown();
+}

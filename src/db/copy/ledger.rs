@@ -40,11 +40,13 @@ pub async fn record_copy(
 INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
                          requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
                          event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
-                         server, login)
-SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3, $20, $21
+                         server, login, master_server, master_login)
+SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3, $20, $21,
+       coalesce(m.server, ''), coalesce(m.login, '')
   FROM trading_accounts a
+  LEFT JOIN trading_accounts m ON m.id = $6
  WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
-   FOR SHARE
+   FOR SHARE OF a
 ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
 "#;
     let done = sqlx::query(SQL)
@@ -82,8 +84,10 @@ pub async fn copied(
     login: &str,
 ) -> Result<Vec<(i64, i64, i64)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT link_id, master_ticket, follower_ticket FROM copy_ledger
-          WHERE follower_id = $1 AND server = $2 AND login = $3",
+        "SELECT l.link_id, l.master_ticket, l.follower_ticket
+           FROM copy_ledger l JOIN trading_accounts m ON m.id = l.master_id
+          WHERE l.follower_id = $1 AND l.server = $2 AND l.login = $3
+            AND l.master_server = m.server AND l.master_login = m.login",
     )
     .bind(follower_id)
     .bind(server)
