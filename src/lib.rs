@@ -100,3 +100,4 @@ pub(crate) mod status_writer;
 pub(crate) mod supervisor;
 pub(crate) mod telemetry;
 pub(crate) mod trust;
+pub mod wall_clock;

@@ -338,14 +338,26 @@ pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandErro
 }
 
 async fn show_account(conn: &mut PgConnection, id: i64, json: bool) -> Result<(), CommandError> {
-    let what = format!("account {id}");
-    let row = sqlx::query(&format!("{ACCOUNT_SELECT} WHERE id = $1"))
+    show(conn, ACCOUNT_SELECT, "account", id, json, account_of).await
+}
+
+/// Prints the row `id` of `select` (`kind` names it in errors), read by `of`.
+async fn show<T: Serialize + std::fmt::Display>(
+    conn: &mut PgConnection,
+    select: &str,
+    kind: &str,
+    id: i64,
+    json: bool,
+    of: fn(&sqlx::postgres::PgRow) -> Result<T, sqlx::Error>,
+) -> Result<(), CommandError> {
+    let what = format!("{kind} {id}");
+    let row = sqlx::query(&format!("{select} WHERE id = $1"))
         .bind(id)
         .fetch_optional(conn)
         .await
         .map_err(sql(&what))?
-        .ok_or_else(|| CommandError::usage(format!("account {id}: no such account")))?;
-    print_one(json, &account_of(&row).map_err(sql(&what))?);
+        .ok_or_else(|| CommandError::usage(format!("{kind} {id}: no such {kind}")))?;
+    print_one(json, &of(&row).map_err(sql(&what))?);
     Ok(())
 }
 
@@ -914,15 +926,7 @@ pub(super) async fn links(command: LinksCommand) -> Result<(), CommandError> {
 }
 
 async fn show_link(conn: &mut PgConnection, id: i64, json: bool) -> Result<(), CommandError> {
-    let what = format!("link {id}");
-    let row = sqlx::query(&format!("{LINK_SELECT} WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await
-        .map_err(sql(&what))?
-        .ok_or_else(|| CommandError::usage(format!("link {id}: no such link")))?;
-    print_one(json, &link_of(&row).map_err(sql(&what))?);
-    Ok(())
+    show(conn, LINK_SELECT, "link", id, json, link_of).await
 }
 
 /// One link's part of the answer to `why`.

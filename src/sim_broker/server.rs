@@ -567,10 +567,6 @@ fn error_frame(id: u64, kind: &str, reason: &str, code: Option<RejectCode>) -> S
 
 /// The server's wall clock in Unix milliseconds: journal timestamps and open/close times, as
 /// a trade server stamps them. Never used for lease decisions.
-#[allow(clippy::disallowed_methods)]
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    crate::wall_clock::unix_ms()
 }

@@ -286,13 +286,6 @@ fn side_text(side: Side) -> &'static str {
     }
 }
 
-#[allow(clippy::disallowed_methods)] // TransactTime and open times are wall-clock facts
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// The typed code of a rejection, from OrdRejReason (103) and Text (58).
 fn reject_code(reason: Option<i64>, text: &str) -> RejectCode {
     let t = text.to_ascii_lowercase();
@@ -564,7 +557,7 @@ impl Shared {
                         ..p.clone()
                     },
                     close_price: price,
-                    close_time_ms: now_ms(),
+                    close_time_ms: crate::wall_clock::unix_ms(),
                     closed_by: by,
                     remaining_volume: remaining,
                     profit: (price - p.open_price) * p.side.sign() * closed_volume * contract,
@@ -605,7 +598,7 @@ impl Shared {
                     tp: None,
                     magic: 0,
                     comment: String::new(),
-                    open_time_ms: now_ms(),
+                    open_time_ms: crate::wall_clock::unix_ms(),
                 };
                 state.positions.insert(position_id, p.clone());
                 drop(state);
@@ -636,7 +629,7 @@ impl Shared {
             tp: None,
             magic: 0,
             comment: String::new(),
-            open_time_ms: now_ms(),
+            open_time_ms: crate::wall_clock::unix_ms(),
         })
     }
 
@@ -659,7 +652,7 @@ impl Shared {
                         ..p.clone()
                     },
                     close_price: p.open_price,
-                    close_time_ms: now_ms(),
+                    close_time_ms: crate::wall_clock::unix_ms(),
                     closed_by: ClosedBy::Manual,
                     remaining_volume: now.volume,
                     profit: 0.0,
@@ -731,8 +724,11 @@ impl Shared {
             (724, "0".to_string()),
             (1, self.login.clone()),
             (581, "1".to_string()),
-            (715, utc_timestamp(now_ms())[..8].to_string()),
-            (60, utc_timestamp(now_ms())),
+            (
+                715,
+                utc_timestamp(crate::wall_clock::unix_ms())[..8].to_string(),
+            ),
+            (60, utc_timestamp(crate::wall_clock::unix_ms())),
         ];
         if subscribe {
             body.push((263, "1".to_string()));
@@ -1002,7 +998,7 @@ impl Shared {
             (55, p.symbol.clone()),
             (54, side_code(side).to_string()),
             (38, decimal(order.quantity)),
-            (60, utc_timestamp(now_ms())),
+            (60, utc_timestamp(crate::wall_clock::unix_ms())),
             (59, "1".to_string()),
             (721, p.ticket.to_string()),
         ];
@@ -1013,37 +1009,7 @@ impl Shared {
             body.push((40, "2".into()));
             body.push((44, decimal(price)));
         }
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut state = self.state();
-            state.orders.insert(cl.clone(), tx);
-            state.acks.insert(cl.clone());
-        }
-        if let Err(e) = self.send("D", &body) {
-            {
-                let mut state = self.state();
-                state.orders.remove(&cl);
-                state.acks.remove(&cl);
-            }
-            let _ = ledger::forget_order(&self.pool, self.writer.account_id, &cl).await;
-            return Err(e);
-        }
-        let report = match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
-            Ok(Ok(report)) => report,
-            Ok(Err(_)) => {
-                return Err(BrokerError::Unknown(format!(
-                    "resting order {cl}: the FIX connection dropped before its acknowledgement"
-                )));
-            }
-            Err(_) => {
-                let mut state = self.state();
-                state.orders.remove(&cl);
-                state.acks.remove(&cl);
-                return Err(BrokerError::Unknown(format!(
-                    "resting order {cl}: no acknowledgement in time"
-                )));
-            }
-        };
+        let report = self.send_order(&cl, &body, true).await?;
         match report.get(39) {
             Some("0") => {
                 let by = if kind == "sl" {
@@ -1090,7 +1056,7 @@ impl Shared {
                 (55, w.symbol.clone()),
                 (54, side.to_string()),
                 (38, decimal(w.quantity)),
-                (60, utc_timestamp(now_ms())),
+                (60, utc_timestamp(crate::wall_clock::unix_ms())),
             ],
         ) {
             self.state().orders.remove(&cl);
@@ -1334,6 +1300,47 @@ impl Shared {
         Ok(())
     }
 
+    /// Sends a NewOrderSingle recorded in the ledger and waits for its report: a final one, or
+    /// (`resting`) the New that acknowledges a resting order. Not sent: the ledger row goes (the
+    /// next attempt may use the ClOrdID). Sent without an answer: the outcome is unknown.
+    async fn send_order(
+        &self,
+        cl: &str,
+        body: &[(u32, String)],
+        resting: bool,
+    ) -> Result<Fields, BrokerError> {
+        let what = if resting { "resting order" } else { "order" };
+        let (tx, rx) = oneshot::channel();
+        let forget = |state: &mut State| {
+            state.orders.remove(cl);
+            state.acks.remove(cl);
+        };
+        {
+            let mut state = self.state();
+            state.orders.insert(cl.to_string(), tx);
+            if resting {
+                state.acks.insert(cl.to_string());
+            }
+        }
+        if let Err(e) = self.send("D", body) {
+            forget(&mut self.state());
+            let _ = ledger::forget_order(&self.pool, self.writer.account_id, cl).await;
+            return Err(e);
+        }
+        match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
+            Ok(Ok(report)) => Ok(report),
+            Ok(Err(_)) => Err(BrokerError::Unknown(format!(
+                "{what} {cl}: the FIX connection dropped before its report"
+            ))),
+            Err(_) => {
+                forget(&mut self.state());
+                Err(BrokerError::Unknown(format!(
+                    "{what} {cl}: no report in time"
+                )))
+            }
+        }
+    }
+
     /// Sends an order (recorded in the ledger first) and waits for its final report.
     async fn place(
         &self,
@@ -1382,7 +1389,7 @@ impl Shared {
             (55, order.symbol.clone()),
             (54, side_code(side_parse(&order.side)).to_string()),
             (38, decimal(order.quantity)),
-            (60, utc_timestamp(now_ms())),
+            (60, utc_timestamp(crate::wall_clock::unix_ms())),
         ];
         match limit {
             Some(price) => {
@@ -1395,28 +1402,7 @@ impl Shared {
         if let Some(p) = position {
             body.push((721, p.to_string()));
         }
-        let (tx, rx) = oneshot::channel();
-        self.state().orders.insert(cl.clone(), tx);
-        if let Err(e) = self.send("D", &body) {
-            self.state().orders.remove(&cl);
-            // Not sent: no row, so nobody waits for it and the next attempt may use the ClOrdID.
-            let _ = ledger::forget_order(&self.pool, self.writer.account_id, &cl).await;
-            return Err(e);
-        }
-        let report = match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
-            Ok(Ok(report)) => report,
-            Ok(Err(_)) => {
-                return Err(BrokerError::Unknown(format!(
-                    "order {cl}: the FIX connection dropped before its report"
-                )));
-            }
-            Err(_) => {
-                self.state().orders.remove(&cl);
-                return Err(BrokerError::Unknown(format!(
-                    "order {cl}: no report in time"
-                )));
-            }
-        };
+        let report = self.send_order(&cl, &body, false).await?;
         if outcome_of(&report) == Outcome::Duplicate {
             // The venue executed this ClOrdID before: ask what came of it.
             return match self.settle(&order).await? {
@@ -1445,7 +1431,7 @@ fn closed_of(p: &Position, volume: f64, remaining: f64) -> ClosedPosition {
             ..p.clone()
         },
         close_price: p.open_price,
-        close_time_ms: now_ms(),
+        close_time_ms: crate::wall_clock::unix_ms(),
         closed_by: ClosedBy::Manual,
         remaining_volume: round_lots(remaining),
         profit: 0.0,

@@ -44,7 +44,7 @@ impl Follower<'_> {
         action: Action,
         source: Option<&MasterPosition>,
     ) -> Sent {
-        let decided_ms = wall_ms();
+        let decided_ms = crate::wall_clock::unix_ms();
         let master_ticket = action.master_ticket();
         match &action {
             Action::Skip { code, reason, .. } => {
@@ -89,7 +89,7 @@ impl Follower<'_> {
                             fill.price,
                             source,
                             Some(decided_ms),
-                            Some(wall_ms()),
+                            Some(crate::wall_clock::unix_ms()),
                         );
                         self.record_copy(&record).await;
                         if let Some(master_volume) = base {
@@ -388,14 +388,6 @@ impl Follower<'_> {
             warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
         }
     }
-}
-
-/// The node's wall clock (Unix ms): the ledger's decision and acceptance times.
-#[allow(clippy::disallowed_methods)] // the ledger records wall-clock facts
-pub(super) fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The ledger's row for a copy of `master_ticket` under `link`, filled as `ticket` at `price`.
