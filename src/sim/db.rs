@@ -12,7 +12,7 @@
 //! epochs were kept, which are new and larger). Everything else is determined by the statements
 //! (claims take the lowest ids first, free rows and dead nodes' rows alike).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::db::lease::{
@@ -43,8 +43,21 @@ pub struct AccountRow {
 }
 
 impl AccountRow {
+    /// A free account of a platform (what a claim may take besides dead nodes' rows).
     fn free_platform(&self) -> Option<&str> {
         (self.enabled && self.node_id.is_none()).then_some(self.platform.as_str())
+    }
+
+    /// An unowned row with no lease, as an `INSERT` makes it.
+    pub fn new(platform: &str, enabled: bool) -> Self {
+        AccountRow {
+            platform: platform.to_string(),
+            enabled,
+            node_id: None,
+            lease_until: None,
+            owner_epoch: 0,
+            claimed_at: None,
+        }
     }
 }
 
@@ -64,11 +77,19 @@ pub struct Server {
 }
 
 /// The modelled database.
+///
+/// The account rows are reached through methods, which keep two indexes (rows by owner, free
+/// rows by platform) so a statement touches what PostgreSQL's indexes would let it touch: the
+/// simulator runs a million rows.
 #[derive(Debug, Clone, Default)]
 pub struct Model {
     pub now: i64,
     pub nodes: BTreeMap<String, NodeRow>,
-    pub accounts: BTreeMap<i64, AccountRow>,
+    accounts: BTreeMap<i64, AccountRow>,
+    /// Account ids by `node_id`.
+    by_node: HashMap<String, BTreeSet<i64>>,
+    /// Enabled rows without an owner, by platform.
+    free: HashMap<String, BTreeSet<i64>>,
     /// `owner_epoch_seq`'s last value (`nextval` returns one more).
     pub seq: i64,
     pub server: Server,
@@ -94,6 +115,72 @@ impl Model {
         }
     }
 
+    /// Every account row, by id.
+    pub fn accounts(&self) -> impl Iterator<Item = (i64, &AccountRow)> {
+        self.accounts.iter().map(|(id, a)| (*id, a))
+    }
+
+    pub fn account(&self, id: i64) -> Option<&AccountRow> {
+        self.accounts.get(&id)
+    }
+
+    /// How many account rows there are.
+    pub fn account_count(&self) -> usize {
+        self.accounts.len()
+    }
+
+    /// The ids of the rows naming `node_id` as their owner.
+    pub fn owned_by(&self, node_id: &str) -> impl Iterator<Item = i64> + '_ {
+        self.by_node.get(node_id).into_iter().flatten().copied()
+    }
+
+    /// Inserts (or replaces) an account row.
+    pub fn insert_account(&mut self, id: i64, row: AccountRow) {
+        self.unindex(id);
+        self.accounts.insert(id, row);
+        self.index(id);
+    }
+
+    /// Changes an account row (an `UPDATE` from outside the lease statements).
+    pub fn update_account(&mut self, id: i64, change: impl FnOnce(&mut AccountRow)) {
+        self.unindex(id);
+        if let Some(a) = self.accounts.get_mut(&id) {
+            change(a);
+        }
+        self.index(id);
+    }
+
+    fn unindex(&mut self, id: i64) {
+        let Some(a) = self.accounts.get(&id) else {
+            return;
+        };
+        if let Some(n) = &a.node_id
+            && let Some(set) = self.by_node.get_mut(n)
+        {
+            set.remove(&id);
+            if set.is_empty() {
+                self.by_node.remove(n);
+            }
+        }
+        if let Some(p) = a.free_platform()
+            && let Some(set) = self.free.get_mut(p)
+        {
+            set.remove(&id);
+        }
+    }
+
+    fn index(&mut self, id: i64) {
+        let Some(a) = self.accounts.get(&id) else {
+            return;
+        };
+        if let Some(n) = &a.node_id {
+            self.by_node.entry(n.clone()).or_default().insert(id);
+        }
+        if let Some(p) = a.free_platform() {
+            self.free.entry(p.to_string()).or_default().insert(id);
+        }
+    }
+
     fn nextval(&mut self) -> i64 {
         self.seq += 1;
         self.seq
@@ -103,13 +190,16 @@ impl Model {
     pub fn cycle(&mut self, p: &CycleParams<'_>) -> CycleOutcome {
         let now = self.now;
         let lease = ms(p.lease);
-        let snapshot = self.clone();
-        let s = &snapshot.server;
+        // The statement sees one snapshot: everything it reads is read before it writes (its
+        // writes touch only this node's membership and the rows it renews or claims, which the
+        // reads below take before they change).
+        let s = self.server.clone();
+        let seq_before = self.seq;
 
         // The database itself: a failover, the grace, the era.
         let changed = matches!((s.timeline, s.recorded_timeline), (Some(a), Some(b)) if a != b)
             || matches!((s.system_id, s.recorded_system_id), (Some(a), Some(b)) if a != b);
-        let longest_member = snapshot
+        let longest_member = self
             .nodes
             .values()
             .map(|n| n.lease_until - n.renewed_at)
@@ -125,7 +215,7 @@ impl Model {
         let base = s.timeline.or(s.recorded_timeline).unwrap_or(0);
         let next_era = (base + s.era_offset)
             .max(s.recorded_timeline.unwrap_or(0) + s.era_offset + 1)
-            .max((snapshot.seq >> 40) + 1);
+            .max((seq_before >> 40) + 1);
         let noted = (s.timeline.is_some() && s.timeline != s.recorded_timeline)
             || (s.system_id.is_some() && s.system_id != s.recorded_system_id)
             || s.max_lease_ms.is_none_or(|m| m < lease);
@@ -144,8 +234,43 @@ impl Model {
             sv.max_lease_ms = Some(sv.max_lease_ms.unwrap_or(lease).max(lease));
         }
 
+        // What the statement reads of the others, before it writes anything.
+        let peers: Vec<Peer> = self
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.platform == p.platform && id.as_str() != p.node_id)
+            .map(|(id, n)| Peer {
+                node_id: id.clone(),
+                expires_in: Duration::from_millis((n.lease_until - now).max(0) as u64),
+                live: n.lease_until >= now,
+                trusted: n.lease_until >= now && n.trust_until >= now,
+                capacity: n.capacity,
+                owned: n.owned,
+            })
+            .collect();
+        let dead_nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.lease_until < now && id.as_str() != p.node_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut dead_rows = 0usize;
+        let mut dead_claimable = BTreeSet::new();
+        for node in &dead_nodes {
+            for id in self.owned_by(node) {
+                let a = &self.accounts[&id];
+                if a.platform == p.platform && a.enabled {
+                    dead_rows += 1;
+                    if a.lease_until.is_some_and(|l| l < now) {
+                        dead_claimable.insert(id);
+                    }
+                }
+            }
+        }
+        let free_rows = self.free.get(p.platform).map_or(0, BTreeSet::len);
+
         // Membership.
-        let member = match snapshot.nodes.get(p.node_id) {
+        let member = match self.nodes.get(p.node_id) {
             Some(n) => n.instance_id == p.instance_id || n.lease_until < now,
             None => true,
         };
@@ -157,6 +282,8 @@ impl Model {
                 grace: Duration::from_millis(grace as u64),
                 era_start,
             },
+            peers,
+            free: (free_rows + dead_rows) as u64,
             ..CycleOutcome::default()
         };
         if member {
@@ -176,16 +303,13 @@ impl Model {
             // the kept epochs are touched, at their epochs).
             let held: BTreeSet<i64> = p.held.iter().copied().collect();
             let kept: BTreeSet<i64> = p.kept.iter().copied().collect();
-            let mine: Vec<i64> = snapshot
-                .accounts
-                .iter()
-                .filter(|(_, a)| a.node_id.as_deref() == Some(p.node_id))
-                .filter(|(_, a)| grace == 0 || kept.contains(&a.owner_epoch))
-                .map(|(id, _)| *id)
+            let mine: Vec<i64> = self
+                .owned_by(p.node_id)
+                .filter(|id| grace == 0 || kept.contains(&self.accounts[id].owner_epoch))
                 .collect();
             let mut wanted = 0u32;
             for id in mine {
-                let a = self.accounts.get_mut(&id).expect("listed above");
+                let a = self.accounts.get_mut(&id).expect("indexed");
                 let keep = grace > 0
                     || (held.contains(&a.owner_epoch) && a.lease_until.is_some_and(|l| l >= now));
                 a.lease_until = Some(now + lease);
@@ -203,44 +327,31 @@ impl Model {
                     claimed_ms: a.claimed_at.unwrap_or(0),
                 });
             }
-            // Claims: free rows and rows of dead nodes, up to the room.
+            // Claims: free rows and rows of dead nodes, lowest ids first, up to the room.
             let room = if grace > 0 {
                 0
             } else {
                 p.claim_limit.saturating_sub(wanted) as usize
             };
             if p.claim && room > 0 {
-                let free = snapshot
-                    .accounts
-                    .iter()
-                    .filter(|(_, a)| a.free_platform() == Some(p.platform))
-                    .map(|(id, _)| *id)
+                let free = self
+                    .free
+                    .get(p.platform)
+                    .into_iter()
+                    .flatten()
+                    .copied()
                     .take(room);
-                let dead_nodes: BTreeSet<&String> = snapshot
-                    .nodes
-                    .iter()
-                    .filter(|(id, n)| n.lease_until < now && id.as_str() != p.node_id)
-                    .map(|(id, _)| id)
+                let chosen: BTreeSet<i64> = free
+                    .chain(dead_claimable.iter().copied().take(room))
                     .collect();
-                let dead = snapshot
-                    .accounts
-                    .iter()
-                    .filter(|(_, a)| {
-                        a.node_id.as_ref().is_some_and(|n| dead_nodes.contains(n))
-                            && a.platform == p.platform
-                            && a.enabled
-                            && a.lease_until.is_some_and(|l| l < now)
-                    })
-                    .map(|(id, _)| *id)
-                    .take(room);
-                let chosen: BTreeSet<i64> = free.chain(dead).collect();
                 for id in chosen.into_iter().take(room) {
                     let epoch = self.nextval();
-                    let a = self.accounts.get_mut(&id).expect("chosen from the rows");
-                    a.node_id = Some(p.node_id.to_string());
-                    a.lease_until = Some(now + lease);
-                    a.owner_epoch = epoch;
-                    a.claimed_at = Some(now);
+                    self.update_account(id, |a| {
+                        a.node_id = Some(p.node_id.to_string());
+                        a.lease_until = Some(now + lease);
+                        a.owner_epoch = epoch;
+                        a.claimed_at = Some(now);
+                    });
                     out.owned.push(OwnedRow {
                         id,
                         epoch,
@@ -249,54 +360,27 @@ impl Model {
                     });
                 }
             }
-        } else if let Some(n) = snapshot.nodes.get(p.node_id) {
+        } else if let Some(n) = self.nodes.get(p.node_id) {
             out.conflict = Some(Conflict {
                 instance_id: n.instance_id.clone(),
                 expires_in: Duration::from_millis((n.lease_until - now).max(0) as u64),
             });
         }
-        out.peers = snapshot
-            .nodes
-            .iter()
-            .filter(|(id, n)| n.platform == p.platform && id.as_str() != p.node_id)
-            .map(|(id, n)| Peer {
-                node_id: id.clone(),
-                expires_in: Duration::from_millis((n.lease_until - now).max(0) as u64),
-                live: n.lease_until >= now,
-                trusted: n.lease_until >= now && n.trust_until >= now,
-                capacity: n.capacity,
-                owned: n.owned,
-            })
-            .collect();
-        let dead_rows = snapshot
-            .accounts
-            .values()
-            .filter(|a| {
-                a.platform == p.platform
-                    && a.enabled
-                    && a.node_id.as_ref().is_some_and(|n| {
-                        n != p.node_id && snapshot.nodes.get(n).is_some_and(|d| d.lease_until < now)
-                    })
-            })
-            .count();
-        let free_rows = snapshot
-            .accounts
-            .values()
-            .filter(|a| a.free_platform() == Some(p.platform))
-            .count();
-        out.free = (free_rows + dead_rows) as u64;
         out
     }
 
     /// Releases the node's rows at `epochs`; returns the ids released.
     pub fn release(&mut self, node_id: &str, epochs: &[i64]) -> Vec<i64> {
-        let mut out = Vec::new();
-        for (id, a) in self.accounts.iter_mut() {
-            if a.node_id.as_deref() == Some(node_id) && epochs.contains(&a.owner_epoch) {
+        let epochs: BTreeSet<i64> = epochs.iter().copied().collect();
+        let out: Vec<i64> = self
+            .owned_by(node_id)
+            .filter(|id| epochs.contains(&self.accounts[id].owner_epoch))
+            .collect();
+        for id in &out {
+            self.update_account(*id, |a| {
                 a.node_id = None;
                 a.lease_until = None;
-                out.push(*id);
-            }
+            });
         }
         out
     }
@@ -305,10 +389,7 @@ impl Model {
     /// row names the node.
     pub fn leave(&mut self, node_id: &str, instance_id: &str, epochs: &[i64]) -> LeaveOutcome {
         let released = self.release(node_id, epochs);
-        let named = self
-            .accounts
-            .values()
-            .any(|a| a.node_id.as_deref() == Some(node_id));
+        let named = self.owned_by(node_id).next().is_some();
         let left = !named
             && self
                 .nodes

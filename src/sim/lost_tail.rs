@@ -87,17 +87,7 @@ mod tests {
         let mono = MonoBase::new();
         let mut db = Model::new(Some(1), Some(7));
         for id in 1..=ACCOUNTS {
-            db.accounts.insert(
-                id,
-                AccountRow {
-                    platform: "mt5".into(),
-                    enabled: true,
-                    node_id: None,
-                    lease_until: None,
-                    owner_epoch: 0,
-                    claimed_at: None,
-                },
-            );
+            db.insert_account(id, AccountRow::new("mt5", true));
         }
         let mut nodes: Vec<Node> = (0..NODES)
             .map(|i| Node {
@@ -302,7 +292,7 @@ mod tests {
                 })
                 .map(|n| n.id.as_str())
                 .collect();
-            let row = &db.accounts[&id];
+            let row = db.account(id).expect("inserted");
             let owner = row
                 .node_id
                 .as_deref()

@@ -44,11 +44,10 @@ async fn real_rows(conn: &mut PgConnection) -> BTreeMap<i64, RowView> {
 }
 
 fn model_rows(m: &Model) -> BTreeMap<i64, RowView> {
-    m.accounts
-        .iter()
+    m.accounts()
         .map(|(id, a)| {
             (
-                *id,
+                id,
                 (
                     a.node_id.clone(),
                     a.lease_until.map(|l| l >= m.now),
@@ -174,7 +173,7 @@ fn to_model(epochs: &[i64], real: &BTreeMap<i64, RowView>, model: &Model) -> Vec
         .map(|e| {
             real.iter()
                 .find(|(_, r)| r.3 == *e)
-                .and_then(|(id, _)| model.accounts.get(id))
+                .and_then(|(id, _)| model.account(*id))
                 .map_or(-1, |a| a.owner_epoch)
         })
         .collect()
@@ -209,16 +208,9 @@ async fn run(seed: u64) {
             .unwrap();
     let mut model = Model::new(timeline.map(i64::from), system_id);
     for id in 1..=15 {
-        model.accounts.insert(
+        model.insert_account(
             id,
-            AccountRow {
-                platform: if id <= 12 { "mt5" } else { "mt4" }.into(),
-                enabled: true,
-                node_id: None,
-                lease_until: None,
-                owner_epoch: 0,
-                claimed_at: None,
-            },
+            AccountRow::new(if id <= 12 { "mt5" } else { "mt4" }, true),
         );
     }
     let mut nodes: Vec<Node> = (0..NODES)
@@ -365,10 +357,9 @@ async fn run(seed: u64) {
                     row.lease_until = now - 1000;
                     row.trust_until = now - 1000;
                 }
-                for a in model.accounts.values_mut() {
-                    if a.node_id.as_deref() == Some(id.as_str()) {
-                        a.lease_until = Some(now - 1000);
-                    }
+                let rows: Vec<i64> = model.owned_by(&id).collect();
+                for row in rows {
+                    model.update_account(row, |a| a.lease_until = Some(now - 1000));
                 }
             }
             83..=87 => {
@@ -385,8 +376,7 @@ async fn run(seed: u64) {
                     .execute(&mut conn)
                     .await
                     .unwrap();
-                let a = model.accounts.get_mut(&id).unwrap();
-                a.enabled = !a.enabled;
+                model.update_account(id, |a| a.enabled = !a.enabled);
             }
             94..=95 => {
                 // A promoted standby (a new timeline) or a restored dump (another system).
