@@ -54,13 +54,135 @@ pub enum Event {
     Lost(Lost),
 }
 
+/// What the supervisor does to the world, apart from deciding: the node's account tasks and
+/// release statements in production ([`NodeHost`]), the simulator's model of them in simulation.
+/// The supervisor's decisions (which gate closes when, what is released after what) stay in one
+/// place whichever host carries them out.
+pub trait Host {
+    /// What stops a session once started.
+    type Session;
+    /// The node's monotonic clock.
+    fn now(&self) -> Instant;
+    /// The base the gates encode their deadlines against.
+    fn base(&self) -> MonoBase;
+    /// Starts the session of (account, epoch) behind `gate`; it reports its end as
+    /// [`Event::Exited`].
+    fn start(&mut self, account_id: i64, epoch: i64, gate: Arc<AccountGate>) -> Self::Session;
+    /// Starts a session again after it failed by itself, with the same gate and session handle.
+    fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &Self::Session);
+    /// Asks a session to stop; it reports [`Event::Exited`] once its work in flight is done.
+    fn cancel(&mut self, session: &Self::Session);
+    /// Releases (account, epoch) (fenced, announced to peers); reports [`Event::Released`].
+    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str);
+    /// Reports [`Event::Restart`] for (account, epoch) after `delay`.
+    fn restart_later(&mut self, account_id: i64, epoch: i64, delay: Duration);
+    /// Shows a status text on the account row.
+    fn status(&mut self, account_id: i64, epoch: i64, text: String);
+    /// The database failed over: followers forget their masters' (epoch, seq) and reconcile.
+    fn database_failed_over(&mut self);
+}
+
+/// The production host: account tasks on the runtime, releases over the pool.
 #[derive(Debug)]
-struct Active {
+pub struct NodeHost {
+    shared: NodeShared,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Host for NodeHost {
+    type Session = CancellationToken;
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn base(&self) -> MonoBase {
+        self.shared.base
+    }
+
+    fn start(&mut self, account_id: i64, _epoch: i64, gate: Arc<AccountGate>) -> CancellationToken {
+        let cancel = self.shared.sessions.child_token();
+        let ctx = AccountContext {
+            account_id,
+            gate,
+            cancel: cancel.clone(),
+            status: self.shared.status.clone(),
+            node: self.shared.services.clone(),
+        };
+        spawn_task(&self.shared.tracker, &self.events, ctx);
+        cancel
+    }
+
+    fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &CancellationToken) {
+        let ctx = AccountContext {
+            account_id,
+            gate,
+            cancel: session.clone(),
+            status: self.shared.status.clone(),
+            node: self.shared.services.clone(),
+        };
+        spawn_task(&self.shared.tracker, &self.events, ctx);
+    }
+
+    fn cancel(&mut self, session: &CancellationToken) {
+        session.cancel();
+    }
+
+    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
+        let pool = self.shared.services.pool.clone();
+        let node_id = self.shared.services.node_id.clone();
+        let events = self.events.clone();
+        self.shared.tracker.spawn(async move {
+            let mut retry = retry::RELEASE.start();
+            for attempt in 1..=5 {
+                let result = async {
+                    let mut conn = pool.acquire().await?;
+                    db::lease::release(&mut conn, &node_id, &[epoch], status).await
+                }
+                .await;
+                match result {
+                    Ok(ids) if ids.is_empty() => {
+                        info!(account_id, epoch, "release found the account no longer ours; nothing to release");
+                        break;
+                    }
+                    Ok(_) => {
+                        info!(account_id, epoch, reason = status, "account released");
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying (a later cycle retries too)");
+                        tokio::time::sleep(retry.failed()).await;
+                    }
+                }
+            }
+            let _ = events.send(Event::Released { account_id, epoch });
+        });
+    }
+
+    fn restart_later(&mut self, account_id: i64, epoch: i64, delay: Duration) {
+        let events = self.events.clone();
+        self.shared.tracker.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = events.send(Event::Restart { account_id, epoch });
+        });
+    }
+
+    fn status(&mut self, account_id: i64, epoch: i64, text: String) {
+        self.shared.status.status(account_id, epoch, text);
+    }
+
+    fn database_failed_over(&mut self) {
+        self.shared.services.hub.failed_over();
+    }
+}
+
+#[derive(Debug)]
+struct Active<S> {
     epoch: i64,
     /// When this owner claimed the account (database clock): rebalancing moves the oldest first.
     claimed_ms: i64,
     gate: Arc<AccountGate>,
-    cancel: CancellationToken,
+    session: S,
     /// The task is not running: it failed and waits for its restart.
     parked: bool,
     failures: u32,
@@ -75,25 +197,38 @@ struct Stopping {
 
 /// Owns the account tasks of one node.
 #[derive(Debug)]
-pub struct Supervisor {
-    shared: NodeShared,
-    events: mpsc::UnboundedSender<Event>,
-    active: HashMap<i64, Active>,
+pub struct Supervisor<H: Host = NodeHost> {
+    host: H,
+    active: HashMap<i64, Active<H::Session>>,
     stopping: HashMap<(i64, i64), Stopping>,
     releasing: HashSet<(i64, i64)>,
     shutting_down: bool,
 }
 
-impl Supervisor {
+impl Supervisor<NodeHost> {
     pub fn new(shared: NodeShared, events: mpsc::UnboundedSender<Event>) -> Self {
+        Supervisor::with_host(NodeHost { shared, events })
+    }
+}
+
+impl<H: Host> Supervisor<H> {
+    pub fn with_host(host: H) -> Self {
         Supervisor {
-            shared,
-            events,
+            host,
             active: HashMap::new(),
             stopping: HashMap::new(),
             releasing: HashSet::new(),
             shutting_down: false,
         }
+    }
+
+    /// The host carrying out the decisions.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
     }
 
     /// Applies a confirmed cycle: `owned` is everything the database says this node owns,
@@ -184,7 +319,7 @@ impl Supervisor {
                     info!(
                         account_id,
                         epoch,
-                        stopped_in_ms = stop.since.elapsed().as_millis() as u64,
+                        stopped_in_ms = (self.host.now() - stop.since).as_millis() as u64,
                         "account session stopped"
                     );
                     if let Some(status) = stop.release {
@@ -206,16 +341,9 @@ impl Supervisor {
                 let delay = restart_delay(a.failures);
                 let reason = error.unwrap_or_else(|| "the session ended unexpectedly".into());
                 error!(account_id, epoch, error = %reason, restart_in_s = delay.as_secs(), "account session failed; restarting it later");
-                self.shared.status.status(
-                    account_id,
-                    epoch,
-                    format!("error: {reason} (restarting)"),
-                );
-                let events = self.events.clone();
-                self.shared.tracker.spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = events.send(Event::Restart { account_id, epoch });
-                });
+                self.host
+                    .status(account_id, epoch, format!("error: {reason} (restarting)"));
+                self.host.restart_later(account_id, epoch, delay);
             }
             Event::Restart { account_id, epoch } => {
                 if self.shutting_down {
@@ -227,15 +355,8 @@ impl Supervisor {
                     .filter(|a| a.epoch == epoch && a.parked)
                 {
                     a.parked = false;
-                    let ctx = AccountContext {
-                        account_id,
-                        gate: a.gate.clone(),
-                        cancel: a.cancel.clone(),
-                        status: self.shared.status.clone(),
-                        node: self.shared.services.clone(),
-                    };
                     info!(account_id, epoch, "restarting account session");
-                    spawn_task(&self.shared.tracker, &self.events, ctx);
+                    self.host.restart(account_id, a.gate.clone(), &a.session);
                 }
             }
             Event::Released { account_id, epoch } => {
@@ -291,8 +412,8 @@ impl Supervisor {
 
     /// The database failed over: every session that follows masters forgets their (epoch, seq)
     /// and reconciles.
-    pub fn database_failed_over(&self) {
-        self.shared.services.hub.failed_over();
+    pub fn database_failed_over(&mut self) {
+        self.host.database_failed_over();
     }
 
     /// True when no task runs or stops and no release is in flight.
@@ -325,25 +446,17 @@ impl Supervisor {
         let gate = Arc::new(AccountGate::new(
             account_id,
             epoch,
-            self.shared.base,
+            self.host.base(),
             deadline,
         ));
-        let cancel = self.shared.sessions.child_token();
-        let ctx = AccountContext {
-            account_id,
-            gate: gate.clone(),
-            cancel: cancel.clone(),
-            status: self.shared.status.clone(),
-            node: self.shared.services.clone(),
-        };
-        spawn_task(&self.shared.tracker, &self.events, ctx);
+        let session = self.host.start(account_id, epoch, gate.clone());
         self.active.insert(
             account_id,
             Active {
                 epoch,
                 claimed_ms,
                 gate,
-                cancel,
+                session,
                 parked: false,
                 failures: 0,
             },
@@ -356,7 +469,7 @@ impl Supervisor {
             return;
         };
         a.gate.close();
-        a.cancel.cancel();
+        self.host.cancel(&a.session);
         if a.parked {
             // No task is running: nothing in flight to wait for.
             if let Some(status) = release {
@@ -368,7 +481,7 @@ impl Supervisor {
             (account_id, a.epoch),
             Stopping {
                 release,
-                since: Instant::now(),
+                since: self.host.now(),
             },
         );
     }
@@ -378,34 +491,7 @@ impl Supervisor {
         if !self.releasing.insert((account_id, epoch)) {
             return;
         }
-        let pool = self.shared.services.pool.clone();
-        let node_id = self.shared.services.node_id.clone();
-        let events = self.events.clone();
-        self.shared.tracker.spawn(async move {
-            let mut retry = retry::RELEASE.start();
-            for attempt in 1..=5 {
-                let result = async {
-                    let mut conn = pool.acquire().await?;
-                    db::lease::release(&mut conn, &node_id, &[epoch], status).await
-                }
-                .await;
-                match result {
-                    Ok(ids) if ids.is_empty() => {
-                        info!(account_id, epoch, "release found the account no longer ours; nothing to release");
-                        break;
-                    }
-                    Ok(_) => {
-                        info!(account_id, epoch, reason = status, "account released");
-                        break;
-                    }
-                    Err(e) => {
-                        warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying (a later cycle retries too)");
-                        tokio::time::sleep(retry.failed()).await;
-                    }
-                }
-            }
-            let _ = events.send(Event::Released { account_id, epoch });
-        });
+        self.host.release(account_id, epoch, status);
     }
 }
 

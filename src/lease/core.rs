@@ -1,0 +1,518 @@
+//! The lease loop's decisions, without input or output: what a cycle asks of the database, what a
+//! confirmed cycle does to the gates (through the supervisor), the fair share and the hand-offs,
+//! when the next cycle runs, what a failed cycle or a taken node id means, and what a shutdown
+//! releases. Time comes in as instants, the database's answer as a [`CycleOutcome`], randomness
+//! from the generator the core was given; the supervisor's effects go through its [`Host`].
+//!
+//! Two drivers run it: [`super::LeaseLoop`] (the node: tokio timers, a PostgreSQL connection, the
+//! account tasks) and the deterministic simulator (`crate::sim`: simulated time, the database
+//! model, a model broker). Neither holds a copy of these rules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::balance;
+use super::{EXPIRY_SLACK, JITTER, NodeError, RECLAIM_SOON, SHUTDOWN_GRACE, retry_delay};
+use crate::config::{NodeConfig, show};
+use crate::db::lease::{CycleOutcome, CycleParams, DatabaseView};
+use crate::metrics::Metrics;
+use crate::node_state::{NodeState, Phase};
+use crate::supervisor::{Event, Host, Supervisor};
+use crate::trust;
+
+/// One node's lease state and the rules that move it.
+pub struct Core<H: Host> {
+    pub node: NodeConfig,
+    pub instance_id: String,
+    pub supervisor: Supervisor<H>,
+    state: watch::Sender<NodeState>,
+    metrics: Arc<Metrics>,
+    rng: fastrand::Rng,
+    /// Epochs of every row the last confirmed cycle returned (renewed as they are next time).
+    held: Vec<i64>,
+    /// Rows wanted by this node after the last cycle (counts against capacity).
+    wanted: usize,
+    deadline: Option<Instant>,
+    last_ack: Option<Instant>,
+    lapse_logged: bool,
+    member_ever: bool,
+    conflict_since: Option<Instant>,
+    failures: u32,
+    draining: Option<Instant>,
+    /// Fair share from the last cycle's view of the platform.
+    target: Option<u32>,
+    /// Handing accounts off until back at the share (hysteresis).
+    shedding: bool,
+    /// When this node last handed accounts off: at most one step per cycle period, however
+    /// often peers' release announcements wake the loop early.
+    last_handoff: Option<Instant>,
+    /// The database's timeline as the last cycle saw it.
+    timeline: Option<i64>,
+    /// A cycle has reported on the database before.
+    database_seen: bool,
+    /// Until when claims wait (a grace after a database failover).
+    grace_until: Option<Instant>,
+}
+
+/// What the next cycle asks of the database, fixed at its `t0`.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// How long the statement may take: while trusted, never past the trust deadline.
+    pub bound: Duration,
+    kept: Vec<i64>,
+    claim_limit: u32,
+    claim: bool,
+    owned: u32,
+}
+
+impl<H: Host> Core<H> {
+    pub fn new(
+        node: NodeConfig,
+        instance_id: String,
+        supervisor: Supervisor<H>,
+        state: watch::Sender<NodeState>,
+        metrics: Arc<Metrics>,
+        rng: fastrand::Rng,
+    ) -> Self {
+        Core {
+            node,
+            instance_id,
+            supervisor,
+            state,
+            metrics,
+            rng,
+            held: Vec::new(),
+            wanted: 0,
+            deadline: None,
+            last_ack: None,
+            lapse_logged: false,
+            member_ever: false,
+            conflict_since: None,
+            failures: 0,
+            draining: None,
+            target: None,
+            shedding: false,
+            last_handoff: None,
+            timeline: None,
+            database_seen: false,
+            grace_until: None,
+        }
+    }
+
+    /// The node's trust deadline from its last confirmed cycle.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// When the shutdown grace ends, once a shutdown began.
+    pub fn draining(&self) -> Option<Instant> {
+        self.draining
+    }
+
+    /// The fair share from the last cycle's view.
+    pub fn target(&self) -> Option<u32> {
+        self.target
+    }
+
+    /// The cycle starting at `t0`: its bound, and the rows to keep through a database grace
+    /// (the gates open without a break up to `t0`).
+    pub fn prepare(&self, t0: Instant) -> Prepared {
+        let window = self.node.lease.saturating_sub(self.node.fence);
+        let trusted = self.deadline.is_some_and(|d| trust::holds(t0, d));
+        // While trusted, no cycle may run past the trust deadline; while gated, a full window.
+        let bound = match self.deadline {
+            Some(d) if trusted => (d - t0).min(window),
+            _ => window,
+        };
+        let owned = self.supervisor.owned();
+        Prepared {
+            bound,
+            kept: if trusted {
+                owned.values().copied().collect()
+            } else {
+                Vec::new()
+            },
+            claim_limit: self
+                .target
+                .map_or(self.node.capacity, |t| t.min(self.node.capacity)),
+            claim: self.draining.is_none(),
+            owned: owned.len() as u32,
+        }
+    }
+
+    /// The statement's parameters for a prepared cycle.
+    pub fn params<'a>(&'a self, p: &'a Prepared) -> CycleParams<'a> {
+        CycleParams {
+            node_id: &self.node.node_id,
+            instance_id: &self.instance_id,
+            platform: &self.node.platform,
+            capacity: self.node.capacity,
+            claim_limit: p.claim_limit,
+            trust: self.node.lease.saturating_sub(self.node.fence),
+            owned: p.owned,
+            lease: self.node.lease,
+            held: &self.held,
+            claim: p.claim,
+            kept: &p.kept,
+        }
+    }
+
+    /// Applies a cycle sent at `t0` whose COMMIT was acknowledged at `acknowledged`; returns when
+    /// the next cycle runs, or why the node must stop.
+    pub fn acknowledged(
+        &mut self,
+        t0: Instant,
+        acknowledged: Instant,
+        outcome: &CycleOutcome,
+    ) -> Result<Instant, NodeError> {
+        if !outcome.member {
+            return self.conflict(outcome, acknowledged);
+        }
+        let deadline = trust::deadline(t0, self.node.lease, self.node.fence);
+        self.metrics
+            .lease_cycle_duration
+            .observe((acknowledged - t0).as_secs_f64());
+        self.metrics.lease_cycles.with_label_values(&["ok"]).inc();
+        if self.failures > 0 || self.lapse_logged {
+            let since = self
+                .last_ack
+                .map(|a| (acknowledged - a).as_secs_f64())
+                .unwrap_or_default();
+            info!(
+                seconds_since_previous_renewal = format!("{since:.1}"),
+                failed_cycles = self.failures,
+                "lease cycle succeeded again"
+            );
+        }
+        if !self.member_ever {
+            info!(instance_id = %self.instance_id, "joined the cluster (membership registered)");
+        }
+        self.member_ever = true;
+        self.conflict_since = None;
+        self.failures = 0;
+        self.lapse_logged = false;
+        self.last_ack = Some(acknowledged);
+        // Gates first (the supervisor closes what is no longer ours), then the node's deadline.
+        let restored = self
+            .supervisor
+            .apply(&outcome.owned, acknowledged, deadline) as u64;
+        self.deadline = Some(deadline);
+        self.held = outcome.owned.iter().map(|r| r.epoch).collect();
+        self.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
+        self.watch_database(&outcome.database, acknowledged);
+        self.metrics.accounts_claimable.set(outcome.free as i64);
+        // Nobody can claim during a grace: handing accounts off would only leave them unowned.
+        let moved = if outcome.database.grace.is_zero() {
+            self.rebalance(outcome, acknowledged)
+        } else {
+            0
+        };
+        let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
+        debug!(
+            owned = self.wanted,
+            cycle_ms = format!("{cycle_ms:.2}"),
+            "lease cycle"
+        );
+        let draining = self.draining.is_some();
+        let target = self.target;
+        self.publish(|s| {
+            s.phase = if draining {
+                Phase::Draining
+            } else {
+                Phase::Running
+            };
+            s.cycles += 1;
+            s.last_cycle_at = Some(acknowledged);
+            s.last_error = None;
+            s.trust_restorations += restored;
+            s.target = target;
+            s.rebalance_moves += moved;
+            s.handoffs += u64::from(moved > 0);
+        });
+        Ok(self.schedule(t0, acknowledged, outcome))
+    }
+
+    /// What the cycle saw of the database: a failover (a new timeline, or a grace this node had
+    /// not seen) makes every follower drop its masters' (epoch, seq), which may have rewound
+    /// with the lost tail, and reconcile; the grace is published for `/metrics` and logged.
+    fn watch_database(&mut self, db: &DatabaseView, acknowledged: Instant) {
+        let timeline_changed =
+            matches!((self.timeline, db.timeline), (Some(old), Some(new)) if old != new);
+        // A grace this node had not seen (another node detected the failover, or the timeline
+        // cannot be read and only the system identifier changed); not on the node's first cycle,
+        // when its sessions have nothing to forget yet.
+        let grace_began = !db.grace.is_zero() && self.grace_until.is_none() && self.database_seen;
+        self.database_seen = true;
+        if db.failed_over || timeline_changed || grace_began {
+            warn!(
+                old_timeline = ?self.timeline,
+                timeline = ?db.timeline,
+                detected_here = db.failed_over,
+                grace_s = format!("{:.1}", db.grace.as_secs_f64()),
+                kept = self.held.len(),
+                era_start = ?db.era_start,
+                "database failed over: writes the old primary acknowledged may be lost; keeping only the accounts whose gates stayed open, claiming nothing until the grace ends, and reconciling every follower"
+            );
+            self.metrics.db_failovers.inc();
+            self.supervisor.database_failed_over();
+            self.publish(|s| s.db_failovers += 1);
+        }
+        if db.timeline.is_some() {
+            self.timeline = db.timeline;
+        }
+        let until = (!db.grace.is_zero()).then(|| acknowledged + db.grace);
+        if self.grace_until.is_some() && until.is_none() {
+            info!("database grace over: claiming again");
+        }
+        self.grace_until = until;
+        let timeline = db.timeline;
+        self.publish(|s| {
+            s.grace_until = until;
+            if let Some(d) = s.db.as_mut() {
+                d.timeline = timeline.or(d.timeline);
+            }
+        });
+    }
+
+    /// Computes this node's fair share from the cycle's view of the platform and hands off what
+    /// is above it (bounded per cycle, with hysteresis). Returns the accounts handed off.
+    fn rebalance(&mut self, outcome: &CycleOutcome, now: Instant) -> u64 {
+        let owned = self.supervisor.owned().len() as u32;
+        let me = &self.node.node_id;
+        let mut members = vec![balance::Member {
+            node_id: me.clone(),
+            capacity: self.node.capacity,
+        }];
+        members.extend(
+            outcome
+                .peers
+                .iter()
+                .filter(|p| p.trusted)
+                .map(|p| balance::Member {
+                    node_id: p.node_id.clone(),
+                    capacity: p.capacity,
+                }),
+        );
+        let total = owned as u64
+            + outcome
+                .peers
+                .iter()
+                .filter(|p| p.live)
+                .map(|p| p.owned as u64)
+                .sum::<u64>()
+            + outcome.free;
+        let shares = balance::shares(&members, total);
+        let target = shares.get(me).copied().unwrap_or(0);
+        if self.target != Some(target) {
+            info!(
+                target,
+                owned,
+                live_nodes = members.len(),
+                total,
+                "fair share"
+            );
+        }
+        self.target = Some(target);
+        self.metrics.target_accounts.set(target as i64);
+        if self.draining.is_some() {
+            return 0;
+        }
+        // Cycles woken early (a peer's release announcement) claim, but hand nothing off: moves
+        // stay bounded per cycle period, and two shedding nodes cannot wake each other into a
+        // cascade of hand-offs.
+        let period = self.node.cycle.mul_f64(1.0 - JITTER);
+        if self.last_handoff.is_some_and(|at| now - at < period) {
+            return 0;
+        }
+        let knobs = balance::Knobs {
+            margin: self.node.rebalance_margin,
+            step: self.node.rebalance_step,
+        };
+        // A peer far below its share (a node that just joined) while no account is free.
+        let starved = outcome.free == 0
+            && outcome.peers.iter().filter(|p| p.trusted).any(|p| {
+                let share = shares.get(&p.node_id).copied().unwrap_or(0);
+                p.owned + balance::margin(share, knobs) < share
+            });
+        let n = balance::to_release(owned, target, starved, &mut self.shedding, knobs);
+        if n == 0 {
+            return 0;
+        }
+        let moved = self.supervisor.rebalance(n as usize);
+        if !moved.is_empty() {
+            self.last_handoff = Some(now);
+        }
+        info!(
+            handing_off = moved.len(),
+            owned, target, starved, "rebalancing: above the fair share, handing accounts off"
+        );
+        self.metrics.rebalance_moves.inc_by(moved.len() as u64);
+        moved.len() as u64
+    }
+
+    /// When the next cycle runs: a jittered period after `t0`, or earlier if a peer's membership
+    /// (and so every lease it holds) expires before that and this node has room to claim.
+    fn schedule(&mut self, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
+        let period = self.node.cycle.mul_f64(1.0 - JITTER * self.rng.f64());
+        let mut next = t0 + period;
+        let limit = self
+            .target
+            .map_or(self.node.capacity, |t| t.min(self.node.capacity)) as usize;
+        let room = limit.saturating_sub(self.wanted) > 0;
+        if let Some(end) = self.grace_until {
+            // Nothing can be claimed before the grace ends: one cycle per period until then (not
+            // the quick re-claims below, which would spin on free rows nobody may take), and one
+            // right after it.
+            if room && self.draining.is_none() {
+                next = next.min(end + EXPIRY_SLACK);
+            }
+            return next;
+        }
+        if room && self.draining.is_none() && outcome.free > 0 {
+            // Free accounts and room under a share that just grew (a peer left, accounts were
+            // added): claim them now rather than a cycle later.
+            next = next.min(acknowledged + RECLAIM_SOON);
+        }
+        if room && self.draining.is_none() {
+            for peer in outcome.peers.iter().filter(|p| p.live) {
+                let at = acknowledged + peer.expires_in + EXPIRY_SLACK;
+                if at < next {
+                    info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");
+                    next = at;
+                }
+            }
+        }
+        next
+    }
+
+    /// A cycle failed at `now` (an error, or no answer within its bound); returns when to retry.
+    pub fn failed(&mut self, now: Instant, reason: String) -> Instant {
+        self.metrics
+            .lease_cycles
+            .with_label_values(&["failed"])
+            .inc();
+        self.failures += 1;
+        let backoff = retry_delay(self.failures, self.node.cycle);
+        let trusted = self.deadline.is_some_and(|d| trust::holds(now, d));
+        warn!(error = %reason, attempt = self.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");
+        // What a failed cycle could not see is not reported as seen (the nodes that can see
+        // the database report it).
+        self.metrics.accounts_claimable.set(0);
+        self.publish(|s| {
+            s.failed_cycles += 1;
+            s.last_cycle_at = Some(now);
+            s.last_error = Some(reason.clone());
+        });
+        now + backoff
+    }
+
+    /// The membership upsert did not match: another live instance holds this node id.
+    fn conflict(
+        &mut self,
+        outcome: &CycleOutcome,
+        acknowledged: Instant,
+    ) -> Result<Instant, NodeError> {
+        let (other, expires_in) = outcome
+            .conflict
+            .as_ref()
+            .map(|c| (c.instance_id.clone(), c.expires_in))
+            .unwrap_or_else(|| ("unknown".into(), Duration::ZERO));
+        if self.member_ever {
+            error!(other_instance = %other, "this node's membership was taken over by another instance");
+            self.supervisor.begin_shutdown();
+            return Err(NodeError::NodeIdTakenOver {
+                node_id: self.node.node_id.clone(),
+                other,
+            });
+        }
+        let since = *self.conflict_since.get_or_insert(acknowledged);
+        // A crashed predecessor's membership expires within one lease of the first sighting;
+        // one more cycle of margin covers a slow statement. Still held then: a live duplicate.
+        if acknowledged - since >= self.node.lease + self.node.cycle {
+            return Err(NodeError::NodeIdInUse {
+                node_id: self.node.node_id.clone(),
+                other,
+                lease: show(self.node.lease),
+            });
+        }
+        warn!(other_instance = %other, expires_in_ms = expires_in.as_millis() as u64, "node id is held by another instance (a crashed predecessor, or a live duplicate): waiting for its membership to expire; taking nothing meanwhile");
+        self.publish(|s| s.phase = Phase::WaitingForNodeId);
+        let retry = (expires_in + EXPIRY_SLACK).min(self.node.cycle);
+        Ok(acknowledged + retry)
+    }
+
+    /// When the node's trust lapses unless a renewal comes first (once per lapse).
+    pub fn lapse_at(&self) -> Option<Instant> {
+        self.deadline.filter(|_| !self.lapse_logged)
+    }
+
+    /// The trust deadline passed at `now` without a renewal: every gate is closed by its own
+    /// deadline already; this records and reports it.
+    pub fn lapsed(&mut self, now: Instant) {
+        self.lapse_logged = true;
+        let since = self
+            .last_ack
+            .map(|a| (now - a).as_secs_f64())
+            .unwrap_or_default();
+        warn!(
+            accounts = self.supervisor.owned().len(),
+            seconds_since_confirmed_renewal = format!("{since:.1}"),
+            "gate closed: lease trust lapsed; no order is sent until a renewal succeeds"
+        );
+        self.publish(|_| {});
+    }
+
+    /// A shutdown was requested at `now`: every gate closes, every session is asked to stop.
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        info!(
+            accounts = self.supervisor.owned().len(),
+            "shutdown requested: closing every gate, stopping account sessions, then releasing"
+        );
+        self.supervisor.begin_shutdown();
+        self.draining = Some(now + SHUTDOWN_GRACE);
+        self.publish(|s| s.phase = Phase::Draining);
+    }
+
+    /// An event from a session, a release or the status writer.
+    pub fn handle(&mut self, event: Event) {
+        self.supervisor.handle(event);
+        self.publish(|_| {});
+    }
+
+    /// Shutting down, and nothing left running or releasing: time to leave.
+    pub fn drained(&self) -> bool {
+        self.draining.is_some() && self.supervisor.is_idle()
+    }
+
+    /// What leaving releases: the epochs whose sessions have returned (the others move when
+    /// their leases expire), and how many are kept back.
+    pub fn leave_epochs(&self) -> (Vec<i64>, usize) {
+        let unfinished = self.supervisor.unfinished_epochs();
+        let (kept, released): (Vec<i64>, Vec<i64>) =
+            self.held.iter().partition(|e| unfinished.contains(e));
+        (released, kept.len())
+    }
+
+    /// The node's state as last published.
+    pub fn state(&self) -> watch::Ref<'_, NodeState> {
+        self.state.borrow()
+    }
+
+    /// Publishes the node's state (for `/healthz`, `/status` and the metrics).
+    pub fn publish(&self, change: impl FnOnce(&mut NodeState)) {
+        if self.state.is_closed() {
+            return;
+        }
+        let owned = Arc::new(self.supervisor.owned());
+        let deadline = self.deadline;
+        self.state.send_modify(|s| {
+            s.trusted_until = deadline;
+            s.owned = owned;
+            change(s);
+        });
+    }
+}
