@@ -32,7 +32,7 @@
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
-//! | [`sim`] | the lease simulator's database model, proven against PostgreSQL by a differential test |
+//! | [`sim`] | the deterministic simulator of the lease protocol, and its database model (proven against PostgreSQL by a differential test) |
 //! | [`pgtmp`] | throwaway PostgreSQL clusters, and the server the demo and benchmarks run on |
 //! | [`failpoints`] | fault-injection points for the fault suite (the `failpoints` feature only) |
 //! | [`cluster_status`], [`demo`] | `copier-node status` and `copier-node demo` |

@@ -144,6 +144,13 @@ impl<H: Host> Core<H> {
         }
     }
 
+    /// A deliberate bug, for the simulator's own tests only: keep through a database grace the
+    /// epochs of the last read-back instead of the gates open without a break.
+    #[doc(hidden)]
+    pub fn keep_held_instead(&self, p: &mut Prepared) {
+        p.kept = self.held.clone();
+    }
+
     /// The statement's parameters for a prepared cycle.
     pub fn params<'a>(&'a self, p: &'a Prepared) -> CycleParams<'a> {
         CycleParams {

@@ -100,6 +100,11 @@ impl LeaseLoop {
             let lapse_at = core.lapse_at();
             let draining = core.draining();
             let far = Instant::now() + Duration::from_secs(3600);
+            // While a cycle runs (its branch below), nothing else is polled: session exits,
+            // release replies and the shutdown wait for its read-back to be applied. The core
+            // relies on it: a release that commits just after a cycle's snapshot must still be
+            // in flight when that read-back is applied, or the read-back would restart the
+            // released account at its old epoch (the simulator found what breaks without it).
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if draining.is_none() => {

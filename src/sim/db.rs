@@ -93,6 +93,9 @@ pub struct Model {
     /// `owner_epoch_seq`'s last value (`nextval` returns one more).
     pub seq: i64,
     pub server: Server,
+    /// A deliberate bug, for the simulator's own tests only: no grace after a failover (claims
+    /// go on, renewals are not limited to the kept rows). Never set outside them.
+    pub no_grace: bool,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -207,7 +210,9 @@ impl Model {
             .unwrap_or(0)
             .max(0);
         let span = lease.max(s.max_lease_ms.unwrap_or(0)).max(longest_member) + 1000;
-        let grace = if changed {
+        let grace = if self.no_grace {
+            0
+        } else if changed {
             span
         } else {
             s.claims_after.map_or(0, |c| (c - now).max(0))

@@ -4,5 +4,4 @@
 //! (`tests/it/model.rs`).
 
 pub mod db;
-mod lost_tail;
 pub mod world;

@@ -1,0 +1,249 @@
+//! Runs the deterministic simulator of the lease protocol outside the test suite: the scale run
+//! (`--nodes 1000 --accounts 1000000 --minutes 60`), the long run (`--seeds 1000000` or
+//! `--hours 2`, whichever ends first), or one seed with its trace (`--seed <n> --trace`).
+//!
+//! `cargo run --release --example simulate -- --help`
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use clap::Parser;
+use copier_node::sim::world::{self, Config, Faults, Report};
+
+#[derive(Parser)]
+#[command(about = "The lease protocol under deterministic simulation")]
+struct Args {
+    /// Replay one schedule (with --trace, print its events on failure).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// How many random schedules to run.
+    #[arg(long, default_value_t = 1000)]
+    seeds: u64,
+    /// Stop starting schedules after this many hours.
+    #[arg(long)]
+    hours: Option<f64>,
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    #[arg(long, default_value_t = 24)]
+    accounts: i64,
+    #[arg(long, default_value_t = 16)]
+    capacity: u32,
+    /// Simulated minutes per schedule (faults in the first half).
+    #[arg(long, default_value_t = 4.0)]
+    minutes: f64,
+    /// Lease, fence and cycle in seconds.
+    #[arg(long, default_value_t = 20.0)]
+    lease: f64,
+    #[arg(long, default_value_t = 5.0)]
+    fence: f64,
+    #[arg(long, default_value_t = 5.0)]
+    cycle: f64,
+    /// Faults: `all` (every kind, often) or `scale` (crashes, pauses, stalls, lost replies and
+    /// notifications, at rates per node that suit a thousand nodes; no failovers, whose lost
+    /// tails need a copy of the database per commit).
+    #[arg(long, default_value = "all")]
+    faults: String,
+    /// No orders (the model broker stays idle; for the scale run).
+    #[arg(long)]
+    no_orders: bool,
+    #[arg(long)]
+    trace: bool,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Search where S1 first breaks, for several leases and fences: the slowest clock rate and
+    /// the longest pause between a gate check and its order (200 schedules a point).
+    #[arg(long)]
+    envelope: bool,
+}
+
+fn main() {
+    let a = Args::parse();
+    let faults = match a.faults.as_str() {
+        "all" => Faults::all(),
+        "scale" => Faults {
+            pause_per_s: 0.0002,
+            crash_per_s: 0.0001,
+            leave_per_s: 0.01,
+            join_per_s: 0.0,
+            stall_per_s: 0.002,
+            stall_max: Duration::from_secs(4),
+            failover_per_s: 0.0,
+            lost_tail_max: Duration::ZERO,
+            toggle_per_s: 0.02,
+            ..Faults::all()
+        },
+        "none" => Faults::none(),
+        other => panic!("--faults is all, scale or none, not {other}"),
+    };
+    let duration = Duration::from_secs_f64(a.minutes * 60.0);
+    let cfg = Config {
+        nodes: a.nodes,
+        max_nodes: a.nodes + a.nodes.div_ceil(2),
+        accounts: a.accounts,
+        capacity: a.capacity,
+        lease: Duration::from_secs_f64(a.lease),
+        fence: Duration::from_secs_f64(a.fence),
+        cycle: Duration::from_secs_f64(a.cycle),
+        duration,
+        faults_until: duration / 2,
+        faults,
+        orders: !a.no_orders,
+        trace: a.trace,
+        progress: a.seed.is_some(),
+        ..Config::small()
+    };
+    if a.envelope {
+        envelope(a.threads);
+        return;
+    }
+    if let Some(seed) = a.seed {
+        let started = Instant::now();
+        match world::run(seed, &cfg) {
+            Ok(r) => {
+                print(&r, 1, started.elapsed());
+                println!(
+                    "settled {} s after the faults healed",
+                    r.settled_after.map_or("-".into(), |s| format!("{s:.1}"))
+                );
+            }
+            Err(v) => {
+                eprintln!("seed {seed}: {v}");
+                std::process::exit(1);
+            }
+        }
+        print_memory();
+        return;
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let started = Instant::now();
+    let stop = a
+        .hours
+        .map(|h| started + Duration::from_secs_f64(h * 3600.0));
+    let mut total = Report::default();
+    let mut done = 0u64;
+    // Batches, so a time limit ends the run between them.
+    while done < a.seeds && stop.is_none_or(|s| Instant::now() < s) {
+        let n = (a.seeds - done).min(10_000);
+        let seeds: Vec<u64> = (0..n).map(|_| fastrand::u64(..)).collect();
+        match world::explore(&seeds, &cfg, threads) {
+            Ok(r) => total.add(&r),
+            Err((seed, v)) => {
+                eprintln!("seed {seed}: {v}");
+                eprintln!(
+                    "replay: cargo run --release --example simulate -- --seed {seed} --trace (with the same shape options)"
+                );
+                std::process::exit(1);
+            }
+        }
+        done += n;
+        print(&total, done, started.elapsed());
+    }
+    print_memory();
+}
+
+fn print(r: &Report, schedules: u64, wall: Duration) {
+    let secs = wall.as_secs_f64();
+    println!(
+        "{schedules} schedules in {secs:.1} s ({:.0} per second): {} events, {} cycles, {} orders, {} faults {:?}, {} invariant checks, no violation",
+        schedules as f64 / secs,
+        r.events,
+        r.cycles,
+        r.orders,
+        r.faults_total(),
+        r.faults,
+        r.checks
+    );
+}
+
+/// The process's peak resident memory, from /proc (Linux).
+fn print_memory() {
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM"))
+    {
+        println!("peak memory: {}", line.trim_start_matches("VmHWM:").trim());
+    }
+}
+
+/// Whether any of `n` schedules breaks S1 (gates or journal) under `cfg`; how many.
+fn breaks(cfg: &Config, n: u64, threads: usize) -> usize {
+    let per = n.div_ceil(threads as u64);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads as u64)
+            .map(|t| {
+                scope.spawn(move || {
+                    (t * per..((t + 1) * per).min(n))
+                        .filter(|seed| {
+                            matches!(world::run(*seed, cfg), Err(v) if matches!(v.invariant, "S1" | "journal"))
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("worker")).sum()
+    })
+}
+
+fn envelope(threads: Option<usize>) {
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let mut faults = Faults::all();
+    faults.failover_per_s = 0.0;
+    println!(
+        "| lease | fence | cycle | analysis: rate > (lease - fence) / lease | slowest rate without a break | first rate with one | longest check-to-send pause without a break | first with one |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (lease, fence, cycle) in [(20u64, 5u64, 5u64), (60, 15, 20), (30, 10, 10), (20, 2, 5)] {
+        let base = Config {
+            lease: Duration::from_secs(lease),
+            fence: Duration::from_secs(fence),
+            cycle: Duration::from_secs(cycle),
+            duration: Duration::from_secs(lease * 12),
+            faults_until: Duration::from_secs(lease * 6),
+            clock_spread: 0.0,
+            check_liveness: false,
+            faults: faults.clone(),
+            ..Config::small()
+        };
+        let bound = (lease - fence) as f64 / lease as f64;
+        let (mut ok_rate, mut bad_rate) = (1.0, None);
+        let mut rate = 1.0f64;
+        while rate > 0.4 {
+            let cfg = Config {
+                n0_rate: Some(rate),
+                ..base.clone()
+            };
+            if breaks(&cfg, 200, threads) > 0 {
+                bad_rate = Some(rate);
+                break;
+            }
+            ok_rate = rate;
+            rate -= 0.01;
+        }
+        let mut pauses = Faults::all();
+        pauses.failover_per_s = 0.0;
+        pauses.pause_per_s = 0.0;
+        let (mut ok_pause, mut bad_pause) = (0.0, None);
+        let mut pause = fence as f64 / 4.0;
+        while pause <= fence as f64 * 6.0 {
+            let cfg = Config {
+                check_to_send: Duration::from_secs_f64(pause),
+                faults: pauses.clone(),
+                ..base.clone()
+            };
+            if breaks(&cfg, 200, threads) > 0 {
+                bad_pause = Some(pause);
+                break;
+            }
+            ok_pause = pause;
+            pause += fence as f64 / 4.0;
+        }
+        println!(
+            "| {lease} s | {fence} s | {cycle} s | {bound:.3} | {ok_rate:.2} | {} | {ok_pause:.2} s | {} |",
+            bad_rate.map_or("none to 0.4".into(), |r| format!("{r:.2}")),
+            bad_pause.map_or("none".into(), |p| format!("{p:.2} s"))
+        );
+    }
+}
