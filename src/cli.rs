@@ -394,6 +394,10 @@ pub struct ServeArgs {
     /// Units per lot of a base symbol, e.g. `XAUUSD=10` (repeat for several).
     #[arg(long, value_name = "SYMBOL=UNITS")]
     pub contract_size: Vec<String>,
+    /// The currency of an account, e.g. `2001=EUR` (repeat for several; default USD): its
+    /// balance, equity and profits count in it, converted at the market's prices.
+    #[arg(long, value_name = "LOGIN=CURRENCY")]
+    pub currency: Vec<String>,
 }
 
 #[derive(Debug, Args)]

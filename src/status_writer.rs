@@ -36,6 +36,7 @@ impl StatusWriter {
             status: Some(status.into()),
             balance: None,
             equity: None,
+            currency: None,
         });
     }
 
@@ -150,6 +151,9 @@ fn merge(pending: &mut HashMap<(i64, i64), StatusUpdate>, u: StatusUpdate) {
             if u.balance.is_some() {
                 old.balance = u.balance;
             }
+            if u.currency.is_some() {
+                old.currency = u.currency;
+            }
             if u.equity.is_some() {
                 old.equity = u.equity;
             }
@@ -180,6 +184,7 @@ mod tests {
             status: status.map(Into::into),
             balance,
             equity: None,
+            currency: None,
         }
     }
 

@@ -89,6 +89,61 @@ pub struct ClosedPosition {
 pub struct AccountInfo {
     pub balance: f64,
     pub equity: f64,
+    /// The currency balance and equity count in (`None`: the broker did not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<Currency>,
+}
+
+/// A currency code: three capital letters (ISO 4217: `USD`, `EUR`, `JPY`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Currency([u8; 3]);
+
+impl Currency {
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("ASCII letters by construction")
+    }
+}
+
+impl std::str::FromStr for Currency {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let b = s.as_bytes();
+        if b.len() == 3 && b.iter().all(u8::is_ascii_uppercase) {
+            Ok(Currency([b[0], b[1], b[2]]))
+        } else {
+            Err(format!(
+                "`{s}` is not a currency code (three capital letters, e.g. USD)"
+            ))
+        }
+    }
+}
+
+impl TryFrom<String> for Currency {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Currency> for String {
+    fn from(c: Currency) -> String {
+        c.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for Currency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for Currency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A symbol's trading rules.
@@ -101,6 +156,13 @@ pub struct SymbolSpec {
     pub volume_max: f64,
     /// Units of the base per 1.0 lot (100 000 for FX, 100 for gold).
     pub contract_size: f64,
+    /// The smallest price change (0.00001 for a five-digit EURUSD; 0: not known).
+    #[serde(default)]
+    pub point: f64,
+    /// The currency a position's profit counts in before the broker converts it (the quote
+    /// currency: USD for EURUSD and XAUUSD, JPY for USDJPY); `None`: not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profit_currency: Option<Currency>,
 }
 
 /// A market order to open a position.

@@ -48,6 +48,19 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                         Ok((k.to_string(), units))
                     })
                     .collect::<Result<_, CommandError>>()?,
+                currencies: args
+                    .currency
+                    .iter()
+                    .map(|kv| {
+                        let (login, code) = kv.split_once('=').ok_or_else(|| {
+                            CommandError::usage(format!("--currency {kv}: expected LOGIN=CURRENCY"))
+                        })?;
+                        let currency = code
+                            .parse()
+                            .map_err(|e| CommandError::usage(format!("--currency {kv}: {e}")))?;
+                        Ok((login.to_string(), currency))
+                    })
+                    .collect::<Result<_, CommandError>>()?,
                 symbol_suffixes: if args.symbol_suffix.is_empty() {
                     vec![String::new(), ".m".to_string()]
                 } else {

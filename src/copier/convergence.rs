@@ -30,6 +30,8 @@ fn specs() -> HashMap<String, SymbolSpec> {
             volume_min: 0.01,
             volume_max: 100.0,
             contract_size: 100_000.0,
+            point: 0.00001,
+            profit_currency: None,
         },
     )]
     .into()

@@ -142,6 +142,7 @@ async fn report_funds(ctx: &AccountContext, api: &dyn TradeApi) {
             status: None,
             balance: Some(info.balance),
             equity: Some(info.equity),
+            currency: info.currency,
         });
     }
 }

@@ -323,6 +323,8 @@ mod tests {
                         volume_min: 0.01,
                         volume_max: 100.0,
                         contract_size: 100_000.0,
+                        point: 0.00001,
+                        profit_currency: None,
                     },
                 )
             })

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::broker::types::{OpenOrder, Side, SymbolSpec};
+use crate::broker::types::{Currency, OpenOrder, Side, SymbolSpec};
 
 pub use crate::model::link::{Link, LotMode, Protections, Sides};
 
@@ -17,6 +17,10 @@ pub struct Inputs {
     pub follower_equity: f64,
     pub master_balance: Option<f64>,
     pub master_equity: Option<f64>,
+    /// The currencies the follower's and the master's figures count in (`None`: not reported;
+    /// then the two are taken to count in the same one, as before currencies were read).
+    pub follower_currency: Option<Currency>,
+    pub master_currency: Option<Currency>,
     /// The moment of the decision on the database's clock (Unix ms), when known (`max_delay_ms`).
     pub now_ms: Option<i64>,
 }
@@ -344,6 +348,53 @@ fn floor_to_step(volume: f64, step: f64) -> f64 {
     ((steps * step) * 1e8).round() / 1e8
 }
 
+/// How many units of `to` one unit of `from` is worth, from the follower broker's prices (the
+/// broker the copy trades on): a symbol whose core is `from` then `to` (its price), or `to` then
+/// `from` (one over its price), with the broker's prefix or suffix (`EURUSD.m`). 1 for the same
+/// currency; `None` when the broker lists no such pair with a price.
+pub fn conversion_rate(
+    from: Currency,
+    to: Currency,
+    specs: &HashMap<String, SymbolSpec>,
+) -> Option<f64> {
+    if from == to {
+        return Some(1.0);
+    }
+    let direct = format!("{from}{to}");
+    let inverse = format!("{to}{from}");
+    let price = |core: &str| {
+        let mut found: Vec<&SymbolSpec> = specs
+            .values()
+            .filter(|s| s.price > 0.0 && symbol_core(&s.symbol).as_deref() == Some(core))
+            .collect();
+        // The bare name first, then the others by name: one answer for one price list.
+        found.sort_by(|a, b| (a.symbol != core, &a.symbol).cmp(&(b.symbol != core, &b.symbol)));
+        found.first().map(|s| s.price)
+    };
+    price(&direct).or_else(|| price(&inverse).map(|p| 1.0 / p))
+}
+
+/// `amount` in `from`, in `to`: converted when both currencies are known and differ (a missing
+/// rate is a wait, never a guess); as is when either is unknown (both then count alike).
+fn convert(
+    amount: f64,
+    from: Option<Currency>,
+    to: Option<Currency>,
+    specs: &HashMap<String, SymbolSpec>,
+    what: &str,
+) -> Result<f64, NotNow> {
+    match (from, to) {
+        (Some(f), Some(t)) => conversion_rate(f, t, specs)
+            .map(|rate| amount * rate)
+            .ok_or_else(|| {
+                NotNow::Wait(format!(
+                    "{what}: the follower's broker quotes no pair converting {f} to {t} (waiting for one)"
+                ))
+            }),
+        _ => Ok(amount),
+    }
+}
+
 /// The copy's volume for a master volume, rounded to the follower symbol's step and capped at
 /// its maximum and the link's `max_lot`; below the minimum it is skipped (with the reason),
 /// never silently resized. `stop_distance` is the distance from the copy's open price to its
@@ -354,6 +405,7 @@ pub fn copy_volume(
     funds: &Inputs,
     spec: &SymbolSpec,
     stop_distance: Option<f64>,
+    specs: &HashMap<String, SymbolSpec>,
 ) -> Result<f64, NotNow> {
     let raw = match link.lot_mode {
         LotMode::Fixed => link.lot_value,
@@ -364,7 +416,14 @@ pub fn copy_volume(
                     "balance_ratio needs the master's balance, which is not known yet".into(),
                 )
             })?;
-            master_volume * funds.follower_balance / master * link.lot_value
+            let follower = convert(
+                funds.follower_balance,
+                funds.follower_currency,
+                funds.master_currency,
+                specs,
+                "balance_ratio",
+            )?;
+            master_volume * follower / master * link.lot_value
         }
         LotMode::EquityRatio => {
             let master = funds.master_equity.filter(|e| *e > 0.0).ok_or_else(|| {
@@ -372,14 +431,30 @@ pub fn copy_volume(
                     "equity_ratio needs the master's equity, which is not known yet".into(),
                 )
             })?;
-            master_volume * funds.follower_equity / master * link.lot_value
+            let follower = convert(
+                funds.follower_equity,
+                funds.follower_currency,
+                funds.master_currency,
+                specs,
+                "equity_ratio",
+            )?;
+            master_volume * follower / master * link.lot_value
         }
         LotMode::RiskPercent => {
             let distance = stop_distance.filter(|d| *d > 0.0).ok_or_else(|| skip(
                 SkipCode::NoStopLoss,
                 "risk_percent needs a stop loss on the copy (the master position has none, or the link does not copy stops)",
             ))?;
-            funds.follower_equity * link.lot_value / 100.0 / (distance * spec.contract_size)
+            // A lot's loss at the stop counts in the symbol's profit currency; the risk in the
+            // follower's.
+            let loss_per_lot = convert(
+                distance * spec.contract_size,
+                spec.profit_currency,
+                funds.follower_currency,
+                specs,
+                "risk_percent",
+            )?;
+            funds.follower_equity * link.lot_value / 100.0 / loss_per_lot
         }
     };
     if !raw.is_finite() || raw <= 0.0 {
@@ -472,7 +547,7 @@ pub fn open_order(
     // copy's own stop loss (the master's take profit when the link reverses; none when the link
     // does not copy stops).
     let stop_distance = sl.map(|s| (position.open_price - s).abs());
-    let volume = copy_volume(link, master_volume, funds, spec, stop_distance)?;
+    let volume = copy_volume(link, master_volume, funds, spec, stop_distance, specs)?;
     let side = follower_side(link, position.side);
     let price_limit = link.protections.max_slippage.map(|s| match side {
         Side::Buy => position.open_price + s,
@@ -522,6 +597,8 @@ mod tests {
             volume_min: 0.01,
             volume_max: 100.0,
             contract_size: 100_000.0,
+            point: 0.00001,
+            profit_currency: None,
         }
     }
 
@@ -574,6 +651,7 @@ mod tests {
             master_balance: Some(10_000.0),
             master_equity: Some(10_000.0),
             now_ms: None,
+            ..Inputs::default()
         };
         let cases = [
             (LotMode::Fixed, 0.3, 1.0, Ok(0.3)),
@@ -592,7 +670,7 @@ mod tests {
                 ..link()
             };
             assert_eq!(
-                copy_volume(&l, master_volume, &funds, &spec("EURUSD"), None),
+                copy_volume(&l, master_volume, &funds, &spec("EURUSD"), None, &specs()),
                 want,
                 "{mode:?} {value} {master_volume}"
             );
@@ -605,7 +683,15 @@ mod tests {
             lot_value: 0.1,
             ..link()
         };
-        let err = copy_volume(&l, 0.04, &Inputs::default(), &spec("EURUSD"), None).unwrap_err();
+        let err = copy_volume(
+            &l,
+            0.04,
+            &Inputs::default(),
+            &spec("EURUSD"),
+            None,
+            &specs(),
+        )
+        .unwrap_err();
         assert_eq!(err.code(), SkipCode::BelowMinVolume);
         assert!(
             err.message().contains("below its minimum 0.01")
@@ -621,8 +707,15 @@ mod tests {
                 lot_mode: mode,
                 ..link()
             };
-            let err =
-                copy_volume(&ratio, 1.0, &Inputs::default(), &spec("EURUSD"), None).unwrap_err();
+            let err = copy_volume(
+                &ratio,
+                1.0,
+                &Inputs::default(),
+                &spec("EURUSD"),
+                None,
+                &specs(),
+            )
+            .unwrap_err();
             assert!(
                 matches!(&err, NotNow::Wait(m) if m.contains("not known yet")),
                 "{mode:?}: {err:?}"
@@ -1087,11 +1180,20 @@ mod tests {
         };
         let s = spec("EURUSD");
         let none = Inputs::default();
-        assert_eq!(copy_volume(&capped(0.155), 1.0, &none, &s, None), Ok(0.15));
-        assert_eq!(copy_volume(&capped(0.5), 0.3, &none, &s, None), Ok(0.3));
-        assert_eq!(copy_volume(&capped(2.0), 3.0, &none, &s, None), Ok(2.0));
+        assert_eq!(
+            copy_volume(&capped(0.155), 1.0, &none, &s, None, &specs()),
+            Ok(0.15)
+        );
+        assert_eq!(
+            copy_volume(&capped(0.5), 0.3, &none, &s, None, &specs()),
+            Ok(0.3)
+        );
+        assert_eq!(
+            copy_volume(&capped(2.0), 3.0, &none, &s, None, &specs()),
+            Ok(2.0)
+        );
         assert!(
-            copy_volume(&capped(0.005), 1.0, &none, &s, None)
+            copy_volume(&capped(0.005), 1.0, &none, &s, None, &specs())
                 .unwrap_err()
                 .message()
                 .contains("below its minimum")
@@ -1163,6 +1265,134 @@ mod tests {
         assert!((o.price_limit.unwrap() - 1.0995).abs() < 1e-12);
         let plain = open_order(&link(), &position(1.0), &none, &specs()).unwrap();
         assert_eq!(plain.price_limit, None);
+    }
+
+    fn priced(symbol: &str, price: f64, profit: &str) -> SymbolSpec {
+        SymbolSpec {
+            price,
+            profit_currency: Some(profit.parse().unwrap()),
+            ..spec(symbol)
+        }
+    }
+
+    fn ccy(c: &str) -> Option<Currency> {
+        Some(c.parse().unwrap())
+    }
+
+    #[test]
+    fn conversion_rates_come_from_the_followers_quotes_either_way_round() {
+        let specs: HashMap<String, SymbolSpec> =
+            [("EURUSD.m", 1.25, "USD"), ("USDJPY", 150.0, "JPY")]
+                .iter()
+                .map(|(s, p, c)| (s.to_string(), priced(s, *p, c)))
+                .collect();
+        let rate =
+            |a: &str, b: &str| conversion_rate(a.parse().unwrap(), b.parse().unwrap(), &specs);
+        assert_eq!(rate("USD", "USD"), Some(1.0));
+        assert_eq!(
+            rate("EUR", "USD"),
+            Some(1.25),
+            "EURUSD.m's price, suffix and all"
+        );
+        assert_eq!(rate("USD", "EUR"), Some(0.8), "one over it");
+        assert_eq!(rate("USD", "JPY"), Some(150.0));
+        assert_eq!(
+            rate("EUR", "JPY"),
+            None,
+            "no EURJPY quoted: no guess through USD"
+        );
+    }
+
+    #[test]
+    fn ratio_modes_convert_the_followers_money_into_the_masters_currency() {
+        let specs: HashMap<String, SymbolSpec> = [("EURUSD", priced("EURUSD", 1.25, "USD"))]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let funds = Inputs {
+            follower_balance: 8_000.0,
+            follower_equity: 8_000.0,
+            master_balance: Some(10_000.0),
+            master_equity: Some(10_000.0),
+            follower_currency: ccy("EUR"),
+            master_currency: ccy("USD"),
+            now_ms: None,
+        };
+        let l = Link {
+            lot_mode: LotMode::BalanceRatio,
+            lot_value: 1.0,
+            ..link()
+        };
+        // 8,000 EUR is 10,000 USD: the same size as the master's.
+        assert_eq!(
+            copy_volume(&l, 1.0, &funds, &specs["EURUSD"], None, &specs),
+            Ok(1.0)
+        );
+        let same = Inputs {
+            follower_currency: ccy("USD"),
+            ..funds
+        };
+        assert_eq!(
+            copy_volume(&l, 1.0, &same, &specs["EURUSD"], None, &specs),
+            Ok(0.8)
+        );
+        // A currency the broker cannot convert: a wait, never a guess.
+        let yen = Inputs {
+            follower_currency: ccy("JPY"),
+            ..funds
+        };
+        let err = copy_volume(&l, 1.0, &yen, &specs["EURUSD"], None, &specs).unwrap_err();
+        assert!(
+            matches!(&err, NotNow::Wait(why) if why.contains("converting JPY to USD")),
+            "{err:?}"
+        );
+        // Unknown currencies count alike (as before currencies were read).
+        let unknown = Inputs {
+            follower_currency: None,
+            ..funds
+        };
+        assert_eq!(
+            copy_volume(&l, 1.0, &unknown, &specs["EURUSD"], None, &specs),
+            Ok(0.8)
+        );
+    }
+
+    #[test]
+    fn risk_percent_counts_the_loss_at_the_stop_in_the_followers_currency() {
+        let specs: HashMap<String, SymbolSpec> = [
+            ("EURUSD", priced("EURUSD", 1.25, "USD")),
+            ("USDJPY", priced("USDJPY", 150.0, "JPY")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let l = Link {
+            lot_mode: LotMode::RiskPercent,
+            lot_value: 1.0,
+            ..link()
+        };
+        let eur = Inputs {
+            follower_equity: 10_000.0,
+            follower_currency: ccy("EUR"),
+            ..Inputs::default()
+        };
+        // 1 % of 10,000 EUR = 100 EUR. A 0.01 stop on EURUSD loses 1,000 USD a lot = 800 EUR.
+        assert_eq!(
+            copy_volume(&l, 1.0, &eur, &specs["EURUSD"], Some(0.01), &specs),
+            Ok(0.13)
+        );
+        // On USDJPY the loss counts in yen: 1.5 yen a unit is 150,000 JPY a lot; no EURJPY pair.
+        let err = copy_volume(&l, 1.0, &eur, &specs["USDJPY"], Some(1.5), &specs).unwrap_err();
+        assert!(matches!(err, NotNow::Wait(_)), "{err:?}");
+        let usd = Inputs {
+            follower_currency: ccy("USD"),
+            ..eur
+        };
+        // 100 USD against 150,000 JPY = 1,000 USD a lot: 0.1 lots.
+        assert_eq!(
+            copy_volume(&l, 1.0, &usd, &specs["USDJPY"], Some(1.5), &specs),
+            Ok(0.1)
+        );
     }
 
     #[test]

@@ -63,6 +63,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "copy sizes and stops",
         include_str!("../../migrations/0010_copy_sizes_and_stops.sql"),
     ),
+    (
+        11,
+        "currencies, points and limits",
+        include_str!("../../migrations/0011_currencies_points_limits.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -4,6 +4,8 @@
 
 use sqlx::{PgConnection, Row};
 
+use crate::broker::types::Currency;
+
 /// One account's latest status, written only if (node, epoch) still own the row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusUpdate {
@@ -12,6 +14,8 @@ pub struct StatusUpdate {
     pub status: Option<String>,
     pub balance: Option<f64>,
     pub equity: Option<f64>,
+    /// The currency balance and equity count in, as the broker reports it.
+    pub currency: Option<Currency>,
 }
 
 /// Writes a batch in one statement; returns the (account, epoch) pairs that matched.
@@ -26,9 +30,10 @@ UPDATE trading_accounts a
    SET status    = coalesce(s.status, a.status),
        status_at = now(),
        balance   = coalesce(s.balance, a.balance),
-       equity    = coalesce(s.equity, a.equity)
-  FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[])
-       AS s(id, epoch, status, balance, equity)
+       equity    = coalesce(s.equity, a.equity),
+       currency  = coalesce(s.currency, a.currency)
+  FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])
+       AS s(id, epoch, status, balance, equity, currency)
  WHERE a.id = s.id AND a.node_id = $1 AND a.owner_epoch = s.epoch
 RETURNING a.id, a.owner_epoch
 "#;
@@ -37,6 +42,8 @@ RETURNING a.id, a.owner_epoch
     let statuses: Vec<Option<String>> = batch.iter().map(|u| u.status.clone()).collect();
     let balances: Vec<Option<f64>> = batch.iter().map(|u| u.balance).collect();
     let equities: Vec<Option<f64>> = batch.iter().map(|u| u.equity).collect();
+    let currencies: Vec<Option<String>> =
+        batch.iter().map(|u| u.currency.map(String::from)).collect();
     let rows = sqlx::query(SQL)
         .bind(node_id)
         .bind(ids)
@@ -44,6 +51,7 @@ RETURNING a.id, a.owner_epoch
         .bind(statuses)
         .bind(balances)
         .bind(equities)
+        .bind(currencies)
         .fetch_all(conn)
         .await?;
     rows.iter()

@@ -10,8 +10,8 @@ use super::journal::JournalEntry;
 use super::market::{Market, check_price_limit, check_stops, round_volume};
 use crate::broker::protocol::LoginResult;
 use crate::broker::types::{
-    AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, ModifyOrder, OpenFill, OpenOrder,
-    Position, PositionChange, SymbolSpec,
+    AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, Currency, ModifyOrder, OpenFill,
+    OpenOrder, Position, PositionChange, SymbolSpec,
 };
 
 /// The client name of hand orders: not fence-checked, closes recorded as `manual`.
@@ -103,6 +103,8 @@ pub struct Book {
     dedupe: bool,
     /// Opening balances of named accounts (others get `default_balance`).
     opening: HashMap<String, f64>,
+    /// Currencies of named accounts (others count in US dollars).
+    currencies: HashMap<String, Currency>,
     /// Fault switch: (login, op) -> (how many more node orders to refuse, the reason).
     refusals: HashMap<(String, String), (u32, String)>,
 }
@@ -116,6 +118,7 @@ impl Book {
             default_balance,
             fence_check,
             dedupe: true,
+            currencies: HashMap::new(),
             opening: HashMap::new(),
             refusals: HashMap::new(),
         }
@@ -135,6 +138,24 @@ impl Book {
     /// The balance `login` gets when it is created (at its first login or order).
     pub fn set_opening_balance(&mut self, login: &str, balance: f64) {
         self.opening.insert(login.to_string(), balance);
+    }
+
+    /// The currency an account counts in (balance, equity, profit); US dollars by default.
+    pub fn set_currency(&mut self, login: &str, currency: Currency) {
+        self.currencies.insert(login.to_string(), currency);
+    }
+
+    fn currency(&self, login: &str) -> Currency {
+        self.currencies
+            .get(login)
+            .copied()
+            .unwrap_or_else(|| "USD".parse().expect("a currency code"))
+    }
+
+    /// A profit in US dollars, in `login`'s currency (converted at the market's price; as is
+    /// when the market cannot price the currency).
+    fn in_account_currency(&self, login: &str, usd: f64) -> f64 {
+        usd * self.market.usd_in(self.currency(login)).unwrap_or(1.0)
     }
 
     /// Fault switch for tests: refuse the next `count` orders of kind `op` (`open`, `close` or
@@ -369,9 +390,11 @@ impl Book {
                     .profit(&p.symbol, p.side, p.volume, p.open_price, price)
             })
             .sum();
+        let floating = self.in_account_currency(login, floating);
         Some(AccountInfo {
             balance: round_money(a.balance),
             equity: round_money(a.balance + floating),
+            currency: Some(self.currency(login)),
         })
     }
 
@@ -711,13 +734,14 @@ impl Book {
         events: &mut Vec<(String, PositionChange)>,
     ) -> ClosedPosition {
         let remaining = round_volume(position.volume - volume).max(0.0);
-        let profit = round_money(self.market.profit(
+        let usd = self.market.profit(
             &position.symbol,
             position.side,
             volume,
             position.open_price,
             price,
-        ));
+        );
+        let profit = round_money(self.in_account_currency(login, usd));
         let closed = ClosedPosition {
             position: Position {
                 volume: round_volume(volume),

@@ -2,15 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use crate::broker::types::{Side, SymbolSpec};
+use crate::broker::types::{Currency, Side, SymbolSpec};
 
 /// The default symbols of SPEC section 5, each also with a `.m` suffix.
-const BASE: &[(&str, f64, f64)] = &[
-    // symbol, price, contract size
-    ("EURUSD", 1.1000, 100_000.0),
-    ("GBPUSD", 1.2700, 100_000.0),
-    ("USDJPY", 150.00, 100_000.0),
-    ("XAUUSD", 2000.00, 100.0),
+const BASE: &[(&str, f64, f64, f64, &str)] = &[
+    // symbol, price, contract size, point, profit currency
+    ("EURUSD", 1.1000, 100_000.0, 0.00001, "USD"),
+    ("GBPUSD", 1.2700, 100_000.0, 0.00001, "USD"),
+    ("USDJPY", 150.00, 100_000.0, 0.001, "JPY"),
+    ("XAUUSD", 2000.00, 100.0, 0.01, "USD"),
 ];
 
 /// Tolerance when checking that a volume is a whole number of steps.
@@ -45,7 +45,7 @@ impl Market {
     /// symbol (`XAUUSD` -> 10 applies to every suffixed variant), as brokers differ.
     pub fn with(suffixes: &[&str], contracts: &std::collections::HashMap<String, f64>) -> Self {
         let mut symbols = BTreeMap::new();
-        for (name, price, contract) in BASE {
+        for (name, price, contract, point, profit) in BASE {
             for suffix in suffixes {
                 let symbol = format!("{name}{suffix}");
                 symbols.insert(
@@ -57,6 +57,8 @@ impl Market {
                         volume_min: 0.01,
                         volume_max: 100.0,
                         contract_size: contracts.get(*name).copied().unwrap_or(*contract),
+                        point: *point,
+                        profit_currency: profit.parse().ok(),
                     },
                 );
             }
@@ -101,7 +103,20 @@ impl Market {
         check_volume(spec, volume)
     }
 
-    /// Profit of `volume` lots of `side` from `open` to `close`, in the account currency (USD).
+    /// How many units of `currency` one US dollar buys, from the bare symbols' prices
+    /// (`EURUSD` for EUR, `USDJPY` for JPY); `None` for a currency the market cannot price.
+    pub fn usd_in(&self, currency: Currency) -> Option<f64> {
+        let c = currency.as_str();
+        if c == "USD" {
+            return Some(1.0);
+        }
+        if let Some(p) = self.price(&format!("{c}USD")).filter(|p| *p > 0.0) {
+            return Some(1.0 / p);
+        }
+        self.price(&format!("USD{c}")).filter(|p| *p > 0.0)
+    }
+
+    /// Profit of `volume` lots of `side` from `open` to `close`, in US dollars.
     pub fn profit(&self, symbol: &str, side: Side, volume: f64, open: f64, close: f64) -> f64 {
         let Some(spec) = self.spec(symbol) else {
             return 0.0;

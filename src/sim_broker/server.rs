@@ -27,6 +27,7 @@ use crate::broker::protocol::{
     ErrorBody, EventFrame, HelloResult, HistoryResult, PROTOCOL_VERSION, PositionsResult,
     ReplyFrame, Request, RequestFrame, SymbolsResult,
 };
+use crate::broker::types::Currency;
 use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
 
 /// Longest request line accepted (a request is a few hundred bytes).
@@ -56,6 +57,8 @@ pub struct ServeOptions {
     pub symbol_suffixes: Vec<String>,
     /// Contract sizes (units per lot) by base symbol, overriding the defaults.
     pub contract_sizes: HashMap<String, f64>,
+    /// Currencies of named accounts (login -> currency); others count in US dollars.
+    pub currencies: HashMap<String, Currency>,
 }
 
 impl ServeOptions {
@@ -72,6 +75,7 @@ impl ServeOptions {
             price_walk: None,
             symbol_suffixes: vec![String::new(), ".m".to_string()],
             contract_sizes: HashMap::new(),
+            currencies: HashMap::new(),
         }
     }
 }
@@ -108,6 +112,9 @@ impl SimBroker {
         book.set_symbols(&suffixes, &options.contract_sizes);
         for (login, balance) in &options.balances {
             book.set_opening_balance(login, *balance);
+        }
+        for (login, currency) in &options.currencies {
+            book.set_currency(login, *currency);
         }
         let store = match &options.state {
             Some(path) => Some(Store::open(path, &mut book)?),

@@ -266,6 +266,7 @@ async fn a_fenced_write_is_rejected_after_another_node_took_the_account_over() {
             status: Some(text.into()),
             balance: Some(1.0),
             equity: None,
+            currency: Some("EUR".parse().unwrap()),
         }];
         (node, batch)
     };
@@ -331,6 +332,7 @@ async fn a_lost_and_reclaimed_account_refuses_writes_with_the_old_epoch() {
         status: Some("stale".into()),
         balance: None,
         equity: None,
+        currency: None,
     }];
     assert!(
         status::write_batch(&mut conn, "a", &stale)

@@ -256,6 +256,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
         account: AccountInfo {
             balance: 0.0,
             equity: 0.0,
+            currency: None,
         },
     })
 }
@@ -704,6 +705,9 @@ impl Shared {
                     volume_min: min,
                     volume_max: member.number(1140).map_or(1.0e6, |u| u / contract),
                     contract_size: contract,
+                    // MinPriceIncrement (969) and Currency (15), when the venue sends them.
+                    point: member.number(969).unwrap_or(0.0),
+                    profit_currency: member.get(15).and_then(|c| c.parse().ok()),
                 },
             );
         }

@@ -78,7 +78,7 @@ struct Follower<'a> {
     subscriptions: HashMap<i64, Subscription>,
     specs: HashMap<String, SymbolSpec>,
     funds: Inputs,
-    master_funds: HashMap<i64, (Option<f64>, Option<f64>)>,
+    master_funds: HashMap<i64, db::copy::Funds>,
     /// Per master: the snapshot the copies match, at its (epoch, seq).
     masters: HashMap<i64, MasterView>,
     /// The follower's copies by marker.
@@ -128,6 +128,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         funds: Inputs {
             follower_balance: session.account.balance,
             follower_equity: session.account.equity,
+            follower_currency: session.account.currency,
             ..Inputs::default()
         },
         master_funds: HashMap::new(),
@@ -301,12 +302,14 @@ impl Follower<'_> {
         if let Ok(info) = self.api.account().await {
             self.funds.follower_balance = info.balance;
             self.funds.follower_equity = info.equity;
+            self.funds.follower_currency = info.currency.or(self.funds.follower_currency);
             self.ctx.status.send(StatusUpdate {
                 account_id: self.id,
                 epoch: self.ctx.epoch(),
                 status: None,
                 balance: Some(info.balance),
                 equity: Some(info.equity),
+                currency: info.currency,
             });
         }
     }
@@ -483,11 +486,11 @@ impl Follower<'_> {
 
     /// True when a ratio link of master `m` lacks the master's balance or equity.
     fn needs_master_funds(&self, m: i64) -> bool {
-        let (balance, equity) = self.master_funds.get(&m).copied().unwrap_or((None, None));
+        let f = self.master_funds.get(&m).copied().unwrap_or_default();
         self.links.iter().any(|l| {
             l.master_id == m
-                && ((l.lot_mode == LotMode::BalanceRatio && balance.is_none())
-                    || (l.lot_mode == LotMode::EquityRatio && equity.is_none()))
+                && ((l.lot_mode == LotMode::BalanceRatio && f.balance.is_none())
+                    || (l.lot_mode == LotMode::EquityRatio && f.equity.is_none()))
         })
     }
 
@@ -503,10 +506,11 @@ impl Follower<'_> {
     }
 
     fn funds_for(&self, m: i64) -> Inputs {
-        let (balance, equity) = self.master_funds.get(&m).copied().unwrap_or((None, None));
+        let f = self.master_funds.get(&m).copied().unwrap_or_default();
         Inputs {
-            master_balance: balance,
-            master_equity: equity,
+            master_balance: f.balance,
+            master_equity: f.equity,
+            master_currency: f.currency,
             ..self.funds
         }
     }

@@ -3,6 +3,7 @@
 
 use sqlx::{PgConnection, Row};
 
+use crate::broker::types::Currency;
 use crate::secret::Secret;
 
 /// What an account does.
@@ -74,18 +75,31 @@ pub async fn load_account(
     .transpose()
 }
 
-/// The balance and equity a master's owner last wrote (the ratio lot modes need them).
-pub async fn account_funds(
-    conn: &mut PgConnection,
-    id: i64,
-) -> Result<(Option<f64>, Option<f64>), sqlx::Error> {
-    let row = sqlx::query("SELECT balance, equity FROM trading_accounts WHERE id = $1")
+/// An account's money figures as its owner last reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Funds {
+    pub balance: Option<f64>,
+    pub equity: Option<f64>,
+    pub currency: Option<Currency>,
+}
+
+/// An account's balance, equity and currency as its owner last reported them (`None` each when
+/// not reported yet, or the row is gone).
+pub async fn account_funds(conn: &mut PgConnection, id: i64) -> Result<Funds, sqlx::Error> {
+    let row = sqlx::query("SELECT balance, equity, currency FROM trading_accounts WHERE id = $1")
         .bind(id)
         .fetch_optional(conn)
         .await?;
     Ok(match row {
-        Some(r) => (r.try_get("balance")?, r.try_get("equity")?),
-        None => (None, None),
+        Some(r) => Funds {
+            balance: r.try_get("balance")?,
+            equity: r.try_get("equity")?,
+            // A malformed code is refused by the column's check; unreadable reads as unknown.
+            currency: r
+                .try_get::<Option<String>, _>("currency")?
+                .and_then(|c| c.parse().ok()),
+        },
+        None => Funds::default(),
     })
 }
 
