@@ -165,6 +165,10 @@ pub struct AccountSetArgs {
     /// Remove the stored password (log in without one).
     #[arg(long, conflicts_with = "password_stdin")]
     pub clear_password: bool,
+    /// A follower opens no copy while it holds this many open copies, whatever link they came
+    /// from (`none` lifts it).
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_open_copies: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -250,6 +254,13 @@ pub struct LinkFields {
     /// The link opens no copy while it holds this many open copies.
     #[arg(long, allow_hyphen_values = true)]
     pub max_open_copies: Option<String>,
+    /// A fixed stop loss this many points from the copy's open price, instead of the master's
+    /// (points of the follower's symbol: 0.00001 on a five-digit EURUSD).
+    #[arg(long, allow_hyphen_values = true)]
+    pub sl_points: Option<String>,
+    /// A fixed take profit this many points from the copy's open price, instead of the master's.
+    #[arg(long, allow_hyphen_values = true)]
+    pub tp_points: Option<String>,
 }
 
 #[derive(Debug, Args)]

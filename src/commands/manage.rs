@@ -51,6 +51,8 @@ struct AccountView {
     has_password: bool,
     owner: Option<String>,
     status: Option<String>,
+    currency: Option<String>,
+    max_open_copies: Option<i64>,
 }
 
 impl std::fmt::Display for AccountView {
@@ -71,13 +73,21 @@ impl std::fmt::Display for AccountView {
             },
             self.owner.as_deref().unwrap_or("none"),
             self.status.as_deref().unwrap_or("-"),
-        )
+        )?;
+        if let Some(c) = &self.currency {
+            write!(f, "; currency {c}")?;
+        }
+        if let Some(n) = self.max_open_copies {
+            write!(f, "; max_open_copies {n}")?;
+        }
+        Ok(())
     }
 }
 
 const ACCOUNT_SELECT: &str =
     "SELECT id, platform, role, enabled, server, login, credentials IS NOT NULL AS has_password,
-        CASE WHEN lease_until > now() THEN node_id END AS owner, status
+        CASE WHEN lease_until > now() THEN node_id END AS owner, status, currency,
+        max_open_copies::bigint AS max_open_copies
    FROM trading_accounts";
 
 fn account_of(r: &sqlx::postgres::PgRow) -> Result<AccountView, sqlx::Error> {
@@ -91,6 +101,8 @@ fn account_of(r: &sqlx::postgres::PgRow) -> Result<AccountView, sqlx::Error> {
         has_password: r.try_get("has_password")?,
         owner: r.try_get("owner")?,
         status: r.try_get("status")?,
+        currency: r.try_get("currency")?,
+        max_open_copies: r.try_get("max_open_copies")?,
     })
 }
 
@@ -240,6 +252,17 @@ pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandErro
         }
         AccountsCommand::Set(args) => {
             refuse(check_account(&args.fields, false))?;
+            let mut problems = Vec::new();
+            let max_open_copies =
+                limit::<i64>("max_open_copies", &args.max_open_copies, &mut problems);
+            if let Some(Some(v)) = max_open_copies
+                && !(1..=i64::from(i32::MAX)).contains(&v)
+            {
+                problems.push(format!("max_open_copies: {v} must be 1 to {}", i32::MAX));
+            }
+            if !problems.is_empty() {
+                return Err(CommandError::usage(problems.join("\n")));
+            }
             let (config, mut conn) = connect(
                 &args.manage,
                 vec![(
@@ -284,7 +307,8 @@ pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandErro
                     platform = coalesce($2, platform), role = coalesce($3, role),
                     server = coalesce($4, server), login = coalesce($5, login),
                     credentials = CASE WHEN $7 THEN NULL ELSE coalesce($6, credentials) END,
-                    enabled = coalesce($8, enabled)
+                    enabled = coalesce($8, enabled),
+                    max_open_copies = CASE WHEN $9 THEN $10::integer ELSE max_open_copies END
                   WHERE id = $1",
             )
             .bind(args.id)
@@ -295,6 +319,8 @@ pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandErro
             .bind(credentials)
             .bind(args.clear_password)
             .bind(args.enabled)
+            .bind(max_open_copies.is_some())
+            .bind(max_open_copies.flatten())
             .execute(&mut *tx)
             .await
             .map_err(sql(&what))?;
@@ -462,6 +488,8 @@ struct LinkView {
     use_min_lot: bool,
     min_master_lot: Option<f64>,
     max_open_copies: Option<i64>,
+    sl_points: Option<f64>,
+    tp_points: Option<f64>,
 }
 
 impl std::fmt::Display for LinkView {
@@ -515,6 +543,8 @@ impl std::fmt::Display for LinkView {
         for (name, v) in [
             ("max_sl_distance", self.max_sl_distance),
             ("min_master_lot", self.min_master_lot),
+            ("sl_points", self.sl_points),
+            ("tp_points", self.tp_points),
         ] {
             if let Some(v) = v {
                 write!(f, ", {name} {v}")?;
@@ -534,7 +564,7 @@ const LINK_SELECT: &str =
     "SELECT id, master_id, follower_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp,
         symbol_map::text AS symbol_map, copy_existing, symbols, magics, sides, close_only, max_lot,
         max_delay_ms, max_slippage, equity_stop, copy_sl, copy_tp, max_sl_distance, use_min_lot,
-        min_master_lot, max_open_copies::bigint AS max_open_copies
+        min_master_lot, max_open_copies::bigint AS max_open_copies, sl_points, tp_points
    FROM copy_links";
 
 fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
@@ -565,6 +595,8 @@ fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
         use_min_lot: r.try_get("use_min_lot")?,
         min_master_lot: r.try_get("min_master_lot")?,
         max_open_copies: r.try_get("max_open_copies")?,
+        sl_points: r.try_get("sl_points")?,
+        tp_points: r.try_get("tp_points")?,
     })
 }
 
@@ -592,6 +624,8 @@ struct LinkValues {
     max_sl_distance: Option<Option<f64>>,
     min_master_lot: Option<Option<f64>>,
     max_open_copies: Option<Option<i64>>,
+    sl_points: Option<Option<f64>>,
+    tp_points: Option<Option<f64>>,
     max_lot: Option<Option<f64>>,
     max_delay_ms: Option<Option<i64>>,
     max_slippage: Option<Option<f64>>,
@@ -633,9 +667,13 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
     let max_sl_distance = limit::<f64>("max_sl_distance", &f.max_sl_distance, &mut problems);
     let min_master_lot = limit::<f64>("min_master_lot", &f.min_master_lot, &mut problems);
     let max_open_copies = limit::<i64>("max_open_copies", &f.max_open_copies, &mut problems);
+    let sl_points = limit::<f64>("sl_points", &f.sl_points, &mut problems);
+    let tp_points = limit::<f64>("tp_points", &f.tp_points, &mut problems);
     for (name, v) in [
         ("max_sl_distance", max_sl_distance),
         ("min_master_lot", min_master_lot),
+        ("sl_points", sl_points),
+        ("tp_points", tp_points),
     ] {
         if let Some(Some(v)) = v
             && !(v.is_finite() && v > 0.0)
@@ -708,6 +746,8 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
         max_sl_distance,
         min_master_lot,
         max_open_copies,
+        sl_points,
+        tp_points,
         max_lot,
         max_delay_ms,
         max_slippage,
@@ -740,7 +780,9 @@ async fn write_link(
             use_min_lot = coalesce($25, use_min_lot),
             max_sl_distance = CASE WHEN $26 THEN $27 ELSE max_sl_distance END,
             min_master_lot = CASE WHEN $28 THEN $29 ELSE min_master_lot END,
-            max_open_copies = CASE WHEN $30 THEN $31::integer ELSE max_open_copies END
+            max_open_copies = CASE WHEN $30 THEN $31::integer ELSE max_open_copies END,
+            sl_points = CASE WHEN $32 THEN $33 ELSE sl_points END,
+            tp_points = CASE WHEN $34 THEN $35 ELSE tp_points END
           WHERE id = $1",
     )
     .bind(id)
@@ -774,6 +816,10 @@ async fn write_link(
     .bind(v.min_master_lot.flatten())
     .bind(v.max_open_copies.is_some())
     .bind(v.max_open_copies.flatten())
+    .bind(v.sl_points.is_some())
+    .bind(v.sl_points.flatten())
+    .bind(v.tp_points.is_some())
+    .bind(v.tp_points.flatten())
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
@@ -1186,9 +1232,11 @@ pub(super) async fn copies(args: CopiesArgs) -> Result<(), CommandError> {
             c.requested_price
                 .map(|r| format!(" (master {r})"))
                 .unwrap_or_default(),
-            c.slippage_bps
-                .map(|b| format!(", slippage {b:.2} bps"))
-                .unwrap_or_default(),
+            match (c.slippage_bps, c.slippage_points) {
+                (Some(b), Some(p)) => format!(", slippage {p} points, {b:.2} bps"),
+                (Some(b), None) => format!(", slippage {b:.2} bps"),
+                _ => String::new(),
+            },
             ms(c.master_fill_ms, c.event_committed_ms),
             ms(c.event_committed_ms, c.decided_ms),
             ms(c.decided_ms, c.accepted_ms),

@@ -146,6 +146,11 @@ impl CopyIndex {
         self.open.get(&key).map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// How many open copies the follower holds, under every link.
+    pub fn open_copies(&self) -> usize {
+        self.open.values().map(Vec::len).sum()
+    }
+
     /// Every open copy under link magic `magic`, by master ticket.
     pub fn copies_of_link(&self, magic: i64) -> impl Iterator<Item = (i64, &[Position])> {
         self.open

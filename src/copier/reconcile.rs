@@ -20,7 +20,8 @@ use crate::broker::types::{OpenOrder, Position, SymbolSpec};
 
 use super::index::CopyIndex;
 use super::rules::{
-    Inputs, Link, NotNow, SkipCode, follower_stops, open_order, round_to_step, trimmed_volume,
+    Inputs, Link, NotNow, SkipCode, fixed_stops, follower_stops, open_order, round_to_step,
+    trimmed_volume,
 };
 use super::{MasterPosition, intent};
 
@@ -167,6 +168,34 @@ pub fn limit_open_copies(link: &Link, actions: Vec<Action>, open_copies: usize) 
         .collect()
 }
 
+/// Holds back the opens beyond the follower's own `max_open_copies` (over all its links):
+/// `open` counts the copies it holds and the opens let through so far in this pass.
+pub fn limit_follower_copies(
+    max: Option<i64>,
+    actions: Vec<Action>,
+    open: &mut usize,
+) -> Vec<Action> {
+    let Some(max) = max else {
+        return actions;
+    };
+    actions
+        .into_iter()
+        .map(|a| match a {
+            Action::Open { master_ticket, .. } if *open as i64 >= max => Action::Wait {
+                master_ticket,
+                reason: format!(
+                    "the follower holds its max_open_copies ({max}) open copies: copied when one closes"
+                ),
+            },
+            Action::Open { .. } => {
+                *open += 1;
+                a
+            }
+            other => other,
+        })
+        .collect()
+}
+
 /// What `link` owes master ticket `ticket`, whose position is `master` (`None`: closed).
 pub fn plan_ticket(
     link: &Link,
@@ -212,9 +241,25 @@ pub fn plan_ticket(
             });
         }
     }
-    if link.copy_sl_tp {
-        let (sl, tp) = follower_stops(link, m);
-        if !same(sl, copy.sl) || !same(tp, copy.tp) {
+    let fixed = link.protections.sl_points.is_some() || link.protections.tp_points.is_some();
+    if link.copy_sl_tp || fixed {
+        // Fixed stops count from the copy's own open price (its fill); the order that opened it
+        // counted from the master's, so the first reconcile after the fill moves them once.
+        let stops = match at.specs.get(&copy.symbol) {
+            Some(spec) => fixed_stops(
+                link,
+                copy.side,
+                copy.open_price,
+                spec,
+                follower_stops(link, m),
+            )
+            .ok(),
+            None if fixed => None,
+            None => Some(follower_stops(link, m)),
+        };
+        if let Some((sl, tp)) = stops
+            && (!same(sl, copy.sl) || !same(tp, copy.tp))
+        {
             actions.push(Action::Modify {
                 master_ticket: ticket,
                 ticket: copy.ticket,
@@ -483,6 +528,40 @@ mod tests {
             .filter(|a| matches!(a, Action::Open { .. }))
             .count();
         assert_eq!(opens, 1, "{actions:?}");
+    }
+
+    #[test]
+    fn a_follower_at_its_own_max_open_copies_waits_across_links() {
+        let none = Follower::default();
+        let actions = run_link(
+            &link(),
+            &none,
+            &[master(20, 1.0, 1.0), master(21, 1.0, 1.0)],
+        );
+        // One copy already held (from another link): one more may open, the next waits.
+        let mut open = 1;
+        let limited = limit_follower_copies(Some(2), actions.clone(), &mut open);
+        let waits: Vec<i64> = limited
+            .iter()
+            .filter_map(|a| match a {
+                Action::Wait {
+                    master_ticket,
+                    reason,
+                } => {
+                    assert!(reason.contains("follower holds its max_open_copies (2)"));
+                    Some(*master_ticket)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(waits, vec![21]);
+        assert_eq!(open, 2, "the open let through counts for the next link");
+        // No limit: nothing held back.
+        let mut open = 100;
+        assert_eq!(
+            limit_follower_copies(None, actions.clone(), &mut open),
+            actions
+        );
     }
 
     #[test]

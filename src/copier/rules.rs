@@ -129,6 +129,43 @@ pub fn follower_stops(link: &Link, m: &MasterPosition) -> (Option<f64>, Option<f
     (sl, tp)
 }
 
+/// The link's fixed stops in points (`sl_points`, `tp_points`), measured on the copy's `side`
+/// from `open` in points of the follower's symbol, in place of the master's `(sl, tp)`; what
+/// the link does not fix stays as given. An error when the symbol's point size is unknown.
+pub fn fixed_stops(
+    link: &Link,
+    side: Side,
+    open: f64,
+    spec: &SymbolSpec,
+    (sl, tp): (Option<f64>, Option<f64>),
+) -> Result<(Option<f64>, Option<f64>), String> {
+    let p = &link.protections;
+    if p.sl_points.is_none() && p.tp_points.is_none() {
+        return Ok((sl, tp));
+    }
+    let point = spec.point;
+    if !(point.is_finite() && point > 0.0) {
+        return Err(format!(
+            "the link sets stops in points, but the follower's broker gives no point size for {}",
+            spec.symbol
+        ));
+    }
+    // Away from the price by whole points, rounded to the point (no float noise in the order).
+    let at = |points: f64, up: bool| {
+        let price = if up {
+            open + points * point
+        } else {
+            open - points * point
+        };
+        (price / point).round() * point
+    };
+    let buy = side == Side::Buy;
+    Ok((
+        p.sl_points.map(|n| at(n, !buy)).or(sl),
+        p.tp_points.map(|n| at(n, buy)).or(tp),
+    ))
+}
+
 /// Why a link does not copy a master position, as a closed set (stored in `copy_skips.code`);
 /// a human message goes beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,6 +192,8 @@ pub enum SkipCode {
     BelowMinTrade,
     /// `risk_percent` without a stop loss on the copy.
     NoStopLoss,
+    /// Stops in points, on a symbol whose point size the follower's broker does not give.
+    UnknownPoint,
     /// The fill would have been beyond the link's `max_slippage` (the broker refused it).
     Slippage,
     /// The broker refused the open definitively.
@@ -184,6 +223,7 @@ impl SkipCode {
             SkipCode::InvalidVolume => "invalid_volume",
             SkipCode::BelowMinTrade => "below_min_trade",
             SkipCode::NoStopLoss => "no_stop_loss",
+            SkipCode::UnknownPoint => "unknown_point",
             SkipCode::Slippage => "slippage",
             SkipCode::Rejected => "rejected",
             SkipCode::MarketClosed => "market_closed",
@@ -532,7 +572,15 @@ pub fn open_order(
             ),
         ));
     }
-    let (sl, tp) = follower_stops(link, position);
+    let side = follower_side(link, position.side);
+    let (sl, tp) = fixed_stops(
+        link,
+        side,
+        position.open_price,
+        spec,
+        follower_stops(link, position),
+    )
+    .map_err(|why| skip(SkipCode::UnknownPoint, why))?;
     // Sized by notional value: a lot is not the same amount on every broker (XAUUSD is 100 oz
     // on one, 10 on another), so the master's volume counts in the follower's lots.
     let master_volume = match (link.lot_mode, position.contract_size) {
@@ -548,7 +596,6 @@ pub fn open_order(
     // does not copy stops).
     let stop_distance = sl.map(|s| (position.open_price - s).abs());
     let volume = copy_volume(link, master_volume, funds, spec, stop_distance, specs)?;
-    let side = follower_side(link, position.side);
     let price_limit = link.protections.max_slippage.map(|s| match side {
         Side::Buy => position.open_price + s,
         Side::Sell => position.open_price - s,
@@ -1393,6 +1440,54 @@ mod tests {
             copy_volume(&l, 1.0, &usd, &specs["USDJPY"], Some(1.5), &specs),
             Ok(0.1)
         );
+    }
+
+    #[test]
+    fn fixed_stops_sit_their_points_from_the_open_price_on_the_copys_side() {
+        let mut l = link();
+        l.protections.sl_points = Some(200.0);
+        l.protections.tp_points = Some(500.0);
+        let s = spec("EURUSD");
+        let master = (Some(1.05), Some(1.2));
+        let (sl, tp) = fixed_stops(&l, Side::Buy, 1.1, &s, master).unwrap();
+        assert!((sl.unwrap() - 1.098).abs() < 1e-9 && (tp.unwrap() - 1.105).abs() < 1e-9);
+        let (sl, tp) = fixed_stops(&l, Side::Sell, 1.1, &s, master).unwrap();
+        assert!((sl.unwrap() - 1.102).abs() < 1e-9 && (tp.unwrap() - 1.095).abs() < 1e-9);
+        // Only the stop loss fixed: the master's take profit stays.
+        l.protections.tp_points = None;
+        assert_eq!(
+            fixed_stops(&l, Side::Buy, 1.1, &s, master).unwrap().1,
+            Some(1.2)
+        );
+        // No fixed stops: the master's as given.
+        assert_eq!(fixed_stops(&link(), Side::Buy, 1.1, &s, master), Ok(master));
+        // A symbol without a point size: a skip with its code, at the open.
+        let unknown = SymbolSpec { point: 0.0, ..s };
+        assert!(fixed_stops(&l, Side::Buy, 1.1, &unknown, master).is_err());
+        let mut pos = position(1.0);
+        pos.sl = Some(1.05);
+        let err = open_order(
+            &l,
+            &pos,
+            &Inputs::default(),
+            &[("EURUSD".to_string(), unknown)].into_iter().collect(),
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), SkipCode::UnknownPoint);
+        // Stops in points apply without copy_sl_tp, and risk_percent sizes by them.
+        let mut risk = link();
+        risk.copy_sl_tp = false;
+        risk.lot_mode = LotMode::RiskPercent;
+        risk.lot_value = 1.0;
+        risk.protections.sl_points = Some(100.0);
+        let funds = Inputs {
+            follower_equity: 10_000.0,
+            ..Inputs::default()
+        };
+        let order = open_order(&risk, &position(1.0), &funds, &specs()).unwrap();
+        // 100 points = 0.001: 100 USD a lot; 1 % of 10,000 is 100: one lot.
+        assert_eq!(order.volume, 1.0);
+        assert!(order.sl.is_some() && order.tp.is_none());
     }
 
     #[test]

@@ -85,6 +85,11 @@ pub struct Protections {
     pub min_master_lot: Option<f64>,
     /// The link opens no copy while it holds this many.
     pub max_open_copies: Option<i64>,
+    /// A fixed stop loss this many points (of the follower's symbol) from the copy's open
+    /// price, instead of the master's.
+    pub sl_points: Option<f64>,
+    /// A fixed take profit this many points from the copy's open price, instead of the master's.
+    pub tp_points: Option<f64>,
 }
 
 impl Default for Protections {
@@ -104,6 +109,8 @@ impl Default for Protections {
             use_min_lot: false,
             min_master_lot: None,
             max_open_copies: None,
+            sl_points: None,
+            tp_points: None,
         }
     }
 }

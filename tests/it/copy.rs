@@ -842,3 +842,131 @@ async fn copies_are_sized_by_notional_value_across_contract_sizes() {
     node.shutdown();
     other.stop().await;
 }
+
+/// Between accounts in different currencies, a balance-ratio copy converts the follower's
+/// balance at its broker's price; a link's fixed stop sits its points from the copy's own open
+/// price; the ledger shows slippage in points; the follower's own max_open_copies holds back a
+/// copy from any link while it holds that many.
+#[tokio::test]
+async fn copies_across_currencies_with_stops_in_points_and_a_follower_limit() {
+    use copier_node::sim_broker::server::{ServeOptions, SimBroker};
+
+    let mut s = CopySetup::new("copy-currencies").await;
+    let euro = SimBroker::start(ServeOptions {
+        currencies: [("f2".to_string(), "EUR".parse().unwrap())]
+            .into_iter()
+            .collect(),
+        balances: [("f2".to_string(), 8_000.0)].into_iter().collect(),
+        ..ServeOptions::new("127.0.0.1:0", s.dir.path("journal-eur.jsonl"))
+    })
+    .await
+    .unwrap();
+    let eur_broker = Trader {
+        addr: euro.addr.to_string(),
+    };
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 3, "master", &s.addr, "m3").await;
+    add_account(&mut s.conn, 2, "follower", &euro.addr.to_string(), "f2").await;
+    let (link, magic) = add_link(
+        &mut s.conn,
+        1,
+        2,
+        LinkSpec {
+            lot_mode: "balance_ratio",
+            ..Default::default()
+        },
+    )
+    .await;
+    let (_, other_magic) = add_link(&mut s.conn, 3, 2, LinkSpec::default()).await;
+    s.conn
+        .execute(
+            format!(
+                "UPDATE copy_links SET sl_points = 200 WHERE id = {link};
+                 UPDATE trading_accounts SET max_open_copies = 2 WHERE id = 2"
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    let node = start_node(&config(&s.db, "currencies", 10, FAST)).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    // The master's balance (10,000 USD) must be known before a ratio copy is sized.
+    let url = s.db.url.clone();
+    let currency = |id: i64| {
+        let url = url.clone();
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT currency FROM trading_accounts WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+        }
+    };
+    let (master_ccy, follower_ccy) = eventually("currencies reported", WAIT, async || {
+        currency(1).await.zip(currency(2).await)
+    })
+    .await;
+    assert_eq!((master_ccy.as_str(), follower_ccy.as_str()), ("USD", "EUR"));
+    let first = s.t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    let copy = eur_broker.copy_of("f2", magic, first, WAIT).await;
+    // 8,000 EUR at the follower broker's EURUSD 1.1 is 8,800 USD: 0.88 of the master's 10,000.
+    assert_eq!(copy.volume, 0.88);
+    let placed = eventually(
+        "the fixed stop at 200 points from the copy's price",
+        WAIT,
+        async || {
+            let c = eur_broker
+                .positions("f2")
+                .await
+                .into_iter()
+                .find(|p| p.ticket == copy.ticket)?;
+            c.sl.filter(|sl| (sl - (c.open_price - 0.002)).abs() < 1e-9)
+                .map(|_| c)
+        },
+    )
+    .await;
+    assert_eq!(placed.tp, None);
+    let points: Option<f64> = eventually("the ledger row", WAIT, async || {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::query_scalar::<_, Option<f64>>(
+            "SELECT slippage_points FROM copy_ledger WHERE follower_id = 2 AND master_ticket = $1",
+        )
+        .bind(first)
+        .fetch_optional(&mut c)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(points.is_some(), "slippage in points recorded");
+    // The follower's limit counts copies from every link.
+    let second = s.t.open("m3", "GBPUSD", Side::Sell, 0.1, None, None).await;
+    eur_broker.copy_of("f2", other_magic, second, WAIT).await;
+    let third = s.t.open("m3", "EURUSD", Side::Buy, 0.1, None, None).await;
+    let waiting = eventually("the third copy held back", WAIT, async || {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::query_as::<_, (String, bool, String)>(
+            "SELECT code, final, reason FROM copy_skips WHERE master_ticket = $1
+              ORDER BY decided_at DESC LIMIT 1",
+        )
+        .bind(third)
+        .fetch_optional(&mut c)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert_eq!((waiting.0.as_str(), waiting.1), ("waiting", false));
+    assert!(
+        waiting.2.contains("follower holds its max_open_copies"),
+        "{waiting:?}"
+    );
+    assert_eq!(eur_broker.positions("f2").await.len(), 2);
+    // One copy closes with its master: the held-back one is copied then.
+    s.t.close("m1", first, None).await;
+    eur_broker.copy_of("f2", other_magic, third, WAIT).await;
+    assert_eq!(eur_broker.positions("f2").await.len(), 2);
+    node.shutdown();
+    euro.stop().await;
+}

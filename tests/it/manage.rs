@@ -170,6 +170,8 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
         (vec!["--max-open-copies", "0"], "max_open_copies"),
         (vec!["--min-master-lot", "-1"], "min_master_lot"),
         (vec!["--max-sl-distance", "far"], "max_sl_distance"),
+        (vec!["--sl-points", "0"], "sl_points"),
+        (vec!["--tp-points", "-3"], "tp_points"),
     ];
     for (flags, field) in bad {
         let mut args = vec!["links", "add", "--master", "1", "--follower", "2"];
@@ -212,10 +214,16 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
             "3",
             "--use-min-lot",
             "true",
+            "--sl-points",
+            "150",
             "--json",
         ],
     );
     let l: serde_json::Value = serde_json::from_str(&link).unwrap();
+    assert_eq!(
+        (l["sl_points"].as_f64(), l["tp_points"].as_f64()),
+        (Some(150.0), None)
+    );
     let id = l["id"].as_i64().unwrap().to_string();
     assert_eq!(l["lot_mode"], "fixed");
     assert_eq!(l["symbol_map"]["EURUSD.m"], "EURUSD");
@@ -266,6 +274,25 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
     assert!(
         text.contains("master 1 -> follower 2") && text.contains("reversed"),
         "{text}"
+    );
+
+    // A follower's own limit on open copies: checked, stored, shown.
+    refused(
+        &db,
+        &["accounts", "set", "2", "--max-open-copies", "0"],
+        "max_open_copies",
+    );
+    let limited: serde_json::Value = serde_json::from_str(&ok(
+        &db,
+        &["accounts", "set", "2", "--max-open-copies", "5", "--json"],
+    ))
+    .unwrap();
+    assert_eq!(
+        limited[0]["max_open_copies"]
+            .as_i64()
+            .or(limited["max_open_copies"].as_i64()),
+        Some(5),
+        "{limited}"
     );
 
     // An account in a link keeps its role and is not removed.

@@ -26,11 +26,16 @@ impl Follower<'_> {
     async fn load_links(&mut self, reconcile_changed: bool) -> bool {
         let loaded = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::load_links(&mut conn, self.id).await
+            let rows = db::copy::load_links(&mut conn, self.id).await?;
+            let max = db::copy::follower_max_open_copies(&mut conn, self.id).await?;
+            Ok::<_, sqlx::Error>((rows, max))
         }
         .await;
         let rows = match loaded {
-            Ok(rows) => rows,
+            Ok((rows, max)) => {
+                self.max_open_copies = max;
+                rows
+            }
             Err(e) => {
                 warn!(error = %db::describe(&e), "reading the follower's links failed; keeping the current ones");
                 return true;

@@ -33,7 +33,8 @@ use tracing::{debug, info, warn};
 use super::events::{MasterEvent, MasterNotice};
 use super::index::CopyIndex;
 use super::reconcile::{
-    Action, Memory, Situation, apply_event, limit_open_copies, plan, plan_ticket,
+    Action, Memory, Situation, apply_event, limit_follower_copies, limit_open_copies, plan,
+    plan_ticket,
 };
 use super::rules::{Inputs, Link, LotMode, SkipCode};
 use super::{MasterPosition, spread_interval};
@@ -79,6 +80,8 @@ struct Follower<'a> {
     specs: HashMap<String, SymbolSpec>,
     funds: Inputs,
     master_funds: HashMap<i64, db::copy::Funds>,
+    /// The follower's own limit on open copies, over all its links.
+    max_open_copies: Option<i64>,
     /// Per master: the snapshot the copies match, at its (epoch, seq).
     masters: HashMap<i64, MasterView>,
     /// The follower's copies by marker.
@@ -132,6 +135,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
             ..Inputs::default()
         },
         master_funds: HashMap::new(),
+        max_open_copies: None,
         masters: HashMap::new(),
         index: CopyIndex::default(),
         memory: Memory::default(),
@@ -434,6 +438,7 @@ impl Follower<'_> {
             ..self.funds_for(m)
         };
         let mut sent = 0;
+        let mut follower_open = self.index.open_copies();
         for link in self.links_of(m) {
             let actions = plan(
                 &link,
@@ -446,6 +451,7 @@ impl Follower<'_> {
                     at: (view.epoch, view.seq),
                 },
             );
+            let actions = limit_follower_copies(self.max_open_copies, actions, &mut follower_open);
             for action in actions {
                 if action.sends() {
                     sent += 1;
@@ -588,6 +594,8 @@ impl Follower<'_> {
             // Live, every open copy counts (a reconcile tells those that are being closed).
             let open_copies = self.index.copies_of_link(link.magic).count();
             let actions = limit_open_copies(&link, actions, open_copies);
+            let mut follower_open = self.index.open_copies();
+            let actions = limit_follower_copies(self.max_open_copies, actions, &mut follower_open);
             for action in actions {
                 if !is_open && matches!(action, Action::Open { .. }) {
                     self.owe("a copy is owed; a reconcile decides it on the database's clock");

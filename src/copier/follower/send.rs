@@ -313,9 +313,19 @@ impl Follower<'_> {
 
     /// Writes a copy to the ledger (fenced) and observes its latency legs.
     pub(super) async fn record_copy(&mut self, record: &CopyRecord) {
+        // Slippage in points of the follower's symbol, when its broker gives the point size.
+        let point = self
+            .specs
+            .get(&record.symbol)
+            .map(|s| s.point)
+            .filter(|p| p.is_finite() && *p > 0.0);
         let record = &CopyRecord {
             server: self.server.clone(),
             login: self.login.clone(),
+            slippage_points: record
+                .slippage
+                .zip(point)
+                .map(|(s, p)| (s / p * 10.0).round() / 10.0),
             ..record.clone()
         };
         let metrics = &self.ctx.node.metrics;
@@ -424,6 +434,7 @@ pub(super) fn copy_record(
         filled_price: price,
         slippage,
         slippage_bps: slippage.zip(requested).map(|(s, r)| s / r * 10_000.0),
+        slippage_points: None,
         master_fill_ms: source.and_then(|m| m.open_time_ms),
         event_committed_ms: source.and_then(|m| m.first_seen_ms),
         decided_ms,

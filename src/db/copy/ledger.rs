@@ -20,6 +20,8 @@ pub struct CopyRecord {
     pub filled_price: f64,
     pub slippage: Option<f64>,
     pub slippage_bps: Option<f64>,
+    /// Slippage in points of the follower's symbol (when its broker gives the point size).
+    pub slippage_points: Option<f64>,
     pub master_fill_ms: Option<i64>,
     pub event_committed_ms: Option<i64>,
     pub decided_ms: Option<i64>,
@@ -40,9 +42,9 @@ pub async fn record_copy(
 INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
                          requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
                          event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
-                         server, login, master_server, master_login)
+                         server, login, master_server, master_login, slippage_points)
 SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3, $20, $21,
-       coalesce(m.server, ''), coalesce(m.login, '')
+       coalesce(m.server, ''), coalesce(m.login, ''), $22
   FROM trading_accounts a
   LEFT JOIN trading_accounts m ON m.id = $6
  WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
@@ -71,6 +73,7 @@ ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
         .bind(c.found_by_reconcile)
         .bind(&c.server)
         .bind(&c.login)
+        .bind(c.slippage_points)
         .execute(conn)
         .await?;
     Ok(done.rows_affected() > 0)
@@ -104,8 +107,8 @@ pub async fn recent(
 ) -> Result<Vec<CopyRecord>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT server, login, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume, requested_price,
-                filled_price, slippage, slippage_bps, master_fill_ms, event_committed_ms, decided_ms,
-                accepted_ms, found_by_reconcile
+                filled_price, slippage, slippage_bps, slippage_points, master_fill_ms, event_committed_ms,
+                decided_ms, accepted_ms, found_by_reconcile
            FROM copy_ledger WHERE follower_id = $1 ORDER BY recorded_at DESC, follower_ticket DESC LIMIT $2",
     )
     .bind(follower_id)
@@ -128,6 +131,7 @@ pub async fn recent(
                 filled_price: r.try_get("filled_price")?,
                 slippage: r.try_get("slippage")?,
                 slippage_bps: r.try_get("slippage_bps")?,
+                slippage_points: r.try_get("slippage_points")?,
                 master_fill_ms: r.try_get("master_fill_ms")?,
                 event_committed_ms: r.try_get("event_committed_ms")?,
                 decided_ms: r.try_get("decided_ms")?,

@@ -16,7 +16,8 @@ pub async fn load_links(
         "SELECT id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
                 copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
                 symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
-                copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies
+                copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies,
+                sl_points, tp_points
            FROM copy_links WHERE follower_id = $1 ORDER BY id",
     )
     .bind(follower_id)
@@ -66,10 +67,25 @@ pub async fn load_links(
                         use_min_lot: r.try_get("use_min_lot")?,
                         min_master_lot: r.try_get("min_master_lot")?,
                         max_open_copies: r.try_get("max_open_copies")?,
+                        sl_points: r.try_get("sl_points")?,
+                        tp_points: r.try_get("tp_points")?,
                     },
                 }),
                 Err(e) => Err(e),
             })
         })
         .collect()
+}
+
+/// A follower's own limit on open copies (`trading_accounts.max_open_copies`; `None`: none).
+pub async fn follower_max_open_copies(
+    conn: &mut PgConnection,
+    follower: i64,
+) -> Result<Option<i64>, sqlx::Error> {
+    let max: Option<Option<i64>> =
+        sqlx::query_scalar("SELECT max_open_copies::bigint FROM trading_accounts WHERE id = $1")
+            .bind(follower)
+            .fetch_optional(conn)
+            .await?;
+    Ok(max.flatten())
 }
