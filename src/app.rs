@@ -171,14 +171,23 @@ pub async fn start(
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
         // Spawned inside the node's span, so its log lines carry node_id.
-        let hub = Hub::spawn_measured(
-            listen_options,
-            node.platform.clone(),
-            node.node_id.clone(),
-            wake.clone(),
-            background.clone(),
-            Some(metrics.notify_queue_usage.clone()),
-        );
+        let hub = match config.events_poll {
+            Some(every) => Hub::spawn_polling(
+                node_options.clone(),
+                node.platform.clone(),
+                every,
+                wake.clone(),
+                background.clone(),
+            ),
+            None => Hub::spawn_measured(
+                listen_options,
+                node.platform.clone(),
+                node.node_id.clone(),
+                wake.clone(),
+                background.clone(),
+                Some(metrics.notify_queue_usage.clone()),
+            ),
+        };
         let services = Arc::new(NodeServices {
             node_id: node.node_id.clone(),
             pool: pool.clone(),

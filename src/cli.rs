@@ -184,13 +184,13 @@ pub struct AccountRemoveArgs {
 #[derive(Debug, Subcommand)]
 pub enum LinksCommand {
     /// Add a link: the follower copies the master.
-    Add(LinkAddArgs),
+    Add(Box<LinkAddArgs>),
     /// List links.
     List(LinkListArgs),
     /// One link.
     Show(LinkIdArgs),
     /// Change a link's settings.
-    Set(LinkSetArgs),
+    Set(Box<LinkSetArgs>),
     /// Delete a link (the follower stops copying that master; its open copies stay).
     Remove(LinkIdArgs),
 }
@@ -511,6 +511,10 @@ pub struct RunArgs {
     /// Direct connection for LISTEN (default: database_url).
     #[arg(long, value_name = "URL")]
     pub listen_database_url: Option<String>,
+    /// Learn of master events by polling the database this often instead of LISTEN, e.g.
+    /// `100ms` (for transaction poolers and engines without LISTEN; default off).
+    #[arg(long, value_name = "DURATION")]
+    pub events_poll: Option<String>,
     /// Fair share: hand accounts off once above the share by this fraction of it (default 0.1).
     #[arg(long)]
     pub rebalance_margin: Option<String>,
@@ -543,6 +547,7 @@ impl RunArgs {
             ("http_listen", self.http_listen.clone()),
             ("log_format", self.log_format.clone()),
             ("listen_database_url", self.listen_database_url.clone()),
+            ("events_poll", self.events_poll.clone()),
             ("rebalance_margin", self.rebalance_margin.clone()),
             ("rebalance_step", self.rebalance_step.clone()),
             ("reconcile_every", self.reconcile_every.clone()),

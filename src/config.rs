@@ -23,6 +23,7 @@ pub const KEYS: &[&str] = &[
     "http_listen",
     "log_format",
     "listen_database_url",
+    "events_poll",
     "rebalance_margin",
     "rebalance_step",
     "reconcile_every",
@@ -123,6 +124,9 @@ pub struct Config {
     pub http_listen: SocketAddr,
     pub log_format: LogFormat,
     pub listen_database_url: Secret,
+    /// Learn of master events by polling `master_state` this often instead of LISTEN (`None`:
+    /// LISTEN on `listen_database_url`).
+    pub events_poll: Option<Duration>,
     /// Fair share: hand accounts off once above the share by this fraction of it (at least one).
     pub rebalance_margin: f64,
     /// Fair share: hand off at most this fraction of the share per cycle (at least one).
@@ -353,6 +357,18 @@ impl Layers {
         };
         let rebalance_margin = p.take(self.parse("rebalance_margin", "0.1", fraction));
         let rebalance_step = p.take(self.parse("rebalance_step", "0.1", fraction));
+        let events_poll = p.take(self.parse("events_poll", "off", |v| {
+            if v == "off" {
+                return Ok(None);
+            }
+            parse_duration(v).and_then(|d| {
+                if d >= Duration::from_millis(10) && d <= Duration::from_secs(60) {
+                    Ok(Some(d))
+                } else {
+                    Err("the rule is 10ms <= events_poll <= 60s (or `off`: LISTEN)".to_string())
+                }
+            })
+        }));
         let reconcile_every = p.take(self.parse("reconcile_every", "180s", |v| {
             parse_duration(v).and_then(|d| {
                 if d >= Duration::from_secs(1) {
@@ -383,6 +399,7 @@ impl Layers {
             http_listen: http_listen.expect("no problems"),
             log_format: log_format.expect("no problems"),
             listen_database_url,
+            events_poll: events_poll.expect("no problems"),
             rebalance_margin: rebalance_margin.expect("no problems"),
             rebalance_step: rebalance_step.expect("no problems"),
             reconcile_every: reconcile_every.expect("no problems"),
@@ -699,6 +716,11 @@ mod tests {
                 &[("COPIER_REBALANCE_MARGIN", "2")],
                 &["`rebalance_margin`", "between 0 and 1"],
             ),
+            (
+                &[("COPIER_EVENTS_POLL", "1ms")],
+                &["`events_poll`", "10ms <= events_poll"],
+            ),
+            (&[("COPIER_EVENTS_POLL", "often")], &["`events_poll`"]),
         ];
         for (env, needles) in cases {
             let mut env = env.to_vec();

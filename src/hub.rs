@@ -40,6 +40,9 @@ pub enum Signal {
     /// The database failed over and may have lost its last commits: masters' (epoch, seq) may
     /// have rewound, so forget them and reconcile (once per subscriber channel).
     FailedOver,
+    /// Events without LISTEN: the master's published (epoch, seq) moved since the last poll;
+    /// reconcile with its snapshot.
+    MasterChanged(i64),
 }
 
 /// What a subscription is for.
@@ -153,6 +156,28 @@ impl Hub {
         };
         confirmed.await.ok()?;
         Some(subscription)
+    }
+
+    /// Starts a hub that learns of master events by polling `master_state` every `every`
+    /// instead of LISTEN (for transaction poolers and engines without LISTEN/NOTIFY): a master
+    /// whose (epoch, seq) moved signals [`Signal::MasterChanged`] to its subscribers, and more
+    /// free accounts of `platform` than at the last poll wake the lease loop. Account and link
+    /// changes are not announced: sessions find them by their periodic re-read.
+    pub fn spawn_polling(
+        options: PgConnectOptions,
+        platform: String,
+        every: Duration,
+        wake: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> Hub {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(tracing::Instrument::in_current_span(poll::run(
+            options, platform, every, wake, rx, cancel,
+        )));
+        Hub {
+            commands: tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
     }
 
     /// Tells every subscriber the database failed over ([`Signal::FailedOver`]).
@@ -446,4 +471,152 @@ async fn connect(
         listening.insert(m);
     }
     Ok((listener, listening))
+}
+
+/// Events without LISTEN: polling `master_state` and the free accounts.
+mod poll {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use sqlx::{PgPool, Row};
+    use tokio::sync::{Notify, mpsc};
+    use tokio_util::sync::CancellationToken;
+    use tracing::{info, warn};
+
+    use super::{Command, Signal, Subscribers, Topic};
+    use crate::db;
+
+    /// Each subscribed master's (epoch, seq) as last read.
+    type Seen = HashMap<i64, Option<(i64, i64)>>;
+
+    pub(super) async fn run(
+        options: PgConnectOptions,
+        platform: String,
+        every: Duration,
+        wake: Arc<Notify>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        cancel: CancellationToken,
+    ) {
+        // Two connections at most: a poll and a subscription's first read may overlap.
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        let mut subs = Subscribers::default();
+        let mut seen = Seen::new();
+        let mut free: Option<i64> = None;
+        let mut failing = false;
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        info!(
+            every_ms = every.as_millis() as u64,
+            "polling for master events and free accounts (no LISTEN)"
+        );
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                cmd = commands.recv() => {
+                    let Some(cmd) = cmd else { return };
+                    match cmd {
+                        Command::Subscribe { topic, id, sender, ready } => {
+                            subs.add(topic, id, sender);
+                            if let Topic::Master(m) = topic
+                                && !seen.contains_key(&m)
+                            {
+                                // What the subscriber's snapshot read follows: every change after
+                                // this read is signalled, so nothing between is missed.
+                                match read(&pool, &[m]).await {
+                                    Ok(now) => {
+                                        seen.insert(m, now.get(&m).copied());
+                                    }
+                                    Err(e) => {
+                                        warn!(error = %db::describe(&e), master_id = m, "reading a master's sequence failed; the subscription waits for the next poll");
+                                        subs.waiting.push(ready);
+                                        continue;
+                                    }
+                                }
+                            }
+                            let _ = ready.send(());
+                        }
+                        Command::Unsubscribe { topic, id } => {
+                            if subs.remove(topic, id)
+                                && let Topic::Master(m) = topic
+                            {
+                                seen.remove(&m);
+                            }
+                        }
+                        Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+                    }
+                }
+                _ = tick.tick() => {
+                    let masters: Vec<i64> = subs.by_master.keys().copied().collect();
+                    let polled = async {
+                        let now = read(&pool, &masters).await?;
+                        let count: i64 = sqlx::query_scalar(
+                            "SELECT count(*) FROM trading_accounts WHERE platform = $1 AND enabled AND node_id IS NULL",
+                        )
+                        .bind(&platform)
+                        .fetch_one(&pool)
+                        .await?;
+                        Ok::<_, sqlx::Error>((now, count))
+                    }
+                    .await;
+                    let (now, count) = match polled {
+                        Ok(p) => p,
+                        Err(e) => {
+                            if !failing {
+                                warn!(error = %db::describe(&e), "polling for master events failed; retrying every poll (followers also reconcile on their own schedule)");
+                            }
+                            failing = true;
+                            continue;
+                        }
+                    };
+                    if failing {
+                        info!("polling for master events works again; every follower reconciles");
+                        subs.send_each(|| Signal::Gap);
+                        failing = false;
+                    }
+                    for ready in subs.waiting.drain(..) {
+                        let _ = ready.send(());
+                    }
+                    for m in masters {
+                        let current = now.get(&m).copied();
+                        let before = seen.insert(m, current);
+                        if before.is_some_and(|b| b != current) {
+                            for s in subs.by_master.get(&m).into_iter().flat_map(|s| s.values()) {
+                                let _ = s.send(Signal::MasterChanged(m));
+                            }
+                        }
+                    }
+                    if free.is_some_and(|f| count > f) {
+                        wake.notify_one();
+                    }
+                    free = Some(count);
+                }
+            }
+        }
+    }
+
+    /// The published (epoch, seq) of `masters` (absent: never published).
+    async fn read(pool: &PgPool, masters: &[i64]) -> Result<HashMap<i64, (i64, i64)>, sqlx::Error> {
+        if masters.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows =
+            sqlx::query("SELECT master_id, epoch, seq FROM master_state WHERE master_id = ANY($1)")
+                .bind(masters)
+                .fetch_all(pool)
+                .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("master_id")?,
+                    (r.try_get("epoch")?, r.try_get("seq")?),
+                ))
+            })
+            .collect()
+    }
 }

@@ -1,10 +1,10 @@
 //! copier-node benchmarks: copy latency (over the bridge and over FIX), lease-cycle cost, claim storms, failover and handoff,
-//! cost per account, and the notification path, each beside a floor measured in the same run.
+//! cost per account, the notification path and events without LISTEN, each beside a floor measured in the same run.
 //!
 //!   cargo bench --bench copier                  # the full run: writes BENCHMARKS.md, benchmarks.json
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
-//!                                               #   fix, failover, rebalance, cost, notify)
+//!                                               #   fix, failover, rebalance, cost, notify, poll)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
@@ -17,6 +17,7 @@ mod fix;
 mod floors;
 mod nodes;
 mod notify;
+mod poll;
 mod rebalance;
 mod stats;
 mod storm;
@@ -35,6 +36,7 @@ use failover::{FailoverRow, failover};
 use fix::{FixRow, fix_latency};
 use floors::{floors, machine};
 use notify::{NotifyRow, notification_path};
+use poll::{PollCostRow, PollRow, poll_latency};
 use rebalance::{RebalanceRow, rebalance};
 use stats::Stats;
 use storm::{StormRow, claim_storm};
@@ -57,6 +59,8 @@ pub(crate) struct Report {
     rebalance: Vec<RebalanceRow>,
     cost: Vec<CostRow>,
     notify: Vec<NotifyRow>,
+    poll: Vec<PollRow>,
+    poll_cost: Vec<PollCostRow>,
     markdown: Vec<String>,
 }
 
@@ -160,6 +164,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "notify") {
         notification_path(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "poll") {
+        poll_latency(&options, &pg, &mut report).await?;
     }
     write(&options, &report)?;
     Ok(())

@@ -64,7 +64,11 @@ impl Setup {
         })
     }
 
-    pub(crate) fn spawn_node(&mut self, id: &str, timing: [&str; 6]) -> anyhow::Result<u32> {
+    pub(crate) fn spawn_node<'a>(
+        &mut self,
+        id: &str,
+        timing: impl IntoIterator<Item = &'a str>,
+    ) -> anyhow::Result<u32> {
         let log = std::fs::File::create(self.dir.join(format!("{id}.log")))?;
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_copier-node"))
             .args([

@@ -121,7 +121,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                     m.dirty = true;
                     m.reload_seq().await;
                 }
-                Some(Signal::Notice(..)) => {}
+                Some(Signal::Notice(..) | Signal::MasterChanged(_)) => {}
                 None => bail!("the notification hub stopped"),
             },
             _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,

@@ -970,3 +970,34 @@ async fn copies_across_currencies_with_stops_in_points_and_a_follower_limit() {
     node.shutdown();
     euro.stop().await;
 }
+
+/// Events without LISTEN: with `events_poll` set, the node never needs the LISTEN connection (here
+/// it points nowhere) and followers copy opens and closes from polling `master_state`.
+#[tokio::test]
+async fn followers_learn_of_master_events_by_polling_without_listen() {
+    let mut s = CopySetup::new("copy-poll").await;
+    let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    let mut cfg = crate::support::config_listen(
+        &s.db.url,
+        "postgres://nobody@127.0.0.1:1/nowhere",
+        "poller",
+        10,
+        FAST,
+    );
+    cfg.events_poll = Some(Duration::from_millis(50));
+    let node = start_node(&cfg).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    let ticket = s.t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
+    let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
+    assert_eq!(copy.volume, 0.3);
+    s.t.close("m1", ticket, None).await;
+    eventually("the copy closed with its master", WAIT, async || {
+        s.t.positions("f2")
+            .await
+            .iter()
+            .all(|p| p.ticket != copy.ticket)
+            .then_some(())
+    })
+    .await;
+    node.shutdown();
+}
