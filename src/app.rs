@@ -119,10 +119,13 @@ pub async fn start(
             "starting copier-node {}",
             env!("CARGO_PKG_VERSION")
         );
-        let bounds = SessionBounds::for_fence(node.fence);
-        let node_options = db::node_options(&config.database_url, &node.node_id, bounds)
+        let session = db::Session {
+            bounds: SessionBounds::for_fence(node.fence),
+            pooled: config.database_pooler == crate::config::Pooler::Session,
+        };
+        let node_options = db::node_options(&config.database_url, &node.node_id, session)
             .context("invalid `database_url`")?;
-        let listen_options = db::node_options(&config.listen_database_url, &node.node_id, bounds)
+        let listen_options = db::node_options(&config.listen_database_url, &node.node_id, session)
             .context("invalid `listen_database_url`")?;
 
         // Health and metrics first: liveness holds while the node waits for its database.
@@ -148,7 +151,11 @@ pub async fn start(
 
         check_schema(config, options.migrate, &shutdown).await?;
 
-        let pool = db::node_pool(node_options.clone(), node.lease.saturating_sub(node.fence));
+        let pool = db::node_pool(
+            node_options.clone(),
+            node.lease.saturating_sub(node.fence),
+            session,
+        );
         let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
         let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
         let lost_for_tasks = lost_tx.clone();
@@ -217,6 +224,7 @@ pub async fn start(
             node: node.clone(),
             instance_id,
             connect: node_options,
+            session,
             supervisor: Supervisor::new(shared, event_tx),
             events: event_rx,
             wake,

@@ -515,6 +515,10 @@ pub struct RunArgs {
     /// `100ms` (for transaction poolers and engines without LISTEN; default off).
     #[arg(long, value_name = "DURATION")]
     pub events_poll: Option<String>,
+    /// `session` when the node reaches PostgreSQL through PgBouncer in session mode (the safety
+    /// bounds are then SET after connecting; default none).
+    #[arg(long)]
+    pub database_pooler: Option<String>,
     /// Fair share: hand accounts off once above the share by this fraction of it (default 0.1).
     #[arg(long)]
     pub rebalance_margin: Option<String>,
@@ -548,6 +552,7 @@ impl RunArgs {
             ("log_format", self.log_format.clone()),
             ("listen_database_url", self.listen_database_url.clone()),
             ("events_poll", self.events_poll.clone()),
+            ("database_pooler", self.database_pooler.clone()),
             ("rebalance_margin", self.rebalance_margin.clone()),
             ("rebalance_step", self.rebalance_step.clone()),
             ("reconcile_every", self.reconcile_every.clone()),

@@ -24,12 +24,23 @@ pub const KEYS: &[&str] = &[
     "log_format",
     "listen_database_url",
     "events_poll",
+    "database_pooler",
     "rebalance_margin",
     "rebalance_step",
     "reconcile_every",
     "credentials_key",
     "credentials_key_file",
 ];
+
+/// What sits between a node and PostgreSQL (`database_pooler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooler {
+    /// Nothing, or a pooler that passes startup options on: the bounds go in the startup packet.
+    None,
+    /// A pooler in session mode (PgBouncer `pool_mode = session`): the bounds are `SET` after
+    /// connecting, since PgBouncer before 1.20 refuses or drops startup options.
+    Session,
+}
 
 /// Where a configuration value came from; shown in every error about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +138,8 @@ pub struct Config {
     /// Learn of master events by polling `master_state` this often instead of LISTEN (`None`:
     /// LISTEN on `listen_database_url`).
     pub events_poll: Option<Duration>,
+    /// What sits between the node and PostgreSQL.
+    pub database_pooler: Pooler,
     /// Fair share: hand accounts off once above the share by this fraction of it (at least one).
     pub rebalance_margin: f64,
     /// Fair share: hand off at most this fraction of the share per cycle (at least one).
@@ -369,6 +382,12 @@ impl Layers {
                 }
             })
         }));
+        let database_pooler = p.take(self.parse("database_pooler", "none", |v| match v {
+            "none" => Ok(Pooler::None),
+            "session" => Ok(Pooler::Session),
+            "transaction" => Err("transaction pooling is not supported yet: the node's statements do not all run inside explicit transactions, which a transaction pooler needs (point the node at PgBouncer in session mode, or at PostgreSQL)".to_string()),
+            _ => Err(format!("expected `none` or `session`, got {v:?}")),
+        }));
         let reconcile_every = p.take(self.parse("reconcile_every", "180s", |v| {
             parse_duration(v).and_then(|d| {
                 if d >= Duration::from_secs(1) {
@@ -400,6 +419,7 @@ impl Layers {
             log_format: log_format.expect("no problems"),
             listen_database_url,
             events_poll: events_poll.expect("no problems"),
+            database_pooler: database_pooler.expect("no problems"),
             rebalance_margin: rebalance_margin.expect("no problems"),
             rebalance_step: rebalance_step.expect("no problems"),
             reconcile_every: reconcile_every.expect("no problems"),
@@ -721,6 +741,10 @@ mod tests {
                 &["`events_poll`", "10ms <= events_poll"],
             ),
             (&[("COPIER_EVENTS_POLL", "often")], &["`events_poll`"]),
+            (
+                &[("COPIER_DATABASE_POOLER", "transaction")],
+                &["`database_pooler`", "explicit transactions"],
+            ),
         ];
         for (env, needles) in cases {
             let mut env = env.to_vec();

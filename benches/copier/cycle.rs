@@ -40,7 +40,7 @@ pub(crate) async fn node_connection(url: &str) -> anyhow::Result<PgConnection> {
     let options = db::node_options(
         &copier_node::config::Secret::new(url),
         "bench",
-        db::SessionBounds::for_fence(Duration::from_secs(60)),
+        db::Session::direct(db::SessionBounds::for_fence(Duration::from_secs(60))),
     )?;
     Ok(sqlx::ConnectOptions::connect(&options).await?)
 }

@@ -59,21 +59,125 @@ impl SessionBounds {
 pub fn node_options(
     url: &Secret,
     node_id: &str,
-    bounds: SessionBounds,
+    session: Session,
 ) -> Result<PgConnectOptions, sqlx::Error> {
     let ms = |d: Duration| d.as_millis().to_string();
-    Ok(PgConnectOptions::from_str(url.expose())?
-        .application_name(&format!("copier-node {node_id}"))
-        .options([
-            ("statement_timeout", ms(bounds.statement)),
-            ("lock_timeout", ms(bounds.lock)),
-            (
-                "idle_in_transaction_session_timeout",
-                ms(bounds.idle_in_transaction),
+    let bounds = session.bounds;
+    let options = PgConnectOptions::from_str(url.expose())?
+        .application_name(&format!("copier-node {node_id}"));
+    if session.pooled {
+        // PgBouncer before 1.20 refuses startup options (or drops them, with
+        // `ignore_startup_parameters`): the bounds are set after connecting instead.
+        return Ok(options);
+    }
+    Ok(options.options([
+        ("statement_timeout", ms(bounds.statement)),
+        ("lock_timeout", ms(bounds.lock)),
+        (
+            "idle_in_transaction_session_timeout",
+            ms(bounds.idle_in_transaction),
+        ),
+        ("synchronous_commit", "on".to_string()),
+        ("jit", "off".to_string()),
+    ]))
+}
+
+/// How a node's connections get their bounds: in the startup packet (directly to PostgreSQL, or
+/// a pooler that passes startup options on), or, behind a session pooler (`database_pooler =
+/// "session"`), by `SET` right after connecting. Either way every new connection is checked
+/// before it is used ([`open_session`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    pub bounds: SessionBounds,
+    pub pooled: bool,
+}
+
+impl Session {
+    /// Straight to PostgreSQL (or a pooler that passes startup options on).
+    pub fn direct(bounds: SessionBounds) -> Self {
+        Session {
+            bounds,
+            pooled: false,
+        }
+    }
+}
+
+/// Makes a new connection fit for a node: behind a session pooler, sets the bounds; then checks
+/// with `current_setting` that `statement_timeout`, `lock_timeout` and
+/// `idle_in_transaction_session_timeout` are set and no longer than the bounds and that
+/// `synchronous_commit` is `on`. A connection without them is refused (an error naming the
+/// setting), so a pooler that silently drops startup options (PgBouncer before 1.20 with
+/// `ignore_startup_parameters = options`) never carries a lease cycle or an order's writes.
+pub async fn open_session(
+    conn: &mut sqlx::PgConnection,
+    session: &Session,
+) -> Result<(), sqlx::Error> {
+    let b = session.bounds;
+    if session.pooled {
+        let ms = |d: Duration| d.as_millis();
+        for set in [
+            format!("SET statement_timeout = '{}ms'", ms(b.statement)),
+            format!("SET lock_timeout = '{}ms'", ms(b.lock)),
+            format!(
+                "SET idle_in_transaction_session_timeout = '{}ms'",
+                ms(b.idle_in_transaction)
             ),
-            ("synchronous_commit", "on".to_string()),
-            ("jit", "off".to_string()),
-        ]))
+            "SET synchronous_commit = on".to_string(),
+            "SET jit = off".to_string(),
+        ] {
+            sqlx::query(&set).execute(&mut *conn).await?;
+        }
+    }
+    let (statement, lock, idle, sync): (String, String, String, String) = sqlx::query_as(
+        "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+                current_setting('idle_in_transaction_session_timeout'), current_setting('synchronous_commit')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let mut problems = Vec::new();
+    for (name, value, bound) in [
+        ("statement_timeout", &statement, b.statement),
+        ("lock_timeout", &lock, b.lock),
+        (
+            "idle_in_transaction_session_timeout",
+            &idle,
+            b.idle_in_transaction,
+        ),
+    ] {
+        match parse_setting(value) {
+            Some(d) if !d.is_zero() && d <= bound + Duration::from_millis(1) => {}
+            _ => problems.push(format!(
+                "{name} is {value:?}, not at most {}ms",
+                bound.as_millis()
+            )),
+        }
+    }
+    if sync != "on" {
+        problems.push(format!("synchronous_commit is {sync:?}, not on"));
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(sqlx::Error::InvalidArgument(format!(
+        "the connection lacks the node's safety bounds ({}): a pooler dropped them (PgBouncer before 1.20 drops or refuses startup options: set `database_pooler = \"session\"`), or the server overrides them",
+        problems.join("; ")
+    )))
+}
+
+/// A duration setting as `current_setting` shows it (`"333ms"`, `"5s"`, `"1min"`, `"0"`).
+fn parse_setting(v: &str) -> Option<Duration> {
+    let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let n: u64 = digits.parse().ok()?;
+    let ms = match &v[digits.len()..] {
+        "" | "ms" => n,
+        "us" => return Some(Duration::from_micros(n)),
+        "s" => n * 1000,
+        "min" => n * 60_000,
+        "h" => n * 3_600_000,
+        "d" => n * 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
 }
 
 /// `url` with its database name replaced by `db`; the rest (user, host, port, query) is kept.
@@ -125,11 +229,14 @@ pub async fn admin_connect(url: &Secret) -> Result<sqlx::PgConnection, AdminConn
 
 /// The pool for a node's non-cycle work (publications, reconcile reads, status writes,
 /// releases); connects lazily. The cycle has a connection of its own.
-pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration) -> PgPool {
+pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration, session: Session) -> PgPool {
     PgPoolOptions::new()
         .max_connections(8)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move { open_session(conn, &session).await })
+        })
         .connect_lazy_with(options)
 }
 
@@ -179,7 +286,7 @@ mod tests {
         let err = node_options(
             &Secret::new("postgres://u:hunter2@h:notaport/db"),
             "n",
-            SessionBounds::for_fence(Duration::from_secs(1)),
+            Session::direct(SessionBounds::for_fence(Duration::from_secs(1))),
         )
         .map(|_| ())
         .unwrap_err();

@@ -65,6 +65,8 @@ pub struct LeaseLoop {
     pub node: NodeConfig,
     pub instance_id: String,
     pub connect: PgConnectOptions,
+    /// How the connection gets its safety bounds (checked before it carries a cycle).
+    pub session: db::Session,
     pub supervisor: Supervisor,
     pub events: mpsc::UnboundedReceiver<Event>,
     pub wake: Arc<Notify>,
@@ -80,6 +82,7 @@ impl LeaseLoop {
             node,
             instance_id,
             connect,
+            session,
             supervisor,
             mut events,
             wake,
@@ -119,7 +122,7 @@ impl LeaseLoop {
                     break;
                 }
                 _ = sleep_until(next) => {
-                    next = cycle(&mut core, &connect, &mut conn).await?;
+                    next = cycle(&mut core, &connect, &session, &mut conn).await?;
                 }
                 _ = wake.notified(), if draining.is_none() => {
                     debug!("release announced by a peer (or listener reconnected): claiming now");
@@ -130,7 +133,7 @@ impl LeaseLoop {
                 break;
             }
         }
-        leave(&core, &connect, &mut conn).await;
+        leave(&core, &connect, &session, &mut conn).await;
         core.publish(|s| s.phase = Phase::Stopped);
         Ok(())
     }
@@ -140,6 +143,7 @@ impl LeaseLoop {
 async fn cycle(
     core: &mut Core<NodeHost>,
     connect: &PgConnectOptions,
+    session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) -> Result<Instant, NodeError> {
     crate::failpoints::failpoint!(
@@ -153,7 +157,9 @@ async fn cycle(
     let new_connection = conn.is_none();
     let result = timeout(bound, async {
         if conn.is_none() {
-            *conn = Some(connect.connect().await?);
+            let mut fresh = connect.connect().await?;
+            db::open_session(&mut fresh, session).await?;
+            *conn = Some(fresh);
         }
         let c = conn.as_mut().expect("connected above");
         db::lease::cycle(c, &params).await
@@ -215,7 +221,12 @@ async fn read_replication(core: &Core<NodeHost>, conn: &mut Option<PgConnection>
 
 /// Releases every row whose task has returned, deletes the membership (if nothing else names the
 /// node) and announces it, so peers claim at once.
-async fn leave(core: &Core<NodeHost>, connect: &PgConnectOptions, conn: &mut Option<PgConnection>) {
+async fn leave(
+    core: &Core<NodeHost>,
+    connect: &PgConnectOptions,
+    session: &db::Session,
+    conn: &mut Option<PgConnection>,
+) {
     let (epochs, kept) = core.leave_epochs();
     let node = &core.node;
     let mut retry = crate::retry::LEAVE.start();
@@ -223,7 +234,9 @@ async fn leave(core: &Core<NodeHost>, connect: &PgConnectOptions, conn: &mut Opt
     loop {
         let attempt = timeout(node.fence, async {
             if conn.is_none() {
-                *conn = Some(connect.connect().await?);
+                let mut fresh = connect.connect().await?;
+                db::open_session(&mut fresh, session).await?;
+                *conn = Some(fresh);
             }
             let c = conn.as_mut().expect("connected above");
             db::lease::leave(c, &node.node_id, &core.instance_id, &node.platform, &epochs).await

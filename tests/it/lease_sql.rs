@@ -472,7 +472,9 @@ async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() 
     let options = copier_node::db::node_options(
         &copier_node::config::Secret::new(db.url.clone()),
         "x",
-        copier_node::db::SessionBounds::for_fence(Duration::from_millis(1500)),
+        copier_node::db::Session::direct(copier_node::db::SessionBounds::for_fence(
+            Duration::from_millis(1500),
+        )),
     )
     .unwrap();
     let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();

@@ -18,5 +18,6 @@ mod manage;
 mod model;
 mod nodes;
 mod operate;
+mod pooler;
 mod suite;
 mod support;

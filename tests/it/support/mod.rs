@@ -9,6 +9,7 @@ pub mod fix;
 pub mod fixture;
 pub mod http;
 pub mod pg;
+pub mod pgbouncer;
 pub mod process;
 
 use std::collections::BTreeMap;
