@@ -261,6 +261,9 @@ pub struct LinkFields {
     /// A fixed take profit this many points from the copy's open price, instead of the master's.
     #[arg(long, allow_hyphen_values = true)]
     pub tp_points: Option<String>,
+    /// What removing the link does to its open copies: `leave` them (default) or `close` them.
+    #[arg(long)]
+    pub on_remove: Option<String>,
 }
 
 #[derive(Debug, Args)]

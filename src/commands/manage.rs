@@ -490,6 +490,7 @@ struct LinkView {
     max_open_copies: Option<i64>,
     sl_points: Option<f64>,
     tp_points: Option<f64>,
+    on_remove: String,
 }
 
 impl std::fmt::Display for LinkView {
@@ -556,6 +557,9 @@ impl std::fmt::Display for LinkView {
         if let Some(n) = self.max_open_copies {
             write!(f, ", max_open_copies {n}")?;
         }
+        if self.on_remove == "close" {
+            write!(f, ", its copies closed when it is removed")?;
+        }
         Ok(())
     }
 }
@@ -564,7 +568,7 @@ const LINK_SELECT: &str =
     "SELECT id, master_id, follower_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp,
         symbol_map::text AS symbol_map, copy_existing, symbols, magics, sides, close_only, max_lot,
         max_delay_ms, max_slippage, equity_stop, copy_sl, copy_tp, max_sl_distance, use_min_lot,
-        min_master_lot, max_open_copies::bigint AS max_open_copies, sl_points, tp_points
+        min_master_lot, max_open_copies::bigint AS max_open_copies, sl_points, tp_points, on_remove
    FROM copy_links";
 
 fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
@@ -597,6 +601,7 @@ fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
         max_open_copies: r.try_get("max_open_copies")?,
         sl_points: r.try_get("sl_points")?,
         tp_points: r.try_get("tp_points")?,
+        on_remove: r.try_get("on_remove")?,
     })
 }
 
@@ -659,6 +664,11 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
         && let Err(e) = sides.parse::<crate::model::link::Sides>()
     {
         problems.push(format!("sides: {e}"));
+    }
+    if let Some(v) = &f.on_remove
+        && !matches!(v.as_str(), "leave" | "close")
+    {
+        problems.push(format!("on_remove: {v:?} is not `leave` or `close`"));
     }
     let max_lot = limit::<f64>("max_lot", &f.max_lot, &mut problems);
     let max_delay_ms = limit::<i64>("max_delay_ms", &f.max_delay_ms, &mut problems);
@@ -782,7 +792,8 @@ async fn write_link(
             min_master_lot = CASE WHEN $28 THEN $29 ELSE min_master_lot END,
             max_open_copies = CASE WHEN $30 THEN $31::integer ELSE max_open_copies END,
             sl_points = CASE WHEN $32 THEN $33 ELSE sl_points END,
-            tp_points = CASE WHEN $34 THEN $35 ELSE tp_points END
+            tp_points = CASE WHEN $34 THEN $35 ELSE tp_points END,
+            on_remove = coalesce($36, on_remove)
           WHERE id = $1",
     )
     .bind(id)
@@ -820,6 +831,7 @@ async fn write_link(
     .bind(v.sl_points.flatten())
     .bind(v.tp_points.is_some())
     .bind(v.tp_points.flatten())
+    .bind(&f.on_remove)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
@@ -950,21 +962,33 @@ pub(super) async fn links(command: LinksCommand) -> Result<(), CommandError> {
         }
         LinksCommand::Remove(args) => {
             let (_, mut conn) = connect(&args.manage, vec![]).await?;
-            let done = sqlx::query("DELETE FROM copy_links WHERE id = $1")
-                .bind(args.id)
-                .execute(&mut conn)
-                .await
-                .map_err(sql(&format!("link {}", args.id)))?;
-            if done.rows_affected() == 0 {
+            let removed: Option<String> =
+                sqlx::query_scalar("DELETE FROM copy_links WHERE id = $1 RETURNING on_remove")
+                    .bind(args.id)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .map_err(sql(&format!("link {}", args.id)))?;
+            let Some(on_remove) = removed else {
                 return Err(CommandError::usage(format!(
                     "link {}: no such link",
                     args.id
                 )));
-            }
+            };
             if args.manage.json {
-                println!("{}", serde_json::json!({ "removed": args.id }));
+                println!(
+                    "{}",
+                    serde_json::json!({ "removed": args.id, "on_remove": on_remove })
+                );
+            } else if on_remove == "close" {
+                println!(
+                    "link {} removed; the follower's node closes the copies it made",
+                    args.id
+                );
             } else {
-                println!("link {} removed", args.id);
+                println!(
+                    "link {} removed; the copies it made stay open, no longer managed",
+                    args.id
+                );
             }
             Ok(())
         }

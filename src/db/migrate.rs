@@ -68,6 +68,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "currencies, points and limits",
         include_str!("../../migrations/0011_currencies_points_limits.sql"),
     ),
+    (
+        12,
+        "link removal",
+        include_str!("../../migrations/0012_link_removal.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -1001,3 +1001,60 @@ async fn followers_learn_of_master_events_by_polling_without_listen() {
     .await;
     node.shutdown();
 }
+
+/// A link's instruction for its removal: removed with `on_remove = 'close'`, its copies are
+/// closed by the follower's node (and its `removed_links` row forgotten once none is open);
+/// removed with the default `leave`, its copies stay open.
+#[tokio::test]
+async fn removing_a_link_closes_or_leaves_its_copies_as_it_says() {
+    let mut s = CopySetup::new("copy-removal").await;
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 3, "master", &s.addr, "m3").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
+    let (closing, closing_magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let (leaving, leaving_magic) = add_link(&mut s.conn, 3, 2, LinkSpec::default()).await;
+    sqlx::query("UPDATE copy_links SET on_remove = 'close' WHERE id = $1")
+        .bind(closing)
+        .execute(&mut s.conn)
+        .await
+        .unwrap();
+    let node = start_node(&config(&s.db, "removal", 10, FAST)).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    let a = s.t.open("m1", "EURUSD", Side::Buy, 0.1, None, None).await;
+    let b = s.t.open("m1", "GBPUSD", Side::Sell, 0.2, None, None).await;
+    let c = s.t.open("m3", "EURUSD", Side::Sell, 0.3, None, None).await;
+    s.t.copy_of("f2", closing_magic, a, WAIT).await;
+    s.t.copy_of("f2", closing_magic, b, WAIT).await;
+    let kept = s.t.copy_of("f2", leaving_magic, c, WAIT).await;
+    for link in [closing, leaving] {
+        sqlx::query("DELETE FROM copy_links WHERE id = $1")
+            .bind(link)
+            .execute(&mut s.conn)
+            .await
+            .unwrap();
+    }
+    eventually("the closing link's copies closed", WAIT, async || {
+        let open = s.t.positions("f2").await;
+        (open.len() == 1).then_some(())
+    })
+    .await;
+    let open = s.t.positions("f2").await;
+    assert_eq!(
+        open[0].ticket, kept.ticket,
+        "the leaving link's copy stays: {open:?}"
+    );
+    let url = s.db.url.clone();
+    eventually("the removed link forgotten", WAIT, async || {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM removed_links")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        (n == 0).then_some(())
+    })
+    .await;
+    // The master closing its positions now changes nothing on the follower.
+    s.t.close("m3", c, None).await;
+    assert_eq!(s.t.positions("f2").await.len(), 1);
+    node.shutdown();
+}

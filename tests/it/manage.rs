@@ -172,6 +172,7 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
         (vec!["--max-sl-distance", "far"], "max_sl_distance"),
         (vec!["--sl-points", "0"], "sl_points"),
         (vec!["--tp-points", "-3"], "tp_points"),
+        (vec!["--on-remove", "burn"], "on_remove"),
     ];
     for (flags, field) in bad {
         let mut args = vec!["links", "add", "--master", "1", "--follower", "2"];
@@ -216,6 +217,8 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
             "true",
             "--sl-points",
             "150",
+            "--on-remove",
+            "close",
             "--json",
         ],
     );

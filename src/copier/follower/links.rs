@@ -7,8 +7,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use tracing::{info, warn};
 
 use super::Follower;
+use super::send::Sent;
+use crate::copier::intent;
+use crate::copier::reconcile::Action;
 use crate::db;
 use crate::hub::Topic;
+use crate::model::link::{Link, LotMode};
 
 impl Follower<'_> {
     /// Re-reads the links; subscribes to new masters (before any snapshot of theirs is read) and
@@ -24,16 +28,76 @@ impl Follower<'_> {
     }
 
     async fn load_links(&mut self, reconcile_changed: bool) -> bool {
+        let loaded = self.load_links_only(reconcile_changed).await;
+        if loaded && !self.removed.is_empty() {
+            self.close_removed().await;
+        }
+        loaded
+    }
+
+    /// Closes the copies of links removed with `on_remove = 'close'` (through the gate, retried
+    /// by the next reconcile if a close fails), and forgets a removed link once none is open.
+    pub(super) async fn close_removed(&mut self) {
+        for r in self.removed.clone() {
+            let copies: Vec<(i64, i64)> = self
+                .index
+                .copies_of_link(r.magic)
+                .flat_map(|(master_ticket, list)| {
+                    list.iter().map(move |c| (master_ticket, c.ticket))
+                })
+                .collect();
+            if copies.is_empty() {
+                let forgotten = async {
+                    let mut conn = self.ctx.node.pool.acquire().await?;
+                    db::copy::forget_removed_link(
+                        &mut conn,
+                        &self.ctx.node.node_id,
+                        self.id,
+                        self.ctx.epoch(),
+                        r.link_id,
+                    )
+                    .await
+                }
+                .await;
+                if forgotten.is_ok() {
+                    info!(link_id = r.link_id, "removed link's copies all closed");
+                    self.removed.retain(|x| x.link_id != r.link_id);
+                }
+                continue;
+            }
+            info!(
+                link_id = r.link_id,
+                copies = copies.len(),
+                "link removed with on_remove = close: closing its copies"
+            );
+            let link = removed_link(&r);
+            for (master_ticket, ticket) in copies {
+                let action = Action::Close {
+                    master_ticket,
+                    ticket,
+                    reason: "its link was removed (on_remove = close)",
+                    client_order_id: intent::close(r.link_id, master_ticket, ticket),
+                };
+                if self.execute(&link, action, None).await == Sent::Gated {
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
         let loaded = async {
             let mut conn = self.ctx.node.pool.acquire().await?;
             let rows = db::copy::load_links(&mut conn, self.id).await?;
             let max = db::copy::follower_max_open_copies(&mut conn, self.id).await?;
-            Ok::<_, sqlx::Error>((rows, max))
+            let removed = db::copy::removed_links(&mut conn, self.id).await?;
+            Ok::<_, sqlx::Error>((rows, max, removed))
         }
         .await;
         let rows = match loaded {
-            Ok((rows, max)) => {
+            Ok((rows, max, removed)) => {
                 self.max_open_copies = max;
+                self.removed = removed;
                 rows
             }
             Err(e) => {
@@ -108,5 +172,23 @@ impl Follower<'_> {
             }
         }
         true
+    }
+}
+
+/// A removed link as the close of its copies needs it: its id, master and magic; copying nothing.
+fn removed_link(r: &db::copy::RemovedLink) -> Link {
+    Link {
+        id: r.link_id,
+        master_id: r.master_id,
+        enabled: false,
+        magic: r.magic,
+        lot_mode: LotMode::Multiplier,
+        lot_value: 1.0,
+        reverse: false,
+        copy_sl_tp: false,
+        symbol_map: Default::default(),
+        copy_existing: false,
+        created_at_ms: 0,
+        protections: Default::default(),
     }
 }

@@ -82,6 +82,8 @@ struct Follower<'a> {
     master_funds: HashMap<i64, db::copy::Funds>,
     /// The follower's own limit on open copies, over all its links.
     max_open_copies: Option<i64>,
+    /// Links removed with `on_remove = 'close'` whose copies are still to be closed.
+    removed: Vec<db::copy::RemovedLink>,
     /// Per master: the snapshot the copies match, at its (epoch, seq).
     masters: HashMap<i64, MasterView>,
     /// The follower's copies by marker.
@@ -136,6 +138,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         },
         master_funds: HashMap::new(),
         max_open_copies: None,
+        removed: Vec::new(),
         masters: HashMap::new(),
         index: CopyIndex::default(),
         memory: Memory::default(),
@@ -321,6 +324,9 @@ impl Follower<'_> {
 
     async fn reconcile_all(&mut self, why: &str) {
         self.owed = false;
+        if !self.removed.is_empty() {
+            self.close_removed().await;
+        }
         let masters: Vec<i64> = self
             .links
             .iter()

@@ -89,3 +89,54 @@ pub async fn follower_max_open_copies(
             .await?;
     Ok(max.flatten())
 }
+
+/// A link removed with `on_remove = 'close'` whose copies the follower still has to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemovedLink {
+    pub link_id: i64,
+    pub master_id: i64,
+    pub magic: i64,
+}
+
+/// The follower's removed links whose copies are to be closed.
+pub async fn removed_links(
+    conn: &mut PgConnection,
+    follower: i64,
+) -> Result<Vec<RemovedLink>, sqlx::Error> {
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT link_id, master_id, magic FROM removed_links WHERE follower_id = $1 ORDER BY link_id",
+    )
+    .bind(follower)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(link_id, master_id, magic)| RemovedLink {
+            link_id,
+            master_id,
+            magic,
+        })
+        .collect())
+}
+
+/// Forgets a removed link once none of its copies is open; fenced by the follower's owner.
+pub async fn forget_removed_link(
+    conn: &mut PgConnection,
+    node_id: &str,
+    follower: i64,
+    epoch: i64,
+    link_id: i64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM removed_links r USING trading_accounts a
+          WHERE r.link_id = $4 AND r.follower_id = $2 AND a.id = r.follower_id
+            AND a.node_id = $1 AND a.owner_epoch = $3",
+    )
+    .bind(node_id)
+    .bind(follower)
+    .bind(epoch)
+    .bind(link_id)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}

@@ -15,5 +15,7 @@ pub mod master;
 
 pub use accounts::{AccountRow, Funds, Role, account_funds, load_account, still_owned};
 pub use decisions::{load_bases, load_decided, record_base, record_decision};
-pub use links::{follower_max_open_copies, load_links};
+pub use links::{
+    RemovedLink, follower_max_open_copies, forget_removed_link, load_links, removed_links,
+};
 pub use master::{MasterState, Published, master_state, publish};
