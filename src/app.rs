@@ -181,6 +181,7 @@ pub async fn start(
         let hub = match config.events_poll {
             Some(every) => Hub::spawn_polling(
                 node_options.clone(),
+                session,
                 node.platform.clone(),
                 every,
                 wake.clone(),

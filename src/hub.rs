@@ -162,9 +162,11 @@ impl Hub {
     /// instead of LISTEN (for transaction poolers and engines without LISTEN/NOTIFY): a master
     /// whose (epoch, seq) moved signals [`Signal::MasterChanged`] to its subscribers, and more
     /// free accounts of `platform` than at the last poll wake the lease loop. Account and link
-    /// changes are not announced: sessions find them by their periodic re-read.
+    /// changes are not announced: every account subscriber is told to re-read its row and links
+    /// once a minute.
     pub fn spawn_polling(
         options: PgConnectOptions,
+        session: db::Session,
         platform: String,
         every: Duration,
         wake: Arc<Notify>,
@@ -172,7 +174,7 @@ impl Hub {
     ) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(tracing::Instrument::in_current_span(poll::run(
-            options, platform, every, wake, rx, cancel,
+            options, session, platform, every, wake, rx, cancel,
         )));
         Hub {
             commands: tx,
@@ -491,8 +493,16 @@ mod poll {
     /// Each subscribed master's (epoch, seq) as last read.
     type Seen = HashMap<i64, Option<(i64, i64)>>;
 
+    /// How often, without LISTEN, every session re-reads its row and links.
+    pub(super) const ACCOUNTS_EVERY: Duration = Duration::from_secs(60);
+
+    /// The longest a poll may take before it counts as failed (the hub takes commands again).
+    const POLL_TIMEOUT: Duration = Duration::from_secs(5);
+
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run(
         options: PgConnectOptions,
+        session: db::Session,
         platform: String,
         every: Duration,
         wake: Arc<Notify>,
@@ -504,7 +514,13 @@ mod poll {
             .max_connections(2)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move { db::open_session(conn, &session).await })
+            })
             .connect_lazy_with(options);
+        let mut accounts = tokio::time::interval(ACCOUNTS_EVERY);
+        accounts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        accounts.reset();
         let mut subs = Subscribers::default();
         let mut seen = Seen::new();
         let mut free: Option<i64> = None;
@@ -528,12 +544,16 @@ mod poll {
                             {
                                 // What the subscriber's snapshot read follows: every change after
                                 // this read is signalled, so nothing between is missed.
-                                match read(&pool, &[m]).await {
-                                    Ok(now) => {
+                                match tokio::time::timeout(POLL_TIMEOUT, read(&pool, &[m])).await {
+                                    Ok(Ok(now)) => {
                                         seen.insert(m, now.get(&m).copied());
                                     }
-                                    Err(e) => {
-                                        warn!(error = %db::describe(&e), master_id = m, "reading a master's sequence failed; the subscription waits for the next poll");
+                                    failed => {
+                                        let error = match failed {
+                                            Ok(Err(e)) => db::describe(&e),
+                                            _ => "no answer within 5 s".to_string(),
+                                        };
+                                        warn!(error, master_id = m, "reading a master's sequence failed; the subscription waits for the next poll");
                                         subs.waiting.push(ready);
                                         continue;
                                     }
@@ -551,9 +571,14 @@ mod poll {
                         Command::FailedOver => subs.send_each(|| Signal::FailedOver),
                     }
                 }
+                _ = accounts.tick() => {
+                    for s in subs.by_account.values().flat_map(|s| s.values()) {
+                        let _ = s.send(Signal::AccountChanged);
+                    }
+                }
                 _ = tick.tick() => {
                     let masters: Vec<i64> = subs.by_master.keys().copied().collect();
-                    let polled = async {
+                    let polled = tokio::time::timeout(POLL_TIMEOUT, async {
                         let now = read(&pool, &masters).await?;
                         let count: i64 = sqlx::query_scalar(
                             "SELECT count(*) FROM trading_accounts WHERE platform = $1 AND enabled AND node_id IS NULL",
@@ -562,13 +587,17 @@ mod poll {
                         .fetch_one(&pool)
                         .await?;
                         Ok::<_, sqlx::Error>((now, count))
-                    }
+                    })
                     .await;
                     let (now, count) = match polled {
-                        Ok(p) => p,
-                        Err(e) => {
+                        Ok(Ok(p)) => p,
+                        failed => {
                             if !failing {
-                                warn!(error = %db::describe(&e), "polling for master events failed; retrying every poll (followers also reconcile on their own schedule)");
+                                let error = match failed {
+                                    Ok(Err(e)) => db::describe(&e),
+                                    _ => "no answer within 5 s".to_string(),
+                                };
+                                warn!(error, "polling for master events failed; retrying every poll (followers also reconcile on their own schedule)");
                             }
                             failing = true;
                             continue;

@@ -21,6 +21,7 @@ mod poll;
 mod rebalance;
 mod stats;
 mod storm;
+mod trades;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

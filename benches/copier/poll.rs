@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use crate::nodes::Setup;
 use crate::stats::Stats;
+use crate::trades::{copy_closed, fills, wait_journal};
 use crate::{Options, Pg, Report};
 use anyhow::Context;
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::Request;
 use copier_node::broker::types::Side;
-use copier_node::sim_broker::journal::{self, JournalEntry};
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
@@ -29,42 +29,6 @@ pub(crate) struct PollCostRow {
     pub(crate) masters: usize,
     pub(crate) statement: Stats,
     pub(crate) floor_ms: f64,
-}
-
-/// The master's fill and the copy's fill of master ticket `ticket`, by the broker's clock.
-fn fills(lines: &[JournalEntry], ticket: i64) -> Option<(i64, i64)> {
-    let master = lines.iter().find(|l| {
-        l.login == "m1" && l.action == "open" && l.accepted && l.ticket == Some(ticket)
-    })?;
-    let intent = format!("-m{ticket}-open");
-    let copy = lines.iter().find(|l| {
-        l.login == "f1"
-            && l.action == "open"
-            && l.accepted
-            && l.client_order_id
-                .as_deref()
-                .is_some_and(|c| c.contains(&intent))
-    })?;
-    Some((master.ts_ms, copy.ts_ms))
-}
-
-async fn wait_journal<T>(
-    path: &std::path::Path,
-    what: &str,
-    f: impl Fn(&[JournalEntry]) -> Option<T>,
-) -> anyhow::Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let lines = journal::read(path)?;
-        if let Some(v) = f(&lines) {
-            return Ok(v);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{what}: not in the journal within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 pub(crate) async fn poll_latency(
@@ -118,19 +82,8 @@ pub(crate) async fn poll_latency(
                     client_order_id: None,
                 })
                 .await?;
-            let intent = format!("-m{ticket}-");
             wait_journal(&journal_path, "the copy's close", |lines| {
-                lines
-                    .iter()
-                    .any(|l| {
-                        l.login == "f1"
-                            && l.action == "close"
-                            && l.accepted
-                            && l.client_order_id
-                                .as_deref()
-                                .is_some_and(|c| c.contains(&intent))
-                    })
-                    .then_some(())
+                copy_closed(lines, ticket).then_some(())
             })
             .await?;
             // Spacing, and off the poll's phase (a trade lands anywhere in the interval).

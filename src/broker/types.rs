@@ -89,9 +89,21 @@ pub struct ClosedPosition {
 pub struct AccountInfo {
     pub balance: f64,
     pub equity: f64,
-    /// The currency balance and equity count in (`None`: the broker did not say).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The currency balance and equity count in (`None`: the broker did not say, or said
+    /// something that is not a currency code: unknown, never a refused reply).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_currency"
+    )]
     pub currency: Option<Currency>,
+}
+
+/// A currency from a broker: a code that is not one (`USDT`, `USc`) reads as unknown, so one odd
+/// field never makes a whole reply unreadable.
+fn lenient_currency<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Currency>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    Ok(text.and_then(|t| t.parse().ok()))
 }
 
 /// A currency code: three capital letters (ISO 4217: `USD`, `EUR`, `JPY`).
@@ -160,8 +172,13 @@ pub struct SymbolSpec {
     #[serde(default)]
     pub point: f64,
     /// The currency a position's profit counts in before the broker converts it (the quote
-    /// currency: USD for EURUSD and XAUUSD, JPY for USDJPY); `None`: not known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// currency: USD for EURUSD and XAUUSD, JPY for USDJPY); `None`: not known (or not a
+    /// currency code).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_currency"
+    )]
     pub profit_currency: Option<Currency>,
 }
 

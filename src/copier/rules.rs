@@ -573,14 +573,18 @@ pub fn open_order(
         ));
     }
     let side = follower_side(link, position.side);
-    let (sl, tp) = fixed_stops(
-        link,
-        side,
-        position.open_price,
-        spec,
-        follower_stops(link, position),
-    )
-    .map_err(|why| skip(SkipCode::UnknownPoint, why))?;
+    let master_stops = follower_stops(link, position);
+    // Fixed stops count from the copy's own fill, which the order cannot know: the order carries
+    // none of them (a stop measured from the master's older price could sit on the wrong side of
+    // a late copy's market and get the open refused), and they are set right after the fill.
+    // Here they only size `risk_percent` and are checked for a point size.
+    let (sl, _) = fixed_stops(link, side, position.open_price, spec, master_stops)
+        .map_err(|why| skip(SkipCode::UnknownPoint, why))?;
+    let p = &link.protections;
+    let order_stops = (
+        master_stops.0.filter(|_| p.sl_points.is_none()),
+        master_stops.1.filter(|_| p.tp_points.is_none()),
+    );
     // Sized by notional value: a lot is not the same amount on every broker (XAUUSD is 100 oz
     // on one, 10 on another), so the master's volume counts in the follower's lots.
     let master_volume = match (link.lot_mode, position.contract_size) {
@@ -604,8 +608,8 @@ pub fn open_order(
         symbol,
         side,
         volume,
-        sl,
-        tp,
+        sl: order_stops.0,
+        tp: order_stops.1,
         magic: link.magic,
         comment: marker(position.ticket),
         client_order_id: Some(intent::open(link.id, position.ticket)),
@@ -1487,7 +1491,19 @@ mod tests {
         let order = open_order(&risk, &position(1.0), &funds, &specs()).unwrap();
         // 100 points = 0.001: 100 USD a lot; 1 % of 10,000 is 100: one lot.
         assert_eq!(order.volume, 1.0);
-        assert!(order.sl.is_some() && order.tp.is_none());
+        // The order carries no fixed stop: it is set from the fill (a stop counted from the
+        // master's older price could sit on the wrong side of a late copy's market).
+        assert_eq!((order.sl, order.tp), (None, None));
+        let mut with_master_tp = risk.clone();
+        with_master_tp.copy_sl_tp = true;
+        let mut pos = position(1.0);
+        pos.tp = Some(1.2);
+        let order = open_order(&with_master_tp, &pos, &funds, &specs()).unwrap();
+        assert_eq!(
+            (order.sl, order.tp),
+            (None, Some(1.2)),
+            "the master's take profit still goes with the order"
+        );
     }
 
     #[test]

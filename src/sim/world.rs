@@ -34,10 +34,10 @@ use tokio::time::Instant;
 
 use super::db::{AccountRow, Model};
 use crate::config::NodeConfig;
-use crate::db::lease::{CycleOutcome, OwnedRow};
+use crate::db::lease::{CycleOutcome, CycleParams, OwnedRow};
 use crate::gate::AccountGate;
 use crate::lease::NodeState;
-use crate::lease::core::{Core, Prepared};
+use crate::lease::core::Core;
 use crate::metrics::Metrics;
 use crate::supervisor::{Event, Host, Supervisor};
 use crate::trust::MonoBase;
@@ -327,18 +327,18 @@ impl Host for SimHost {
 
 #[derive(Debug, Clone)]
 enum Ev {
-    /// The node's cycle timer.
-    Cycle,
-    /// The cycle statement reaches the database.
-    Exec(Box<Prepared>, Instant),
+    /// The node's cycle timer (its token: a later timer replaces it, as the loop's `next`).
+    Cycle(u64),
+    /// Cycle `n`'s statement reaches the database (and commits, whatever became of the node).
+    Exec(u64, Box<Statement>, Instant),
     /// The cycle's reply arrives.
     Reply(u64, Instant, Box<CycleOutcome>),
     /// The cycle's bound ran out.
     Timeout(u64),
     /// A session's work in flight has ended after it was asked to stop.
     Exited(i64, i64),
-    /// A release statement reaches the database.
-    ReleaseExec(i64, i64),
+    /// A release statement reaches the database (sent by the node's incarnation given).
+    ReleaseExec(i64, i64, u64),
     /// Its reply arrives.
     Released(i64, i64),
     /// A peer's release announcement.
@@ -353,10 +353,61 @@ enum Ev {
     Shutdown,
     /// The shutdown grace ran out.
     DrainTimeout,
-    /// The leave statement reaches the database.
-    LeaveExec(Vec<i64>),
+    /// The leave statement reaches the database: the epochs, the instance, the incarnation.
+    LeaveExec(Vec<i64>, String, u64),
     /// A crashed or departed node id starts again as a new instance.
     Start,
+}
+
+/// A cycle statement as sent: what the node's parameters were at `t0` (the statement runs later,
+/// whatever becomes of the node meanwhile).
+#[derive(Debug, Clone)]
+struct Statement {
+    node_id: String,
+    instance_id: String,
+    platform: String,
+    capacity: u32,
+    claim_limit: u32,
+    trust: Duration,
+    owned: u32,
+    lease: Duration,
+    held: Vec<i64>,
+    claim: bool,
+    kept: Vec<i64>,
+}
+
+impl Statement {
+    fn of(p: &CycleParams<'_>) -> Self {
+        Statement {
+            node_id: p.node_id.to_string(),
+            instance_id: p.instance_id.to_string(),
+            platform: p.platform.to_string(),
+            capacity: p.capacity,
+            claim_limit: p.claim_limit,
+            trust: p.trust,
+            owned: p.owned,
+            lease: p.lease,
+            held: p.held.to_vec(),
+            claim: p.claim,
+            kept: p.kept.to_vec(),
+        }
+    }
+
+    fn params(&self) -> CycleParams<'_> {
+        CycleParams {
+            node_id: &self.node_id,
+            instance_id: &self.instance_id,
+            platform: &self.platform,
+            capacity: self.capacity,
+            claim_limit: self.claim_limit,
+            trust: self.trust,
+            owned: self.owned,
+            lease: self.lease,
+            held: &self.held,
+            claim: self.claim,
+            kept: &self.kept,
+        }
+    }
 }
 
 struct Node {
@@ -539,8 +590,13 @@ impl World {
     }
 
     fn push(&mut self, at: Us, node: usize, ev: Ev) {
-        self.seq += 1;
         let incarnation = self.nodes[node].incarnation;
+        self.push_for(at, node, incarnation, ev);
+    }
+
+    /// As [`Self::push`], for a given incarnation of the node.
+    fn push_for(&mut self, at: Us, node: usize, incarnation: u64, ev: Ev) {
+        self.seq += 1;
         self.queue.push(Reverse(Sched {
             at,
             seq: self.seq,
@@ -669,6 +725,12 @@ impl World {
             }
             self.now = s.at;
             self.report.events += 1;
+            // The database runs what reached it whatever became of its sender since.
+            let database = matches!(s.ev, Ev::Exec(..) | Ev::ReleaseExec(..) | Ev::LeaveExec(..));
+            if database {
+                self.handle(s.node, s.ev)?;
+                continue;
+            }
             if s.incarnation != self.nodes[s.node].incarnation {
                 continue;
             }
@@ -826,7 +888,10 @@ impl World {
 
     fn handle(&mut self, i: usize, ev: Ev) -> Result<(), Violation> {
         if self.nodes[i].in_flight.is_some()
-            && matches!(ev, Ev::Exited(..) | Ev::Released(..) | Ev::Shutdown)
+            && matches!(
+                ev,
+                Ev::Exited(..) | Ev::Released(..) | Ev::Shutdown | Ev::DrainTimeout
+            )
         {
             self.nodes[i].mailbox.push_back(ev);
             return Ok(());
@@ -868,37 +933,35 @@ impl World {
                 self.note(|w| format!("n{i} starts (instance {})", w.nodes[i].instance));
                 self.cycle_at(i, self.now);
             }
-            Ev::Cycle => {
-                if self.nodes[i].in_flight.is_some() || self.nodes[i].core.is_none() {
+            Ev::Cycle(token) => {
+                if token != self.nodes[i].timer
+                    || self.nodes[i].in_flight.is_some()
+                    || self.nodes[i].core.is_none()
+                {
                     return Ok(());
                 }
+                // Draining nodes cycle too (claiming nothing), as the loop does.
                 let t0 = self.local(i, self.now);
                 let core = self.nodes[i].core.as_ref().expect("running");
-                if core.draining().is_some() {
-                    return Ok(());
-                }
                 let mut prepared = core.prepare(t0);
                 if self.cfg.bug == Some(Bug::KeepHeld) {
                     core.keep_held_instead(&mut prepared);
                 }
                 let bound = prepared.bound;
+                let statement = Statement::of(&core.params(&prepared));
                 let node = &mut self.nodes[i];
                 node.cycles += 1;
                 let n = node.cycles;
                 node.in_flight = Some(n);
                 let at = self.db_at();
-                self.push(at, i, Ev::Exec(Box::new(prepared), t0));
+                self.push(at, i, Ev::Exec(n, Box::new(statement), t0));
                 let timeout = self.true_time(i, t0 + bound);
                 self.push(timeout, i, Ev::Timeout(n));
             }
-            Ev::Exec(prepared, t0) => {
-                let Some(n) = self.nodes[i].in_flight else {
-                    return Ok(());
-                };
+            Ev::Exec(n, statement, t0) => {
                 self.set_db_clock();
                 let now_ms = self.db.now;
-                let core = self.nodes[i].core.as_ref().expect("in flight");
-                let node_id = core.node.node_id.clone();
+                let node_id = statement.node_id.clone();
                 // R1's oracle: the node's rows before the statement.
                 let before: HashMap<i64, (i64, Option<i64>)> = self
                     .db
@@ -908,7 +971,7 @@ impl World {
                         (id, (a.owner_epoch, a.lease_until))
                     })
                     .collect();
-                let outcome = self.db.cycle(&core.params(&prepared));
+                let outcome = self.db.cycle(&statement.params());
                 self.report.cycles += 1;
                 self.committed();
                 let graced = !outcome.database.grace.is_zero();
@@ -973,13 +1036,14 @@ impl World {
                 };
                 // Which of the returned accounts had an open gate here just before.
                 let core = self.nodes[i].core.as_mut().expect("in flight");
-                let open_before: Vec<bool> = outcome
+                let open_before: Vec<Option<i64>> = outcome
                     .owned
                     .iter()
                     .map(|r| {
                         core.supervisor
                             .gate(r.id)
-                            .is_some_and(|g| g.holds_at(acknowledged))
+                            .filter(|g| g.holds_at(acknowledged))
+                            .map(|g| g.epoch())
                     })
                     .collect();
                 core.supervisor.host_mut().now = acknowledged;
@@ -989,12 +1053,15 @@ impl World {
                     Ok(next) => {
                         self.effects(i)?;
                         for (row, was_open) in outcome.owned.iter().zip(open_before) {
+                            // A gate that opened, or one replaced by an open gate of another
+                            // epoch: an interval of trust begins here.
                             let open_now = self.nodes[i]
                                 .core
                                 .as_ref()
                                 .and_then(|c| c.supervisor.gate(row.id))
-                                .is_some_and(|g| g.holds_at(acknowledged));
-                            if open_now && !was_open {
+                                .filter(|g| g.holds_at(acknowledged))
+                                .map(|g| g.epoch());
+                            if open_now.is_some() && open_now != was_open {
                                 self.check_s1(i, row.id)?;
                             }
                         }
@@ -1025,7 +1092,7 @@ impl World {
                 self.effects(i)?;
                 self.maybe_leave(i);
             }
-            Ev::ReleaseExec(account, epoch) => {
+            Ev::ReleaseExec(account, epoch, incarnation) => {
                 self.set_db_clock();
                 let node_id = self.nodes[i].id.clone();
                 self.db.release(&node_id, &[epoch]);
@@ -1033,7 +1100,7 @@ impl World {
                 self.note(|_| format!("n{i} released account {account} (epoch {epoch})"));
                 self.announce(i);
                 let at = self.now + self.latency();
-                self.push(at, i, Ev::Released(account, epoch));
+                self.push_for(at, i, incarnation, Ev::Released(account, epoch));
             }
             Ev::Released(account, epoch) => {
                 let core = self.nodes[i].core.as_mut().expect("running");
@@ -1124,15 +1191,17 @@ impl World {
                 self.maybe_leave(i);
             }
             Ev::DrainTimeout => self.leave(i),
-            Ev::LeaveExec(epochs) => {
+            Ev::LeaveExec(epochs, instance, incarnation) => {
                 self.set_db_clock();
-                let node = &self.nodes[i];
-                let instance = format!("{}-{}", node.id, node.instance);
-                let id = node.id.clone();
+                let id = self.nodes[i].id.clone();
                 let out = self.db.leave(&id, &instance, &epochs);
                 self.committed();
                 self.note(|_| format!("n{i} left: released {:?}", out.released));
                 self.announce(i);
+                if self.nodes[i].incarnation != incarnation {
+                    // Started again meanwhile: that instance is not the one that left.
+                    return Ok(());
+                }
                 self.crash(i);
                 // It comes back later (a rolling restart, a scale-out).
                 if self.faulty() {
@@ -1166,7 +1235,8 @@ impl World {
 
     fn cycle_at(&mut self, i: usize, at: Us) {
         self.nodes[i].timer += 1;
-        self.push(at.max(self.now), i, Ev::Cycle);
+        let token = self.nodes[i].timer;
+        self.push(at.max(self.now), i, Ev::Cycle(token));
     }
 
     /// Leaves once draining and idle.
@@ -1184,10 +1254,20 @@ impl World {
             return;
         }
         let (epochs, _) = core.leave_epochs();
+        let instance = core.instance_id.clone();
         let at = self.db_at();
-        // Nothing else of this incarnation runs: its sessions are stopped.
-        self.nodes[i].incarnation += 1;
-        self.push(at, i, Ev::LeaveExec(epochs));
+        // The process exits after this statement: nothing else of it runs.
+        let node = &mut self.nodes[i];
+        node.incarnation += 1;
+        node.core = None;
+        node.in_flight = None;
+        let incarnation = node.incarnation;
+        self.push_for(
+            at,
+            i,
+            incarnation,
+            Ev::LeaveExec(epochs, instance, incarnation),
+        );
     }
 
     /// A release or a leave committed: the node announces it; each listener hears it (or not).
@@ -1242,7 +1322,8 @@ impl World {
                         self.check_handoff(i, decided.unwrap_or(self.now))?;
                     }
                     let at = self.db_at();
-                    self.push(at, i, Ev::ReleaseExec(account, epoch));
+                    let incarnation = self.nodes[i].incarnation;
+                    self.push(at, i, Ev::ReleaseExec(account, epoch, incarnation));
                 }
                 Effect::RestartLater => {}
             }
@@ -1513,6 +1594,18 @@ mod tests {
         (
             8,
             "a read-back applied after a pause (S1 checked on gates that opened)",
+        ),
+        (
+            49,
+            "a lost release and re-claim: the grace keeps by open gates, not by the last read-back",
+        ),
+        (
+            11,
+            "no grace after a failover: a row claimed again while its owner's gate is open",
+        ),
+        (
+            2,
+            "trust counted from the reply: a slow renewal trusted past the peer's claim",
         ),
     ];
 

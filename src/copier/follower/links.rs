@@ -38,6 +38,16 @@ impl Follower<'_> {
     /// Closes the copies of links removed with `on_remove = 'close'` (through the gate, retried
     /// by the next reconcile if a close fails), and forgets a removed link once none is open.
     pub(super) async fn close_removed(&mut self) {
+        // Judged from the broker's positions as read now: the index may not have been filled
+        // yet (a session's first link read comes before its first reconcile).
+        match super::read_follower(self.api.as_ref()).await {
+            Ok((positions, history)) => self.index.rebuild(&positions, &history),
+            Err(e) => {
+                warn!(error = %e, "could not read the follower's positions to close a removed link's copies; retrying later");
+                self.owe("broker read failed");
+                return;
+            }
+        }
         for r in self.removed.clone() {
             let copies: Vec<(i64, i64)> = self
                 .index

@@ -635,7 +635,7 @@ fn event_ticket(event: &MasterEvent) -> Option<i64> {
     }
 }
 
-async fn read_follower(
+pub(super) async fn read_follower(
     api: &dyn TradeApi,
 ) -> Result<(Vec<Position>, Vec<ClosedPosition>), BrokerError> {
     let positions = api.positions().await?;

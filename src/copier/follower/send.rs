@@ -15,8 +15,9 @@ use super::Follower;
 use crate::broker::types::OpenOrder;
 use crate::broker::types::{CloseOrder, ModifyOrder};
 use crate::broker::{BrokerError, RejectCode};
+use crate::copier::intent;
 use crate::copier::reconcile::Action;
-use crate::copier::rules::{Link, SkipCode};
+use crate::copier::rules::{Link, SkipCode, fixed_stops};
 use crate::db;
 use crate::db::copy::ledger::CopyRecord;
 use crate::model::MasterPosition;
@@ -96,6 +97,8 @@ impl Follower<'_> {
                             self.record_base(link, master_ticket, fill.ticket, master_volume)
                                 .await;
                         }
+                        self.set_fixed_stops(link, master_ticket, &order, fill.ticket, fill.price)
+                            .await;
                     }
                     Err(BrokerError::Rejected(r)) if r.code.transient() => {
                         let code = if r.code == RejectCode::MarketClosed {
@@ -242,6 +245,52 @@ impl Follower<'_> {
             }
         }
         result.map(|_| ())
+    }
+
+    /// Right after a fill, the link's stops in points, counted from the copy's own price (the
+    /// order carried none of them). A failure leaves it to the next reconcile, which sets them
+    /// from the copy's open price too.
+    async fn set_fixed_stops(
+        &mut self,
+        link: &Link,
+        master_ticket: i64,
+        order: &OpenOrder,
+        ticket: i64,
+        price: f64,
+    ) {
+        let p = &link.protections;
+        if p.sl_points.is_none() && p.tp_points.is_none() {
+            return;
+        }
+        let Some(spec) = self.specs.get(&order.symbol) else {
+            return;
+        };
+        let Ok((sl, tp)) = fixed_stops(link, order.side, price, spec, (order.sl, order.tp)) else {
+            return;
+        };
+        let modify = ModifyOrder {
+            ticket,
+            sl,
+            tp,
+            client_order_id: Some(intent::stops(link.id, master_ticket, ticket, (0, 0))),
+        };
+        match self.api.modify(modify).await {
+            Ok(()) => {
+                info!(
+                    link_id = link.id,
+                    master_ticket,
+                    ticket,
+                    ?sl,
+                    ?tp,
+                    "copy's fixed stops set from its fill"
+                );
+                self.index.stops(ticket, sl, tp);
+            }
+            Err(e) => {
+                warn!(link_id = link.id, master_ticket, ticket, error = %e, "setting the copy's fixed stops failed; the next reconcile sets them");
+                self.owe("fixed stops not set");
+            }
+        }
     }
 
     /// A final decision not to copy: logged, counted, recorded (fenced), and respected by every
