@@ -289,3 +289,25 @@ impl PositionChange {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_odd_currency_reads_as_unknown_never_as_a_refused_reply() {
+        let read = |json: &str| serde_json::from_str::<AccountInfo>(json).unwrap().currency;
+        assert_eq!(read(r#"{"balance":1,"equity":1,"currency":"USDT"}"#), None);
+        assert_eq!(read(r#"{"balance":1,"equity":1,"currency":"USc"}"#), None);
+        assert_eq!(read(r#"{"balance":1,"equity":1}"#), None);
+        assert_eq!(
+            read(r#"{"balance":1,"equity":1,"currency":"EUR"}"#).map(String::from),
+            Some("EUR".to_string())
+        );
+        let spec: SymbolSpec = serde_json::from_str(
+            r#"{"symbol":"X","price":1,"volume_step":0.01,"volume_min":0.01,"volume_max":1,"contract_size":1,"profit_currency":"??"}"#,
+        )
+        .unwrap();
+        assert_eq!((spec.profit_currency, spec.point), (None, 0.0));
+    }
+}
