@@ -1,7 +1,7 @@
 //! PgBouncer (Debian's 1.18) as a test child in front of the test PostgreSQL, run as the
 //! `postgres` user when the tests run as root (PgBouncer refuses to run as root).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -13,10 +13,23 @@ const BINARY: &str = "/usr/sbin/pgbouncer";
 pub struct PgBouncer {
     child: Child,
     pub port: u16,
+    dir: PathBuf,
 }
 
 impl Drop for PgBouncer {
     fn drop(&mut self) {
+        // Run through `runuser`, PgBouncer is its child: stop PgBouncer itself (its pid file),
+        // then the wrapper.
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pgbouncer.pid")) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+            // The wrapper exits once PgBouncer has (and reaps it).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while matches!(self.child.try_wait(), Ok(None))
+                && tokio::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -90,6 +103,7 @@ impl PgBouncer {
         let bouncer = PgBouncer {
             child,
             port: listen,
+            dir: dir.to_path_buf(),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", listen)).is_err() {
