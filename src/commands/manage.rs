@@ -253,13 +253,7 @@ pub(super) async fn accounts(command: AccountsCommand) -> Result<(), CommandErro
         AccountsCommand::Set(args) => {
             refuse(check_account(&args.fields, false))?;
             let mut problems = Vec::new();
-            let max_open_copies =
-                limit::<i64>("max_open_copies", &args.max_open_copies, &mut problems);
-            if let Some(Some(v)) = max_open_copies
-                && !(1..=i64::from(i32::MAX)).contains(&v)
-            {
-                problems.push(format!("max_open_copies: {v} must be 1 to {}", i32::MAX));
-            }
+            let max_open_copies = open_copies_limit(&args.max_open_copies, &mut problems);
             if !problems.is_empty() {
                 return Err(CommandError::usage(problems.join("\n")));
             }
@@ -605,6 +599,18 @@ fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
     })
 }
 
+/// A `max_open_copies` given on the command line (a link's or a follower's): 1 to the column's
+/// largest integer, or `none`.
+fn open_copies_limit(v: &Option<String>, problems: &mut Vec<String>) -> Option<Option<i64>> {
+    let limit = limit::<i64>("max_open_copies", v, problems);
+    if let Some(Some(n)) = limit
+        && !(1..=i64::from(i32::MAX)).contains(&n)
+    {
+        problems.push(format!("max_open_copies: {n} must be 1 to {}", i32::MAX));
+    }
+    limit
+}
+
 /// A limit given on the command line: a number, or `none` (lifted).
 fn limit<T: std::str::FromStr>(
     name: &str,
@@ -676,7 +682,7 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
     let equity_stop = limit::<f64>("equity_stop", &f.equity_stop, &mut problems);
     let max_sl_distance = limit::<f64>("max_sl_distance", &f.max_sl_distance, &mut problems);
     let min_master_lot = limit::<f64>("min_master_lot", &f.min_master_lot, &mut problems);
-    let max_open_copies = limit::<i64>("max_open_copies", &f.max_open_copies, &mut problems);
+    let max_open_copies = open_copies_limit(&f.max_open_copies, &mut problems);
     let sl_points = limit::<f64>("sl_points", &f.sl_points, &mut problems);
     let tp_points = limit::<f64>("tp_points", &f.tp_points, &mut problems);
     for (name, v) in [
@@ -690,11 +696,6 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
         {
             problems.push(format!("{name}: {v} must be above 0"));
         }
-    }
-    if let Some(Some(v)) = max_open_copies
-        && !(1..=i64::from(i32::MAX)).contains(&v)
-    {
-        problems.push(format!("max_open_copies: {v} must be 1 to {}", i32::MAX));
     }
     if let Some(Some(v)) = max_lot
         && !(v.is_finite() && v > 0.0)
