@@ -66,6 +66,9 @@ enum Command {
         id: u64,
     },
     FailedOver,
+    /// The lease loop reached the database again after failures: a LISTEN connection waiting out
+    /// its backoff reconnects now.
+    DatabaseBack,
 }
 
 /// A handle to the node's LISTEN connection.
@@ -182,9 +185,16 @@ impl Hub {
         }
     }
 
-    /// Tells every subscriber the database failed over ([`Signal::FailedOver`]).
+    /// Tells every subscriber the database failed over ([`Signal::FailedOver`]); a LISTEN
+    /// connection waiting out its backoff reconnects at once.
     pub fn failed_over(&self) {
         let _ = self.commands.send(Command::FailedOver);
+    }
+
+    /// The database answers again (the lease loop's cycle succeeded after failures): a LISTEN
+    /// connection waiting out its backoff reconnects at once instead of up to its cap later.
+    pub fn database_back(&self) {
+        let _ = self.commands.send(Command::DatabaseBack);
     }
 }
 
@@ -279,9 +289,26 @@ async fn run(
             Err(e) => {
                 let delay = retry.failed();
                 warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "LISTEN connection failed; handoffs wait for the next cycle and master events for the next reconcile");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
+                // Commands are taken while waiting (a failover is told to subscribers at once);
+                // the database answering again ends the wait.
+                let backoff = tokio::time::sleep(delay);
+                tokio::pin!(backoff);
+                loop {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = &mut backoff => break,
+                        cmd = commands.recv() => match cmd {
+                            Some(cmd) => {
+                                let back = matches!(cmd, Command::DatabaseBack | Command::FailedOver);
+                                apply_offline(&mut subs, cmd);
+                                if back {
+                                    info!("the database answers again: reconnecting LISTEN now");
+                                    break;
+                                }
+                            }
+                            None => return,
+                        },
+                    }
                 }
                 continue;
             }
@@ -370,6 +397,7 @@ async fn run(
                             let _ = ready.send(());
                         }
                         Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+                        Command::DatabaseBack => {}
                         Command::Unsubscribe { topic, id } => {
                             if subs.remove(topic, id)
                                 && let Topic::Master(master_id) = topic
@@ -412,6 +440,7 @@ fn apply_offline(subs: &mut Subscribers, cmd: Command) {
             subs.remove(topic, id);
         }
         Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+        Command::DatabaseBack => {}
     }
 }
 
@@ -569,6 +598,8 @@ mod poll {
                             }
                         }
                         Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+                        // Polling retries every poll anyway.
+                        Command::DatabaseBack => {}
                     }
                 }
                 _ = accounts.tick() => {

@@ -80,6 +80,9 @@ pub trait Host {
     fn status(&mut self, account_id: i64, epoch: i64, text: String);
     /// The database failed over: followers forget their masters' (epoch, seq) and reconcile.
     fn database_failed_over(&mut self);
+    /// The lease loop reached the database again after failed cycles (connections waiting out a
+    /// backoff may retry now). Nothing by default.
+    fn database_back(&mut self) {}
 }
 
 /// The production host: account tasks on the runtime, releases over the pool.
@@ -173,6 +176,10 @@ impl Host for NodeHost {
 
     fn database_failed_over(&mut self) {
         self.shared.services.hub.failed_over();
+    }
+
+    fn database_back(&mut self) {
+        self.shared.services.hub.database_back();
     }
 }
 
@@ -414,6 +421,11 @@ impl<H: Host> Supervisor<H> {
     /// and reconciles.
     pub fn database_failed_over(&mut self) {
         self.host.database_failed_over();
+    }
+
+    /// The lease loop reached the database again after failed cycles.
+    pub fn database_back(&mut self) {
+        self.host.database_back();
     }
 
     /// True when no task runs or stops and no release is in flight.

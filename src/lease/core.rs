@@ -194,6 +194,7 @@ impl<H: Host> Core<H> {
                 failed_cycles = self.failures,
                 "lease cycle succeeded again"
             );
+            self.supervisor.database_back();
         }
         if !self.member_ever {
             info!(instance_id = %self.instance_id, "joined the cluster (membership registered)");

@@ -1058,3 +1058,68 @@ async fn removing_a_link_closes_or_leaves_its_copies_as_it_says() {
     assert_eq!(s.t.positions("f2").await.len(), 1);
     node.shutdown();
 }
+
+/// A LISTEN connection waiting out a long backoff (the database was gone a while) reconnects as
+/// soon as the lease loop reports the database back, instead of up to its cap later: after a
+/// failover, copying waits for LISTEN (README, "Patroni and HAProxy").
+#[tokio::test]
+async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
+    use copier_node::hub::{Hub, Topic};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let db = TestDb::new().await;
+    // A front for the database that refuses (accepts and drops) until opened, counting attempts.
+    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = front.local_addr().unwrap().port();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(AtomicBool::new(false));
+    let server = db.server_addr();
+    let (a, o) = (attempts.clone(), open.clone());
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = front.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            if !o.load(Ordering::SeqCst) {
+                continue; // dropped: the connection fails at once
+            }
+            let server = server.clone();
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(server).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    let hub = Hub::spawn(
+        db.url_via(port).parse().unwrap(),
+        "mt5".into(),
+        "t".into(),
+        Arc::new(tokio::sync::Notify::new()),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let subscriber = hub.clone();
+    let subscribed =
+        tokio::spawn(async move { subscriber.subscribe(Topic::Master(1), tx).await.is_some() });
+    // Six failed attempts: the hub now waits 6.4 s before its next one (retry::LISTEN).
+    eventually("six failed LISTEN connections", WAIT, async || {
+        (attempts.load(Ordering::SeqCst) >= 6).then_some(())
+    })
+    .await;
+    let failed = attempts.load(Ordering::SeqCst);
+    open.store(true, Ordering::SeqCst);
+    let told = tokio::time::Instant::now();
+    hub.database_back();
+    let confirmed = tokio::time::timeout(Duration::from_secs(3), subscribed)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the LISTEN was not confirmed within 3 s of the database being back (its backoff had {failed} failures behind it)"
+            )
+        })
+        .unwrap();
+    assert!(confirmed, "the hub stopped");
+    eprintln!(
+        "LISTEN confirmed {} ms after the database was reported back",
+        told.elapsed().as_millis()
+    );
+}

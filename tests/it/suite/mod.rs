@@ -8,6 +8,7 @@
 pub mod checker;
 mod failover;
 pub mod oracle;
+mod patroni;
 mod scenarios;
 
 use std::collections::{HashMap, HashSet};
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::broker::{BrokerProcess, Scratch};
 use crate::support::chaos::{ChaosProxy, Mode};
+use crate::support::patroni::Patroni;
 use crate::support::process::{NodeProcess, NodeSpec};
 use crate::support::{FAST, TestDb, Timing, add_account};
 
@@ -57,6 +59,11 @@ enum Database {
     Private {
         cluster: Cluster,
         url: String,
+        _dir: Scratch,
+    },
+    /// Two members under Patroni behind HAProxy ([`crate::support::patroni`]).
+    Patroni {
+        patroni: Patroni,
         _dir: Scratch,
     },
 }
@@ -140,6 +147,30 @@ impl Suite {
             broker_args,
         )
         .await
+    }
+
+    /// A suite on a Patroni cluster (two members, etcd, HAProxy): nodes reach the primary through
+    /// HAProxy, whichever member it is.
+    pub async fn on_patroni(name: &str, broker_args: &[&str], synchronous: bool) -> Suite {
+        let dir = Scratch::new(&format!("{name}-patroni"));
+        let root = dir.0.clone();
+        let patroni = tokio::task::spawn_blocking(move || Patroni::start(&root, synchronous))
+            .await
+            .unwrap();
+        let mut conn = sqlx::PgConnection::connect(&patroni.url("postgres"))
+            .await
+            .unwrap();
+        copier_node::db::migrate::apply(&mut conn).await.unwrap();
+        conn.close().await.unwrap();
+        Self::build(name, Database::Patroni { patroni, _dir: dir }, broker_args).await
+    }
+
+    /// The Patroni cluster (panics for other suites).
+    pub fn patroni(&mut self) -> &mut Patroni {
+        match &mut self.db {
+            Database::Patroni { patroni, .. } => patroni,
+            _ => panic!("this suite runs without Patroni"),
+        }
     }
 
     async fn build(name: &str, db: Database, broker_args: &[&str]) -> Suite {
@@ -278,6 +309,7 @@ impl Suite {
         match &self.db {
             Database::Shared(db) => db.url.clone(),
             Database::Private { url, .. } => url.clone(),
+            Database::Patroni { patroni, .. } => patroni.url("postgres"),
         }
     }
 
@@ -288,6 +320,7 @@ impl Suite {
         match &self.db {
             Database::Shared(db) => db.server_addr(),
             Database::Private { cluster, .. } => format!("127.0.0.1:{}", cluster.port),
+            Database::Patroni { patroni, .. } => patroni.addr(),
         }
     }
 
@@ -310,7 +343,7 @@ impl Suite {
     pub fn cluster(&self) -> &Cluster {
         match &self.db {
             Database::Private { cluster, .. } => cluster,
-            Database::Shared(_) => panic!("this suite runs on the shared cluster"),
+            _ => panic!("this suite runs without a private cluster"),
         }
     }
 

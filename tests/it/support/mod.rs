@@ -8,6 +8,7 @@ pub mod faults;
 pub mod fix;
 pub mod fixture;
 pub mod http;
+pub mod patroni;
 pub mod pg;
 pub mod pgbouncer;
 pub mod process;
