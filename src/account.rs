@@ -20,17 +20,12 @@ pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 /// The task body: read the row, then run the session for its role; start again from the new row
 /// when the row's connection (server, login, role, credentials) changes.
 pub(crate) async fn run(ctx: AccountContext) -> anyhow::Result<()> {
-    let row = {
-        let mut conn = ctx
-            .node
-            .pool
-            .acquire()
-            .await
-            .context("reading the account row")?;
-        db::copy::load_account(&mut conn, ctx.account_id)
-            .await
-            .context("reading the account row")?
-    };
+    let row = ctx
+        .node
+        .db
+        .run(async |c| db::copy::load_account(c, ctx.account_id).await)
+        .await
+        .context("reading the account row")?;
     let Some(mut row) = row else {
         bail!("account {} no longer exists", ctx.account_id);
     };

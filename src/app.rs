@@ -121,12 +121,19 @@ pub async fn start(
         );
         let session = db::Session {
             bounds: SessionBounds::for_fence(node.fence),
-            pooled: config.database_pooler == crate::config::Pooler::Session,
+            pooler: config.database_pooler,
         };
         let node_options = db::node_options(&config.database_url, &node.node_id, session)
             .context("invalid `database_url`")?;
-        let listen_options = db::node_options(&config.listen_database_url, &node.node_id, session)
-            .context("invalid `listen_database_url`")?;
+        // LISTEN never goes through a transaction pooler (the configuration requires a separate
+        // `listen_database_url` or `events_poll` there): its connection is a direct one.
+        let listen_session = match session.pooler {
+            db::Pooler::Transaction => db::Session::direct(session.bounds),
+            _ => session,
+        };
+        let listen_options =
+            db::node_options(&config.listen_database_url, &node.node_id, listen_session)
+                .context("invalid `listen_database_url`")?;
 
         // Health and metrics first: liveness holds while the node waits for its database.
         let metrics = Arc::new(Metrics::new());
@@ -149,11 +156,14 @@ pub async fn start(
             http_cancel.clone(),
         ));
 
-        check_schema(config, options.migrate, &shutdown).await?;
+        check_schema(config, session, options.migrate, &shutdown).await?;
 
-        let pool = db::node_pool(
-            node_options.clone(),
-            node.lease.saturating_sub(node.fence),
+        let pool = db::Db::new(
+            db::node_pool(
+                node_options.clone(),
+                node.lease.saturating_sub(node.fence),
+                session,
+            ),
             session,
         );
         let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
@@ -198,7 +208,7 @@ pub async fn start(
         };
         let services = Arc::new(NodeServices {
             node_id: node.node_id.clone(),
-            pool: pool.clone(),
+            db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {
                 Arc::new(Brokers::new(node.node_id.clone()).with_database(pool.clone()))
@@ -271,9 +281,15 @@ pub async fn start(
 /// unless `--migrate`, in which case it applies them.
 async fn check_schema(
     config: &Config,
+    session: db::Session,
     migrate: bool,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    if migrate && session.pooler == db::Pooler::Transaction {
+        bail!(
+            "`--migrate` cannot run through a transaction pooler (`database_pooler = \"transaction\"`: migrations hold a session-level advisory lock): run `copier-node migrate` against PostgreSQL directly, then start the node without `--migrate`"
+        );
+    }
     let admin = db::admin_options(&config.database_url).context("invalid `database_url`")?;
     let mut retry = crate::retry::DATABASE_AT_START.start();
     let mut conn = loop {
@@ -304,9 +320,11 @@ async fn check_schema(
             info!(?applied, "migrations applied");
         }
     }
-    let state = db::migrate::schema_state(&mut conn)
-        .await
-        .context("reading the schema version")?;
+    let state = db::run_on(&mut conn, &session, async |c| {
+        db::migrate::schema_state(c).await
+    })
+    .await
+    .context("reading the schema version")?;
     if let Some(refusal) = state.refusal() {
         bail!("{refusal}");
     }
@@ -317,17 +335,15 @@ async fn check_schema(
     Ok(())
 }
 
-async fn forget_dead_nodes(pool: sqlx::PgPool, platform: String, cancel: CancellationToken) {
+async fn forget_dead_nodes(pool: db::Db, platform: String, cancel: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(FORGET_DEAD_NODES_EVERY) => {}
             _ = cancel.cancelled() => return,
         }
-        let result = async {
-            let mut conn = pool.acquire().await?;
-            db::lease::forget_dead_nodes(&mut conn, &platform).await
-        }
-        .await;
+        let result = pool
+            .run(async |c| db::lease::forget_dead_nodes(c, &platform).await)
+            .await;
         match result {
             Ok(0) => {}
             Ok(n) => info!(

@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use sqlx::PgPool;
-
 use crate::broker::Broker;
 use crate::broker::client::BridgeClient;
 use crate::broker::fix::{FixBroker, FixEndpoint};
@@ -26,7 +24,7 @@ pub struct Brokers {
     node_id: String,
     clients: Mutex<HashMap<String, BridgeClient>>,
     /// The FIX adapter's ledger lives in the node's database.
-    pool: Option<PgPool>,
+    pool: Option<crate::db::Db>,
 }
 
 impl Brokers {
@@ -39,7 +37,7 @@ impl Brokers {
     }
 
     /// Brokers that can also log in accounts on `fix://` servers (their ledger is in `pool`).
-    pub fn with_database(mut self, pool: PgPool) -> Self {
+    pub fn with_database(mut self, pool: crate::db::Db) -> Self {
         self.pool = Some(pool);
         self
     }

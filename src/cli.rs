@@ -518,8 +518,9 @@ pub struct RunArgs {
     /// `100ms` (for transaction poolers and engines without LISTEN; default off).
     #[arg(long, value_name = "DURATION")]
     pub events_poll: Option<String>,
-    /// `session` when the node reaches PostgreSQL through PgBouncer in session mode (the safety
-    /// bounds are then SET after connecting; default none).
+    /// `session` or `transaction`: the mode of the PgBouncer between the node and PostgreSQL
+    /// (session: the safety bounds SET after connecting; transaction: every unit of work an
+    /// explicit transaction with SET LOCAL bounds; default none).
     #[arg(long)]
     pub database_pooler: Option<String>,
     /// Fair share: hand accounts off once above the share by this fraction of it (default 0.1).

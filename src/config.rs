@@ -40,6 +40,10 @@ pub enum Pooler {
     /// A pooler in session mode (PgBouncer `pool_mode = session`): the bounds are `SET` after
     /// connecting, since PgBouncer before 1.20 refuses or drops startup options.
     Session,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`): every unit of work is
+    /// an explicit transaction that sets the bounds with `SET LOCAL`, with no prepared statement
+    /// outliving it; LISTEN goes to `listen_database_url` or is replaced by `events_poll`.
+    Transaction,
 }
 
 /// Where a configuration value came from; shown in every error about it.
@@ -385,8 +389,10 @@ impl Layers {
         let database_pooler = p.take(self.parse("database_pooler", "none", |v| match v {
             "none" => Ok(Pooler::None),
             "session" => Ok(Pooler::Session),
-            "transaction" => Err("transaction pooling is not supported yet: the node's statements do not all run inside explicit transactions, which a transaction pooler needs (point the node at PgBouncer in session mode, or at PostgreSQL)".to_string()),
-            _ => Err(format!("expected `none` or `session`, got {v:?}")),
+            "transaction" => Ok(Pooler::Transaction),
+            _ => Err(format!(
+                "expected `none`, `session` or `transaction`, got {v:?}"
+            )),
         }));
         let reconcile_every = p.take(self.parse("reconcile_every", "180s", |v| {
             parse_duration(v).and_then(|d| {
@@ -399,6 +405,14 @@ impl Layers {
         }));
         if let (Some(lease), Some(fence), Some(cycle)) = (lease, fence, cycle) {
             p.take(validate_timings(lease, fence, cycle));
+        }
+        if database_pooler == Some(Pooler::Transaction)
+            && events_poll == Some(None)
+            && self.get("listen_database_url").is_none()
+        {
+            p.take::<()>(Err(ConfigError::Rule {
+                rule: "`database_pooler = \"transaction\"` needs `listen_database_url` (a direct or session-pooled connection for LISTEN, which cannot go through a transaction pooler) or `events_poll` (learn of master events without LISTEN)".into(),
+            }));
         }
         let credentials_key = p.take(self.credentials_key());
         p.into_result()?;
@@ -743,7 +757,11 @@ mod tests {
             (&[("COPIER_EVENTS_POLL", "often")], &["`events_poll`"]),
             (
                 &[("COPIER_DATABASE_POOLER", "transaction")],
-                &["`database_pooler`", "explicit transactions"],
+                &["database_pooler", "listen_database_url", "events_poll"],
+            ),
+            (
+                &[("COPIER_DATABASE_POOLER", "statement")],
+                &["`database_pooler`", "`transaction`"],
             ),
         ];
         for (env, needles) in cases {
@@ -753,6 +771,22 @@ mod tests {
             for needle in *needles {
                 assert!(msg.contains(needle), "{env:?}: {msg:?} lacks {needle:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_transaction_pooler_takes_a_direct_listen_url_or_polling() {
+        for extra in [
+            ("COPIER_LISTEN_DATABASE_URL", "postgres://direct/db"),
+            ("COPIER_EVENTS_POLL", "100ms"),
+        ] {
+            let env = [
+                ("DATABASE_URL", "postgres://bouncer/db"),
+                ("COPIER_DATABASE_POOLER", "transaction"),
+                extra,
+            ];
+            let config = resolve(None, &env, &[]).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+            assert_eq!(config.database_pooler, Pooler::Transaction);
         }
     }
 

@@ -510,8 +510,8 @@ mod poll {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use sqlx::Row;
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    use sqlx::{PgPool, Row};
     use tokio::sync::{Notify, mpsc};
     use tokio_util::sync::CancellationToken;
     use tracing::{info, warn};
@@ -547,6 +547,7 @@ mod poll {
                 Box::pin(async move { db::open_session(conn, &session).await })
             })
             .connect_lazy_with(options);
+        let pool = db::Db::new(pool, session);
         let mut accounts = tokio::time::interval(ACCOUNTS_EVERY);
         accounts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         accounts.reset();
@@ -573,7 +574,7 @@ mod poll {
                             {
                                 // What the subscriber's snapshot read follows: every change after
                                 // this read is signalled, so nothing between is missed.
-                                match tokio::time::timeout(POLL_TIMEOUT, read(&pool, &[m])).await {
+                                match tokio::time::timeout(POLL_TIMEOUT, pool.run(async |c| read(c, &[m]).await)).await {
                                     Ok(Ok(now)) => {
                                         seen.insert(m, now.get(&m).copied());
                                     }
@@ -609,16 +610,16 @@ mod poll {
                 }
                 _ = tick.tick() => {
                     let masters: Vec<i64> = subs.by_master.keys().copied().collect();
-                    let polled = tokio::time::timeout(POLL_TIMEOUT, async {
-                        let now = read(&pool, &masters).await?;
+                    let polled = tokio::time::timeout(POLL_TIMEOUT, pool.run(async |c| {
+                        let now = read(&mut *c, &masters).await?;
                         let count: i64 = sqlx::query_scalar(
                             "SELECT count(*) FROM trading_accounts WHERE platform = $1 AND enabled AND node_id IS NULL",
                         )
                         .bind(&platform)
-                        .fetch_one(&pool)
+                        .fetch_one(&mut *c)
                         .await?;
                         Ok::<_, sqlx::Error>((now, count))
-                    })
+                    }))
                     .await;
                     let (now, count) = match polled {
                         Ok(Ok(p)) => p,
@@ -661,14 +662,17 @@ mod poll {
     }
 
     /// The published (epoch, seq) of `masters` (absent: never published).
-    async fn read(pool: &PgPool, masters: &[i64]) -> Result<HashMap<i64, (i64, i64)>, sqlx::Error> {
+    async fn read(
+        conn: &mut sqlx::PgConnection,
+        masters: &[i64],
+    ) -> Result<HashMap<i64, (i64, i64)>, sqlx::Error> {
         if masters.is_empty() {
             return Ok(HashMap::new());
         }
         let rows =
             sqlx::query("SELECT master_id, epoch, seq FROM master_state WHERE master_id = ANY($1)")
                 .bind(masters)
-                .fetch_all(pool)
+                .fetch_all(conn)
                 .await?;
         rows.iter()
             .map(|r| {

@@ -304,3 +304,110 @@ impl Drop for Server {
         }
     }
 }
+
+/// Where Debian installs PgBouncer.
+pub const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
+
+/// A throwaway PgBouncer in front of a PostgreSQL server, for the tests and the benchmarks; run
+/// as the `postgres` user when this runs as root (PgBouncer refuses to run as root). Stopped
+/// when dropped.
+#[derive(Debug)]
+pub struct PgBouncer {
+    child: std::process::Child,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        // Run through `runuser`, PgBouncer is its child: stop PgBouncer itself (its pid file),
+        // then the wrapper.
+        if let Ok(pid) = fs::read_to_string(self.dir.join("pgbouncer.pid")) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+            // The wrapper exits once PgBouncer has (and reaps it): 5 s at most.
+            for _ in 0..500 {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (host, port, user, password) of a `postgres://user[:password]@host:port/db` URL.
+fn server_of(url: &str) -> anyhow::Result<(String, String, String, Option<String>)> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (auth, rest) = rest
+        .split_once('@')
+        .context("the server URL names no user")?;
+    let (user, password) = match auth.split_once(':') {
+        Some((u, p)) => (u.to_string(), Some(p.to_string())),
+        None => (auth.to_string(), None),
+    };
+    let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
+    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "5432"));
+    Ok((host.to_string(), port.to_string(), user, password))
+}
+
+impl PgBouncer {
+    /// Starts PgBouncer in `dir` in `mode` (`session` or `transaction`) in front of the server
+    /// of `server_url`, with `pool_size` server connections per database and user
+    /// (`default_pool_size`); `ignore` lists the startup parameters it drops instead of
+    /// refusing. Returns once it accepts connections (20 s at most). Blocking.
+    pub fn start(
+        dir: &Path,
+        server_url: &str,
+        mode: &str,
+        ignore: &str,
+        pool_size: u32,
+    ) -> anyhow::Result<PgBouncer> {
+        prepare_dir(dir)?;
+        let (host, port, user, password) = server_of(server_url)?;
+        let listen = free_port()?;
+        let password = password
+            .map(|p| format!(" password={p}"))
+            .unwrap_or_default();
+        let ini = format!(
+            "[databases]\n* = host={host} port={port} user={user}{password}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\nauth_type = trust\nauth_file = {dir}/userlist.txt\npool_mode = {mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\nignore_startup_parameters = {ignore}\nlogfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\nserver_reset_query = DISCARD ALL\n",
+            dir = dir.display()
+        );
+        fs::write(dir.join("pgbouncer.ini"), ini)?;
+        fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n"))?;
+        if running_as_root() {
+            let (uid, gid) = postgres_ids()?;
+            for f in ["pgbouncer.ini", "userlist.txt"] {
+                std::os::unix::fs::chown(dir.join(f), Some(uid), Some(gid))?;
+            }
+        }
+        let child = as_postgres(Path::new(PGBOUNCER))
+            .arg(dir.join("pgbouncer.ini"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting pgbouncer")?;
+        let bouncer = PgBouncer {
+            child,
+            port: listen,
+            dir: dir.to_path_buf(),
+        };
+        for _ in 0..1000 {
+            if std::net::TcpStream::connect(("127.0.0.1", listen)).is_ok() {
+                return Ok(bouncer);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        bail!(
+            "pgbouncer did not listen within 20 s: {}",
+            fs::read_to_string(dir.join("pgbouncer.log")).unwrap_or_default()
+        )
+    }
+
+    /// The URL of database `db` through this PgBouncer.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -30,7 +29,7 @@ use crate::status_writer::{Lost, StatusWriter};
 #[derive(Debug)]
 pub struct NodeServices {
     pub node_id: String,
-    pub pool: PgPool,
+    pub db: crate::db::Db,
     pub hub: Hub,
     pub brokers: Arc<dyn BrokerConnector>,
     /// Report an account found lost by a fenced write (the supervisor stops its task).
@@ -182,11 +181,11 @@ impl AccountContext {
     /// in with changed (server, login, role, or the decrypted credentials: a key rotation that
     /// re-encrypts the same password changes nothing).
     pub async fn changed_row(&self, current: &AccountRow) -> Option<AccountRow> {
-        let read = async {
-            let mut conn = self.node.pool.acquire().await?;
-            db::copy::load_account(&mut conn, self.account_id).await
-        }
-        .await;
+        let read = self
+            .node
+            .db
+            .run(async |c| db::copy::load_account(c, self.account_id).await)
+            .await;
         let new = match read {
             Ok(Some(new)) => new,
             Ok(None) => return None, // deleted: the lease cycle stops the task

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -56,7 +55,7 @@ pub struct Lost {
 
 /// Starts the writer. It runs until `cancel` fires and the queue is drained (one last attempt).
 pub(crate) fn spawn(
-    pool: PgPool,
+    pool: db::Db,
     node_id: String,
     lost: mpsc::UnboundedSender<Lost>,
     cancel: CancellationToken,
@@ -67,7 +66,7 @@ pub(crate) fn spawn(
 }
 
 async fn run(
-    pool: PgPool,
+    pool: db::Db,
     node_id: String,
     mut rx: mpsc::UnboundedReceiver<StatusUpdate>,
     lost: mpsc::UnboundedSender<Lost>,
@@ -165,12 +164,12 @@ fn merge(pending: &mut HashMap<(i64, i64), StatusUpdate>, u: StatusUpdate) {
 }
 
 async fn write(
-    pool: &PgPool,
+    pool: &db::Db,
     node_id: &str,
     batch: &[StatusUpdate],
 ) -> Result<Vec<(i64, i64)>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    db::status::write_batch(&mut conn, node_id, batch).await
+    pool.run(async |c| db::status::write_batch(c, node_id, batch).await)
+        .await
 }
 
 #[cfg(test)]

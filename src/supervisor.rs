@@ -132,17 +132,15 @@ impl Host for NodeHost {
     }
 
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
-        let pool = self.shared.services.pool.clone();
+        let pool = self.shared.services.db.clone();
         let node_id = self.shared.services.node_id.clone();
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {
             let mut retry = retry::RELEASE.start();
             for attempt in 1..=5 {
-                let result = async {
-                    let mut conn = pool.acquire().await?;
-                    db::lease::release(&mut conn, &node_id, &[epoch], status).await
-                }
-                .await;
+                let result = pool
+                    .run(async |c| db::lease::release(c, &node_id, &[epoch], status).await)
+                    .await;
                 match result {
                     Ok(ids) if ids.is_empty() => {
                         info!(account_id, epoch, "release found the account no longer ours; nothing to release");
@@ -544,6 +542,7 @@ mod tests {
             .acquire_timeout(Duration::from_millis(50))
             .connect_lazy("postgres://nobody@127.0.0.1:1/none")
             .unwrap();
+        let pool = crate::db::Db::direct(pool);
         let (lost_tx, _lost_rx) = mpsc::unbounded_channel();
         let (status, _writer) = status_writer::spawn(
             pool.clone(),
@@ -556,7 +555,7 @@ mod tests {
             "postgres://nobody@127.0.0.1:1/none".parse().unwrap();
         let services = Arc::new(NodeServices {
             node_id: "n".into(),
-            pool,
+            db: pool,
             hub: crate::hub::Hub::spawn(
                 options,
                 "mt5".into(),

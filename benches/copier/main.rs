@@ -1,10 +1,11 @@
 //! copier-node benchmarks: copy latency (over the bridge and over FIX), lease-cycle cost, claim storms, failover and handoff,
-//! cost per account, the notification path and events without LISTEN, each beside a floor measured in the same run.
+//! cost per account, the notification path, events without LISTEN and the cycle through PgBouncer, each beside a floor
+//! measured in the same run.
 //!
 //!   cargo bench --bench copier                  # the full run: writes BENCHMARKS.md, benchmarks.json
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
-//!                                               #   fix, failover, rebalance, cost, notify, poll)
+//!                                               #   fix, failover, rebalance, cost, notify, poll, pooler)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
@@ -18,6 +19,7 @@ mod floors;
 mod nodes;
 mod notify;
 mod poll;
+mod pooler;
 mod rebalance;
 mod stats;
 mod storm;
@@ -38,6 +40,7 @@ use fix::{FixRow, fix_latency};
 use floors::{floors, machine};
 use notify::{NotifyRow, notification_path};
 use poll::{PollCostRow, PollRow, poll_latency};
+use pooler::{PoolerRow, pooler};
 use rebalance::{RebalanceRow, rebalance};
 use stats::Stats;
 use storm::{StormRow, claim_storm};
@@ -62,6 +65,7 @@ pub(crate) struct Report {
     notify: Vec<NotifyRow>,
     poll: Vec<PollRow>,
     poll_cost: Vec<PollCostRow>,
+    pooler: Vec<PoolerRow>,
     markdown: Vec<String>,
 }
 
@@ -168,6 +172,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "poll") {
         poll_latency(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "pooler") {
+        pooler(&options, &pg, &mut report).await?;
     }
     write(&options, &report)?;
     Ok(())

@@ -152,11 +152,12 @@ impl Master<'_> {
     async fn load(&mut self) -> anyhow::Result<bool> {
         let mut retry = crate::retry::MASTER_PUBLISH.start();
         loop {
-            let result = async {
-                let mut conn = self.ctx.node.pool.acquire().await?;
-                db::copy::master_state(&mut conn, self.id).await
-            }
-            .await;
+            let result = self
+                .ctx
+                .node
+                .db
+                .run(async |conn| db::copy::master_state(&mut *conn, self.id).await)
+                .await;
             match result {
                 Ok(state) => {
                     if let Some(state) = state {
@@ -291,20 +292,23 @@ impl Master<'_> {
         let epoch = self.ctx.epoch();
         let seq = self.seq + 1;
         let positions: Vec<MasterPosition> = self.view.values().cloned().collect();
-        let result = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::publish(
-                &mut conn,
-                &self.ctx.node.node_id,
-                self.id,
-                epoch,
-                seq,
-                &positions,
-                &event,
-            )
-            .await
-        }
-        .await;
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::publish(
+                    &mut *conn,
+                    &self.ctx.node.node_id,
+                    self.id,
+                    epoch,
+                    seq,
+                    &positions,
+                    &event,
+                )
+                .await
+            })
+            .await;
         match result {
             Ok(Published::Stored(stored)) => {
                 debug!(seq, kind = event.kind(), "master event published");
@@ -338,11 +342,14 @@ impl Master<'_> {
     /// The publish matched nothing: either this epoch no longer owns the master, or the stored
     /// seq is ahead (an earlier publish committed without our seeing the reply).
     async fn refused(&mut self, epoch: i64, seq: i64) -> anyhow::Result<()> {
-        let owned = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::still_owned(&mut conn, &self.ctx.node.node_id, self.id, epoch).await
-        }
-        .await;
+        let owned = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::still_owned(&mut *conn, &self.ctx.node.node_id, self.id, epoch).await
+            })
+            .await;
         match owned {
             Ok(false) => {
                 warn!(
@@ -371,11 +378,12 @@ impl Master<'_> {
 
     /// Takes the stored seq of this epoch, if any, so the next publish follows it.
     async fn reload_seq(&mut self) {
-        let state = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::master_state(&mut conn, self.id).await
-        }
-        .await;
+        let state = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| db::copy::master_state(&mut *conn, self.id).await)
+            .await;
         if let Ok(Some(state)) = state
             && state.epoch == self.ctx.epoch()
         {

@@ -4,7 +4,9 @@
 //! the account row `FOR SHARE` and matches the writer's (node, epoch), so a node that lost the
 //! account records (and therefore sends) nothing.
 
-use sqlx::{PgPool, Row};
+use sqlx::Row;
+
+use crate::db::Db;
 
 /// An order of the ledger.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +58,7 @@ pub struct Writer {
 
 /// Records an order about to be sent. False when the writer no longer owns the account (the
 /// order must not go out) or the ClOrdID was recorded before (the intent was sent already).
-pub async fn record_order(pool: &PgPool, w: &Writer, o: &FixOrder) -> Result<bool, sqlx::Error> {
+pub async fn record_order(db: &Db, w: &Writer, o: &FixOrder) -> Result<bool, sqlx::Error> {
     const SQL: &str = r#"
 INSERT INTO fix_orders (account_id, cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, price, node_id, owner_epoch)
 SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $2, $3
@@ -65,38 +67,46 @@ SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $2, $3
    FOR SHARE
 ON CONFLICT (account_id, cl_ord_id) DO NOTHING
 "#;
-    let done = sqlx::query(SQL)
-        .bind(w.account_id)
-        .bind(&w.node_id)
-        .bind(w.epoch)
-        .bind(&o.cl_ord_id)
-        .bind(&o.kind)
-        .bind(&o.symbol)
-        .bind(&o.side)
-        .bind(o.quantity)
-        .bind(o.position_id)
-        .bind(o.magic)
-        .bind(&o.comment)
-        .bind(o.price)
-        .execute(pool)
+    let done = db
+        .run(async |c| {
+            sqlx::query(SQL)
+                .bind(w.account_id)
+                .bind(&w.node_id)
+                .bind(w.epoch)
+                .bind(&o.cl_ord_id)
+                .bind(&o.kind)
+                .bind(&o.symbol)
+                .bind(&o.side)
+                .bind(o.quantity)
+                .bind(o.position_id)
+                .bind(o.magic)
+                .bind(&o.comment)
+                .bind(o.price)
+                .execute(c)
+                .await
+        })
         .await?;
     Ok(done.rows_affected() > 0)
 }
 
 /// The order recorded under a ClOrdID, whatever its state.
 pub async fn order(
-    pool: &PgPool,
+    db: &Db,
     account_id: i64,
     cl_ord_id: &str,
 ) -> Result<Option<(FixOrder, String)>, sqlx::Error> {
-    let row = sqlx::query(
+    let row = db
+        .run(async |c| {
+            sqlx::query(
         "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, price, state \
            FROM fix_orders WHERE account_id = $1 AND cl_ord_id = $2",
     )
     .bind(account_id)
     .bind(cl_ord_id)
-    .fetch_optional(pool)
-    .await?;
+    .fetch_optional(c)
+        .await
+        })
+        .await?;
     row.map(|r| Ok((order_of(&r)?, r.try_get("state")?)))
         .transpose()
 }
@@ -116,14 +126,18 @@ fn order_of(r: &sqlx::postgres::PgRow) -> Result<FixOrder, sqlx::Error> {
 }
 
 /// Orders whose outcome is not known yet (sent, no report), oldest first.
-pub async fn unresolved(pool: &PgPool, account_id: i64) -> Result<Vec<FixOrder>, sqlx::Error> {
-    let rows = sqlx::query(
+pub async fn unresolved(db: &Db, account_id: i64) -> Result<Vec<FixOrder>, sqlx::Error> {
+    let rows = db
+        .run(async |c| {
+            sqlx::query(
         "SELECT cl_ord_id, kind, symbol, side, quantity, position_id, magic, comment, price \
            FROM fix_orders WHERE account_id = $1 AND state = 'sent' ORDER BY sent_at",
     )
     .bind(account_id)
-    .fetch_all(pool)
-    .await?;
+    .fetch_all(c)
+        .await
+        })
+        .await?;
     rows.iter().map(order_of).collect()
 }
 
@@ -131,14 +145,15 @@ pub async fn unresolved(pool: &PgPool, account_id: i64) -> Result<Vec<FixOrder>,
 /// an opening order also records its position with the order's marker. Not fenced: it records
 /// what the venue reports, which is true whoever reads it.
 pub async fn complete_order(
-    pool: &PgPool,
+    db: &Db,
     account_id: i64,
     cl_ord_id: &str,
     outcome: Result<(i64, f64), &str>,
 ) -> Result<(), sqlx::Error> {
     match outcome {
         Ok((position_id, price)) => {
-            sqlx::query(
+            db.run(async |c| {
+                sqlx::query(
                 r#"
 WITH o AS (
     UPDATE fix_orders SET state = 'filled', position_id = $3, done_at = now(), reason = NULL
@@ -153,18 +168,23 @@ ON CONFLICT (account_id, position_id) DO UPDATE SET magic = EXCLUDED.magic, comm
             .bind(cl_ord_id)
             .bind(position_id)
             .bind(price)
-            .execute(pool)
+            .execute(c)
+                .await
+            })
             .await?;
         }
         Err(reason) => {
-            sqlx::query(
-                "UPDATE fix_orders SET state = 'rejected', reason = $3, done_at = now() \
+            db.run(async |c| {
+                sqlx::query(
+                    "UPDATE fix_orders SET state = 'rejected', reason = $3, done_at = now() \
                   WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
-            )
-            .bind(account_id)
-            .bind(cl_ord_id)
-            .bind(reason)
-            .execute(pool)
+                )
+                .bind(account_id)
+                .bind(cl_ord_id)
+                .bind(reason)
+                .execute(c)
+                .await
+            })
             .await?;
         }
     }
@@ -174,33 +194,39 @@ ON CONFLICT (account_id, position_id) DO UPDATE SET magic = EXCLUDED.magic, comm
 /// Sets an order's state (a resting order accepted, cancelled or filled) from what the venue
 /// reported; `from` lists the states it may leave.
 pub async fn set_state(
-    pool: &PgPool,
+    db: &Db,
     account_id: i64,
     cl_ord_id: &str,
     from: &[&str],
     state: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE fix_orders SET state = $3, done_at = now() \
+    db.run(async |c| {
+        sqlx::query(
+            "UPDATE fix_orders SET state = $3, done_at = now() \
           WHERE account_id = $1 AND cl_ord_id = $2 AND state = ANY($4)",
-    )
-    .bind(account_id)
-    .bind(cl_ord_id)
-    .bind(state)
-    .bind(from)
-    .execute(pool)
+        )
+        .bind(account_id)
+        .bind(cl_ord_id)
+        .bind(state)
+        .bind(from)
+        .execute(c)
+        .await
+    })
     .await?;
     Ok(())
 }
 
 /// The account's resting orders in force.
-pub async fn working(pool: &PgPool, account_id: i64) -> Result<Vec<Working>, sqlx::Error> {
-    let rows = sqlx::query(
+pub async fn working(db: &Db, account_id: i64) -> Result<Vec<Working>, sqlx::Error> {
+    let rows = db.run(async |c| {
+        sqlx::query(
         "SELECT cl_ord_id, kind, position_id, price, side, symbol, quantity FROM fix_orders \
           WHERE account_id = $1 AND state = 'working' AND position_id IS NOT NULL AND price IS NOT NULL",
     )
     .bind(account_id)
-    .fetch_all(pool)
+    .fetch_all(c)
+        .await
+    })
     .await?;
     rows.iter()
         .map(|r| {
@@ -219,32 +245,35 @@ pub async fn working(pool: &PgPool, account_id: i64) -> Result<Vec<Working>, sql
 
 /// Removes an order that was recorded but never left (the session was not logged on): the next
 /// attempt may use its ClOrdID.
-pub async fn forget_order(
-    pool: &PgPool,
-    account_id: i64,
-    cl_ord_id: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "DELETE FROM fix_orders WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
-    )
-    .bind(account_id)
-    .bind(cl_ord_id)
-    .execute(pool)
+pub async fn forget_order(db: &Db, account_id: i64, cl_ord_id: &str) -> Result<(), sqlx::Error> {
+    db.run(async |c| {
+        sqlx::query(
+            "DELETE FROM fix_orders WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
+        )
+        .bind(account_id)
+        .bind(cl_ord_id)
+        .execute(c)
+        .await
+    })
     .await?;
     Ok(())
 }
 
 /// Every position of the account the ledger knows (open and closed).
-pub async fn positions(pool: &PgPool, account_id: i64) -> Result<Vec<FixPosition>, sqlx::Error> {
-    let rows = sqlx::query(
-        r#"SELECT position_id, symbol, side, volume, open_price, magic, comment,
+pub async fn positions(db: &Db, account_id: i64) -> Result<Vec<FixPosition>, sqlx::Error> {
+    let rows = db
+        .run(async |c| {
+            sqlx::query(
+                r#"SELECT position_id, symbol, side, volume, open_price, magic, comment,
                   (extract(epoch FROM opened_at) * 1000)::bigint AS opened_ms,
                   (extract(epoch FROM closed_at) * 1000)::bigint AS closed_ms, close_price
              FROM fix_positions WHERE account_id = $1 ORDER BY position_id"#,
-    )
-    .bind(account_id)
-    .fetch_all(pool)
-    .await?;
+            )
+            .bind(account_id)
+            .fetch_all(c)
+            .await
+        })
+        .await?;
     rows.iter()
         .map(|r| {
             Ok(FixPosition {
@@ -265,41 +294,47 @@ pub async fn positions(pool: &PgPool, account_id: i64) -> Result<Vec<FixPosition
 
 /// Records a position seen open (keeping its marker and first sighting). A position the ledger
 /// has seen closed stays closed: venues never reuse a position id.
-pub async fn seen_open(pool: &PgPool, account_id: i64, p: &FixPosition) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        r#"
+pub async fn seen_open(db: &Db, account_id: i64, p: &FixPosition) -> Result<(), sqlx::Error> {
+    db.run(async |c| {
+        sqlx::query(
+            r#"
 INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (account_id, position_id) DO UPDATE
    SET volume = EXCLUDED.volume, open_price = EXCLUDED.open_price
 "#,
-    )
-    .bind(account_id)
-    .bind(p.position_id)
-    .bind(&p.symbol)
-    .bind(&p.side)
-    .bind(p.volume)
-    .bind(p.open_price)
-    .execute(pool)
+        )
+        .bind(account_id)
+        .bind(p.position_id)
+        .bind(&p.symbol)
+        .bind(&p.side)
+        .bind(p.volume)
+        .bind(p.open_price)
+        .execute(c)
+        .await
+    })
     .await?;
     Ok(())
 }
 
 /// Records positions gone (closed), at `close_price` when known.
 pub async fn seen_closed(
-    pool: &PgPool,
+    db: &Db,
     account_id: i64,
     position_id: i64,
     close_price: Option<f64>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE fix_positions SET closed_at = now(), close_price = $3 \
+    db.run(async |c| {
+        sqlx::query(
+            "UPDATE fix_positions SET closed_at = now(), close_price = $3 \
           WHERE account_id = $1 AND position_id = $2 AND closed_at IS NULL",
-    )
-    .bind(account_id)
-    .bind(position_id)
-    .bind(close_price)
-    .execute(pool)
+        )
+        .bind(account_id)
+        .bind(position_id)
+        .bind(close_price)
+        .execute(c)
+        .await
+    })
     .await?;
     Ok(())
 }

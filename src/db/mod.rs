@@ -15,10 +15,13 @@ pub mod setup;
 pub mod status;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
 
+pub use crate::config::Pooler;
 use crate::secret::Secret;
 
 /// Server-side bounds every connection of a running node sets (SPEC S1), derived from the fence
@@ -65,10 +68,15 @@ pub fn node_options(
     let bounds = session.bounds;
     let options = PgConnectOptions::from_str(url.expose())?
         .application_name(&format!("copier-node {node_id}"));
-    if session.pooled {
+    match session.pooler {
+        Pooler::None => {}
         // PgBouncer before 1.20 refuses startup options (or drops them, with
         // `ignore_startup_parameters`): the bounds are set after connecting instead.
-        return Ok(options);
+        Pooler::Session => return Ok(options),
+        // Behind a transaction pooler consecutive transactions may run on different servers: no
+        // named prepared statement may outlive its transaction (the cache is off, so the driver
+        // uses the unnamed one), and the bounds are set in every transaction ([`Session::begin`]).
+        Pooler::Transaction => return Ok(options.statement_cache_capacity(0)),
     }
     Ok(options.options([
         ("statement_timeout", ms(bounds.statement)),
@@ -84,12 +92,15 @@ pub fn node_options(
 
 /// How a node's connections get their bounds: in the startup packet (directly to PostgreSQL, or
 /// a pooler that passes startup options on), or, behind a session pooler (`database_pooler =
-/// "session"`), by `SET` right after connecting. Either way every new connection is checked
-/// before it is used ([`open_session`]).
+/// "session"`), by `SET` right after connecting; either way every new connection is checked
+/// before it is used ([`open_session`]). Behind a transaction pooler (`database_pooler =
+/// "transaction"`) a `SET` does not stick and one connection of the node's maps to many server
+/// connections, so every unit of work is an explicit transaction that begins by setting the
+/// bounds with `SET LOCAL` ([`Session::begin`], [`Db::run`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Session {
     pub bounds: SessionBounds,
-    pub pooled: bool,
+    pub pooler: Pooler,
 }
 
 impl Session {
@@ -97,8 +108,95 @@ impl Session {
     pub fn direct(bounds: SessionBounds) -> Self {
         Session {
             bounds,
-            pooled: false,
+            pooler: Pooler::None,
         }
+    }
+
+    /// Behind a transaction pooler: the one message (one round trip) that begins a unit of work:
+    /// `BEGIN`, `DEALLOCATE ALL`, and the bounds as `SET LOCAL`, which hold until its COMMIT or
+    /// ROLLBACK on whichever server the pooler chose. None otherwise (statements run as they
+    /// are).
+    ///
+    /// `DEALLOCATE ALL`: the driver names its prepared statements `sqlx_s_<n>` per client
+    /// connection, even with its statement cache off, and never closes them then; a server
+    /// connection shared by many clients would collect them, and another client's `sqlx_s_1`
+    /// fails with "already exists". Dropping the server's statements when a unit begins leaves only
+    /// this unit's own there until it ends (the pooler keeps the server for the whole transaction).
+    pub fn begin(&self) -> Option<String> {
+        if self.pooler != Pooler::Transaction {
+            return None;
+        }
+        let ms = |d: Duration| d.as_millis();
+        let b = self.bounds;
+        Some(format!(
+            "BEGIN; DEALLOCATE ALL; SET LOCAL statement_timeout = '{}ms'; SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'; SET LOCAL synchronous_commit = on; SET LOCAL jit = off",
+            ms(b.statement),
+            ms(b.lock),
+            ms(b.idle_in_transaction)
+        ))
+    }
+}
+
+/// Runs one unit of work on `conn`: as it is, or, behind a transaction pooler, inside a
+/// transaction begun with the bounds ([`Session::begin`]) and committed when `work` succeeds
+/// (rolled back when it fails). Keep broker calls and other waits out of `work`: behind a
+/// transaction pooler it holds a server connection for its whole length.
+pub async fn run_on<T>(
+    conn: &mut PgConnection,
+    session: &Session,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match session.begin() {
+        None => work(conn).await,
+        Some(begin) => {
+            let mut tx = conn.begin_with(begin).await?;
+            let out = work(&mut tx).await?;
+            tx.commit().await?;
+            Ok(out)
+        }
+    }
+}
+
+/// The node's pool and how a unit of work runs on it ([`run_on`]): every statement of a running
+/// node other than the lease cycle's (which has a connection of its own) goes through here.
+#[derive(Debug, Clone)]
+pub struct Db {
+    pool: PgPool,
+    session: Arc<Session>,
+}
+
+impl Db {
+    pub fn new(pool: PgPool, session: Session) -> Db {
+        Db {
+            pool,
+            session: Arc::new(session),
+        }
+    }
+
+    /// A pool straight to PostgreSQL (tests, tools).
+    pub fn direct(pool: PgPool) -> Db {
+        Db::new(
+            pool,
+            Session::direct(SessionBounds::for_fence(Duration::from_secs(15))),
+        )
+    }
+
+    /// Runs `work` on a pooled connection as one unit of work ([`run_on`]).
+    pub async fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        run_on(&mut conn, &self.session, work).await
+    }
+
+    /// The pool itself (statements run on it directly skip [`run_on`]: tests only).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
     }
 }
 
@@ -113,7 +211,12 @@ pub async fn open_session(
     session: &Session,
 ) -> Result<(), sqlx::Error> {
     let b = session.bounds;
-    if session.pooled {
+    if session.pooler == Pooler::Transaction {
+        // Nothing sticks to a connection here: every unit of work sets the bounds itself
+        // (`SET LOCAL` in its BEGIN, so they cannot be lost on the way).
+        return Ok(());
+    }
+    if session.pooler == Pooler::Session {
         let ms = |d: Duration| d.as_millis();
         for set in [
             format!("SET statement_timeout = '{}ms'", ms(b.statement)),

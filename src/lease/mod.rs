@@ -162,7 +162,7 @@ async fn cycle(
             *conn = Some(fresh);
         }
         let c = conn.as_mut().expect("connected above");
-        db::lease::cycle(c, &params).await
+        db::run_on(c, session, async |c| db::lease::cycle(c, &params).await).await
     })
     .await;
     let acknowledged = Instant::now();
@@ -182,7 +182,7 @@ async fn cycle(
     };
     let next = core.acknowledged(t0, acknowledged, &outcome)?;
     if new_connection && outcome.member {
-        read_replication(core, conn).await;
+        read_replication(core, session, conn).await;
     }
     Ok(next)
 }
@@ -190,11 +190,16 @@ async fn cycle(
 /// After a cycle on a new connection: what the database promises, published, and a changed
 /// timeline (a failover of the database, which may have lost acknowledged writes) logged.
 /// Read after the cycle, so it never delays a renewal; a failure here changes nothing.
-async fn read_replication(core: &Core<NodeHost>, conn: &mut Option<PgConnection>) {
+async fn read_replication(
+    core: &Core<NodeHost>,
+    session: &db::Session,
+    conn: &mut Option<PgConnection>,
+) {
     let Some(conn) = conn.as_mut() else {
         return;
     };
-    let Ok(Ok(now)) = timeout(core.node.fence, db::replication::read(conn)).await else {
+    let read = db::run_on(conn, session, async |c| db::replication::read(c).await);
+    let Ok(Ok(now)) = timeout(core.node.fence, read).await else {
         return;
     };
     let before = core.state().db;
@@ -239,7 +244,10 @@ async fn leave(
                 *conn = Some(fresh);
             }
             let c = conn.as_mut().expect("connected above");
-            db::lease::leave(c, &node.node_id, &core.instance_id, &node.platform, &epochs).await
+            db::run_on(c, session, async |c| {
+                db::lease::leave(c, &node.node_id, &core.instance_id, &node.platform, &epochs).await
+            })
+            .await
         })
         .await;
         match attempt {

@@ -1,5 +1,7 @@
 //! The node behind PgBouncer 1.18 (issue 20): in session mode it works with every safety bound in
-//! place; a pooler that silently drops the startup options is refused before it carries a cycle.
+//! place; a pooler that silently drops the startup options is refused before it carries a cycle;
+//! in transaction mode, with one server connection for many clients, every unit of work is an
+//! explicit transaction carrying its bounds, and nodes copy without a duplicate.
 
 use std::time::Duration;
 
@@ -7,7 +9,7 @@ use copier_node::broker::types::Side;
 
 use crate::support::broker::Scratch;
 use crate::support::fixture::{CopySetup, master_and_follower};
-use crate::support::pgbouncer::{self, PgBouncer};
+use crate::support::pgbouncer;
 use crate::support::{FAST, LinkSpec, config_url, eventually, start_node};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -21,7 +23,7 @@ async fn a_node_copies_through_pgbouncer_in_session_mode_with_its_bounds_set() {
     }
     let mut s = CopySetup::new("pooler-session").await;
     let dir = Scratch::new("pgbouncer-session");
-    let bouncer = PgBouncer::start(&dir.0, &s.db.url, "session", "extra_float_digits");
+    let bouncer = pgbouncer::start(&dir.0, &s.db.url, "session", "extra_float_digits");
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
     let mut cfg = config_url(&bouncer.url(&s.db.name), "pooled", 10, FAST);
     cfg.database_pooler = copier_node::config::Pooler::Session;
@@ -50,7 +52,7 @@ async fn a_pooler_that_drops_the_startup_options_is_refused() {
     }
     let mut s = CopySetup::new("pooler-drops").await;
     let dir = Scratch::new("pgbouncer-drops");
-    let bouncer = PgBouncer::start(&dir.0, &s.db.url, "session", "extra_float_digits,options");
+    let bouncer = pgbouncer::start(&dir.0, &s.db.url, "session", "extra_float_digits,options");
     master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
     let cfg = config_url(&bouncer.url(&s.db.name), "trusting", 10, FAST);
     let node = start_node(&cfg).await;
@@ -82,4 +84,184 @@ async fn a_pooler_that_drops_the_startup_options_is_refused() {
     })
     .await;
     node.shutdown();
+}
+
+/// Through PgBouncer in transaction mode with ONE server connection shared by forty clients, every
+/// unit of work (`Db::run`) sees the node's bounds (set with `SET LOCAL` in its BEGIN), a bare
+/// statement through the same pooler does not (nothing sticks to a client in this mode), and
+/// parameterised statements run concurrently by many clients each get their own answer: the
+/// driver's Parse/Describe/Sync and Bind/Execute/Sync halves stay on one server inside the
+/// transaction, so no client binds to another's statement.
+#[tokio::test]
+async fn through_a_transaction_pooler_every_unit_of_work_carries_the_bounds_and_its_own_statement()
+{
+    use copier_node::db::{self, Db, Pooler, Session, SessionBounds};
+    if !pgbouncer::available() {
+        return;
+    }
+    let db_ = crate::support::TestDb::new().await;
+    let dir = Scratch::new("pgbouncer-tx-units");
+    let bouncer = pgbouncer::start_sized(&dir.0, &db_.url, "transaction", "extra_float_digits", 1);
+    let session = Session {
+        bounds: SessionBounds::for_fence(Duration::from_millis(1500)),
+        pooler: Pooler::Transaction,
+    };
+    // The URL as the node holds it (a secret), from the configuration layers.
+    let url = config_url(&bouncer.url(&db_.name), "units", 10, FAST).database_url;
+    let clients: Vec<Db> = (0..40)
+        .map(|i| {
+            let options = db::node_options(&url, &format!("client{i}"), session).unwrap();
+            Db::new(
+                db::node_pool(options, Duration::from_secs(20), session),
+                session,
+            )
+        })
+        .collect();
+    let settings = clients[0]
+        .run(async |c| {
+            sqlx::query_as::<_, (String, String, String, String)>(
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+                        current_setting('idle_in_transaction_session_timeout'), current_setting('synchronous_commit')",
+            )
+            .fetch_one(c)
+            .await
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        settings,
+        ("500ms".into(), "300ms".into(), "500ms".into(), "on".into()),
+        "the bounds inside a unit of work"
+    );
+    let bare: String = sqlx::query_scalar("SELECT current_setting('statement_timeout')")
+        .persistent(false)
+        .fetch_one(clients[0].pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        bare, "0",
+        "outside a unit of work nothing is set (no SET sticks)"
+    );
+    // Forty clients, one server connection, 25 parameterised statements each, interleaved.
+    let tasks: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, client)| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for k in 0..25i64 {
+                    let mine = i as i64 * 1000 + k;
+                    let (back, text): (i64, String) = client
+                        .run(async |c| {
+                            sqlx::query_as("SELECT $1::bigint, $2::text")
+                                .bind(mine)
+                                .bind(format!("client {i}"))
+                                .fetch_one(c)
+                                .await
+                        })
+                        .await
+                        .unwrap_or_else(|e| panic!("client {i}: {}", db::describe(&e)));
+                    assert_eq!((back, text), (mine, format!("client {i}")));
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Three nodes through PgBouncer in transaction mode with one server connection
+/// (`default_pool_size = 1`): two listen on a direct connection (`listen_database_url`), one polls
+/// (`events_poll`). They share two masters and four followers and copy every trade once.
+#[tokio::test]
+async fn nodes_copy_through_a_transaction_pooler_with_one_server_connection() {
+    use crate::support::{add_account, add_link, config_listen};
+    if !pgbouncer::available() {
+        return;
+    }
+    let mut s = CopySetup::new("pooler-transaction").await;
+    let dir = Scratch::new("pgbouncer-transaction");
+    let bouncer = pgbouncer::start_sized(&dir.0, &s.db.url, "transaction", "extra_float_digits", 1);
+    let mut magics = Vec::new();
+    for m in 1..=2 {
+        add_account(&mut s.conn, m, "master", &s.addr, &format!("m{m}")).await;
+    }
+    for f in 3..=6 {
+        add_account(&mut s.conn, f, "follower", &s.addr, &format!("f{f}")).await;
+        let (_, magic) = add_link(&mut s.conn, 1 + (f % 2), f, LinkSpec::default()).await;
+        magics.push((f, 1 + (f % 2), magic));
+    }
+    let pooled = bouncer.url(&s.db.name);
+    let mut nodes = Vec::new();
+    for (i, id) in ["ta", "tb", "tc"].into_iter().enumerate() {
+        let mut cfg = config_listen(&pooled, &s.db.url, id, 10, FAST);
+        cfg.database_pooler = copier_node::config::Pooler::Transaction;
+        if i == 2 {
+            cfg.events_poll = Some(Duration::from_millis(100));
+        }
+        nodes.push(start_node(&cfg).await);
+    }
+    eventually("every account owned", WAIT, async || {
+        let owned: usize = nodes.iter().map(|n| n.state.borrow().owned.len()).sum();
+        (owned == 6).then_some(())
+    })
+    .await;
+    let mut opened = Vec::new();
+    for round in 0..3 {
+        for m in 1..=2 {
+            let t =
+                s.t.open(
+                    &format!("m{m}"),
+                    "EURUSD",
+                    Side::Buy,
+                    0.1 * (round + 1) as f64,
+                    None,
+                    None,
+                )
+                .await;
+            opened.push((m, t));
+        }
+    }
+    for (f, m, magic) in &magics {
+        for (_, ticket) in opened.iter().filter(|(om, _)| om == m) {
+            s.t.copy_of(&format!("f{f}"), *magic, *ticket, WAIT).await;
+        }
+    }
+    for (m, ticket) in &opened {
+        s.t.close(&format!("m{m}"), *ticket, None).await;
+    }
+    for f in 3..=6 {
+        eventually(format!("f{f} flat"), WAIT, async || {
+            s.t.positions(&format!("f{f}"))
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    }
+    let journal = crate::support::broker::journal(&s.dir.path("journal.jsonl"));
+    let mut opens = std::collections::HashMap::new();
+    for l in journal
+        .iter()
+        .filter(|l| l.action == "open" && l.accepted && l.client != "manual")
+    {
+        *opens
+            .entry((l.login.clone(), l.comment.clone()))
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        opens.len(),
+        12,
+        "one copy per master trade per follower: {opens:?}"
+    );
+    assert!(opens.values().all(|n| *n == 1), "duplicates: {opens:?}");
+    for n in &nodes {
+        assert!(
+            n.state.borrow().last_error.is_none(),
+            "{:?}",
+            n.state.borrow().last_error
+        );
+        n.shutdown();
+    }
 }

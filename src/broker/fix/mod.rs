@@ -29,8 +29,6 @@ mod session;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::PgPool;
-
 use super::{AccountLogin, BoxFuture, Broker, BrokerError, RejectCode, Rejection, Session};
 
 /// How the master's trades reach the session.
@@ -151,11 +149,11 @@ pub struct FixBroker {
     server: String,
     endpoint: Result<FixEndpoint, String>,
     node_id: String,
-    pool: Option<PgPool>,
+    pool: Option<crate::db::Db>,
 }
 
 impl FixBroker {
-    pub fn new(server: &str, node_id: &str, pool: Option<PgPool>) -> FixBroker {
+    pub fn new(server: &str, node_id: &str, pool: Option<crate::db::Db>) -> FixBroker {
         FixBroker {
             server: server.to_string(),
             endpoint: FixEndpoint::parse(server),

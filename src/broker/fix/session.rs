@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -26,7 +25,7 @@ use crate::secret::Secret;
 
 pub(super) struct LoginArgs {
     pub endpoint: FixEndpoint,
-    pub pool: PgPool,
+    pub pool: crate::db::Db,
     pub node_id: String,
     pub account_id: i64,
     pub epoch: i64,
@@ -58,7 +57,7 @@ struct Shared {
     endpoint: FixEndpoint,
     /// The account's login at the venue (Account, tag 1, of position requests).
     login: String,
-    pool: PgPool,
+    pool: crate::db::Db,
     writer: Writer,
     engine: Engine,
     link: watch::Sender<Link>,

@@ -57,18 +57,21 @@ impl Follower<'_> {
                 })
                 .collect();
             if copies.is_empty() {
-                let forgotten = async {
-                    let mut conn = self.ctx.node.pool.acquire().await?;
-                    db::copy::forget_removed_link(
-                        &mut conn,
-                        &self.ctx.node.node_id,
-                        self.id,
-                        self.ctx.epoch(),
-                        r.link_id,
-                    )
-                    .await
-                }
-                .await;
+                let forgotten = self
+                    .ctx
+                    .node
+                    .db
+                    .run(async |conn| {
+                        db::copy::forget_removed_link(
+                            &mut *conn,
+                            &self.ctx.node.node_id,
+                            self.id,
+                            self.ctx.epoch(),
+                            r.link_id,
+                        )
+                        .await
+                    })
+                    .await;
                 if forgotten.is_ok() {
                     info!(link_id = r.link_id, "removed link's copies all closed");
                     self.removed.retain(|x| x.link_id != r.link_id);
@@ -96,14 +99,17 @@ impl Follower<'_> {
     }
 
     async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
-        let loaded = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            let rows = db::copy::load_links(&mut conn, self.id).await?;
-            let max = db::copy::follower_max_open_copies(&mut conn, self.id).await?;
-            let removed = db::copy::removed_links(&mut conn, self.id).await?;
-            Ok::<_, sqlx::Error>((rows, max, removed))
-        }
-        .await;
+        let loaded = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                let rows = db::copy::load_links(&mut *conn, self.id).await?;
+                let max = db::copy::follower_max_open_copies(&mut *conn, self.id).await?;
+                let removed = db::copy::removed_links(&mut *conn, self.id).await?;
+                Ok::<_, sqlx::Error>((rows, max, removed))
+            })
+            .await;
         let rows = match loaded {
             Ok((rows, max, removed)) => {
                 self.max_open_copies = max;

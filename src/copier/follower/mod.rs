@@ -221,11 +221,14 @@ impl Follower<'_> {
     /// broker keeps), and records the copies of master `m` a read shows that have no row yet
     /// (an order whose reply was lost, found by its marker).
     async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) -> bool {
-        let copied = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::ledger::copied(&mut conn, self.id, &self.server, &self.login).await
-        }
-        .await;
+        let copied = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::ledger::copied(&mut *conn, self.id, &self.server, &self.login).await
+            })
+            .await;
         let copied = match copied {
             Ok(c) => c,
             Err(e) => {
@@ -367,15 +370,18 @@ impl Follower<'_> {
                 }
             }
         }
-        let db_read = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            let state = db::copy::master_state(&mut conn, m).await?;
-            let funds = db::copy::account_funds(&mut conn, m).await?;
-            let bases = db::copy::load_bases(&mut conn, self.id).await?;
-            let decided = db::copy::load_decided(&mut conn, self.id).await?;
-            Ok::<_, sqlx::Error>((state, funds, bases, decided))
-        }
-        .await;
+        let db_read = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                let state = db::copy::master_state(&mut *conn, m).await?;
+                let funds = db::copy::account_funds(&mut *conn, m).await?;
+                let bases = db::copy::load_bases(&mut *conn, self.id).await?;
+                let decided = db::copy::load_decided(&mut *conn, self.id).await?;
+                Ok::<_, sqlx::Error>((state, funds, bases, decided))
+            })
+            .await;
         let (state, master_funds, bases, decided) = match db_read {
             Ok(x) => x,
             Err(e) => {
@@ -508,11 +514,12 @@ impl Follower<'_> {
     }
 
     async fn refresh_master_funds(&mut self, m: i64) {
-        let result = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::account_funds(&mut conn, m).await
-        }
-        .await;
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| db::copy::account_funds(&mut *conn, m).await)
+            .await;
         if let Ok(funds) = result {
             self.master_funds.insert(m, funds);
         }

@@ -335,22 +335,25 @@ impl Follower<'_> {
         reason: &str,
         is_final: bool,
     ) {
-        let result = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::record_decision(
-                &mut conn,
-                &self.ctx.node.node_id,
-                self.id,
-                self.ctx.epoch(),
-                link.id,
-                master_ticket,
-                code.as_str(),
-                reason,
-                is_final,
-            )
-            .await
-        }
-        .await;
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::record_decision(
+                    &mut *conn,
+                    &self.ctx.node.node_id,
+                    self.id,
+                    self.ctx.epoch(),
+                    link.id,
+                    master_ticket,
+                    code.as_str(),
+                    reason,
+                    is_final,
+                )
+                .await
+            })
+            .await;
         match result {
             Ok(true) => {}
             Ok(false) => self.ctx.lost().await,
@@ -396,18 +399,21 @@ impl Follower<'_> {
                 metrics.copy_leg(leg, (to - from).max(0) as f64 / 1000.0);
             }
         }
-        let result = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::ledger::record_copy(
-                &mut conn,
-                &self.ctx.node.node_id,
-                self.id,
-                self.ctx.epoch(),
-                record,
-            )
-            .await
-        }
-        .await;
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::ledger::record_copy(
+                    &mut *conn,
+                    &self.ctx.node.node_id,
+                    self.id,
+                    self.ctx.epoch(),
+                    record,
+                )
+                .await
+            })
+            .await;
         match result {
             Ok(true) => {}
             Ok(false) => debug!(
@@ -428,21 +434,24 @@ impl Follower<'_> {
         master_volume: f64,
     ) {
         self.memory.bases.insert(copy_ticket, master_volume);
-        let result = async {
-            let mut conn = self.ctx.node.pool.acquire().await?;
-            db::copy::record_base(
-                &mut conn,
-                &self.ctx.node.node_id,
-                self.id,
-                self.ctx.epoch(),
-                copy_ticket,
-                link.id,
-                master_ticket,
-                master_volume,
-            )
-            .await
-        }
-        .await;
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::record_base(
+                    &mut *conn,
+                    &self.ctx.node.node_id,
+                    self.id,
+                    self.ctx.epoch(),
+                    copy_ticket,
+                    link.id,
+                    master_ticket,
+                    master_volume,
+                )
+                .await
+            })
+            .await;
         if let Err(e) = result {
             warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
         }

@@ -1,0 +1,160 @@
+//! The lease cycle through PgBouncer (Debian's 1.18), beside the same cycle straight to
+//! PostgreSQL in the same run: in session mode (the bounds SET once per connection) and in
+//! transaction mode (every cycle an explicit transaction that begins with `DEALLOCATE ALL` and
+//! the bounds as `SET LOCAL`, then COMMIT). Floors: one `SELECT 1` round trip to PostgreSQL and
+//! through PgBouncer.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::cycle::fill;
+use crate::stats::Stats;
+use crate::{Options, Pg, Report};
+use copier_node::db::lease::{CycleParams, cycle};
+use copier_node::db::{self, Pooler, Session, SessionBounds};
+use copier_node::pgtmp::{PGBOUNCER, PgBouncer};
+use serde::Serialize;
+use sqlx::{Connection, PgConnection};
+use tokio::time::Instant;
+
+#[derive(Serialize)]
+pub(crate) struct PoolerRow {
+    pub(crate) path: String,
+    pub(crate) owned: i64,
+    pub(crate) cycle: Stats,
+    pub(crate) select_1: Stats,
+}
+
+/// A node's cycle connection over `url` in `pooler` mode, its bounds in place.
+async fn node_connection(url: &str, session: Session) -> anyhow::Result<PgConnection> {
+    let options = db::node_options(&copier_node::config::Secret::new(url), "bench", session)?;
+    let mut conn = sqlx::ConnectOptions::connect(&options).await?;
+    db::open_session(&mut conn, &session).await?;
+    Ok(conn)
+}
+
+async fn select_1(conn: &mut PgConnection, runs: usize) -> anyhow::Result<Stats> {
+    let mut samples = Vec::new();
+    for i in 0..runs + 3 {
+        let t = Instant::now();
+        // Unnamed, so it is safe outside a transaction behind a transaction pooler too.
+        sqlx::query("SELECT 1")
+            .persistent(false)
+            .execute(&mut *conn)
+            .await?;
+        if i >= 3 {
+            samples.push(t.elapsed());
+        }
+    }
+    Ok(Stats::of(&samples))
+}
+
+pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Result<()> {
+    if !std::path::Path::new(PGBOUNCER).exists() {
+        println!("pooler: skipped, {PGBOUNCER} is not installed");
+        report.markdown.push(format!(
+            "## Lease cycle through PgBouncer\n\nNot measured: {PGBOUNCER} is not installed here.\n"
+        ));
+        return Ok(());
+    }
+    let (rows, owned) = if options.smoke {
+        (10_000, 100)
+    } else {
+        (100_000, 1_000)
+    };
+    let runs = if options.smoke { 10 } else { 200 };
+    let name = format!("bench_pooler_{owned}");
+    let url = pg.database(&name).await?;
+    let mut admin = PgConnection::connect(&url).await?;
+    fill(&mut admin, "trading_accounts", rows, owned).await?;
+    let held: Vec<i64> =
+        sqlx::query_scalar("SELECT owner_epoch FROM trading_accounts WHERE node_id = 'x'")
+            .fetch_all(&mut admin)
+            .await?;
+    let dir = std::env::temp_dir().join(format!("copier-bench-pgbouncer-{}", std::process::id()));
+    let bounds = SessionBounds::for_fence(Duration::from_secs(60));
+    let mut md = String::from(
+        "| path | owned | cycle p50 / p99 | `SELECT 1` p50 / p99 | cycle ÷ direct cycle |\n|---|---:|---:|---:|---:|\n",
+    );
+    let mut direct_p50 = f64::NAN;
+    for (path, mode) in [
+        ("PostgreSQL directly", None),
+        (
+            "PgBouncer, session mode",
+            Some(("session", Pooler::Session)),
+        ),
+        (
+            "PgBouncer, transaction mode",
+            Some(("transaction", Pooler::Transaction)),
+        ),
+    ] {
+        let (bouncer, session, target) = match mode {
+            None => (None, Session::direct(bounds), url.clone()),
+            Some((pool_mode, pooler)) => {
+                let server = url.clone();
+                let d = dir.join(pool_mode);
+                let b = tokio::task::spawn_blocking(move || {
+                    PgBouncer::start(&d, &server, pool_mode, "extra_float_digits", 4)
+                })
+                .await??;
+                let target = b.url(&name);
+                (Some(b), Session { bounds, pooler }, target)
+            }
+        };
+        let mut conn = node_connection(&target, session).await?;
+        let params = CycleParams {
+            node_id: "x",
+            instance_id: "ix",
+            platform: "mt5",
+            capacity: 2 * owned as u32,
+            claim_limit: 2 * owned as u32,
+            trust: Duration::from_secs(45),
+            owned: held.len() as u32,
+            lease: Duration::from_secs(60),
+            held: &held,
+            claim: true,
+            kept: &[],
+        };
+        let mut samples = Vec::new();
+        for i in 0..runs + 3 {
+            let t = Instant::now();
+            let out = db::run_on(&mut conn, &session, async |c| cycle(c, &params).await).await?;
+            if i >= 3 {
+                samples.push(t.elapsed());
+            }
+            anyhow::ensure!(
+                out.owned.len() == held.len(),
+                "{path}: the node kept {} of {} rows",
+                out.owned.len(),
+                held.len()
+            );
+        }
+        let c = Stats::of(&samples);
+        let s = select_1(&mut conn, runs).await?;
+        if mode.is_none() {
+            direct_p50 = c.p50_ms;
+        }
+        println!("pooler {path}: cycle {} select 1 {}", c.show(), s.show());
+        let _ = writeln!(
+            md,
+            "| {path} | {owned} | {} | {} | {:.2}× |",
+            c.show(),
+            s.show(),
+            c.p50_ms / direct_p50
+        );
+        report.pooler.push(PoolerRow {
+            path: path.to_string(),
+            owned,
+            cycle: c,
+            select_1: s,
+        });
+        conn.close().await?;
+        drop(bouncer);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    admin.close().await?;
+    report.markdown.push(format!(
+        "## Lease cycle through PgBouncer\n\nOne node's whole cycle owning {owned} accounts (room for as many more) in a table of {rows} rows shaped as in \"Lease cycle\", {runs} cycles after 3 warm-up cycles, on one connection: straight to PostgreSQL, through PgBouncer 1.18 in session mode (`database_pooler = \"session\"`), and in transaction mode (`database_pooler = \"transaction\"`: each cycle is `BEGIN; DEALLOCATE ALL; SET LOCAL` the bounds, the cycle statement, `COMMIT`: two round trips more). Floor on each path: one `SELECT 1` round trip, p50 and p99 over {runs}.\n\n{md}"
+    ));
+    Ok(())
+}
