@@ -412,6 +412,11 @@ pub struct ServeArgs {
     /// balance, equity and profits count in it, converted at the market's prices.
     #[arg(long, value_name = "LOGIN=CURRENCY")]
     pub currency: Vec<String>,
+    /// Daily trading sessions of a base symbol on the server's (UTC) clock, e.g.
+    /// `XAUUSD=01:00-23:00` or `US30=13:30-20:00,21:00-22:00` (repeat for several; others trade
+    /// around the clock). Outside them orders on it are refused with `market closed`.
+    #[arg(long, value_name = "SYMBOL=HH:MM-HH:MM[,...]")]
+    pub session: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -65,6 +65,10 @@ pub(crate) const BROKER_CONNECTION: Backoff = Backoff::new(ms(100), ms(5_000));
 pub(crate) const BROKER_LOGIN: Backoff = Backoff::new(ms(250), ms(30_000));
 /// A follower's owed reconcile (an unknown outcome, a refused close, an input not known yet).
 pub(crate) const FOLLOWER_RECONCILE: Backoff = Backoff::new(ms(250), ms(30_000));
+/// The longest a follower waits before sending again a close the broker refused because the
+/// market is closed (the backoff above may have grown to 30 s): the close goes out at most this
+/// long after the market opens.
+pub(crate) const MARKET_CLOSED: Duration = ms(5_000);
 /// A master session reading its published state at start.
 pub(crate) const MASTER_PUBLISH: Backoff = Backoff::new(ms(200), ms(5_000));
 /// The batched status writes.

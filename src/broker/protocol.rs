@@ -87,6 +87,13 @@ pub enum Request {
         count: u32,
         reason: String,
     },
+    /// The simulated broker's market switch (not part of what a bridge implements): open
+    /// (`true`) or close (`false`) the market of a base symbol and its suffixed variants now,
+    /// or hand it back to its trading sessions (`null`).
+    Market {
+        symbol: String,
+        open: Option<bool>,
+    },
 }
 
 impl Request {

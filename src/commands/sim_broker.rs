@@ -4,6 +4,7 @@ use super::CommandError;
 use crate::cli::{SimBrokerCommand, TradeAction};
 use crate::config::{LogFormat, parse_duration};
 use crate::shutdown;
+use crate::sim_broker::market::Sessions;
 use crate::sim_broker::tools::{self, HandOrder};
 use crate::sim_broker::{ServeOptions, SimBroker};
 use crate::telemetry::{self, Output};
@@ -59,6 +60,20 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                             .parse()
                             .map_err(|e| CommandError::usage(format!("--currency {kv}: {e}")))?;
                         Ok((login.to_string(), currency))
+                    })
+                    .collect::<Result<_, CommandError>>()?,
+                sessions: args
+                    .session
+                    .iter()
+                    .map(|kv| {
+                        let (symbol, windows) = kv.split_once('=').ok_or_else(|| {
+                            CommandError::usage(format!(
+                                "--session {kv}: expected SYMBOL=HH:MM-HH:MM[,...]"
+                            ))
+                        })?;
+                        let sessions = Sessions::parse(windows)
+                            .map_err(|e| CommandError::usage(format!("--session {kv}: {e}")))?;
+                        Ok((symbol.to_string(), sessions))
                     })
                     .collect::<Result<_, CommandError>>()?,
                 symbol_suffixes: if args.symbol_suffix.is_empty() {

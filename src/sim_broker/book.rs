@@ -473,6 +473,7 @@ impl Book {
                 .market
                 .price(&order.symbol)
                 .ok_or_else(|| format!("unknown symbol {}", order.symbol))?;
+            self.market.check_open(&order.symbol, now_ms)?;
             self.market.check_volume(&order.symbol, order.volume)?;
             check_stops(order.side, price, order.sl, order.tp)?;
             check_price_limit(order.side, price, order.price_limit)?;
@@ -563,6 +564,7 @@ impl Book {
                 .cloned()
                 .ok_or_else(|| format!("unknown ticket {}", order.ticket))?;
             let volume = order.volume.unwrap_or(position.volume);
+            self.market.check_open(&position.symbol, now_ms)?;
             self.market.check_volume(&position.symbol, volume)?;
             if volume > position.volume + 1e-9 {
                 return Err(format!(
@@ -642,6 +644,7 @@ impl Book {
                 .get(&order.ticket)
                 .cloned()
                 .ok_or_else(|| format!("unknown ticket {}", order.ticket))?;
+            self.market.check_open(&position.symbol, now_ms)?;
             let price = self
                 .market
                 .price(&position.symbol)

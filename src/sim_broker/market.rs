@@ -1,6 +1,6 @@
 //! Symbols, prices and the trading rules the simulated trade server enforces.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::types::{Currency, Side, SymbolSpec};
 
@@ -16,12 +16,68 @@ const BASE: &[(&str, f64, f64, f64, &str)] = &[
 /// Tolerance when checking that a volume is a whole number of steps.
 const STEP_EPSILON: f64 = 1e-7;
 
-/// The market: symbol rules and current prices.
+/// The market: symbol rules, current prices and trading hours.
 #[derive(Debug, Clone)]
 pub struct Market {
     symbols: BTreeMap<String, SymbolSpec>,
     base_prices: BTreeMap<String, f64>,
     ticks: u64,
+    /// Each listed symbol's base symbol (`XAUUSD.m` -> `XAUUSD`).
+    bases: HashMap<String, String>,
+    /// Daily trading sessions by base symbol (absent: always open).
+    sessions: HashMap<String, Sessions>,
+    /// The switch over the sessions by base symbol: open or closed now, whatever they say.
+    switched: HashMap<String, bool>,
+}
+
+/// A symbol's daily trading sessions on the server's clock (UTC here), each `[start, end)` in
+/// minutes of the day; an end at or before its start runs past midnight (`22:00-06:00`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sessions(pub Vec<(u32, u32)>);
+
+impl Sessions {
+    /// Parses `HH:MM-HH:MM[,HH:MM-HH:MM...]` (`24:00` ends a day).
+    pub fn parse(text: &str) -> Result<Sessions, String> {
+        let minute = |t: &str| -> Result<u32, String> {
+            let (h, m) = t
+                .split_once(':')
+                .ok_or_else(|| format!("{t:?} is not HH:MM"))?;
+            let (h, m): (u32, u32) = (
+                h.parse().map_err(|_| format!("{t:?} is not HH:MM"))?,
+                m.parse().map_err(|_| format!("{t:?} is not HH:MM"))?,
+            );
+            if m >= 60 || h > 24 || (h == 24 && m > 0) {
+                return Err(format!("{t:?} is not a time of day"));
+            }
+            Ok(h * 60 + m)
+        };
+        let windows = text
+            .split(',')
+            .map(|w| {
+                let (a, b) = w
+                    .trim()
+                    .split_once('-')
+                    .ok_or_else(|| format!("{w:?} is not HH:MM-HH:MM"))?;
+                Ok((minute(a.trim())?, minute(b.trim())?))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if windows.is_empty() {
+            return Err("no session".into());
+        }
+        Ok(Sessions(windows))
+    }
+
+    /// True when `now_ms` (Unix ms) falls in a session.
+    pub fn open_at(&self, now_ms: i64) -> bool {
+        let minute = (now_ms.rem_euclid(86_400_000) / 60_000) as u32;
+        self.0.iter().any(|&(start, end)| {
+            if start < end {
+                (start..end).contains(&minute)
+            } else {
+                minute >= start || minute < end
+            }
+        })
+    }
 }
 
 impl Default for Market {
@@ -64,10 +120,52 @@ impl Market {
             }
         }
         let base_prices = symbols.iter().map(|(k, s)| (k.clone(), s.price)).collect();
+        let bases = BASE
+            .iter()
+            .flat_map(|(name, ..)| {
+                suffixes
+                    .iter()
+                    .map(move |suffix| (format!("{name}{suffix}"), name.to_string()))
+            })
+            .collect();
         Market {
             symbols,
             base_prices,
             ticks: 0,
+            bases,
+            sessions: HashMap::new(),
+            switched: HashMap::new(),
+        }
+    }
+
+    /// Trading sessions of `base` (and every suffixed variant); outside them orders on it are
+    /// refused with `market closed`.
+    pub fn set_sessions(&mut self, base: &str, sessions: Sessions) {
+        self.sessions.insert(base.to_string(), sessions);
+    }
+
+    /// Opens (`Some(true)`) or closes (`Some(false)`) `base`'s market now, whatever its sessions
+    /// say, or hands it back to them (`None`).
+    pub fn switch(&mut self, base: &str, open: Option<bool>) {
+        match open {
+            Some(open) => self.switched.insert(base.to_string(), open),
+            None => self.switched.remove(base),
+        };
+    }
+
+    /// `Err("market closed ...")` when `symbol`'s market is closed at `now_ms`.
+    pub fn check_open(&self, symbol: &str, now_ms: i64) -> Result<(), String> {
+        let Some(base) = self.bases.get(symbol) else {
+            return Ok(());
+        };
+        let open = match self.switched.get(base) {
+            Some(open) => *open,
+            None => self.sessions.get(base).is_none_or(|s| s.open_at(now_ms)),
+        };
+        if open {
+            Ok(())
+        } else {
+            Err(format!("market closed for {symbol}"))
         }
     }
 
@@ -293,5 +391,57 @@ mod tests {
         assert_eq!(a.price("EURUSD"), b.price("EURUSD"));
         let p = a.price("EURUSD").unwrap();
         assert!((p - 1.1).abs() <= 1.1 * 0.0051, "{p}");
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+
+    const H: i64 = 3_600_000;
+
+    #[test]
+    fn sessions_open_and_close_by_the_minute_of_the_server_day() {
+        let day = Sessions::parse("01:00-23:00").unwrap();
+        let monday = 1_700_438_400_000; // 2023-11-20 00:00 UTC
+        assert!(!day.open_at(monday));
+        assert!(day.open_at(monday + H));
+        assert!(day.open_at(monday + 23 * H - 1));
+        assert!(!day.open_at(monday + 23 * H));
+        let night = Sessions::parse("22:00-06:00, 12:00-12:30").unwrap();
+        assert!(night.open_at(monday + 23 * H) && night.open_at(monday + 5 * H));
+        assert!(!night.open_at(monday + 6 * H));
+        assert!(night.open_at(monday + 12 * H + 29 * 60_000));
+        assert!(!night.open_at(monday + 12 * H + 30 * 60_000));
+        assert!(
+            Sessions::parse("00:00-24:00")
+                .unwrap()
+                .open_at(monday + 23 * H + 59 * 60_000)
+        );
+        for bad in ["", "9-17", "09:00", "25:00-26:00", "09:60-10:00"] {
+            assert!(Sessions::parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn a_closed_market_refuses_every_variant_of_its_symbol_and_the_switch_overrides_sessions() {
+        let mut m = Market::new();
+        let monday = 1_700_438_400_000;
+        m.set_sessions("XAUUSD", Sessions::parse("01:00-23:00").unwrap());
+        for s in ["XAUUSD", "XAUUSD.m"] {
+            let e = m.check_open(s, monday).unwrap_err();
+            assert!(e.starts_with("market closed"), "{e}");
+            assert!(m.check_open(s, monday + H).is_ok());
+        }
+        assert!(
+            m.check_open("EURUSD", monday).is_ok(),
+            "other symbols trade"
+        );
+        m.switch("XAUUSD", Some(true));
+        assert!(m.check_open("XAUUSD.m", monday).is_ok());
+        m.switch("XAUUSD", Some(false));
+        assert!(m.check_open("XAUUSD", monday + H).is_err());
+        m.switch("XAUUSD", None);
+        assert!(m.check_open("XAUUSD", monday + H).is_ok());
     }
 }

@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 
 use super::book::{Book, Effects};
 use super::journal::Journal;
+use super::market::Sessions;
 use super::store::Store;
 use crate::broker::RejectCode;
 use crate::broker::protocol::{
@@ -59,6 +60,9 @@ pub struct ServeOptions {
     pub contract_sizes: HashMap<String, f64>,
     /// Currencies of named accounts (login -> currency); others count in US dollars.
     pub currencies: HashMap<String, Currency>,
+    /// Daily trading sessions by base symbol (others trade around the clock): outside them
+    /// orders on the symbol are refused with `market closed`.
+    pub sessions: HashMap<String, Sessions>,
 }
 
 impl ServeOptions {
@@ -76,6 +80,7 @@ impl ServeOptions {
             symbol_suffixes: vec![String::new(), ".m".to_string()],
             contract_sizes: HashMap::new(),
             currencies: HashMap::new(),
+            sessions: HashMap::new(),
         }
     }
 }
@@ -115,6 +120,9 @@ impl SimBroker {
         }
         for (login, currency) in &options.currencies {
             book.set_currency(login, *currency);
+        }
+        for (symbol, sessions) in &options.sessions {
+            book.market.set_sessions(symbol, sessions.clone());
         }
         let store = match &options.state {
             Some(path) => Some(Store::open(path, &mut book)?),
@@ -394,6 +402,10 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 );
             }
             core.book.refuse(&login, &order, count, &reason);
+            ok(id, &serde_json::json!({}))
+        }
+        Request::Market { symbol, open } => {
+            core.book.market.switch(&symbol, open);
             ok(id, &serde_json::json!({}))
         }
         Request::Symbols => ok(

@@ -79,6 +79,20 @@ pub async fn refuse(
     result.map(|_| ())
 }
 
+/// Opens (`Some(true)`) or closes (`Some(false)`) a base symbol's market on the simulated broker
+/// now, or hands it back to its trading sessions (`None`).
+pub async fn set_market(broker: &str, symbol: &str, open: Option<bool>) -> Result<(), BrokerError> {
+    let client = connect(broker).await?;
+    let result = client
+        .call(Request::Market {
+            symbol: symbol.into(),
+            open,
+        })
+        .await;
+    client.close();
+    result.map(|_| ())
+}
+
 /// Sends a hand order; for an open, returns the new ticket.
 pub async fn trade(
     broker: &str,

@@ -808,3 +808,147 @@ async fn a_malformed_link_is_reported_and_the_others_copy_and_a_bad_role_is_refu
     node.shutdown();
     node.wait().await.unwrap();
 }
+
+/// Issue 21, market hours: the follower's server trades XAUUSD in sessions (the master's server
+/// around the clock). An open outside them is retried within the link's `max_delay_ms` and then
+/// recorded as expired (`too_late`), never sent once the market opens; a close outside them is
+/// queued and sent when the market opens: never dropped.
+#[tokio::test]
+async fn market_hours_expire_a_late_open_and_queue_a_close_until_the_market_opens() {
+    use copier_node::sim_broker::market::Sessions;
+    use copier_node::sim_broker::server::SimBroker;
+    let mut fx = fixture("dec-hours", Broker::Unprotected, |_| {}).await;
+    // The follower's server: XAUUSD's one session starts two hours from now, so it is closed now.
+    let minute = (copier_node::wall_clock::unix_ms().rem_euclid(86_400_000) / 60_000) as u32;
+    let (start, end) = ((minute + 120) % 1440, (minute + 180) % 1440);
+    let session = format!(
+        "{:02}:{:02}-{:02}:{:02}",
+        start / 60,
+        start % 60,
+        end / 60,
+        end % 60
+    );
+    let mut options = ServeOptions::new("127.0.0.1:0", fx.dir.path("journal-f.jsonl"));
+    options.fence_check = false;
+    options.dedupe = false;
+    options
+        .sessions
+        .insert("XAUUSD".into(), Sessions::parse(&session).unwrap());
+    let follower_broker = SimBroker::start(options).await.unwrap();
+    let f_addr = follower_broker.addr.to_string();
+    add_account(&mut fx.conn, 1, "master", &fx.addr, "m1").await;
+    add_account(&mut fx.conn, 2, "follower", &f_addr, "f2").await;
+    let (link, magic) = add_link(&mut fx.conn, 1, 2, LinkSpec::default()).await;
+    sqlx::query("UPDATE copy_links SET max_delay_ms = 1500 WHERE id = $1")
+        .bind(link)
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+    let node = fx.node("a", 2).await;
+    let follower = crate::support::Trader {
+        addr: f_addr.clone(),
+    };
+    let f_path = fx.dir.path("journal-f.jsonl");
+    let f_journal = || journal(&f_path);
+
+    // EURUSD trades: copied at once.
+    let eur = fx.open(0.1).await;
+    follower.copy_of("f2", magic, eur, WAIT).await;
+    // XAUUSD outside its session: refused as market closed, retried, then expired.
+    let late = fx.t.open("m1", "XAUUSD", Side::Buy, 0.1, None, None).await;
+    fx.wait_decision(link, late, "too_late", true).await;
+    let refused: Vec<JournalEntry> = f_journal()
+        .into_iter()
+        .filter(|l| l.action == "open" && l.comment.as_deref() == Some(&format!("mc{late}")))
+        .collect();
+    assert!(
+        refused.len() >= 2
+            && refused.iter().all(|l| !l.accepted
+                && l.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("market closed"))),
+        "retried while the market was closed, each refused: {refused:?}"
+    );
+
+    // The market opens (the broker's switch): a new XAUUSD trade is copied, the expired one
+    // never is.
+    tools::set_market(&f_addr, "XAUUSD", Some(true))
+        .await
+        .unwrap();
+    let gold = fx.t.open("m1", "XAUUSD", Side::Buy, 0.2, None, None).await;
+    follower.copy_of("f2", magic, gold, WAIT).await;
+    // It closes again; the master closes its position: the copy's close is queued.
+    tools::set_market(&f_addr, "XAUUSD", Some(false))
+        .await
+        .unwrap();
+    fx.t.close("m1", gold, None).await;
+    let refused_closes = || -> Vec<i64> {
+        f_journal()
+            .into_iter()
+            .filter(|l| {
+                l.action == "close"
+                    && l.comment.as_deref() == Some(&format!("mc{gold}"))
+                    && !l.accepted
+            })
+            .map(|l| l.ts_ms)
+            .collect()
+    };
+    // Seven refusals: the follower's backoff (250 ms doubling) would reach 8 s, then 16 s and 30 s
+    // between tries; a queued close is tried at least every 5 s (retry::MARKET_CLOSED), so it
+    // goes out within seconds of the market opening, however long it was closed.
+    let tries = eventually(
+        "the copy's close refused seven times (market closed)",
+        Duration::from_secs(60),
+        async || Some(refused_closes()).filter(|t| t.len() >= 7),
+    )
+    .await;
+    let longest = tries.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        longest < 7_500,
+        "a queued close waited {longest} ms between tries (at most 5 s plus scheduling): {tries:?}"
+    );
+    assert!(
+        follower
+            .positions("f2")
+            .await
+            .iter()
+            .any(|p| p.comment == format!("mc{gold}")),
+        "the copy stays open while the market is closed"
+    );
+    // Back to its sessions: still closed. Then the market opens: the queued close goes out.
+    tools::set_market(&f_addr, "XAUUSD", None).await.unwrap();
+    tools::set_market(&f_addr, "XAUUSD", Some(true))
+        .await
+        .unwrap();
+    follower
+        .wait_copy(
+            "f2",
+            magic,
+            gold,
+            WAIT,
+            "closed once the market opened",
+            |c| c.is_none(),
+        )
+        .await;
+    let journal = f_journal();
+    let accepted = |action: &str, ticket: i64| {
+        journal
+            .iter()
+            .filter(|l| {
+                l.action == action
+                    && l.accepted
+                    && l.comment.as_deref() == Some(&format!("mc{ticket}"))
+            })
+            .count()
+    };
+    assert_eq!(
+        accepted("open", late),
+        0,
+        "the expired open was never executed"
+    );
+    assert_eq!((accepted("open", gold), accepted("close", gold)), (1, 1));
+    assert_eq!(accepted("open", eur), 1);
+    node.shutdown();
+    node.wait().await.unwrap();
+    follower_broker.stop().await;
+}

@@ -309,6 +309,12 @@ impl Follower<'_> {
         self.retry_at = Instant::now() + self.retry.failed();
     }
 
+    /// As [`Self::owe`], retried within `at_most` however long the backoff has grown.
+    fn owe_within(&mut self, why: &str, at_most: std::time::Duration) {
+        self.owe(why);
+        self.retry_at = self.retry_at.min(Instant::now() + at_most);
+    }
+
     async fn report_funds(&mut self) {
         if let Ok(info) = self.api.account().await {
             self.funds.follower_balance = info.balance;

@@ -21,6 +21,7 @@ use crate::copier::rules::{Link, SkipCode, fixed_stops};
 use crate::db;
 use crate::db::copy::ledger::CopyRecord;
 use crate::model::MasterPosition;
+use crate::retry;
 
 /// What became of one action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +239,11 @@ impl Follower<'_> {
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
                 debug!(ticket, "copy already closed");
                 self.index.reduced(ticket, 0.0);
+            }
+            Err(BrokerError::Rejected(r)) if r.code == RejectCode::MarketClosed => {
+                // Never dropped: tried again every few seconds until the market opens.
+                info!(link_id = link.id, master_ticket, ticket, reason = %r.reason, "market closed: the copy's close is queued and sent when it opens");
+                self.owe_within("close queued: market closed", retry::MARKET_CLOSED);
             }
             Err(e) => {
                 warn!(link_id = link.id, master_ticket, ticket, error = %e, "closing a copy failed; retried until the broker confirms it");
