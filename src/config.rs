@@ -406,12 +406,16 @@ impl Layers {
         if let (Some(lease), Some(fence), Some(cycle)) = (lease, fence, cycle) {
             p.take(validate_timings(lease, fence, cycle));
         }
+        let listen_elsewhere = match (self.get("listen_database_url"), &database_url) {
+            (Some((listen, _)), Some(url)) => listen != url.expose(),
+            _ => false,
+        };
         if database_pooler == Some(Pooler::Transaction)
             && events_poll == Some(None)
-            && self.get("listen_database_url").is_none()
+            && !listen_elsewhere
         {
             p.take::<()>(Err(ConfigError::Rule {
-                rule: "`database_pooler = \"transaction\"` needs `listen_database_url` (a direct or session-pooled connection for LISTEN, which cannot go through a transaction pooler) or `events_poll` (learn of master events without LISTEN)".into(),
+                rule: "`database_pooler = \"transaction\"` needs `listen_database_url` set to PostgreSQL directly (LISTEN cannot go through a transaction pooler, and PgBouncer before 1.20 refuses the startup options the direct connection carries) or `events_poll` (learn of master events without LISTEN)".into(),
             }));
         }
         let credentials_key = p.take(self.credentials_key());
@@ -788,6 +792,14 @@ mod tests {
             let config = resolve(None, &env, &[]).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
             assert_eq!(config.database_pooler, Pooler::Transaction);
         }
+        // LISTEN on the pooler itself is refused.
+        let env = [
+            ("DATABASE_URL", "postgres://bouncer/db"),
+            ("COPIER_LISTEN_DATABASE_URL", "postgres://bouncer/db"),
+            ("COPIER_DATABASE_POOLER", "transaction"),
+        ];
+        let msg = resolve(None, &env, &[]).unwrap_err().to_string();
+        assert!(msg.contains("listen_database_url"), "{msg}");
     }
 
     #[test]

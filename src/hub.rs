@@ -270,6 +270,9 @@ async fn run(
     let mut subs = Subscribers::default();
     let mut retry = crate::retry::LISTEN.start();
     let mut first = true;
+    // The database was reported back while a connection attempt was under way: if that attempt
+    // fails, the next one goes at once instead of after the backoff.
+    let mut back_pending = false;
     while !cancel.is_cancelled() {
         // Connect and listen to everything wanted, taking commands meanwhile.
         let connecting = connect(&options, subs.by_master.keys().copied().collect());
@@ -279,7 +282,10 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 r = &mut connecting => break r,
                 cmd = commands.recv() => match cmd {
-                    Some(cmd) => apply_offline(&mut subs, cmd),
+                    Some(cmd) => {
+                        back_pending |= matches!(cmd, Command::DatabaseBack | Command::FailedOver);
+                        apply_offline(&mut subs, cmd);
+                    }
                     None => return,
                 },
             }
@@ -288,6 +294,10 @@ async fn run(
             Ok(l) => l,
             Err(e) => {
                 let delay = retry.failed();
+                if std::mem::take(&mut back_pending) {
+                    warn!(error = %db::describe(&e), "LISTEN connection failed before the database was reported back; trying again now");
+                    continue;
+                }
                 warn!(error = %db::describe(&e), retry_in_ms = delay.as_millis() as u64, "LISTEN connection failed; handoffs wait for the next cycle and master events for the next reconcile");
                 // Commands are taken while waiting (a failover is told to subscribers at once);
                 // the database answering again ends the wait.
@@ -314,6 +324,7 @@ async fn run(
             }
         };
         retry.reset();
+        back_pending = false;
         // Channels subscribed while connecting are listened to now.
         let missing: Vec<i64> = subs
             .by_master

@@ -320,11 +320,15 @@ pub struct PgBouncer {
 
 impl Drop for PgBouncer {
     fn drop(&mut self) {
-        // Run through `runuser`, PgBouncer is its child: stop PgBouncer itself (its pid file),
-        // then the wrapper.
+        // PgBouncer runs in a process group of its own with its `runuser` wrapper. PgBouncer
+        // first (its pid file), so the wrapper reaps it and exits; then the whole group, in case
+        // the pid file was not written yet (a terminated `runuser` would give its child two
+        // seconds); then reap the wrapper.
         if let Ok(pid) = fs::read_to_string(self.dir.join("pgbouncer.pid")) {
-            let _ = Command::new("kill").arg(pid.trim()).status();
-            // The wrapper exits once PgBouncer has (and reaps it): 5 s at most.
+            let _ = Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .stderr(Stdio::null())
+                .status();
             for _ in 0..500 {
                 if !matches!(self.child.try_wait(), Ok(None)) {
                     break;
@@ -332,7 +336,10 @@ impl Drop for PgBouncer {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
-        let _ = self.child.kill();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -384,6 +391,7 @@ impl PgBouncer {
         }
         let child = as_postgres(Path::new(PGBOUNCER))
             .arg(dir.join("pgbouncer.ini"))
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -73,9 +73,10 @@ pub fn node_options(
         // PgBouncer before 1.20 refuses startup options (or drops them, with
         // `ignore_startup_parameters`): the bounds are set after connecting instead.
         Pooler::Session => return Ok(options),
-        // Behind a transaction pooler consecutive transactions may run on different servers: no
-        // named prepared statement may outlive its transaction (the cache is off, so the driver
-        // uses the unnamed one), and the bounds are set in every transaction ([`Session::begin`]).
+        // Behind a transaction pooler consecutive transactions may run on different servers: the
+        // statement cache is off (nothing on the client refers to a statement after its
+        // transaction), the statements the driver still names are dropped as each unit begins,
+        // and the bounds are set in every transaction ([`Session::begin`]).
         Pooler::Transaction => return Ok(options.statement_cache_capacity(0)),
     }
     Ok(options.options([
@@ -157,6 +158,17 @@ pub async fn run_on<T>(
     }
 }
 
+/// A pooled connection whose unit of work has not finished: closed when dropped.
+struct Unfinished(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
 /// The node's pool and how a unit of work runs on it ([`run_on`]): every statement of a running
 /// node other than the lease cycle's (which has a connection of its own) goes through here.
 #[derive(Debug, Clone)]
@@ -181,13 +193,22 @@ impl Db {
         )
     }
 
-    /// Runs `work` on a pooled connection as one unit of work ([`run_on`]).
+    /// Runs `work` on a pooled connection as one unit of work ([`run_on`]). A unit that does
+    /// not finish (an error, or its future dropped by a timeout) may leave its connection inside
+    /// a transaction, even an aborted one the next BEGIN would fail on: that connection is
+    /// closed instead of going back to the pool.
     pub async fn run<T>(
         &self,
         work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
-        run_on(&mut conn, &self.session, work).await
+        let mut unit = Unfinished(Some(self.pool.acquire().await?));
+        let conn = unit.0.as_mut().expect("just acquired");
+        let out = run_on(conn, &self.session, work).await;
+        if out.is_ok() {
+            // Finished: back to the pool.
+            drop(unit.0.take());
+        }
+        out
     }
 
     /// The pool itself (statements run on it directly skip [`run_on`]: tests only).

@@ -195,11 +195,15 @@ async fn read_replication(
     session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) {
-    let Some(conn) = conn.as_mut() else {
+    let conn_slot = conn;
+    let Some(conn) = conn_slot.as_mut() else {
         return;
     };
     let read = db::run_on(conn, session, async |c| db::replication::read(c).await);
     let Ok(Ok(now)) = timeout(core.node.fence, read).await else {
+        // The connection may be mid-statement or inside a transaction: the next cycle opens a
+        // new one, as after a failed cycle.
+        *conn_slot = None;
         return;
     };
     let before = core.state().db;

@@ -275,6 +275,8 @@ pub struct SimHost {
     now: Instant,
     base: MonoBase,
     effects: Vec<Effect>,
+    /// How many times the core reported the database back after failed cycles.
+    backs: u32,
 }
 
 impl Host for SimHost {
@@ -323,6 +325,10 @@ impl Host for SimHost {
     fn status(&mut self, _account: i64, _epoch: i64, _text: String) {}
 
     fn database_failed_over(&mut self) {}
+
+    fn database_back(&mut self) {
+        self.backs += 1;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -919,6 +925,7 @@ impl World {
                     now: self.origin,
                     base: node.base,
                     effects: Vec::new(),
+                    backs: 0,
                 };
                 let (state, _) = watch::channel(NodeState::default());
                 let seed = self.rng.u64(..);
@@ -1785,5 +1792,56 @@ mod tests {
             );
         }
         assert!(last > 0, "pauses far beyond the fence never broke S1");
+    }
+
+    /// The core tells its host the database is back on the first acknowledged cycle after failed
+    /// ones (the LISTEN connection then reconnects at once), and only then.
+    #[test]
+    fn the_first_cycle_after_failures_reports_the_database_back_once() {
+        use crate::config::NodeConfig;
+        use crate::db::lease::CycleOutcome;
+        use crate::lease::{Core, NodeState};
+        use crate::metrics::Metrics;
+        use crate::supervisor::Supervisor;
+        let t = Instant::now();
+        let host = SimHost {
+            now: t,
+            base: MonoBase::new(),
+            effects: Vec::new(),
+            backs: 0,
+        };
+        let cfg = NodeConfig {
+            platform: "mt5".into(),
+            node_id: "n".into(),
+            capacity: 10,
+            lease: Duration::from_secs(3),
+            fence: Duration::from_secs(1),
+            cycle: Duration::from_millis(500),
+            rebalance_margin: 0.1,
+            rebalance_step: 0.1,
+        };
+        let (state, _) = tokio::sync::watch::channel(NodeState::default());
+        let mut core = Core::new(
+            cfg,
+            "n-1".into(),
+            Supervisor::with_host(host),
+            state,
+            std::sync::Arc::new(Metrics::new()),
+            fastrand::Rng::with_seed(1),
+        );
+        let ok = CycleOutcome {
+            member: true,
+            ..CycleOutcome::default()
+        };
+        let backs = |core: &Core<SimHost>| core.supervisor.host().backs;
+        core.acknowledged(t, t, &ok).unwrap();
+        assert_eq!(backs(&core), 0, "a first cycle is not a return");
+        core.failed(t, "unreachable".into());
+        core.failed(t, "unreachable".into());
+        assert_eq!(backs(&core), 0);
+        core.acknowledged(t, t, &ok).unwrap();
+        assert_eq!(backs(&core), 1, "reported once the cycle succeeded again");
+        core.acknowledged(t, t, &ok).unwrap();
+        assert_eq!(backs(&core), 1, "not on every cycle");
     }
 }

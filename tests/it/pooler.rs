@@ -86,7 +86,7 @@ async fn a_pooler_that_drops_the_startup_options_is_refused() {
     node.shutdown();
 }
 
-/// Through PgBouncer in transaction mode with ONE server connection shared by forty clients, every
+/// Through PgBouncer in transaction mode with one (then three) server connections shared by forty clients, every
 /// unit of work (`Db::run`) sees the node's bounds (set with `SET LOCAL` in its BEGIN), a bare
 /// statement through the same pooler does not (nothing sticks to a client in this mode), and
 /// parameterised statements run concurrently by many clients each get their own answer: the
@@ -100,74 +100,84 @@ async fn through_a_transaction_pooler_every_unit_of_work_carries_the_bounds_and_
         return;
     }
     let db_ = crate::support::TestDb::new().await;
-    let dir = Scratch::new("pgbouncer-tx-units");
-    let bouncer = pgbouncer::start_sized(&dir.0, &db_.url, "transaction", "extra_float_digits", 1);
-    let session = Session {
-        bounds: SessionBounds::for_fence(Duration::from_millis(1500)),
-        pooler: Pooler::Transaction,
-    };
-    // The URL as the node holds it (a secret), from the configuration layers.
-    let url = config_url(&bouncer.url(&db_.name), "units", 10, FAST).database_url;
-    let clients: Vec<Db> = (0..40)
-        .map(|i| {
-            let options = db::node_options(&url, &format!("client{i}"), session).unwrap();
-            Db::new(
-                db::node_pool(options, Duration::from_secs(20), session),
-                session,
-            )
-        })
-        .collect();
-    let settings = clients[0]
-        .run(async |c| {
-            sqlx::query_as::<_, (String, String, String, String)>(
-                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
-                        current_setting('idle_in_transaction_session_timeout'), current_setting('synchronous_commit')",
-            )
-            .fetch_one(c)
-            .await
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        settings,
-        ("500ms".into(), "300ms".into(), "500ms".into(), "on".into()),
-        "the bounds inside a unit of work"
-    );
-    let bare: String = sqlx::query_scalar("SELECT current_setting('statement_timeout')")
-        .persistent(false)
-        .fetch_one(clients[0].pool())
-        .await
-        .unwrap();
-    assert_eq!(
-        bare, "0",
-        "outside a unit of work nothing is set (no SET sticks)"
-    );
-    // Forty clients, one server connection, 25 parameterised statements each, interleaved.
-    let tasks: Vec<_> = clients
-        .iter()
-        .enumerate()
-        .map(|(i, client)| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                for k in 0..25i64 {
-                    let mine = i as i64 * 1000 + k;
-                    let (back, text): (i64, String) = client
-                        .run(async |c| {
-                            sqlx::query_as("SELECT $1::bigint, $2::text")
-                                .bind(mine)
-                                .bind(format!("client {i}"))
-                                .fetch_one(c)
-                                .await
-                        })
-                        .await
-                        .unwrap_or_else(|e| panic!("client {i}: {}", db::describe(&e)));
-                    assert_eq!((back, text), (mine, format!("client {i}")));
-                }
+    // One server connection for all, then three (units of one client move between servers).
+    for pool_size in [1, 3] {
+        let dir = Scratch::new(&format!("pgbouncer-tx-units-{pool_size}"));
+        let bouncer = pgbouncer::start_sized(
+            &dir.0,
+            &db_.url,
+            "transaction",
+            "extra_float_digits",
+            pool_size,
+        );
+        let session = Session {
+            bounds: SessionBounds::for_fence(Duration::from_millis(1500)),
+            pooler: Pooler::Transaction,
+        };
+        // The URL as the node holds it (a secret), from the configuration layers.
+        let url = config_url(&bouncer.url(&db_.name), "units", 10, FAST).database_url;
+        let clients: Vec<Db> = (0..40)
+            .map(|i| {
+                let options = db::node_options(&url, &format!("client{i}"), session).unwrap();
+                Db::new(
+                    db::node_pool(options, Duration::from_secs(20), session),
+                    session,
+                )
             })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
+            .collect();
+        let settings = clients[0]
+            .run(async |c| {
+                sqlx::query_as::<_, (String, String, String, String)>(
+                    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+                            current_setting('idle_in_transaction_session_timeout'), current_setting('synchronous_commit')",
+                )
+                .fetch_one(c)
+                .await
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            settings,
+            ("500ms".into(), "300ms".into(), "500ms".into(), "on".into()),
+            "the bounds inside a unit of work"
+        );
+        let bare: String = sqlx::query_scalar("SELECT current_setting('statement_timeout')")
+            .persistent(false)
+            .fetch_one(clients[0].pool())
+            .await
+            .unwrap();
+        assert_eq!(
+            bare, "0",
+            "outside a unit of work nothing is set (no SET sticks)"
+        );
+        // Forty clients on `pool_size` server connections, 25 parameterised statements each,
+        // interleaved (with more than one server, consecutive units move between servers).
+        let tasks: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, client)| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    for k in 0..25i64 {
+                        let mine = i as i64 * 1000 + k;
+                        let (back, text): (i64, String) = client
+                            .run(async |c| {
+                                sqlx::query_as("SELECT $1::bigint, $2::text")
+                                    .bind(mine)
+                                    .bind(format!("client {i}"))
+                                    .fetch_one(c)
+                                    .await
+                            })
+                            .await
+                            .unwrap_or_else(|e| panic!("client {i}: {}", db::describe(&e)));
+                        assert_eq!((back, text), (mine, format!("client {i}")));
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
     }
 }
 

@@ -150,6 +150,7 @@ impl Patroni {
     /// synchronous standby with `synchronous`). Blocking: call it from `spawn_blocking`.
     pub fn start(dir: &Path, synchronous: bool) -> Patroni {
         std::fs::create_dir_all(dir).unwrap();
+        spawn_watchdog(dir);
         let bins = PgBinaries::find().unwrap();
         let bin_dir = bins.tool("initdb").parent().unwrap().to_path_buf();
         let (client, peer) = (free_port(), free_port());
@@ -452,26 +453,14 @@ fn children(pid: u32) -> Vec<String> {
 
 impl Drop for Patroni {
     fn drop(&mut self) {
-        // Patroni first (so nothing restarts PostgreSQL), then each postmaster, HAProxy, etcd.
+        // Everything this cluster started names its directory on its command line (Patroni's
+        // configuration, each postmaster's and initdb's `-D`, etcd's data directory, HAProxy's
+        // configuration, the `runuser` wrappers, the watchdog): kill them all at once. Patroni
+        // starts PostgreSQL in a session of its own, so killing our children would not reach it.
+        kill_everything_under(&self.dir);
         for m in &mut self.members {
             if let Some(mut child) = m.patroni.take() {
-                let mut pids = vec![child.id().to_string()];
-                pids.extend(children(child.id()));
-                let _ = Command::new("kill")
-                    .arg("-9")
-                    .args(&pids)
-                    .stderr(Stdio::null())
-                    .status();
                 let _ = child.wait();
-            }
-            if let Some(pid) = postmaster_pid(&m.data()) {
-                let mut pids = children(pid);
-                pids.push(pid.to_string());
-                let _ = Command::new("kill")
-                    .arg("-9")
-                    .args(&pids)
-                    .stderr(Stdio::null())
-                    .status();
             }
         }
         for child in [&mut self.haproxy, &mut self.etcd] {
@@ -479,4 +468,27 @@ impl Drop for Patroni {
             let _ = child.wait();
         }
     }
+}
+
+/// SIGKILL to every process whose command line names `dir`.
+fn kill_everything_under(dir: &Path) {
+    let _ = Command::new("pkill")
+        .args(["-9", "-f"])
+        .arg(format!("{}/", dir.display()))
+        .status();
+}
+
+/// A detached watchdog that kills everything under `dir` once this test process is gone (killed
+/// by a timeout, or ended by a panic before `Drop` ran), so no cluster outlives its test.
+fn spawn_watchdog(dir: &Path) {
+    const SCRIPT: &str =
+        r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec pkill -9 -f "$2""#;
+    let _ = Command::new("setsid")
+        .args(["sh", "-c", SCRIPT, "copier-test-patroni-watchdog"])
+        .arg(std::process::id().to_string())
+        .arg(format!("{}/", dir.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
 }
