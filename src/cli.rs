@@ -40,6 +40,9 @@ pub enum Command {
     /// transaction, checked as the node checks a row).
     #[command(subcommand)]
     Accounts(AccountsCommand),
+    /// A follower's risk limits: add, list, reset (an operator's early reset), remove.
+    #[command(subcommand)]
+    Risk(RiskCommand),
     /// Copy links without SQL: add, list, show, set, remove (a link the node would refuse is
     /// refused here, naming the field).
     #[command(subcommand)]
@@ -143,6 +146,71 @@ pub struct AccountListArgs {
     /// Only this platform's accounts.
     #[arg(long)]
     pub platform: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RiskCommand {
+    /// Add a drawdown limit to a follower (one per period and basis).
+    Add(RiskAddArgs),
+    /// A follower's limits (every follower's without `--account`), with their state.
+    List(RiskListArgs),
+    /// Reset a follower's limits now (all, or `--limit`): each period starts again from the
+    /// next reading, and new copies resume.
+    Reset(RiskResetArgs),
+    /// Remove a limit.
+    Remove(RiskIdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RiskAddArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// The follower account's id.
+    #[arg(long)]
+    pub account: i64,
+    /// daily, weekly, monthly or lifetime (days, weeks and months of the broker's server clock).
+    #[arg(long)]
+    pub period: String,
+    /// balance or equity.
+    #[arg(long)]
+    pub basis: String,
+    /// The limit as a percent of the period's starting value (one of --percent, --amount).
+    #[arg(long)]
+    pub percent: Option<f64>,
+    /// The limit in money, in the account's currency.
+    #[arg(long)]
+    pub amount: Option<f64>,
+    /// close_only (default: no new copies) or close_all (close every copy, then close-only).
+    #[arg(long, default_value = "close_only")]
+    pub action: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RiskListArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    #[arg(long)]
+    pub account: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct RiskResetArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// The follower account's id.
+    #[arg(long)]
+    pub account: i64,
+    /// Only this limit.
+    #[arg(long)]
+    pub limit: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct RiskIdArgs {
+    #[command(flatten)]
+    pub manage: ManageArgs,
+    /// The limit's id.
+    pub id: i64,
 }
 
 #[derive(Debug, Args)]

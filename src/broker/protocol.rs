@@ -87,6 +87,12 @@ pub enum Request {
         count: u32,
         reason: String,
     },
+    /// The simulated broker's price switch (not part of what a bridge implements): sets a
+    /// symbol's price now (the price walk, if on, moves on from it).
+    Price {
+        symbol: String,
+        price: f64,
+    },
     /// The simulated broker's market switch (not part of what a bridge implements): open
     /// (`true`) or close (`false`) the market of a base symbol and its suffixed variants now,
     /// or hand it back to its trading sessions (`null`).

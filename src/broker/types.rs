@@ -97,6 +97,12 @@ pub struct AccountInfo {
         deserialize_with = "lenient_currency"
     )]
     pub currency: Option<Currency>,
+    /// The trade server's clock when it answered, as it shows it (MT4/MT5 `TimeCurrent()`: the
+    /// server's local date and time, written as milliseconds since 1970-01-01 00:00 of that
+    /// clock); risk limits' days, weeks and months follow it. `None`: not reported (the node's
+    /// UTC clock is used instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_time_ms: Option<i64>,
 }
 
 /// A currency from a broker: a code that is not one (`USDT`, `USc`) reads as unknown, so one odd

@@ -11,7 +11,8 @@ use sqlx::{Connection, PgConnection, Row};
 use super::{CommandError, load};
 use crate::broker::fix::FixEndpoint;
 use crate::cli::{
-    AccountFields, AccountsCommand, CopiesArgs, LinkFields, LinksCommand, ManageArgs, WhyArgs,
+    AccountFields, AccountsCommand, CopiesArgs, LinkFields, LinksCommand, ManageArgs, RiskCommand,
+    WhyArgs,
 };
 use crate::config::Config;
 use crate::db;
@@ -1274,6 +1275,209 @@ pub(super) async fn copies(args: CopiesArgs) -> Result<(), CommandError> {
     }
     if rows.is_empty() {
         println!("no copies recorded for account {}", args.follower);
+    }
+    Ok(())
+}
+
+/// The risk limits' rows as `risk list` shows them.
+#[derive(Debug, serde::Serialize)]
+struct RiskRow {
+    id: i64,
+    account_id: i64,
+    period: String,
+    basis: String,
+    relative: bool,
+    amount: f64,
+    action: String,
+    period_key: Option<String>,
+    start_value: Option<f64>,
+    hit_reason: Option<String>,
+    hit_at: Option<String>,
+}
+
+pub(super) async fn risk(command: RiskCommand) -> Result<(), CommandError> {
+    use crate::copier::risk::{Basis, Period, RiskAction};
+    match command {
+        RiskCommand::Add(args) => {
+            if Period::parse(&args.period).is_none() {
+                return Err(CommandError::usage(format!(
+                    "--period {}: expected daily, weekly, monthly or lifetime",
+                    args.period
+                )));
+            }
+            if Basis::parse(&args.basis).is_none() {
+                return Err(CommandError::usage(format!(
+                    "--basis {}: expected balance or equity",
+                    args.basis
+                )));
+            }
+            if RiskAction::parse(&args.action).is_none() {
+                return Err(CommandError::usage(format!(
+                    "--action {}: expected close_only or close_all",
+                    args.action
+                )));
+            }
+            let (relative, amount) = match (args.percent, args.amount) {
+                (Some(p), None) if p > 0.0 && p <= 100.0 => (true, p),
+                (None, Some(a)) if a > 0.0 && a.is_finite() => (false, a),
+                (Some(_), None) => {
+                    return Err(CommandError::usage(
+                        "--percent: expected more than 0, at most 100",
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(CommandError::usage("--amount: expected a positive amount"));
+                }
+                _ => {
+                    return Err(CommandError::usage("give one of --percent and --amount"));
+                }
+            };
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let what = format!("risk limit of account {}", args.account);
+            let role: Option<String> =
+                sqlx::query_scalar("SELECT role FROM trading_accounts WHERE id = $1")
+                    .bind(args.account)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .map_err(sql(&what))?;
+            match role.as_deref() {
+                None => {
+                    return Err(CommandError::usage(format!(
+                        "account {}: no such account",
+                        args.account
+                    )));
+                }
+                Some("follower") => {}
+                Some(role) => {
+                    return Err(CommandError::usage(format!(
+                        "account {} is a {role}: risk limits apply to followers",
+                        args.account
+                    )));
+                }
+            }
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            )
+            .bind(args.account)
+            .bind(&args.period)
+            .bind(&args.basis)
+            .bind(relative)
+            .bind(amount)
+            .bind(&args.action)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(sql(&what))?;
+            show_risk(&mut conn, Some(args.account), Some(id), args.manage.json).await
+        }
+        RiskCommand::List(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            show_risk(&mut conn, args.account, None, args.manage.json).await
+        }
+        RiskCommand::Reset(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let what = format!("risk limits of account {}", args.account);
+            // Clearing the state is the reset: the owner's next reading starts each period again.
+            let done = sqlx::query(
+                "UPDATE risk_limits
+                    SET period_key = NULL, start_value = NULL, hit_at = NULL, hit_reason = NULL,
+                        updated_at = now()
+                  WHERE account_id = $1 AND ($2::bigint IS NULL OR id = $2)",
+            )
+            .bind(args.account)
+            .bind(args.limit)
+            .execute(&mut conn)
+            .await
+            .map_err(sql(&what))?;
+            if done.rows_affected() == 0 {
+                return Err(CommandError::usage(format!("{what}: no such limit")));
+            }
+            show_risk(&mut conn, Some(args.account), args.limit, args.manage.json).await
+        }
+        RiskCommand::Remove(args) => {
+            let (_, mut conn) = connect(&args.manage, vec![]).await?;
+            let done = sqlx::query("DELETE FROM risk_limits WHERE id = $1")
+                .bind(args.id)
+                .execute(&mut conn)
+                .await
+                .map_err(sql(&format!("risk limit {}", args.id)))?;
+            if done.rows_affected() == 0 {
+                return Err(CommandError::usage(format!(
+                    "risk limit {}: no such limit",
+                    args.id
+                )));
+            }
+            if args.manage.json {
+                println!("{}", serde_json::json!({ "removed": args.id }));
+            } else {
+                println!("risk limit {} removed", args.id);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn show_risk(
+    conn: &mut PgConnection,
+    account: Option<i64>,
+    id: Option<i64>,
+    json: bool,
+) -> Result<(), CommandError> {
+    use sqlx::Row;
+    let rows = sqlx::query(
+        "SELECT id, account_id, period, basis, relative, amount, action, period_key, start_value,
+                hit_reason, to_char(hit_at, 'YYYY-MM-DD\"T\"HH24:MI:SS.MSOF') AS hit_at
+           FROM risk_limits
+          WHERE ($1::bigint IS NULL OR account_id = $1) AND ($2::bigint IS NULL OR id = $2)
+          ORDER BY account_id, id",
+    )
+    .bind(account)
+    .bind(id)
+    .fetch_all(conn)
+    .await
+    .map_err(sql("risk limits"))?;
+    let rows = rows
+        .iter()
+        .map(|r| {
+            Ok(RiskRow {
+                id: r.try_get("id")?,
+                account_id: r.try_get("account_id")?,
+                period: r.try_get("period")?,
+                basis: r.try_get("basis")?,
+                relative: r.try_get("relative")?,
+                amount: r.try_get("amount")?,
+                action: r.try_get("action")?,
+                period_key: r.try_get("period_key")?,
+                start_value: r.try_get("start_value")?,
+                hit_reason: r.try_get("hit_reason")?,
+                hit_at: r.try_get("hit_at")?,
+            })
+        })
+        .collect::<Result<Vec<RiskRow>, sqlx::Error>>()
+        .map_err(sql("risk limits"))?;
+    if json {
+        println!("{}", serde_json::to_string(&rows).expect("serialises"));
+        return Ok(());
+    }
+    for r in &rows {
+        println!(
+            "limit {} of account {}: {} {} drawdown {}{}, {}; {}",
+            r.id,
+            r.account_id,
+            r.period,
+            r.basis,
+            r.amount,
+            if r.relative { " %" } else { "" },
+            r.action,
+            match (&r.hit_reason, &r.period_key, r.start_value) {
+                (Some(reason), _, _) => format!(
+                    "REACHED at {}: {reason}",
+                    r.hit_at.as_deref().unwrap_or("?")
+                ),
+                (None, Some(key), Some(start)) => format!("clear in {key} (started at {start})"),
+                _ => "not started (the owner's next reading starts it)".to_string(),
+            }
+        );
     }
     Ok(())
 }

@@ -77,6 +77,7 @@ pub async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Demo(args) => demo::demo(args).await,
         Command::Credentials(command) => credentials::credentials(command).await,
         Command::Accounts(command) => manage::accounts(command).await,
+        Command::Risk(command) => manage::risk(command).await,
         Command::Links(command) => manage::links(command).await,
         Command::Why(args) => manage::why(args).await,
         Command::Copies(args) => manage::copies(args).await,

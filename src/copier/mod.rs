@@ -20,6 +20,7 @@ pub mod follower;
 pub mod index;
 pub mod master;
 pub mod reconcile;
+pub mod risk;
 pub mod rules;
 
 use std::time::Duration;

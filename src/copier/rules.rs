@@ -23,6 +23,8 @@ pub struct Inputs {
     pub master_currency: Option<Currency>,
     /// The moment of the decision on the database's clock (Unix ms), when known (`max_delay_ms`).
     pub now_ms: Option<i64>,
+    /// The follower reached one of its risk limits in the current period: close-only.
+    pub risk_hold: bool,
 }
 
 /// The follower's symbol for a master symbol, or why there is none. In order: the link's
@@ -182,6 +184,9 @@ pub enum SkipCode {
     TooLate,
     /// The follower's equity is at or below the link's `equity_stop`.
     EquityStop,
+    /// The follower reached one of its risk limits (`risk_limits`): no new copies until it
+    /// resets.
+    RiskLimit,
     /// The follower's broker has no such symbol.
     SymbolNotFound,
     /// The computed volume rounds below the symbol's minimum.
@@ -218,6 +223,7 @@ impl SkipCode {
             SkipCode::OpenedBeforeLink => "opened_before_link",
             SkipCode::TooLate => "too_late",
             SkipCode::EquityStop => "equity_stop",
+            SkipCode::RiskLimit => "risk_limit",
             SkipCode::SymbolNotFound => "symbol_not_found",
             SkipCode::BelowMinVolume => "below_min_volume",
             SkipCode::InvalidVolume => "invalid_volume",
@@ -281,6 +287,12 @@ pub fn eligibility(link: &Link, position: &MasterPosition, inputs: &Inputs) -> R
         return Err(skip(
             SkipCode::CloseOnly,
             "link is close-only: no new copies",
+        ));
+    }
+    if inputs.risk_hold {
+        return Err(skip(
+            SkipCode::RiskLimit,
+            "the follower reached a risk limit: no new copies until it resets (see risk_limits)",
         ));
     }
     if let Some(symbols) = &p.symbols
@@ -1075,8 +1087,13 @@ mod tests {
         let none = Inputs::default();
         let p = Protections::default;
         // (link, position, inputs, Err containing / None for Ok)
+        let held = Inputs {
+            risk_hold: true,
+            ..Inputs::default()
+        };
         let cases: Vec<(Link, MasterPosition, Inputs, Option<&str>)> = vec![
             (with(p()), position(1.0), none, None),
+            (with(p()), position(1.0), held, Some("reached a risk limit")),
             (
                 with(Protections {
                     close_only: true,
@@ -1368,6 +1385,7 @@ mod tests {
             follower_currency: ccy("EUR"),
             master_currency: ccy("USD"),
             now_ms: None,
+            risk_hold: false,
         };
         let l = Link {
             lot_mode: LotMode::BalanceRatio,

@@ -73,6 +73,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "link removal",
         include_str!("../../migrations/0012_link_removal.sql"),
     ),
+    (
+        13,
+        "risk limits",
+        include_str!("../../migrations/0013_risk_limits.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

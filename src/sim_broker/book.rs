@@ -395,6 +395,7 @@ impl Book {
             balance: round_money(a.balance),
             equity: round_money(a.balance + floating),
             currency: Some(self.currency(login)),
+            server_time_ms: None,
         })
     }
 

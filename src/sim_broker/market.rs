@@ -138,6 +138,20 @@ impl Market {
         }
     }
 
+    /// Sets `symbol`'s price now (a test's switch); the price walk, if on, moves around it.
+    pub fn set_price(&mut self, symbol: &str, price: f64) -> Result<(), String> {
+        if !(price.is_finite() && price > 0.0) {
+            return Err(format!("price {price} is not a positive number"));
+        }
+        let spec = self
+            .symbols
+            .get_mut(symbol)
+            .ok_or_else(|| format!("unknown symbol {symbol}"))?;
+        spec.price = price;
+        self.base_prices.insert(symbol.to_string(), price);
+        Ok(())
+    }
+
     /// Trading sessions of `base` (and every suffixed variant); outside them orders on it are
     /// refused with `market closed`.
     pub fn set_sessions(&mut self, base: &str, sessions: Sessions) {

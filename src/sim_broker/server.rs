@@ -28,7 +28,7 @@ use crate::broker::protocol::{
     ErrorBody, EventFrame, HelloResult, HistoryResult, PROTOCOL_VERSION, PositionsResult,
     ReplyFrame, Request, RequestFrame, SymbolsResult,
 };
-use crate::broker::types::Currency;
+use crate::broker::types::{AccountInfo, Currency};
 use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
 
 /// Longest request line accepted (a request is a few hundred bytes).
@@ -386,7 +386,14 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             None => rejected(id, &format!("unknown login {login}")),
         },
         Request::Account { login } => match core.book.info(&login) {
-            Some(info) => ok(id, &info),
+            // Its clock is UTC: the server time it shows is the wall clock.
+            Some(info) => ok(
+                id,
+                &AccountInfo {
+                    server_time_ms: Some(now_ms()),
+                    ..info
+                },
+            ),
             None => rejected(id, &format!("unknown login {login}")),
         },
         Request::Refuse {
@@ -408,6 +415,10 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             core.book.market.switch(&symbol, open);
             ok(id, &serde_json::json!({}))
         }
+        Request::Price { symbol, price } => match core.book.market.set_price(&symbol, price) {
+            Ok(()) => ok(id, &serde_json::json!({})),
+            Err(reason) => invalid(id, &reason),
+        },
         Request::Symbols => ok(
             id,
             &SymbolsResult {

@@ -93,6 +93,19 @@ pub async fn set_market(broker: &str, symbol: &str, open: Option<bool>) -> Resul
     result.map(|_| ())
 }
 
+/// Sets a symbol's price on the simulated broker now.
+pub async fn set_price(broker: &str, symbol: &str, price: f64) -> Result<(), BrokerError> {
+    let client = connect(broker).await?;
+    let result = client
+        .call(Request::Price {
+            symbol: symbol.into(),
+            price,
+        })
+        .await;
+    client.close();
+    result.map(|_| ())
+}
+
 /// Sends a hand order; for an open, returns the new ticket.
 pub async fn trade(
     broker: &str,

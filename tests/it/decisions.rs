@@ -952,3 +952,105 @@ async fn market_hours_expire_a_late_open_and_queue_a_close_until_the_market_open
     node.wait().await.unwrap();
     follower_broker.stop().await;
 }
+
+/// Issue 21, risk limits: a follower's daily equity drawdown limit of 5 % with `close_all`. A
+/// price move costs it 10 %: its node closes the copy and copies nothing new (final
+/// `risk_limit`). The state is stored fenced on the limit's row, so another node taking the
+/// follower over keeps holding, although it never saw the drawdown; an operator's reset lets
+/// new copies through again, from a new starting value.
+#[tokio::test]
+async fn a_reached_drawdown_limit_closes_the_copies_and_holds_across_owners_until_reset() {
+    let mut fx = fixture("dec-risk", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let (link, magic) = links[&2];
+    sqlx::query(
+        "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+         VALUES (2, 'daily', 'equity', true, 5, 'close_all')",
+    )
+    .execute(&mut fx.conn)
+    .await
+    .unwrap();
+    let node = fx.node("a", 2).await;
+    let state = async |fx: &mut Fixture| -> (Option<String>, Option<f64>, Option<String>) {
+        sqlx::query_as(
+            "SELECT period_key, start_value, hit_reason FROM risk_limits WHERE account_id = 2",
+        )
+        .fetch_one(&mut fx.conn)
+        .await
+        .unwrap()
+    };
+    // The first reading of the day started the period at the follower's equity.
+    let started = eventually("the limit's period started", WAIT, async || {
+        let (key, start, _) = state(&mut fx).await;
+        key.zip(start)
+    })
+    .await;
+    assert_eq!(started.1, 10_000.0);
+    let first = fx.t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    fx.t.copy_of("f2", magic, first, WAIT).await;
+    // EURUSD falls 100 pips: 1,000 lost on one lot, 10 % of the follower's equity.
+    tools::set_price(&fx.addr, "EURUSD", 1.09).await.unwrap();
+    fx.t.wait_copy("f2", magic, first, WAIT, "closed by the risk limit", |c| {
+        c.is_none()
+    })
+    .await;
+    let closes = fx.orders("close", &format!("mc{first}"));
+    assert_eq!(closes.len(), 1, "the node closed the copy once: {closes:?}");
+    assert_eq!(closes[0].client, "a");
+    assert!(
+        fx.t.positions("m1").await.iter().any(|p| p.ticket == first),
+        "the master's position is untouched"
+    );
+    let (_, _, reason) = state(&mut fx).await;
+    let reason = reason.expect("the hit is stored");
+    assert!(
+        reason.contains("daily equity drawdown 1000.00 from 10000.00"),
+        "{reason}"
+    );
+    // Nothing new while it holds.
+    let second = fx.open(0.5).await;
+    fx.wait_decision(link, second, "risk_limit", true).await;
+
+    // Another node takes the follower over with the price back up: it never saw the drawdown,
+    // and still holds (the start and the hit are on the row).
+    node.shutdown();
+    node.wait().await.unwrap();
+    tools::set_price(&fx.addr, "EURUSD", 1.1).await.unwrap();
+    let node = fx.node("b", 2).await;
+    let third = fx.open(0.3).await;
+    fx.wait_decision(link, third, "risk_limit", true).await;
+    let decided_by: String = sqlx::query_scalar(
+        "SELECT node_id FROM copy_skips WHERE link_id = $1 AND master_ticket = $2",
+    )
+    .bind(link)
+    .bind(third)
+    .fetch_one(&mut fx.conn)
+    .await
+    .unwrap();
+    assert_eq!(decided_by, "b");
+
+    // The operator resets it (as `copier-node risk reset` does): new copies resume, and the day
+    // starts again from the equity now (the realised loss stays).
+    sqlx::query(
+        "UPDATE risk_limits SET period_key = NULL, start_value = NULL, hit_at = NULL, hit_reason = NULL WHERE account_id = 2",
+    )
+    .execute(&mut fx.conn)
+    .await
+    .unwrap();
+    let restarted = eventually("the limit started again", WAIT, async || {
+        let (key, start, hit) = state(&mut fx).await;
+        (key.is_some() && hit.is_none()).then_some(start)
+    })
+    .await;
+    assert_eq!(restarted, Some(9_000.0));
+    let fourth = fx.open(0.2).await;
+    fx.t.copy_of("f2", magic, fourth, WAIT).await;
+    for t in [second, third] {
+        assert!(
+            fx.orders("open", &format!("mc{t}")).is_empty(),
+            "a position opened during the hold is never copied"
+        );
+    }
+    node.shutdown();
+    node.wait().await.unwrap();
+}

@@ -562,3 +562,164 @@ async fn remove_never_deletes_a_row_whose_owner_is_live_or_within_a_failover_gra
     ok(&db, &["accounts", "remove", "6", "--wait", "300ms"]);
     assert_eq!(kept(&mut conn).await, 0);
 }
+
+/// `copier-node risk ...`: a follower's drawdown limits added (bad values refused naming the
+/// flag), listed with their state, reset by an operator (the state cleared, so the owner starts
+/// each period again) and removed.
+#[tokio::test]
+async fn risk_limits_are_added_listed_reset_and_removed() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    crate::support::add_account(&mut conn, 1, "master", "127.0.0.1:1", "m1").await;
+    crate::support::add_account(&mut conn, 2, "follower", "127.0.0.1:1", "f2").await;
+    let add = |extra: &[&str]| {
+        let mut args = vec!["risk", "add", "--account", "2"];
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let args = add(&[
+        "--period",
+        "daily",
+        "--basis",
+        "equity",
+        "--percent",
+        "5",
+        "--action",
+        "close_all",
+        "--json",
+    ]);
+    let out = ok(&db, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let id = v[0]["id"].as_i64().unwrap();
+    assert_eq!(
+        (
+            v[0]["period"].as_str(),
+            v[0]["relative"].as_bool(),
+            v[0]["amount"].as_f64(),
+            v[0]["action"].as_str()
+        ),
+        (Some("daily"), Some(true), Some(5.0), Some("close_all"))
+    );
+    for (extra, names) in [
+        (
+            &["--period", "hourly", "--basis", "equity", "--percent", "5"][..],
+            "--period",
+        ),
+        (
+            &["--period", "daily", "--basis", "margin", "--percent", "5"][..],
+            "--basis",
+        ),
+        (
+            &[
+                "--period",
+                "daily",
+                "--basis",
+                "balance",
+                "--percent",
+                "150",
+            ][..],
+            "--percent",
+        ),
+        (
+            &["--period", "daily", "--basis", "balance", "--amount", "0"][..],
+            "--amount",
+        ),
+        (
+            &["--period", "daily", "--basis", "balance"][..],
+            "--percent",
+        ),
+        (
+            &[
+                "--period", "daily", "--basis", "balance", "--amount", "5", "--action", "panic",
+            ][..],
+            "--action",
+        ),
+        // One limit per period and basis.
+        (
+            &["--period", "daily", "--basis", "equity", "--amount", "300"][..],
+            "risk_limits_account_id_period_basis_key",
+        ),
+    ] {
+        let args = add(extra);
+        refused(
+            &db,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            names,
+        );
+    }
+    refused(
+        &db,
+        &[
+            "risk",
+            "add",
+            "--account",
+            "1",
+            "--period",
+            "daily",
+            "--basis",
+            "equity",
+            "--percent",
+            "5",
+        ],
+        "risk limits apply to followers",
+    );
+    ok(
+        &db,
+        &[
+            "risk",
+            "add",
+            "--account",
+            "2",
+            "--period",
+            "lifetime",
+            "--basis",
+            "balance",
+            "--amount",
+            "2500",
+        ],
+    );
+    // A node's state, as the owner writes it; then the listing shows it.
+    sqlx::query("UPDATE risk_limits SET period_key = '2026-11-30', start_value = 10000, hit_at = now(), hit_reason = 'daily equity drawdown 600.00 from 10000.00 (6.00 % of it) reached the limit of 5 %' WHERE id = $1")
+        .bind(id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let listed = ok(&db, &["risk", "list", "--account", "2"]);
+    assert!(
+        listed.contains(&format!(
+            "limit {id} of account 2: daily equity drawdown 5 %, close_all; REACHED at"
+        )),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("lifetime balance drawdown 2500, close_only; not started"),
+        "{listed}"
+    );
+    let reset = ok(
+        &db,
+        &[
+            "risk",
+            "reset",
+            "--account",
+            "2",
+            "--limit",
+            &id.to_string(),
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&reset).unwrap();
+    assert!(
+        v[0]["hit_reason"].is_null()
+            && v[0]["period_key"].is_null()
+            && v[0]["start_value"].is_null(),
+        "{reset}"
+    );
+    refused(&db, &["risk", "reset", "--account", "3"], "no such limit");
+    ok(&db, &["risk", "remove", &id.to_string()]);
+    refused(&db, &["risk", "remove", &id.to_string()], "no such limit");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM risk_limits")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 1);
+}

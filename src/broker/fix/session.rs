@@ -256,6 +256,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
             balance: 0.0,
             equity: 0.0,
             currency: None,
+            server_time_ms: None,
         },
     })
 }

@@ -32,6 +32,10 @@ impl Follower<'_> {
         if loaded && !self.removed.is_empty() {
             self.close_removed().await;
         }
+        if loaded && !self.risk.is_empty() {
+            // Judged at once on a fresh reading (a limit added, changed or reset).
+            self.report_funds().await;
+        }
         loaded
     }
 
@@ -107,13 +111,16 @@ impl Follower<'_> {
                 let rows = db::copy::load_links(&mut *conn, self.id).await?;
                 let max = db::copy::follower_max_open_copies(&mut *conn, self.id).await?;
                 let removed = db::copy::removed_links(&mut *conn, self.id).await?;
-                Ok::<_, sqlx::Error>((rows, max, removed))
+                let risk = db::copy::load_risk_limits(&mut *conn, self.id).await?;
+                Ok::<_, sqlx::Error>((rows, max, removed, risk))
             })
             .await;
         let rows = match loaded {
-            Ok((rows, max, removed)) => {
+            Ok((rows, max, removed, risk)) => {
                 self.max_open_copies = max;
                 self.removed = removed;
+                self.risk = risk;
+                self.funds.risk_hold = self.risk.iter().any(|l| l.state.hit.is_some());
                 rows
             }
             Err(e) => {

@@ -19,6 +19,7 @@
 //! logged and not queued: the reconcile after the gate reopens does what is still owed.
 
 mod links;
+mod risk;
 mod send;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -52,6 +53,9 @@ use send::Sent;
 const LINKS_EVERY: Duration = Duration::from_secs(60);
 /// How often balance and equity are reported.
 const FUNDS_EVERY: Duration = Duration::from_secs(30);
+/// How often a follower with risk limits reads its balance and equity to judge them (also
+/// before every new copy).
+const RISK_EVERY: Duration = Duration::from_secs(5);
 
 /// A master's snapshot as the follower's copies follow it.
 #[derive(Debug, Clone)]
@@ -84,6 +88,8 @@ struct Follower<'a> {
     max_open_copies: Option<i64>,
     /// Links removed with `on_remove = 'close'` whose copies are still to be closed.
     removed: Vec<db::copy::RemovedLink>,
+    /// The follower's risk limits, each with its stored state.
+    risk: Vec<crate::copier::risk::RiskLimit>,
     /// Per master: the snapshot the copies match, at its (epoch, seq).
     masters: HashMap<i64, MasterView>,
     /// The follower's copies by marker.
@@ -139,6 +145,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         master_funds: HashMap::new(),
         max_open_copies: None,
         removed: Vec::new(),
+        risk: Vec::new(),
         masters: HashMap::new(),
         index: CopyIndex::default(),
         memory: Memory::default(),
@@ -157,6 +164,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
     let mut background = spread_interval(ctx.node.reconcile_every);
     let mut links = spread_interval(LINKS_EVERY);
     let mut funds = spread_interval(FUNDS_EVERY);
+    let mut risk_check = spread_interval(RISK_EVERY);
     loop {
         let retry_at = f.retry_at;
         tokio::select! {
@@ -205,6 +213,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
+            _ = risk_check.tick(), if !f.risk.is_empty() => f.report_funds().await,
             _ = funds.tick() => {
                 f.report_funds().await;
                 let masters: Vec<i64> = f.master_funds.keys().copied().collect();
@@ -320,6 +329,9 @@ impl Follower<'_> {
             self.funds.follower_balance = info.balance;
             self.funds.follower_equity = info.equity;
             self.funds.follower_currency = info.currency.or(self.funds.follower_currency);
+            if !self.risk.is_empty() {
+                self.judge_risk(&info).await;
+            }
             self.ctx.status.send(StatusUpdate {
                 account_id: self.id,
                 epoch: self.ctx.epoch(),
@@ -501,12 +513,14 @@ impl Follower<'_> {
         ));
     }
 
-    /// True when a link of master `m` stops copying at an equity level: the follower's equity is
-    /// read fresh before deciding on a new copy.
+    /// True when a link of master `m` stops copying at an equity level, or the follower has risk
+    /// limits: its balance and equity are read fresh before deciding on a new copy.
     fn has_equity_stop(&self, m: i64) -> bool {
-        self.links
-            .iter()
-            .any(|l| l.master_id == m && l.protections.equity_stop.is_some())
+        !self.risk.is_empty()
+            || self
+                .links
+                .iter()
+                .any(|l| l.master_id == m && l.protections.equity_stop.is_some())
     }
 
     /// True when a ratio link of master `m` lacks the master's balance or equity.

@@ -12,6 +12,7 @@ pub mod decisions;
 pub mod ledger;
 pub mod links;
 pub mod master;
+pub mod risk;
 
 pub use accounts::{AccountRow, Funds, Role, account_funds, load_account, still_owned};
 pub use decisions::{load_bases, load_decided, record_base, record_decision};
@@ -19,3 +20,4 @@ pub use links::{
     RemovedLink, follower_max_open_copies, forget_removed_link, load_links, removed_links,
 };
 pub use master::{MasterState, Published, master_state, publish};
+pub use risk::{load_risk_limits, save_risk_state};

@@ -1,0 +1,332 @@
+//! Risk limits over time, per follower, as pure functions: which period a moment of the broker's
+//! server clock falls in, and whether a drawdown limit is reached in it.
+//!
+//! A limit measures the drawdown of the follower's balance or equity from its value at the start
+//! of the period (the first reading in it), in money (`absolute`) or in percent of that value
+//! (`relative`). Periods are bounded by the broker's server clock, read as the trade server shows
+//! it (MT4/MT5 servers count their trading day in their own time zone, commonly UTC+2/+3, and
+//! report it as a plain date and time): a day from 00:00 to 24:00 server time, a week from
+//! Monday 00:00, a month from the 1st. `lifetime` never ends; only an operator resets it.
+
+use std::fmt;
+
+/// How long a limit's period lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    Daily,
+    Weekly,
+    Monthly,
+    Lifetime,
+}
+
+impl Period {
+    pub fn parse(s: &str) -> Option<Period> {
+        Some(match s {
+            "daily" => Period::Daily,
+            "weekly" => Period::Weekly,
+            "monthly" => Period::Monthly,
+            "lifetime" => Period::Lifetime,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Daily => "daily",
+            Period::Weekly => "weekly",
+            Period::Monthly => "monthly",
+            Period::Lifetime => "lifetime",
+        }
+    }
+
+    /// The period holding `server_ms` (the server clock in Unix-epoch milliseconds, as shown):
+    /// `2026-11-30`, `week of 2026-11-30` (its Monday), `2026-11`, or `lifetime`.
+    pub fn key(self, server_ms: i64) -> String {
+        let days = server_ms.div_euclid(86_400_000);
+        match self {
+            Period::Daily => {
+                let (y, m, d) = civil(days);
+                format!("{y:04}-{m:02}-{d:02}")
+            }
+            Period::Weekly => {
+                // 1970-01-01 was a Thursday: Monday is 0.
+                let monday = days - (days + 3).rem_euclid(7);
+                let (y, m, d) = civil(monday);
+                format!("week of {y:04}-{m:02}-{d:02}")
+            }
+            Period::Monthly => {
+                let (y, m, _) = civil(days);
+                format!("{y:04}-{m:02}")
+            }
+            Period::Lifetime => "lifetime".to_string(),
+        }
+    }
+}
+
+/// The (year, month, day) of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil(days: i64) -> (i64, u32, u32) {
+    // Howard Hinnant's days-to-civil, eras of 400 years.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// What a limit watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    Balance,
+    Equity,
+}
+
+impl Basis {
+    pub fn parse(s: &str) -> Option<Basis> {
+        match s {
+            "balance" => Some(Basis::Balance),
+            "equity" => Some(Basis::Equity),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Basis::Balance => "balance",
+            Basis::Equity => "equity",
+        }
+    }
+}
+
+/// What reaching a limit does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RiskAction {
+    /// No new copies until the limit resets; open copies follow the master as usual.
+    CloseOnly,
+    /// Close every copy at once, then no new copies until the limit resets.
+    CloseAll,
+}
+
+impl RiskAction {
+    pub fn parse(s: &str) -> Option<RiskAction> {
+        match s {
+            "close_only" => Some(RiskAction::CloseOnly),
+            "close_all" => Some(RiskAction::CloseAll),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RiskAction::CloseOnly => "close_only",
+            RiskAction::CloseAll => "close_all",
+        }
+    }
+}
+
+/// A limit's state in its period (stored on its row, written by the account's owner).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RiskState {
+    /// The period `start_value` belongs to (`None`: not started, or reset by an operator).
+    pub period_key: Option<String>,
+    pub start_value: Option<f64>,
+    /// Why the limit was reached in this period (`None`: not reached).
+    pub hit: Option<String>,
+}
+
+/// One risk limit of a follower.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RiskLimit {
+    pub id: i64,
+    pub period: Period,
+    pub basis: Basis,
+    /// `amount` is a percent of the period's starting value (else money, the account's currency).
+    pub relative: bool,
+    pub amount: f64,
+    pub action: RiskAction,
+    pub state: RiskState,
+}
+
+impl fmt::Display for RiskLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} drawdown of {}{}",
+            self.period.as_str(),
+            self.basis.as_str(),
+            self.amount,
+            if self.relative { " %" } else { "" }
+        )
+    }
+}
+
+/// A limit judged on one reading of the account.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// The state to keep (equal to the limit's unless something changed).
+    pub state: RiskState,
+    /// The state differs from the stored one: write it.
+    pub changed: bool,
+    /// The limit was reached on this reading (not before in this period).
+    pub newly_hit: bool,
+    /// A new period began (a limit reached in the last one no longer holds).
+    pub new_period: bool,
+}
+
+/// Judges `limit` on a reading of the account's `balance` and `equity` at `server_ms` (the broker
+/// server's clock). The first reading of a period sets its starting value; the limit is reached
+/// when the drawdown from it is at least the amount (relative: that percent of the starting
+/// value), and stays reached until the period ends or an operator resets it.
+pub fn evaluate(limit: &RiskLimit, balance: f64, equity: f64, server_ms: i64) -> Evaluation {
+    let value = match limit.basis {
+        Basis::Balance => balance,
+        Basis::Equity => equity,
+    };
+    let key = limit.period.key(server_ms);
+    let old = &limit.state;
+    let new_period = old.period_key.as_deref() != Some(key.as_str());
+    let mut state = if new_period || old.start_value.is_none() {
+        RiskState {
+            period_key: Some(key),
+            start_value: Some(value),
+            hit: None,
+        }
+    } else {
+        old.clone()
+    };
+    let mut newly_hit = false;
+    if state.hit.is_none()
+        && let Some(start) = state.start_value
+        && value.is_finite()
+    {
+        let drawdown = start - value;
+        let allowed = if limit.relative {
+            start * limit.amount / 100.0
+        } else {
+            limit.amount
+        };
+        if start > 0.0 && drawdown >= allowed {
+            state.hit = Some(format!(
+                "{} {} drawdown {:.2} from {:.2} ({:.2} % of it) reached the limit of {}{}",
+                limit.period.as_str(),
+                limit.basis.as_str(),
+                drawdown,
+                start,
+                100.0 * drawdown / start,
+                limit.amount,
+                if limit.relative { " %" } else { "" }
+            ));
+            newly_hit = true;
+        }
+    }
+    Evaluation {
+        changed: state != *old,
+        state,
+        newly_hit,
+        new_period: new_period && old.period_key.is_some() && old.hit.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2026-11-30 (a Monday) 00:00 on the server's clock.
+    const MONDAY: i64 = 1_795_996_800_000;
+    const H: i64 = 3_600_000;
+
+    fn limit(period: Period, basis: Basis, relative: bool, amount: f64) -> RiskLimit {
+        RiskLimit {
+            id: 1,
+            period,
+            basis,
+            relative,
+            amount,
+            action: RiskAction::CloseOnly,
+            state: RiskState::default(),
+        }
+    }
+
+    #[test]
+    fn periods_follow_the_server_calendar() {
+        assert_eq!(Period::Daily.key(MONDAY), "2026-11-30");
+        assert_eq!(Period::Daily.key(MONDAY - 1), "2026-11-29");
+        assert_eq!(Period::Weekly.key(MONDAY), "week of 2026-11-30");
+        assert_eq!(
+            Period::Weekly.key(MONDAY + 6 * 24 * H + 23 * H),
+            "week of 2026-11-30"
+        );
+        assert_eq!(Period::Weekly.key(MONDAY - 1), "week of 2026-11-23");
+        assert_eq!(Period::Monthly.key(MONDAY), "2026-11");
+        assert_eq!(Period::Monthly.key(MONDAY + 24 * H), "2026-12");
+        assert_eq!(Period::Daily.key(0), "1970-01-01");
+        assert_eq!(Period::Daily.key(951_782_400_000), "2000-02-29");
+        assert_eq!(Period::Weekly.key(0), "week of 1969-12-29");
+        assert_eq!(Period::Lifetime.key(MONDAY), "lifetime");
+    }
+
+    #[test]
+    fn the_first_reading_of_a_period_sets_its_start_and_a_drawdown_reaches_the_limit() {
+        let mut l = limit(Period::Daily, Basis::Equity, true, 5.0);
+        let first = evaluate(&l, 10_000.0, 10_000.0, MONDAY + H);
+        assert!(first.changed && !first.newly_hit);
+        assert_eq!(first.state.start_value, Some(10_000.0));
+        assert_eq!(first.state.period_key.as_deref(), Some("2026-11-30"));
+        l.state = first.state;
+        // 4.99 % down: not yet; the state does not change.
+        let near = evaluate(&l, 10_000.0, 9_501.0, MONDAY + 2 * H);
+        assert!(!near.changed && !near.newly_hit);
+        // 5 % down (equity; the balance is untouched): reached.
+        let hit = evaluate(&l, 10_000.0, 9_500.0, MONDAY + 3 * H);
+        assert!(hit.changed && hit.newly_hit);
+        let reason = hit.state.hit.clone().unwrap();
+        assert!(
+            reason.contains("daily equity drawdown 500.00 from 10000.00") && reason.contains("5 %"),
+            "{reason}"
+        );
+        l.state = hit.state;
+        // Equity recovers: still reached until the period ends.
+        let later = evaluate(&l, 10_000.0, 10_200.0, MONDAY + 4 * H);
+        assert!(!later.changed && later.state.hit.is_some());
+        // The next server day starts clean from its first reading.
+        let next = evaluate(&l, 10_000.0, 10_200.0, MONDAY + 24 * H);
+        assert!(next.changed && next.new_period && next.state.hit.is_none());
+        assert_eq!(next.state.start_value, Some(10_200.0));
+    }
+
+    #[test]
+    fn absolute_limits_count_money_and_balance_limits_ignore_floating_losses() {
+        let mut l = limit(Period::Lifetime, Basis::Balance, false, 300.0);
+        l.state = evaluate(&l, 5_000.0, 5_000.0, MONDAY).state;
+        let floating = evaluate(&l, 5_000.0, 4_000.0, MONDAY + H);
+        assert!(!floating.newly_hit, "equity is not the basis");
+        let realised = evaluate(&l, 4_700.0, 4_700.0, MONDAY + 400 * 24 * H);
+        assert!(realised.newly_hit, "lifetime spans every day");
+        assert!(!evaluate(&l, 4_700.01, 4_700.01, MONDAY).newly_hit);
+    }
+
+    #[test]
+    fn an_operator_reset_starts_a_period_again_from_the_current_value() {
+        let mut l = limit(Period::Weekly, Basis::Equity, true, 10.0);
+        l.state = RiskState {
+            period_key: None,
+            start_value: None,
+            hit: None,
+        };
+        let e = evaluate(&l, 8_000.0, 8_000.0, MONDAY + 3 * 24 * H);
+        assert!(e.changed && !e.newly_hit && !e.new_period);
+        assert_eq!(e.state.start_value, Some(8_000.0));
+        assert_eq!(e.state.period_key.as_deref(), Some("week of 2026-11-30"));
+    }
+
+    #[test]
+    fn an_empty_account_reaches_no_relative_limit() {
+        let mut l = limit(Period::Daily, Basis::Balance, true, 5.0);
+        l.state = evaluate(&l, 0.0, 0.0, MONDAY).state;
+        assert!(!evaluate(&l, -10.0, -10.0, MONDAY + H).newly_hit);
+    }
+}

@@ -1,0 +1,82 @@
+//! A follower's risk limits (`risk_limits`, migration 13): read with its links, and their state
+//! written by the account's owner, fenced.
+
+use sqlx::{PgConnection, Row};
+
+use crate::copier::risk::{Basis, Period, RiskAction, RiskLimit, RiskState};
+
+/// The account's risk limits with their state. A row the node cannot read (a value another
+/// release wrote) is an error naming it.
+pub async fn load_risk_limits(
+    conn: &mut PgConnection,
+    account: i64,
+) -> Result<Vec<RiskLimit>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, period, basis, relative, amount, action, period_key, start_value, hit_reason
+           FROM risk_limits WHERE account_id = $1 ORDER BY id",
+    )
+    .bind(account)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.try_get("id")?;
+            let bad = |column: &str, value: String| {
+                sqlx::Error::Decode(
+                    format!("risk_limits row {id}: unknown {column} {value:?}").into(),
+                )
+            };
+            let period: String = r.try_get("period")?;
+            let basis: String = r.try_get("basis")?;
+            let action: String = r.try_get("action")?;
+            Ok(RiskLimit {
+                id,
+                period: Period::parse(&period).ok_or_else(|| bad("period", period.clone()))?,
+                basis: Basis::parse(&basis).ok_or_else(|| bad("basis", basis.clone()))?,
+                relative: r.try_get("relative")?,
+                amount: r.try_get("amount")?,
+                action: RiskAction::parse(&action).ok_or_else(|| bad("action", action.clone()))?,
+                state: RiskState {
+                    period_key: r.try_get("period_key")?,
+                    start_value: r.try_get("start_value")?,
+                    hit: r.try_get("hit_reason")?,
+                },
+            })
+        })
+        .collect()
+}
+
+/// Stores a limit's state; fenced by the account's owner (false: not written, the account is
+/// no longer this node's at this epoch, or the limit is gone). `hit_at` keeps the moment the
+/// limit was first reached in the period.
+pub async fn save_risk_state(
+    conn: &mut PgConnection,
+    node_id: &str,
+    account: i64,
+    epoch: i64,
+    limit: i64,
+    state: &RiskState,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "WITH owner AS (
+             SELECT id FROM trading_accounts
+              WHERE id = $2 AND node_id = $1 AND owner_epoch = $3
+                FOR SHARE)
+         UPDATE risk_limits r
+            SET period_key = $5, start_value = $6, hit_reason = $7,
+                hit_at = CASE WHEN $7::text IS NULL THEN NULL ELSE coalesce(r.hit_at, now()) END,
+                updated_at = now()
+           FROM owner
+          WHERE r.id = $4 AND r.account_id = owner.id",
+    )
+    .bind(node_id)
+    .bind(account)
+    .bind(epoch)
+    .bind(limit)
+    .bind(&state.period_key)
+    .bind(state.start_value)
+    .bind(&state.hit)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
