@@ -6,7 +6,7 @@
 -- The limit's state lives on its row, written by the account's owner fenced by (node, epoch),
 -- so it survives a failover: `period_key` names the period `start_value` belongs to, and
 -- `hit_at`/`hit_reason` say the limit was reached in it. A new period starts clean; an operator
--- resets a limit early by clearing the state (`copier-node accounts risk-reset`).
+-- resets a limit early by clearing the state (`copier-node risk reset`).
 CREATE TABLE risk_limits (
     id          bigserial PRIMARY KEY,
     account_id  bigint NOT NULL REFERENCES trading_accounts (id) ON DELETE CASCADE,

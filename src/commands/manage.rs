@@ -1334,21 +1334,27 @@ pub(super) async fn risk(command: RiskCommand) -> Result<(), CommandError> {
             };
             let (_, mut conn) = connect(&args.manage, vec![]).await?;
             let what = format!("risk limit of account {}", args.account);
-            let role: Option<String> =
-                sqlx::query_scalar("SELECT role FROM trading_accounts WHERE id = $1")
+            let row: Option<(String, String)> =
+                sqlx::query_as("SELECT role, server FROM trading_accounts WHERE id = $1")
                     .bind(args.account)
                     .fetch_optional(&mut conn)
                     .await
                     .map_err(sql(&what))?;
-            match role.as_deref() {
+            match row.as_ref().map(|(r, s)| (r.as_str(), s.as_str())) {
                 None => {
                     return Err(CommandError::usage(format!(
                         "account {}: no such account",
                         args.account
                     )));
                 }
-                Some("follower") => {}
-                Some(role) => {
+                Some((_, server)) if server.starts_with("fix://") => {
+                    return Err(CommandError::usage(format!(
+                        "account {} trades over FIX, whose adapter reads no balance or equity: a risk limit could never be judged there",
+                        args.account
+                    )));
+                }
+                Some(("follower", _)) => {}
+                Some((role, _)) => {
                     return Err(CommandError::usage(format!(
                         "account {} is a {role}: risk limits apply to followers",
                         args.account

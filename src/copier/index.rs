@@ -151,6 +151,13 @@ impl CopyIndex {
         self.open.values().map(Vec::len).sum()
     }
 
+    /// Every open copy: ((link magic, master ticket), copy ticket).
+    pub fn all_open(&self) -> impl Iterator<Item = (Key, i64)> + '_ {
+        self.open
+            .iter()
+            .flat_map(|(key, list)| list.iter().map(move |p| (*key, p.ticket)))
+    }
+
     /// Every open copy under link magic `magic`, by master ticket.
     pub fn copies_of_link(&self, magic: i64) -> impl Iterator<Item = (i64, &[Position])> {
         self.open

@@ -188,8 +188,27 @@ pub fn evaluate(limit: &RiskLimit, balance: f64, equity: f64, server_ms: i64) ->
     };
     let key = limit.period.key(server_ms);
     let old = &limit.state;
-    let new_period = old.period_key.as_deref() != Some(key.as_str());
+    let unchanged = Evaluation {
+        state: old.clone(),
+        changed: false,
+        newly_hit: false,
+        new_period: false,
+    };
+    if !value.is_finite() {
+        return unchanged;
+    }
+    // Keys of one kind sort as their periods do: a reading from an earlier period (a clock that
+    // stepped back, or a reading without the server's time) starts nothing.
+    let new_period = match old.period_key.as_deref() {
+        None => true,
+        Some(stored) => key.as_str() > stored,
+    };
     let mut state = if new_period || old.start_value.is_none() {
+        // A period starts from a real value: an empty account, or a broker's zero before it
+        // has the figures, would make a relative limit unreachable for the whole period.
+        if value <= 0.0 {
+            return unchanged;
+        }
         RiskState {
             period_key: Some(key),
             start_value: Some(value),
@@ -201,7 +220,6 @@ pub fn evaluate(limit: &RiskLimit, balance: f64, equity: f64, server_ms: i64) ->
     let mut newly_hit = false;
     if state.hit.is_none()
         && let Some(start) = state.start_value
-        && value.is_finite()
     {
         let drawdown = start - value;
         let allowed = if limit.relative {
@@ -209,7 +227,7 @@ pub fn evaluate(limit: &RiskLimit, balance: f64, equity: f64, server_ms: i64) ->
         } else {
             limit.amount
         };
-        if start > 0.0 && drawdown >= allowed {
+        if drawdown >= allowed {
             state.hit = Some(format!(
                 "{} {} drawdown {:.2} from {:.2} ({:.2} % of it) reached the limit of {}{}",
                 limit.period.as_str(),
@@ -324,9 +342,38 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_account_reaches_no_relative_limit() {
-        let mut l = limit(Period::Daily, Basis::Balance, true, 5.0);
-        l.state = evaluate(&l, 0.0, 0.0, MONDAY).state;
-        assert!(!evaluate(&l, -10.0, -10.0, MONDAY + H).newly_hit);
+    fn no_period_starts_from_an_empty_or_unreadable_value() {
+        let l = limit(Period::Daily, Basis::Balance, true, 5.0);
+        for bad in [0.0, -10.0, f64::NAN, f64::INFINITY] {
+            let e = evaluate(&l, bad, bad, MONDAY);
+            assert!(!e.changed && e.state == RiskState::default(), "{bad}");
+        }
+        // The first real value starts it.
+        assert_eq!(
+            evaluate(&l, 1_000.0, 1_000.0, MONDAY).state.start_value,
+            Some(1_000.0)
+        );
+    }
+
+    #[test]
+    fn a_reading_from_an_earlier_period_clears_nothing() {
+        let mut l = limit(Period::Daily, Basis::Equity, false, 100.0);
+        l.state = evaluate(&l, 1_000.0, 1_000.0, MONDAY + 2 * H).state;
+        l.state = evaluate(&l, 1_000.0, 900.0, MONDAY + 3 * H).state;
+        assert!(l.state.hit.is_some());
+        // The clock steps back over midnight (or a reading comes without the server's time).
+        let back = evaluate(&l, 1_000.0, 1_000.0, MONDAY - H);
+        assert!(!back.changed && back.state.hit.is_some());
+    }
+
+    #[test]
+    fn an_absolute_limit_counts_from_any_start() {
+        let mut l = limit(Period::Lifetime, Basis::Equity, false, 50.0);
+        l.state = RiskState {
+            period_key: Some("lifetime".into()),
+            start_value: Some(20.0),
+            hit: None,
+        };
+        assert!(evaluate(&l, 20.0, -30.0, MONDAY).newly_hit);
     }
 }

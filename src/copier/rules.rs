@@ -25,6 +25,9 @@ pub struct Inputs {
     pub now_ms: Option<i64>,
     /// The follower reached one of its risk limits in the current period: close-only.
     pub risk_hold: bool,
+    /// The follower has risk limits and its balance and equity could not be read just now: no
+    /// new copy until they can (a wait).
+    pub risk_unread: bool,
 }
 
 /// The follower's symbol for a master symbol, or why there is none. In order: the link's
@@ -293,6 +296,11 @@ pub fn eligibility(link: &Link, position: &MasterPosition, inputs: &Inputs) -> R
         return Err(skip(
             SkipCode::RiskLimit,
             "the follower reached a risk limit: no new copies until it resets (see risk_limits)",
+        ));
+    }
+    if inputs.risk_unread {
+        return Err(NotNow::Wait(
+            "the follower has risk limits and its balance and equity could not be read: waiting until they can".into(),
         ));
     }
     if let Some(symbols) = &p.symbols
@@ -1091,6 +1099,10 @@ mod tests {
             risk_hold: true,
             ..Inputs::default()
         };
+        let unread = Inputs {
+            risk_unread: true,
+            ..Inputs::default()
+        };
         let cases: Vec<(Link, MasterPosition, Inputs, Option<&str>)> = vec![
             (with(p()), position(1.0), none, None),
             (with(p()), position(1.0), held, Some("reached a risk limit")),
@@ -1221,6 +1233,13 @@ mod tests {
                 ),
             ),
         ];
+        // Risk limits whose figures could not be read: a wait, not a final decision.
+        let waiting = eligibility(&with(p()), &position(1.0), &unread).unwrap_err();
+        assert_eq!(waiting.code(), SkipCode::Waiting);
+        assert!(
+            waiting.message().contains("could not be read"),
+            "{waiting:?}"
+        );
         for (l, position, inputs, want) in cases {
             let got = eligibility(&l, &position, &inputs);
             match want {
@@ -1386,6 +1405,7 @@ mod tests {
             master_currency: ccy("USD"),
             now_ms: None,
             risk_hold: false,
+            risk_unread: false,
         };
         let l = Link {
             lot_mode: LotMode::BalanceRatio,

@@ -33,13 +33,19 @@ pub struct JournalEntry {
 }
 
 /// Reads a whole journal: the one reader the demo, the tests and the fault suite's checker share.
-/// A missing file is an empty journal; a line that does not parse is an error naming it.
+/// A missing file is an empty journal; a line that does not parse is an error naming it. The
+/// journal may be read while the broker writes it: a last line without its newline is not
+/// written yet, and is left out.
 pub fn read(path: &std::path::Path) -> anyhow::Result<Vec<JournalEntry>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    let mut bytes = match std::fs::read(path) {
+        Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(anyhow::anyhow!("reading journal {}: {e}", path.display())),
     };
+    let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    bytes.truncate(complete);
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("journal {} is not UTF-8: {e}", path.display()))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -129,6 +135,21 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_being_written_is_not_read_yet() {
+        let dir = std::env::temp_dir().join(format!("journal-partial-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("journal.jsonl");
+        let line = serde_json::to_string(&JournalEntry::new(1, "f1", "n", "open")).unwrap();
+        std::fs::write(&path, format!("{line}\n{}", &line[..line.len() / 2])).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 1, "the complete line only");
+        std::fs::write(&path, format!("{line}\n{line}\n")).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 2);
+        std::fs::write(&path, format!("{line}\nnot json\n")).unwrap();
+        assert!(read(&path).is_err(), "a complete bad line is an error");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn every_key_is_always_present() {

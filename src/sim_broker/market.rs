@@ -41,6 +41,13 @@ impl Sessions {
         let minute = |t: &str| -> Result<u32, String> {
             let (h, m) = t
                 .split_once(':')
+                .filter(|(h, m)| {
+                    !h.is_empty()
+                        && !m.is_empty()
+                        && h.len() <= 2
+                        && m.len() == 2
+                        && (h.to_string() + m).bytes().all(|b| b.is_ascii_digit())
+                })
                 .ok_or_else(|| format!("{t:?} is not HH:MM"))?;
             let (h, m): (u32, u32) = (
                 h.parse().map_err(|_| format!("{t:?} is not HH:MM"))?,
@@ -58,7 +65,13 @@ impl Sessions {
                     .trim()
                     .split_once('-')
                     .ok_or_else(|| format!("{w:?} is not HH:MM-HH:MM"))?;
-                Ok((minute(a.trim())?, minute(b.trim())?))
+                let (start, end) = (minute(a.trim())?, minute(b.trim())?);
+                if start == end {
+                    return Err(format!(
+                        "{w:?} is empty or ambiguous: a whole day is 00:00-24:00"
+                    ));
+                }
+                Ok((start, end))
             })
             .collect::<Result<Vec<_>, String>>()?;
         if windows.is_empty() {
@@ -153,18 +166,34 @@ impl Market {
     }
 
     /// Trading sessions of `base` (and every suffixed variant); outside them orders on it are
-    /// refused with `market closed`.
-    pub fn set_sessions(&mut self, base: &str, sessions: Sessions) {
+    /// refused with `market closed`. An error for a name that is not a base symbol here.
+    pub fn set_sessions(&mut self, base: &str, sessions: Sessions) -> Result<(), String> {
+        self.check_base(base)?;
         self.sessions.insert(base.to_string(), sessions);
+        Ok(())
     }
 
     /// Opens (`Some(true)`) or closes (`Some(false)`) `base`'s market now, whatever its sessions
     /// say, or hands it back to them (`None`).
-    pub fn switch(&mut self, base: &str, open: Option<bool>) {
+    pub fn switch(&mut self, base: &str, open: Option<bool>) -> Result<(), String> {
+        self.check_base(base)?;
         match open {
             Some(open) => self.switched.insert(base.to_string(), open),
             None => self.switched.remove(base),
         };
+        Ok(())
+    }
+
+    fn check_base(&self, base: &str) -> Result<(), String> {
+        if self.bases.values().any(|b| b == base) {
+            return Ok(());
+        }
+        let mut known: Vec<&String> = self.bases.values().collect();
+        known.sort();
+        known.dedup();
+        Err(format!(
+            "{base} is not a base symbol of this server (trading hours apply to a base symbol and its suffixed variants: {known:?})"
+        ))
     }
 
     /// `Err("market closed ...")` when `symbol`'s market is closed at `now_ms`.
@@ -432,7 +461,17 @@ mod session_tests {
                 .unwrap()
                 .open_at(monday + 23 * H + 59 * 60_000)
         );
-        for bad in ["", "9-17", "09:00", "25:00-26:00", "09:60-10:00"] {
+        for bad in [
+            "",
+            "9-17",
+            "09:00",
+            "25:00-26:00",
+            "09:60-10:00",
+            "09:00-09:00",
+            "+9:00-17:00",
+            "09:0-17:00",
+            "09:00-17:00,",
+        ] {
             assert!(Sessions::parse(bad).is_err(), "{bad:?} parsed");
         }
     }
@@ -441,7 +480,14 @@ mod session_tests {
     fn a_closed_market_refuses_every_variant_of_its_symbol_and_the_switch_overrides_sessions() {
         let mut m = Market::new();
         let monday = 1_700_438_400_000;
-        m.set_sessions("XAUUSD", Sessions::parse("01:00-23:00").unwrap());
+        m.set_sessions("XAUUSD", Sessions::parse("01:00-23:00").unwrap())
+            .unwrap();
+        assert!(
+            m.set_sessions("XAUUSD.m", Sessions::parse("01:00-23:00").unwrap())
+                .is_err(),
+            "a suffixed name is not a base symbol"
+        );
+        assert!(m.switch("GOLD", Some(true)).is_err());
         for s in ["XAUUSD", "XAUUSD.m"] {
             let e = m.check_open(s, monday).unwrap_err();
             assert!(e.starts_with("market closed"), "{e}");
@@ -451,11 +497,11 @@ mod session_tests {
             m.check_open("EURUSD", monday).is_ok(),
             "other symbols trade"
         );
-        m.switch("XAUUSD", Some(true));
+        m.switch("XAUUSD", Some(true)).unwrap();
         assert!(m.check_open("XAUUSD.m", monday).is_ok());
-        m.switch("XAUUSD", Some(false));
+        m.switch("XAUUSD", Some(false)).unwrap();
         assert!(m.check_open("XAUUSD", monday + H).is_err());
-        m.switch("XAUUSD", None);
+        m.switch("XAUUSD", None).unwrap();
         assert!(m.check_open("XAUUSD", monday + H).is_ok());
     }
 }

@@ -122,7 +122,9 @@ impl SimBroker {
             book.set_currency(login, *currency);
         }
         for (symbol, sessions) in &options.sessions {
-            book.market.set_sessions(symbol, sessions.clone());
+            book.market
+                .set_sessions(symbol, sessions.clone())
+                .map_err(|e| anyhow::anyhow!("--session {symbol}: {e}"))?;
         }
         let store = match &options.state {
             Some(path) => Some(Store::open(path, &mut book)?),
@@ -411,10 +413,10 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             core.book.refuse(&login, &order, count, &reason);
             ok(id, &serde_json::json!({}))
         }
-        Request::Market { symbol, open } => {
-            core.book.market.switch(&symbol, open);
-            ok(id, &serde_json::json!({}))
-        }
+        Request::Market { symbol, open } => match core.book.market.switch(&symbol, open) {
+            Ok(()) => ok(id, &serde_json::json!({})),
+            Err(reason) => invalid(id, &reason),
+        },
         Request::Price { symbol, price } => match core.book.market.set_price(&symbol, price) {
             Ok(()) => ok(id, &serde_json::json!({})),
             Err(reason) => invalid(id, &reason),

@@ -102,7 +102,7 @@ impl Follower<'_> {
         }
     }
 
-    async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
+    pub(super) async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
         let loaded = self
             .ctx
             .node
@@ -119,8 +119,7 @@ impl Follower<'_> {
             Ok((rows, max, removed, risk)) => {
                 self.max_open_copies = max;
                 self.removed = removed;
-                self.risk = risk;
-                self.funds.risk_hold = self.risk.iter().any(|l| l.state.hit.is_some());
+                self.take_risk_limits(risk);
                 rows
             }
             Err(e) => {

@@ -90,6 +90,10 @@ struct Follower<'a> {
     removed: Vec<db::copy::RemovedLink>,
     /// The follower's risk limits, each with its stored state.
     risk: Vec<crate::copier::risk::RiskLimit>,
+    /// Limits judged on a reading whose state is not stored yet (a failed write), by id.
+    risk_pending: HashMap<i64, crate::copier::risk::RiskState>,
+    /// Copy tickets a reached `close_all` limit closes, kept until each is closed.
+    risk_closing: BTreeSet<i64>,
     /// Per master: the snapshot the copies match, at its (epoch, seq).
     masters: HashMap<i64, MasterView>,
     /// The follower's copies by marker.
@@ -146,6 +150,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         max_open_copies: None,
         removed: Vec::new(),
         risk: Vec::new(),
+        risk_pending: HashMap::new(),
+        risk_closing: BTreeSet::new(),
         masters: HashMap::new(),
         index: CopyIndex::default(),
         memory: Memory::default(),
@@ -213,7 +219,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
-            _ = risk_check.tick(), if !f.risk.is_empty() => f.report_funds().await,
+            _ = risk_check.tick(), if !f.risk.is_empty() || !f.risk_closing.is_empty() => f.report_funds().await,
             _ = funds.tick() => {
                 f.report_funds().await;
                 let masters: Vec<i64> = f.master_funds.keys().copied().collect();
@@ -310,12 +316,17 @@ impl Follower<'_> {
         }
     }
 
+    /// A reconcile is owed: retried after the backoff, or earlier if one is owed already (a
+    /// later failure never pushes an owed retry further out).
     fn owe(&mut self, why: &str) {
+        let at = Instant::now() + self.retry.failed();
         if !self.owed {
             debug!(why, "reconcile owed");
+            self.retry_at = at;
+        } else {
+            self.retry_at = self.retry_at.min(at);
         }
         self.owed = true;
-        self.retry_at = Instant::now() + self.retry.failed();
     }
 
     /// As [`Self::owe`], retried within `at_most` however long the backoff has grown.
@@ -325,11 +336,14 @@ impl Follower<'_> {
     }
 
     async fn report_funds(&mut self) {
-        if let Ok(info) = self.api.account().await {
+        let read = self.api.account().await;
+        // With risk limits, no new copy is decided on figures that could not be read.
+        self.funds.risk_unread = read.is_err() && !self.risk.is_empty();
+        if let Ok(info) = read {
             self.funds.follower_balance = info.balance;
             self.funds.follower_equity = info.equity;
             self.funds.follower_currency = info.currency.or(self.funds.follower_currency);
-            if !self.risk.is_empty() {
+            if !self.risk.is_empty() || !self.risk_closing.is_empty() {
                 self.judge_risk(&info).await;
             }
             self.ctx.status.send(StatusUpdate {

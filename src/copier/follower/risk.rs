@@ -1,29 +1,61 @@
 //! The follower's risk limits at work: each reading of its balance and equity judges them
-//! ([`crate::copier::risk::evaluate`]), stores what changed (fenced), holds new copies while one
-//! is reached, and closes every copy when a reached limit says `close_all`.
+//! ([`crate::copier::risk::evaluate`]), stores what changed (fenced, and only over the state the
+//! node last read, so an operator's reset is never undone), holds new copies while one is
+//! reached, and closes every copy when a reached limit says `close_all`.
+
+use std::collections::HashMap;
 
 use tracing::{info, warn};
 
 use super::Follower;
+use super::send::Sent;
 use crate::broker::types::AccountInfo;
 use crate::copier::intent;
 use crate::copier::reconcile::Action;
-use crate::copier::risk::{RiskAction, evaluate};
+use crate::copier::risk::{RiskAction, RiskLimit, RiskState, evaluate};
 use crate::db;
-
-use super::send::Sent;
+use crate::db::copy::Saved;
+use crate::model::link::{Link, LotMode};
 
 impl Follower<'_> {
+    /// The state a limit is judged by: the one judged last, if not stored yet, else the stored.
+    fn risk_state<'s>(&'s self, limit: &'s RiskLimit) -> &'s RiskState {
+        self.risk_pending.get(&limit.id).unwrap_or(&limit.state)
+    }
+
+    /// True when any limit is reached in its current period.
+    pub(super) fn risk_held(&self) -> bool {
+        self.risk.iter().any(|l| self.risk_state(l).hit.is_some())
+    }
+
+    /// Takes freshly read limits: a judged state not stored yet is kept while the stored one is
+    /// still what it was judged over (an operator's reset or a changed limit drops it).
+    pub(super) fn take_risk_limits(&mut self, limits: Vec<RiskLimit>) {
+        let before: HashMap<i64, RiskState> =
+            self.risk.iter().map(|l| (l.id, l.state.clone())).collect();
+        self.risk_pending.retain(|id, _| {
+            limits
+                .iter()
+                .any(|l| l.id == *id && before.get(id) == Some(&l.state))
+        });
+        self.risk = limits;
+        self.funds.risk_hold = self.risk_held();
+    }
+
     pub(super) async fn judge_risk(&mut self, info: &AccountInfo) {
         // The broker server's clock bounds the periods; without it, the node's UTC clock.
         let server_ms = info
             .server_time_ms
             .unwrap_or_else(crate::wall_clock::unix_ms);
-        let mut close_all = None;
-        let mut held = false;
+        let was_held = self.funds.risk_hold;
+        let mut reload = false;
         for i in 0..self.risk.len() {
             let limit = self.risk[i].clone();
-            let e = evaluate(&limit, info.balance, info.equity, server_ms);
+            let judged = RiskLimit {
+                state: self.risk_state(&limit).clone(),
+                ..limit.clone()
+            };
+            let e = evaluate(&judged, info.balance, info.equity, server_ms);
             if e.newly_hit {
                 warn!(
                     limit_id = limit.id,
@@ -41,90 +73,135 @@ impl Follower<'_> {
             if e.new_period {
                 info!(limit_id = limit.id, limit = %limit, "risk limit reset: a new period began");
             }
-            if let Some(reason) = &e.state.hit {
-                held = true;
-                if limit.action == RiskAction::CloseAll {
-                    close_all = Some(reason.clone());
-                }
+            if !e.changed && !self.risk_pending.contains_key(&limit.id) {
+                continue;
             }
-            if e.changed {
-                let saved = self
-                    .ctx
-                    .node
-                    .db
-                    .run(async |conn| {
-                        db::copy::save_risk_state(
-                            conn,
-                            &self.ctx.node.node_id,
-                            self.id,
-                            self.ctx.epoch(),
-                            limit.id,
-                            &e.state,
-                        )
-                        .await
-                    })
-                    .await;
-                match saved {
-                    // Stored: the next reading starts from it.
-                    Ok(true) => self.risk[i].state = e.state,
-                    Ok(false) => {
-                        self.ctx.lost().await;
-                        return;
-                    }
-                    // Kept unstored: the next reading judges again and stores it then; the hold
-                    // applies meanwhile.
-                    Err(e) => {
-                        warn!(limit_id = limit.id, error = %db::describe(&e), "storing a risk limit's state failed; retried at the next reading")
-                    }
+            let saved = self
+                .ctx
+                .node
+                .db
+                .run(async |conn| {
+                    db::copy::save_risk_state(
+                        conn,
+                        &self.ctx.node.node_id,
+                        self.id,
+                        self.ctx.epoch(),
+                        limit.id,
+                        &limit.state,
+                        &e.state,
+                    )
+                    .await
+                })
+                .await;
+            match saved {
+                Ok(Saved::Saved) => {
+                    self.risk[i].state = e.state;
+                    self.risk_pending.remove(&limit.id);
+                }
+                Ok(Saved::NotOwner) => {
+                    self.ctx.lost().await;
+                    return;
+                }
+                Ok(Saved::Changed) => {
+                    info!(
+                        limit_id = limit.id,
+                        "risk limit changed or reset meanwhile: reading the limits again"
+                    );
+                    self.risk_pending.remove(&limit.id);
+                    reload = true;
+                }
+                // Kept as judged: it holds meanwhile, and the next reading stores it.
+                Err(err) => {
+                    warn!(limit_id = limit.id, error = %db::describe(&err), "storing a risk limit's state failed; retried at the next reading");
+                    self.risk_pending.insert(limit.id, e.state);
                 }
             }
         }
-        if self.funds.risk_hold && !held {
+        if reload {
+            // Boxed: reading links may reconcile, and a reconcile reads the funds again (it
+            // comes back here with `reconcile_changed` false, so only once).
+            Box::pin(self.load_links_only(false)).await;
+        }
+        let held = self.risk_held();
+        if was_held && !held {
             info!("every risk limit is clear: new copies resume");
         }
         self.funds.risk_hold = held;
-        if let Some(reason) = close_all {
-            self.close_every_copy(&reason).await;
+        let close_all = self.risk.iter().find_map(|l| {
+            (l.action == RiskAction::CloseAll)
+                .then(|| self.risk_state(l).hit.clone())
+                .flatten()
+        });
+        if close_all.is_some() || !self.risk_closing.is_empty() {
+            self.close_for_risk(close_all.is_some()).await;
         }
     }
 
-    /// Closes every copy of every link (through the gate; a close that fails is retried by the
-    /// next reconcile and the next reading, which finds the limit still reached).
-    async fn close_every_copy(&mut self, reason: &str) {
+    /// Closes the follower's copies for a reached `close_all` limit: with `capture`, every copy
+    /// open now joins the set to close; the set is kept until each of them is closed (a close
+    /// the broker refuses, e.g. outside the market's hours, is tried again at every reading),
+    /// even if the limit resets meanwhile. Copies of links removed or unreadable are closed
+    /// too: the set is every position carrying a copy marker.
+    async fn close_for_risk(&mut self, capture: bool) {
+        if !capture && self.risk_closing.is_empty() {
+            return;
+        }
         match super::read_follower(self.api.as_ref()).await {
             Ok((positions, history)) => self.index.rebuild(&positions, &history),
             Err(e) => {
-                warn!(error = %e, "could not read the follower's positions to close its copies for a risk limit; retrying");
-                self.owe("broker read failed");
+                warn!(error = %e, "could not read the follower's positions to close its copies for a risk limit; retrying at the next reading");
                 return;
             }
         }
-        for link in self.links.clone() {
-            let copies: Vec<(i64, i64)> = self
-                .index
-                .copies_of_link(link.magic)
-                .flat_map(|(master_ticket, list)| {
-                    list.iter().map(move |c| (master_ticket, c.ticket))
-                })
-                .collect();
-            for (master_ticket, ticket) in copies {
-                info!(
-                    link_id = link.id,
-                    master_ticket,
-                    ticket,
-                    reason,
-                    "closing a copy: a risk limit with close_all was reached"
-                );
-                let action = Action::Close {
-                    master_ticket,
-                    ticket,
-                    reason: "a risk limit with close_all was reached",
-                    client_order_id: intent::close(link.id, master_ticket, ticket),
-                };
-                if self.execute(&link, action, None).await == Sent::Gated {
-                    return;
-                }
+        let open: Vec<((i64, i64), i64)> = self.index.all_open().collect();
+        if capture {
+            self.risk_closing
+                .extend(open.iter().map(|(_, ticket)| *ticket));
+        }
+        let open_tickets: std::collections::HashSet<i64> = open.iter().map(|(_, t)| *t).collect();
+        self.risk_closing.retain(|t| open_tickets.contains(t));
+        for ((magic, master_ticket), ticket) in open {
+            if !self.risk_closing.contains(&ticket) {
+                continue;
+            }
+            let link = self
+                .links
+                .iter()
+                .find(|l| l.magic == magic)
+                .cloned()
+                .unwrap_or_else(|| unknown_link(magic));
+            info!(
+                link_id = link.id,
+                master_ticket, ticket, "closing a copy: a risk limit with close_all was reached"
+            );
+            let action = Action::Close {
+                master_ticket,
+                ticket,
+                reason: "a risk limit with close_all was reached",
+                client_order_id: intent::close(link.id, master_ticket, ticket),
+            };
+            if self.execute(&link, action, None).await == Sent::Gated {
+                return;
             }
         }
+    }
+}
+
+/// A stand-in for the link of a copy whose link this session does not hold (removed, or not
+/// readable): enough to close the copy under its own client order id.
+fn unknown_link(magic: i64) -> Link {
+    Link {
+        id: 0,
+        master_id: 0,
+        enabled: false,
+        magic,
+        lot_mode: LotMode::Multiplier,
+        lot_value: 1.0,
+        reverse: false,
+        copy_sl_tp: false,
+        symbol_map: Default::default(),
+        copy_existing: false,
+        created_at_ms: 0,
+        protections: Default::default(),
     }
 }

@@ -20,4 +20,4 @@ pub use links::{
     RemovedLink, follower_max_open_copies, forget_removed_link, load_links, removed_links,
 };
 pub use master::{MasterState, Published, master_state, publish};
-pub use risk::{load_risk_limits, save_risk_state};
+pub use risk::{Saved, load_risk_limits, save_risk_state};

@@ -46,28 +46,45 @@ pub async fn load_risk_limits(
         .collect()
 }
 
-/// Stores a limit's state; fenced by the account's owner (false: not written, the account is
-/// no longer this node's at this epoch, or the limit is gone). `hit_at` keeps the moment the
-/// limit was first reached in the period.
+/// What became of a state write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    Saved,
+    /// The account is no longer this node's at this epoch: nothing written.
+    NotOwner,
+    /// The limit is gone, or its row no longer holds the state this node last read (an
+    /// operator reset it): nothing written; read the limits again.
+    Changed,
+}
+
+/// Stores a limit's state, replacing `old` (what this node last read or wrote), fenced by the
+/// account's owner. `hit_at` keeps the moment the limit was first reached in the period.
 pub async fn save_risk_state(
     conn: &mut PgConnection,
     node_id: &str,
     account: i64,
     epoch: i64,
     limit: i64,
+    old: &RiskState,
     state: &RiskState,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
+) -> Result<Saved, sqlx::Error> {
+    let (owner, updated): (i64, i64) = sqlx::query_as(
         "WITH owner AS (
              SELECT id FROM trading_accounts
               WHERE id = $2 AND node_id = $1 AND owner_epoch = $3
-                FOR SHARE)
-         UPDATE risk_limits r
-            SET period_key = $5, start_value = $6, hit_reason = $7,
-                hit_at = CASE WHEN $7::text IS NULL THEN NULL ELSE coalesce(r.hit_at, now()) END,
-                updated_at = now()
-           FROM owner
-          WHERE r.id = $4 AND r.account_id = owner.id",
+                FOR SHARE),
+         updated AS (
+             UPDATE risk_limits r
+                SET period_key = $5, start_value = $6, hit_reason = $7,
+                    hit_at = CASE WHEN $7::text IS NULL THEN NULL ELSE coalesce(r.hit_at, now()) END,
+                    updated_at = now()
+               FROM owner
+              WHERE r.id = $4 AND r.account_id = owner.id
+                AND r.period_key IS NOT DISTINCT FROM $8
+                AND r.start_value IS NOT DISTINCT FROM $9
+                AND r.hit_reason IS NOT DISTINCT FROM $10
+          RETURNING r.id)
+         SELECT (SELECT count(*) FROM owner), (SELECT count(*) FROM updated)",
     )
     .bind(node_id)
     .bind(account)
@@ -76,7 +93,14 @@ pub async fn save_risk_state(
     .bind(&state.period_key)
     .bind(state.start_value)
     .bind(&state.hit)
-    .execute(conn)
+    .bind(&old.period_key)
+    .bind(old.start_value)
+    .bind(&old.hit)
+    .fetch_one(conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(match (owner, updated) {
+        (0, _) => Saved::NotOwner,
+        (_, 0) => Saved::Changed,
+        _ => Saved::Saved,
+    })
 }
