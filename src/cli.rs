@@ -432,12 +432,15 @@ pub struct DemoArgs {
 pub enum SimBrokerCommand {
     /// Run the simulated trade server.
     Serve(ServeArgs),
-    /// Place, close or modify a trade by hand (client `manual`, no fence).
+    /// Open, close or modify a trade, or place, amend or cancel a pending order, by hand (client
+    /// `manual`, no fence).
     Trade(TradeArgs),
     /// Print the account's open positions as JSON lines.
     Positions(AccountArgs),
     /// Print the account's closed positions (every full or partial close) as JSON lines.
     History(AccountArgs),
+    /// Print the account's pending orders as JSON lines.
+    Orders(AccountArgs),
 }
 
 #[derive(Debug, Args)]
@@ -536,6 +539,43 @@ pub enum TradeAction {
         #[arg(long)]
         tp: Option<f64>,
     },
+    /// Place a pending order; prints its ticket. A limit waits below the market (buy) or above
+    /// (sell), a stop beyond it; it fills as the price reaches it.
+    Place {
+        symbol: String,
+        /// buy or sell
+        side: String,
+        /// limit or stop
+        kind: String,
+        price: f64,
+        volume: f64,
+        #[arg(long)]
+        sl: Option<f64>,
+        #[arg(long)]
+        tp: Option<f64>,
+        /// When it expires, Unix milliseconds on the server's clock (default: good till
+        /// cancelled).
+        #[arg(long)]
+        expiry_ms: Option<i64>,
+        #[arg(long, default_value_t = 0)]
+        magic: i64,
+        #[arg(long, default_value = "")]
+        comment: String,
+    },
+    /// Change a pending order's price, stops and expiry (omit one to remove it).
+    Amend {
+        ticket: i64,
+        #[arg(long)]
+        price: f64,
+        #[arg(long)]
+        sl: Option<f64>,
+        #[arg(long)]
+        tp: Option<f64>,
+        #[arg(long)]
+        expiry_ms: Option<i64>,
+    },
+    /// Cancel a pending order.
+    Cancel { ticket: i64 },
 }
 
 /// Flags every command that touches the database takes.

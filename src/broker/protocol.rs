@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::RejectCode;
-use super::types::{AccountInfo, ClosedPosition, Position, PositionChange, Side, SymbolSpec};
+use super::types::{
+    AccountInfo, ClosedPosition, PendingKind, PendingOrder, Position, PositionChange, Side,
+    SymbolSpec,
+};
 
 /// Protocol version sent in `hello`.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -76,6 +79,47 @@ pub enum Request {
         ticket: i64,
         sl: Option<f64>,
         tp: Option<f64>,
+        client_order_id: Option<String>,
+    },
+    /// The account's pending orders.
+    Orders {
+        login: String,
+    },
+    /// Places a pending order.
+    Place {
+        login: String,
+        fence: Option<i64>,
+        symbol: String,
+        side: Side,
+        kind: PendingKind,
+        price: f64,
+        volume: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expiry_ms: Option<i64>,
+        magic: i64,
+        comment: String,
+        client_order_id: Option<String>,
+    },
+    /// Changes a pending order's price, stops and expiry (each as given: `null` removes a stop
+    /// or the expiry).
+    Amend {
+        login: String,
+        fence: Option<i64>,
+        ticket: i64,
+        price: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expiry_ms: Option<i64>,
+        client_order_id: Option<String>,
+    },
+    /// Cancels a pending order.
+    Cancel {
+        login: String,
+        fence: Option<i64>,
+        ticket: i64,
         client_order_id: Option<String>,
     },
     /// The simulated broker's fault switch (not part of what a bridge implements): refuse the
@@ -173,6 +217,19 @@ pub struct LoginResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PositionsResult {
     pub positions: Vec<Position>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrdersResult {
+    pub orders: Vec<PendingOrder>,
+}
+
+/// The server's answer to a placed, amended or cancelled pending order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrderResult {
+    pub ticket: i64,
+    #[serde(default)]
+    pub duplicate: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -265,6 +265,66 @@ pub struct CloseFill {
     pub duplicate: bool,
 }
 
+/// How a pending order fills: a limit order when the price comes to its price from the side it
+/// waits on (a buy limit below the market, a sell limit above), a stop order when the price
+/// breaks through it (a buy stop above the market, a sell stop below).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingKind {
+    Limit,
+    Stop,
+}
+
+/// A pending order resting on the server until it fills, is cancelled, or expires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingOrder {
+    pub ticket: i64,
+    pub symbol: String,
+    pub side: Side,
+    pub kind: PendingKind,
+    /// The price it fills at or beyond.
+    pub price: f64,
+    pub volume: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    /// When it expires on the server's clock (Unix ms as the server shows it); `None`: good
+    /// till cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry_ms: Option<i64>,
+    pub magic: i64,
+    pub comment: String,
+    /// When the server placed it (its clock).
+    pub placed_ms: i64,
+}
+
+/// A pending order to place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlaceOrder {
+    pub symbol: String,
+    pub side: Side,
+    pub kind: PendingKind,
+    pub price: f64,
+    pub volume: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    pub expiry_ms: Option<i64>,
+    pub magic: i64,
+    pub comment: String,
+    pub client_order_id: Option<String>,
+}
+
+/// How a pending order left the book.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum OrderEnd {
+    /// Filled: the position it opened (same ticket as the order).
+    Filled {
+        position: i64,
+    },
+    Cancelled,
+    Expired,
+}
+
 /// A change to an account's positions, pushed by the server to every session of that login.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
@@ -283,15 +343,34 @@ pub enum PositionChange {
     Closed {
         closed: ClosedPosition,
     },
+    /// A pending order was placed.
+    OrderPlaced {
+        order: PendingOrder,
+    },
+    /// A pending order's price, stops or expiry changed: `order` is what it is now.
+    OrderChanged {
+        order: PendingOrder,
+    },
+    /// A pending order left the book (a fill also sends `opened` for its position).
+    OrderGone {
+        ticket: i64,
+        #[serde(flatten)]
+        end: OrderEnd,
+    },
 }
 
 impl PositionChange {
+    /// The position's ticket, or the pending order's.
     pub fn ticket(&self) -> i64 {
         match self {
             PositionChange::Opened { position }
             | PositionChange::Modified { position }
             | PositionChange::PartiallyClosed { position, .. } => position.ticket,
             PositionChange::Closed { closed } => closed.position.ticket,
+            PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order } => {
+                order.ticket
+            }
+            PositionChange::OrderGone { ticket, .. } => *ticket,
         }
     }
 }

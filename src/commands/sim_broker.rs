@@ -1,6 +1,7 @@
 //! `copier-node sim-broker`: the simulated trade server and its hand tools.
 
 use super::CommandError;
+use crate::broker::types::{PendingKind, PlaceOrder};
 use crate::cli::{SimBrokerCommand, TradeAction};
 use crate::config::{LogFormat, parse_duration};
 use crate::shutdown;
@@ -107,6 +108,52 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 },
                 TradeAction::Close { ticket, volume } => HandOrder::Close { ticket, volume },
                 TradeAction::Modify { ticket, sl, tp } => HandOrder::Modify { ticket, sl, tp },
+                TradeAction::Place {
+                    symbol,
+                    side,
+                    kind,
+                    price,
+                    volume,
+                    sl,
+                    tp,
+                    expiry_ms,
+                    magic,
+                    comment,
+                } => HandOrder::Place(PlaceOrder {
+                    symbol,
+                    side: side.parse().map_err(CommandError::usage)?,
+                    kind: match kind.as_str() {
+                        "limit" => PendingKind::Limit,
+                        "stop" => PendingKind::Stop,
+                        other => {
+                            return Err(CommandError::usage(format!(
+                                "kind {other:?}: expected limit or stop"
+                            )));
+                        }
+                    },
+                    price,
+                    volume,
+                    sl,
+                    tp,
+                    expiry_ms,
+                    magic,
+                    comment,
+                    client_order_id: None,
+                }),
+                TradeAction::Amend {
+                    ticket,
+                    price,
+                    sl,
+                    tp,
+                    expiry_ms,
+                } => HandOrder::Amend {
+                    ticket,
+                    price,
+                    sl,
+                    tp,
+                    expiry_ms,
+                },
+                TradeAction::Cancel { ticket } => HandOrder::Cancel { ticket },
             };
             let ticket = tools::trade(&args.account.broker, &args.account.login, order)
                 .await
@@ -117,6 +164,11 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
         }
         SimBrokerCommand::Positions(args) => print_lines(
             &tools::positions(&args.broker, &args.login)
+                .await
+                .map_err(failed)?,
+        )?,
+        SimBrokerCommand::Orders(args) => print_lines(
+            &tools::orders(&args.broker, &args.login)
                 .await
                 .map_err(failed)?,
         )?,

@@ -138,6 +138,10 @@ impl CopyIndex {
                 self.reduced(position.ticket, position.volume)
             }
             PositionChange::Closed { closed } => self.reduced(closed.position.ticket, 0.0),
+            // Pending orders are no copies (a fill arrives as `opened`).
+            PositionChange::OrderPlaced { .. }
+            | PositionChange::OrderChanged { .. }
+            | PositionChange::OrderGone { .. } => {}
         }
     }
 

@@ -279,6 +279,11 @@ impl Master<'_> {
                     ticket: closed.position.ticket,
                 }
             }
+            // A master's pending orders are not published (not copied yet): the fill that
+            // follows arrives as `opened` and is copied as a position.
+            PositionChange::OrderPlaced { .. }
+            | PositionChange::OrderChanged { .. }
+            | PositionChange::OrderGone { .. } => return Ok(()),
         };
         if self.dirty {
             // An earlier change is still unpublished: the snapshot carries both.

@@ -9,9 +9,11 @@ use serde::{Deserialize, Serialize};
 use super::journal::JournalEntry;
 use super::market::{Market, check_price_limit, check_stops, round_volume};
 use crate::broker::protocol::LoginResult;
+use crate::broker::protocol::OrderResult;
 use crate::broker::types::{
     AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, Currency, ModifyOrder, OpenFill,
-    OpenOrder, Position, PositionChange, SymbolSpec,
+    OpenOrder, OrderEnd, PendingKind, PendingOrder, PlaceOrder, Position, PositionChange, Side,
+    SymbolSpec,
 };
 
 /// The client name of hand orders: not fence-checked, closes recorded as `manual`.
@@ -28,6 +30,9 @@ pub struct Account {
     pub password: Option<String>,
     pub balance: f64,
     pub positions: BTreeMap<i64, Position>,
+    /// Pending orders resting on the server.
+    #[serde(default)]
+    pub orders: BTreeMap<i64, PendingOrder>,
     pub history: Vec<ClosedPosition>,
     /// Highest fence seen from logins and orders.
     pub fence: Option<i64>,
@@ -42,6 +47,7 @@ pub enum Done {
     Open(OpenFill),
     Close(CloseFill),
     Modify { ticket: i64 },
+    Place { ticket: i64 },
 }
 
 /// A durable change: appended to the state file before the reply, replayed at start.
@@ -75,6 +81,16 @@ pub enum Record {
         login: String,
         client_order_id: String,
         done: Done,
+    },
+    /// A pending order placed or amended: it is now `order`.
+    OrderSet {
+        login: String,
+        order: PendingOrder,
+    },
+    /// A pending order left the book (filled, cancelled or expired).
+    OrderRemoved {
+        login: String,
+        ticket: i64,
     },
 }
 
@@ -203,6 +219,7 @@ impl Book {
                         password: password.clone(),
                         balance: *balance,
                         positions: BTreeMap::new(),
+                        orders: BTreeMap::new(),
                         history: Vec::new(),
                         fence: None,
                         done: HashMap::new(),
@@ -253,6 +270,17 @@ impl Book {
             } => {
                 if let Some(a) = self.accounts.get_mut(login) {
                     a.done.insert(client_order_id.clone(), done.clone());
+                }
+            }
+            Record::OrderSet { login, order } => {
+                self.next_ticket = self.next_ticket.max(order.ticket + 1);
+                if let Some(a) = self.accounts.get_mut(login) {
+                    a.orders.insert(order.ticket, order.clone());
+                }
+            }
+            Record::OrderRemoved { login, ticket } => {
+                if let Some(a) = self.accounts.get_mut(login) {
+                    a.orders.remove(ticket);
                 }
             }
         }
@@ -307,6 +335,12 @@ impl Book {
                     ticket: *ticket,
                     sl: p.sl,
                     tp: p.tp,
+                });
+            }
+            for order in a.orders.values() {
+                out.push(Record::OrderSet {
+                    login: a.login.clone(),
+                    order: order.clone(),
                 });
             }
             let mut ids: Vec<&String> = a.done.keys().collect();
@@ -683,6 +717,17 @@ impl Book {
     /// Moves prices one tick and closes positions whose stop loss or take profit was hit.
     pub fn tick(&mut self, now_ms: i64) -> (Vec<(String, PositionChange)>, Vec<Record>) {
         self.market.tick();
+        self.trigger(now_ms)
+    }
+
+    /// What the market's prices trigger now: stop losses and take profits, pending orders that
+    /// fill (each opens a position under its own ticket, at the market price, with its stops,
+    /// magic and comment) and pending orders that expire. Not journaled: the journal holds
+    /// requests, and these are the server's own doing (positions and history show them).
+    pub fn trigger(&mut self, now_ms: i64) -> (Vec<(String, PositionChange)>, Vec<Record>) {
+        let mut events = Vec::new();
+        let mut records = Vec::new();
+        self.trigger_orders(now_ms, &mut events, &mut records);
         let mut hits = Vec::new();
         for a in self.accounts.values() {
             for p in a.positions.values() {
@@ -708,8 +753,6 @@ impl Book {
                 }
             }
         }
-        let mut events = Vec::new();
-        let mut records = Vec::new();
         for (login, p, price, by) in hits {
             self.close_part(
                 &login,
@@ -778,6 +821,314 @@ impl Book {
         closed
     }
 
+    /// The account's pending orders, by ticket.
+    pub fn orders(&self, login: &str) -> Vec<PendingOrder> {
+        self.accounts
+            .get(login)
+            .map(|a| a.orders.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Places a pending order (checked like an open, and its price against the market: a limit
+    /// waits on the near side, a stop beyond it).
+    pub fn place(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: Option<i64>,
+        order: &PlaceOrder,
+        now_ms: i64,
+    ) -> Effects<OrderResult> {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "place");
+        entry.fence = fence;
+        entry.symbol = Some(order.symbol.clone());
+        entry.side = Some(order.side);
+        entry.volume = Some(order.volume);
+        entry.magic = Some(order.magic);
+        entry.comment = Some(order.comment.clone());
+        entry.client_order_id = order.client_order_id.clone();
+        self.ensure_account(login, None, &mut records);
+        let result = (|| {
+            self.fence(login, fence, &mut records)?;
+            self.refused(client, login, "place")?;
+            if let Some(Done::Place { ticket }) = order
+                .client_order_id
+                .as_ref()
+                .filter(|_| self.dedupe)
+                .and_then(|id| self.accounts[login].done.get(id))
+            {
+                return Err(duplicate(*ticket));
+            }
+            let market = self
+                .market
+                .price(&order.symbol)
+                .ok_or_else(|| format!("unknown symbol {}", order.symbol))?;
+            self.market.check_open(&order.symbol, now_ms)?;
+            self.market.check_volume(&order.symbol, order.volume)?;
+            check_pending(order.side, order.kind, order.price, market)?;
+            check_stops(order.side, order.price, order.sl, order.tp)?;
+            check_expiry(order.expiry_ms, now_ms)?;
+            let ticket = self.next_ticket;
+            let pending = PendingOrder {
+                ticket,
+                symbol: order.symbol.clone(),
+                side: order.side,
+                kind: order.kind,
+                price: order.price,
+                volume: round_volume(order.volume),
+                sl: order.sl,
+                tp: order.tp,
+                expiry_ms: order.expiry_ms,
+                magic: order.magic,
+                comment: order.comment.clone(),
+                placed_ms: now_ms,
+            };
+            let r = Record::OrderSet {
+                login: login.to_string(),
+                order: pending.clone(),
+            };
+            self.apply(&r);
+            records.push(r);
+            self.remember(
+                login,
+                &order.client_order_id,
+                Done::Place { ticket },
+                &mut records,
+            );
+            events.push((
+                login.to_string(),
+                PositionChange::OrderPlaced { order: pending },
+            ));
+            Ok(OrderResult {
+                ticket,
+                duplicate: false,
+            })
+        })();
+        let result = self.resolve_duplicate(login, &order.client_order_id, result, |d| match d {
+            Done::Place { ticket } => Some(OrderResult {
+                ticket: *ticket,
+                duplicate: true,
+            }),
+            _ => None,
+        });
+        if let Ok(r) = &result {
+            entry.ticket = Some(r.ticket);
+        }
+        entry.finish_dup(&result, |r| r.duplicate);
+        Effects {
+            result,
+            journal: Some(entry),
+            events,
+            records,
+        }
+    }
+
+    /// Changes a pending order's price, stops and expiry (checked as when placed).
+    #[allow(clippy::too_many_arguments)]
+    pub fn amend(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: Option<i64>,
+        ticket: i64,
+        (price, sl, tp, expiry_ms): (f64, Option<f64>, Option<f64>, Option<i64>),
+        client_order_id: &Option<String>,
+        now_ms: i64,
+    ) -> Effects<OrderResult> {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "amend");
+        entry.fence = fence;
+        entry.ticket = Some(ticket);
+        entry.client_order_id = client_order_id.clone();
+        self.ensure_account(login, None, &mut records);
+        let result = (|| {
+            self.fence(login, fence, &mut records)?;
+            self.refused(client, login, "amend")?;
+            let order = self.accounts[login]
+                .orders
+                .get(&ticket)
+                .cloned()
+                .ok_or_else(|| format!("unknown ticket {ticket}: no such pending order"))?;
+            entry.symbol = Some(order.symbol.clone());
+            entry.side = Some(order.side);
+            entry.volume = Some(order.volume);
+            entry.magic = Some(order.magic);
+            entry.comment = Some(order.comment.clone());
+            let market = self.market.price(&order.symbol).unwrap_or(order.price);
+            self.market.check_open(&order.symbol, now_ms)?;
+            check_pending(order.side, order.kind, price, market)?;
+            check_stops(order.side, price, sl, tp)?;
+            check_expiry(expiry_ms, now_ms)?;
+            let amended = PendingOrder {
+                price,
+                sl,
+                tp,
+                expiry_ms,
+                ..order
+            };
+            let r = Record::OrderSet {
+                login: login.to_string(),
+                order: amended.clone(),
+            };
+            self.apply(&r);
+            records.push(r);
+            events.push((
+                login.to_string(),
+                PositionChange::OrderChanged { order: amended },
+            ));
+            Ok(OrderResult {
+                ticket,
+                duplicate: false,
+            })
+        })();
+        entry.finish(&result);
+        Effects {
+            result,
+            journal: Some(entry),
+            events,
+            records,
+        }
+    }
+
+    /// Cancels a pending order.
+    pub fn cancel(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: Option<i64>,
+        ticket: i64,
+        client_order_id: &Option<String>,
+        now_ms: i64,
+    ) -> Effects<OrderResult> {
+        let mut records = Vec::new();
+        let mut events = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "cancel");
+        entry.fence = fence;
+        entry.ticket = Some(ticket);
+        entry.client_order_id = client_order_id.clone();
+        self.ensure_account(login, None, &mut records);
+        let result = (|| {
+            self.fence(login, fence, &mut records)?;
+            self.refused(client, login, "cancel")?;
+            let order = self.accounts[login]
+                .orders
+                .get(&ticket)
+                .cloned()
+                .ok_or_else(|| format!("unknown ticket {ticket}: no such pending order"))?;
+            entry.symbol = Some(order.symbol.clone());
+            entry.side = Some(order.side);
+            entry.volume = Some(order.volume);
+            entry.magic = Some(order.magic);
+            entry.comment = Some(order.comment.clone());
+            let r = Record::OrderRemoved {
+                login: login.to_string(),
+                ticket,
+            };
+            self.apply(&r);
+            records.push(r);
+            events.push((
+                login.to_string(),
+                PositionChange::OrderGone {
+                    ticket,
+                    end: OrderEnd::Cancelled,
+                },
+            ));
+            Ok(OrderResult {
+                ticket,
+                duplicate: false,
+            })
+        })();
+        entry.finish(&result);
+        Effects {
+            result,
+            journal: Some(entry),
+            events,
+            records,
+        }
+    }
+
+    /// Pending orders that expire or fill at the current prices (a closed market fills none).
+    fn trigger_orders(
+        &mut self,
+        now_ms: i64,
+        events: &mut Vec<(String, PositionChange)>,
+        records: &mut Vec<Record>,
+    ) {
+        let mut due: Vec<(String, PendingOrder, Option<f64>)> = Vec::new();
+        for a in self.accounts.values() {
+            for o in a.orders.values() {
+                if o.expiry_ms.is_some_and(|e| now_ms >= e) {
+                    due.push((a.login.clone(), o.clone(), None));
+                    continue;
+                }
+                if self.market.check_open(&o.symbol, now_ms).is_err() {
+                    continue;
+                }
+                let Some(price) = self.market.price(&o.symbol) else {
+                    continue;
+                };
+                let reached = match (o.side, o.kind) {
+                    (Side::Buy, PendingKind::Limit) | (Side::Sell, PendingKind::Stop) => {
+                        price <= o.price
+                    }
+                    (Side::Sell, PendingKind::Limit) | (Side::Buy, PendingKind::Stop) => {
+                        price >= o.price
+                    }
+                };
+                if reached {
+                    due.push((a.login.clone(), o.clone(), Some(price)));
+                }
+            }
+        }
+        for (login, o, fill) in due {
+            let r = Record::OrderRemoved {
+                login: login.clone(),
+                ticket: o.ticket,
+            };
+            self.apply(&r);
+            records.push(r);
+            let Some(price) = fill else {
+                events.push((
+                    login,
+                    PositionChange::OrderGone {
+                        ticket: o.ticket,
+                        end: OrderEnd::Expired,
+                    },
+                ));
+                continue;
+            };
+            let position = Position {
+                ticket: o.ticket,
+                symbol: o.symbol.clone(),
+                side: o.side,
+                volume: o.volume,
+                open_price: price,
+                sl: o.sl,
+                tp: o.tp,
+                magic: o.magic,
+                comment: o.comment.clone(),
+                open_time_ms: now_ms,
+            };
+            let r = Record::Opened {
+                login: login.clone(),
+                position: position.clone(),
+            };
+            self.apply(&r);
+            records.push(r);
+            events.push((
+                login.clone(),
+                PositionChange::OrderGone {
+                    ticket: o.ticket,
+                    end: OrderEnd::Filled { position: o.ticket },
+                },
+            ));
+            events.push((login, PositionChange::Opened { position }));
+        }
+    }
+
     fn remember(
         &mut self,
         login: &str,
@@ -818,6 +1169,43 @@ impl Book {
             }
             _ => result,
         }
+    }
+}
+
+/// A pending order's price against the market: a limit waits on the near side (a buy limit
+/// below it, a sell limit above), a stop beyond it (a buy stop above, a sell stop below).
+fn check_pending(side: Side, kind: PendingKind, price: f64, market: f64) -> Result<(), String> {
+    if !(price.is_finite() && price > 0.0) {
+        return Err(format!("invalid price {price}"));
+    }
+    let ok = match (side, kind) {
+        (Side::Buy, PendingKind::Limit) | (Side::Sell, PendingKind::Stop) => price < market,
+        (Side::Sell, PendingKind::Limit) | (Side::Buy, PendingKind::Stop) => price > market,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid price {price} for a {} {} with the market at {market}",
+            match side {
+                Side::Buy => "buy",
+                Side::Sell => "sell",
+            },
+            match kind {
+                PendingKind::Limit => "limit",
+                PendingKind::Stop => "stop",
+            }
+        ))
+    }
+}
+
+/// An expiry must lie ahead.
+fn check_expiry(expiry_ms: Option<i64>, now_ms: i64) -> Result<(), String> {
+    match expiry_ms {
+        Some(e) if e <= now_ms => Err(format!(
+            "invalid expiration {e}: not after the server's time {now_ms}"
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -1214,6 +1602,247 @@ mod tests {
                 .ticket,
                 b.next_ticket
             );
+        }
+    }
+
+    fn pending(side: Side, kind: PendingKind, price: f64) -> PlaceOrder {
+        PlaceOrder {
+            symbol: "EURUSD".into(),
+            side,
+            kind,
+            price,
+            volume: 0.5,
+            sl: None,
+            tp: None,
+            expiry_ms: None,
+            magic: 9,
+            comment: "mc77".into(),
+            client_order_id: Some("p1".into()),
+        }
+    }
+
+    #[test]
+    fn a_pending_order_is_checked_against_the_market_when_placed() {
+        // EURUSD is at 1.1000.
+        let mut b = Book::new(10_000.0, true);
+        for (side, kind, price) in [
+            (Side::Buy, PendingKind::Limit, 1.1050),
+            (Side::Sell, PendingKind::Limit, 1.0950),
+            (Side::Buy, PendingKind::Stop, 1.0950),
+            (Side::Sell, PendingKind::Stop, 1.1050),
+            (Side::Buy, PendingKind::Limit, 1.1000),
+        ] {
+            let e = b.place("n", "1", None, &pending(side, kind, price), 1);
+            let reason = e.result.unwrap_err();
+            assert!(reason.starts_with("invalid price"), "{reason}");
+            assert!(!e.journal.unwrap().accepted);
+        }
+        let expired = PlaceOrder {
+            expiry_ms: Some(1),
+            ..pending(Side::Buy, PendingKind::Limit, 1.09)
+        };
+        assert!(
+            b.place("n", "1", None, &expired, 1)
+                .result
+                .unwrap_err()
+                .starts_with("invalid expiration")
+        );
+        let bad_stop = PlaceOrder {
+            sl: Some(1.095),
+            ..pending(Side::Buy, PendingKind::Limit, 1.09)
+        };
+        assert!(
+            b.place("n", "1", None, &bad_stop, 1).result.is_err(),
+            "a buy's stop loss above its price"
+        );
+        b.market.switch("EURUSD", Some(false)).unwrap();
+        let closed = b.place(
+            "n",
+            "1",
+            None,
+            &pending(Side::Buy, PendingKind::Limit, 1.09),
+            1,
+        );
+        assert!(closed.result.unwrap_err().starts_with("market closed"));
+        assert!(b.orders("1").is_empty());
+    }
+
+    #[test]
+    fn pending_orders_fill_as_the_price_reaches_them_under_their_own_ticket() {
+        let mut b = Book::new(10_000.0, true);
+        let limit = b
+            .place(
+                "n",
+                "1",
+                Some(1),
+                &pending(Side::Buy, PendingKind::Limit, 1.0950),
+                1,
+            )
+            .result
+            .unwrap();
+        let stop = b
+            .place(
+                "n",
+                "1",
+                Some(1),
+                &PlaceOrder {
+                    client_order_id: Some("p2".into()),
+                    ..pending(Side::Sell, PendingKind::Stop, 1.0900)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        assert_eq!(b.orders("1").len(), 2);
+        // Down to the buy limit: it fills; the sell stop (lower) waits.
+        b.market.set_price("EURUSD", 1.0940).unwrap();
+        let (events, _) = b.trigger(5);
+        assert_eq!(b.orders("1").len(), 1);
+        let a = b.account("1").unwrap();
+        let p = &a.positions[&limit.ticket];
+        assert_eq!(
+            (
+                p.side,
+                p.volume,
+                p.open_price,
+                p.magic,
+                p.comment.as_str(),
+                p.open_time_ms
+            ),
+            (Side::Buy, 0.5, 1.0940, 9, "mc77", 5)
+        );
+        assert_eq!(
+            events.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>(),
+            vec![
+                PositionChange::OrderGone {
+                    ticket: limit.ticket,
+                    end: OrderEnd::Filled {
+                        position: limit.ticket
+                    }
+                },
+                PositionChange::Opened {
+                    position: p.clone()
+                },
+            ]
+        );
+        // Through the sell stop.
+        b.market.set_price("EURUSD", 1.0890).unwrap();
+        b.trigger(6);
+        assert!(b.orders("1").is_empty());
+        assert!(b.account("1").unwrap().positions.contains_key(&stop.ticket));
+    }
+
+    #[test]
+    fn pending_orders_expire_amend_and_cancel_and_survive_a_restart() {
+        let mut b = Book::new(10_000.0, true);
+        let soon = b
+            .place(
+                "n",
+                "1",
+                None,
+                &PlaceOrder {
+                    expiry_ms: Some(100),
+                    ..pending(Side::Buy, PendingKind::Limit, 1.09)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        let other = b
+            .place(
+                "n",
+                "1",
+                None,
+                &PlaceOrder {
+                    client_order_id: Some("p2".into()),
+                    ..pending(Side::Sell, PendingKind::Limit, 1.11)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        // Amended: a new price and stops, checked as when placed.
+        assert!(
+            b.amend(
+                "n",
+                "1",
+                None,
+                other.ticket,
+                (1.09, None, None, None),
+                &None,
+                2
+            )
+            .result
+            .is_err(),
+            "a sell limit below the market"
+        );
+        let amended = b.amend(
+            "n",
+            "1",
+            None,
+            other.ticket,
+            (1.12, Some(1.13), Some(1.10), None),
+            &None,
+            2,
+        );
+        assert!(amended.result.is_ok());
+        assert_eq!(amended.journal.unwrap().action, "amend");
+        let o = b
+            .orders("1")
+            .into_iter()
+            .find(|o| o.ticket == other.ticket)
+            .unwrap();
+        assert_eq!((o.price, o.sl, o.tp), (1.12, Some(1.13), Some(1.10)));
+        // A restart replays the snapshot.
+        let mut restarted = Book::new(10_000.0, true);
+        for r in b.snapshot() {
+            restarted.apply(&r);
+        }
+        assert_eq!(restarted.orders("1"), b.orders("1"));
+        // Expiry passes: gone, nothing opened.
+        let (events, _) = b.trigger(100);
+        assert_eq!(
+            events,
+            vec![(
+                "1".to_string(),
+                PositionChange::OrderGone {
+                    ticket: soon.ticket,
+                    end: OrderEnd::Expired
+                }
+            )]
+        );
+        assert!(b.account("1").unwrap().positions.is_empty());
+        // Cancelled; then unknown.
+        assert!(
+            b.cancel("n", "1", None, other.ticket, &None, 3)
+                .result
+                .is_ok()
+        );
+        assert!(b.orders("1").is_empty());
+        let again = b
+            .cancel("n", "1", None, other.ticket, &None, 4)
+            .result
+            .unwrap_err();
+        assert!(again.starts_with("unknown ticket"), "{again}");
+    }
+
+    #[test]
+    fn a_repeated_place_is_one_order_unless_deduplication_is_off() {
+        for dedupe in [true, false] {
+            let mut b = Book::new(10_000.0, true);
+            b.set_dedupe(dedupe);
+            let o = pending(Side::Buy, PendingKind::Limit, 1.09);
+            let first = b.place("n", "1", None, &o, 1).result.unwrap();
+            let second = b.place("n", "1", None, &o, 2);
+            let r = second.result.unwrap();
+            if dedupe {
+                assert_eq!((r.ticket, r.duplicate), (first.ticket, true));
+                assert!(!second.journal.unwrap().accepted);
+                assert_eq!(b.orders("1").len(), 1);
+            } else {
+                assert_ne!(r.ticket, first.ticket);
+                assert_eq!(b.orders("1").len(), 2);
+            }
         }
     }
 }

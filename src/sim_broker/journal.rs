@@ -17,7 +17,7 @@ pub struct JournalEntry {
     pub ts_ms: i64,
     pub login: String,
     pub client: String,
-    /// `open`, `close`, `modify` or `login`.
+    /// `open`, `close`, `modify`, `login`, or for pending orders `place`, `amend`, `cancel`.
     pub action: String,
     pub ticket: Option<i64>,
     pub symbol: Option<String>,

@@ -25,11 +25,11 @@ use super::market::Sessions;
 use super::store::Store;
 use crate::broker::RejectCode;
 use crate::broker::protocol::{
-    ErrorBody, EventFrame, HelloResult, HistoryResult, PROTOCOL_VERSION, PositionsResult,
-    ReplyFrame, Request, RequestFrame, SymbolsResult,
+    ErrorBody, EventFrame, HelloResult, HistoryResult, OrdersResult, PROTOCOL_VERSION,
+    PositionsResult, ReplyFrame, Request, RequestFrame, SymbolsResult,
 };
 use crate::broker::types::{AccountInfo, Currency};
-use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
+use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PlaceOrder, PositionChange};
 
 /// Longest request line accepted (a request is a few hundred bytes).
 const MAX_LINE: usize = 64 * 1024;
@@ -404,10 +404,11 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             count,
             reason,
         } => {
-            if !["open", "close", "modify"].contains(&order.as_str()) {
+            const ORDERS: [&str; 6] = ["open", "close", "modify", "place", "amend", "cancel"];
+            if !ORDERS.contains(&order.as_str()) {
                 return invalid(
                     id,
-                    &format!("refuse: unknown order {order:?} (open, close, modify)"),
+                    &format!("refuse: unknown order {order:?} ({})", ORDERS.join(", ")),
                 );
             }
             core.book.refuse(&login, &order, count, &reason);
@@ -418,9 +419,88 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             Err(reason) => invalid(id, &reason),
         },
         Request::Price { symbol, price } => match core.book.market.set_price(&symbol, price) {
-            Ok(()) => ok(id, &serde_json::json!({})),
+            Ok(()) => {
+                // The new price triggers what it reaches (stops, pending orders), as a tick does.
+                let (events, records) = core.book.trigger(now);
+                if let Some(store) = core.store.as_mut()
+                    && let Err(e) = store.append(&records)
+                {
+                    error!(error = %e, "writing the state file failed");
+                }
+                broadcast(&mut core, events);
+                ok(id, &serde_json::json!({}))
+            }
             Err(reason) => invalid(id, &reason),
         },
+        Request::Orders { login } => ok(
+            id,
+            &OrdersResult {
+                orders: core.book.orders(&login),
+            },
+        ),
+        Request::Place {
+            login,
+            fence,
+            symbol,
+            side,
+            kind,
+            price,
+            volume,
+            sl,
+            tp,
+            expiry_ms,
+            magic,
+            comment,
+            client_order_id,
+        } => {
+            let order = PlaceOrder {
+                symbol,
+                side,
+                kind,
+                price,
+                volume,
+                sl,
+                tp,
+                expiry_ms,
+                magic,
+                comment,
+                client_order_id,
+            };
+            let effects = core.book.place(&client, &login, fence, &order, now);
+            commit(&mut core, id, effects)
+        }
+        Request::Amend {
+            login,
+            fence,
+            ticket,
+            price,
+            sl,
+            tp,
+            expiry_ms,
+            client_order_id,
+        } => {
+            let effects = core.book.amend(
+                &client,
+                &login,
+                fence,
+                ticket,
+                (price, sl, tp, expiry_ms),
+                &client_order_id,
+                now,
+            );
+            commit(&mut core, id, effects)
+        }
+        Request::Cancel {
+            login,
+            fence,
+            ticket,
+            client_order_id,
+        } => {
+            let effects = core
+                .book
+                .cancel(&client, &login, fence, ticket, &client_order_id, now);
+            commit(&mut core, id, effects)
+        }
         Request::Symbols => ok(
             id,
             &SymbolsResult {

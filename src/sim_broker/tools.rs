@@ -1,12 +1,14 @@
-//! The hand tools: place, close and modify trades on a simulated account, and list its positions
-//! and history, from another terminal. Hand orders are sent as client `manual`, without a fence.
+//! The hand tools: place, close and modify trades on a simulated account, place, amend and cancel
+//! its pending orders, and list its positions, orders and history, from another terminal. Hand orders are sent as client `manual`, without a fence.
 
 use std::time::Duration;
 
 use crate::broker::BrokerError;
 use crate::broker::client::BridgeClient;
-use crate::broker::protocol::{HistoryResult, PositionsResult, Request};
-use crate::broker::types::{CloseFill, ClosedPosition, OpenFill, Position, Side};
+use crate::broker::protocol::{HistoryResult, OrderResult, OrdersResult, PositionsResult, Request};
+use crate::broker::types::{
+    CloseFill, ClosedPosition, OpenFill, PendingOrder, PlaceOrder, Position, Side,
+};
 
 /// The client name of hand orders in the journal.
 pub use super::book::MANUAL;
@@ -34,6 +36,19 @@ pub enum HandOrder {
         ticket: i64,
         sl: Option<f64>,
         tp: Option<f64>,
+    },
+    /// A pending order (the ticket is returned).
+    Place(PlaceOrder),
+    /// A pending order's new price, stops and expiry.
+    Amend {
+        ticket: i64,
+        price: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        expiry_ms: Option<i64>,
+    },
+    Cancel {
+        ticket: i64,
     },
 }
 
@@ -91,6 +106,20 @@ pub async fn set_market(broker: &str, symbol: &str, open: Option<bool>) -> Resul
         .await;
     client.close();
     result.map(|_| ())
+}
+
+/// A login's pending orders.
+pub async fn orders(broker: &str, login: &str) -> Result<Vec<PendingOrder>, BrokerError> {
+    let client = connect(broker).await?;
+    let value = client
+        .call(Request::Orders {
+            login: login.into(),
+        })
+        .await;
+    client.close();
+    let result: OrdersResult =
+        serde_json::from_value(value?).map_err(|e| BrokerError::Unknown(e.to_string()))?;
+    Ok(result.orders)
 }
 
 /// Sets a symbol's price on the simulated broker now.
@@ -151,7 +180,51 @@ pub async fn trade(
             tp,
             client_order_id: None,
         },
+        HandOrder::Place(o) => Request::Place {
+            login,
+            fence: None,
+            symbol: o.symbol,
+            side: o.side,
+            kind: o.kind,
+            price: o.price,
+            volume: o.volume,
+            sl: o.sl,
+            tp: o.tp,
+            expiry_ms: o.expiry_ms,
+            magic: o.magic,
+            comment: o.comment,
+            client_order_id: o.client_order_id,
+        },
+        HandOrder::Amend {
+            ticket,
+            price,
+            sl,
+            tp,
+            expiry_ms,
+        } => Request::Amend {
+            login,
+            fence: None,
+            ticket,
+            price,
+            sl,
+            tp,
+            expiry_ms,
+            client_order_id: None,
+        },
+        HandOrder::Cancel { ticket } => Request::Cancel {
+            login,
+            fence: None,
+            ticket,
+            client_order_id: None,
+        },
     };
+    if matches!(request, Request::Place { .. }) {
+        let value = client.call(request).await?;
+        client.close();
+        let placed: OrderResult =
+            serde_json::from_value(value).map_err(|e| BrokerError::Unknown(e.to_string()))?;
+        return Ok(Some(placed.ticket));
+    }
     let is_open = matches!(request, Request::Open { .. });
     let is_close = matches!(request, Request::Close { .. });
     let value = client.call(request).await?;

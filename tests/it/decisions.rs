@@ -1090,3 +1090,51 @@ async fn a_reached_drawdown_limit_closes_the_copies_and_holds_across_owners_unti
     node.shutdown();
     node.wait().await.unwrap();
 }
+
+/// A master's pending order is not copied while it rests (pending orders are not copied yet);
+/// when the price reaches it, its fill is a master position like any other and is copied at
+/// market under the order's ticket.
+#[tokio::test]
+async fn a_masters_pending_order_is_copied_as_a_position_when_it_fills() {
+    use copier_node::broker::types::{PendingKind, PlaceOrder};
+    let mut fx = fixture("dec-pending", Broker::Unprotected, |_| {}).await;
+    let links = fx.accounts(vec![LinkSpec::default()]).await;
+    let (_, magic) = links[&2];
+    let node = fx.node("a", 2).await;
+    let ticket = tools::trade(
+        &fx.addr,
+        "m1",
+        HandOrder::Place(PlaceOrder {
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: PendingKind::Limit,
+            price: 1.095,
+            volume: 0.4,
+            sl: None,
+            tp: Some(1.12),
+            expiry_ms: None,
+            magic: 0,
+            comment: String::new(),
+            client_order_id: None,
+        }),
+    )
+    .await
+    .unwrap()
+    .expect("a placed order's ticket");
+    assert_eq!(tools::orders(&fx.addr, "m1").await.unwrap().len(), 1);
+    // A market trade placed after it is copied; by then the resting order was seen, and left
+    // alone.
+    let market = fx.open(0.1).await;
+    fx.t.copy_of("f2", magic, market, WAIT).await;
+    assert!(
+        fx.orders("open", &format!("mc{ticket}")).is_empty(),
+        "nothing copied while the order rests"
+    );
+    // The price comes down to it: it fills, and the fill is copied.
+    tools::set_price(&fx.addr, "EURUSD", 1.094).await.unwrap();
+    assert!(tools::orders(&fx.addr, "m1").await.unwrap().is_empty());
+    let copy = fx.t.copy_of("f2", magic, ticket, WAIT).await;
+    assert_eq!((copy.volume, copy.tp), (0.4, Some(1.12)));
+    node.shutdown();
+    node.wait().await.unwrap();
+}
