@@ -37,12 +37,37 @@ pub(crate) const SEED_READ: &str =
 /// A connection with a running node's session settings (`db::node_options`: bounds for a
 /// generous fence, durable commits, no JIT), so the cycle is measured as a node runs it.
 pub(crate) async fn node_connection(url: &str) -> anyhow::Result<PgConnection> {
-    let options = db::node_options(
-        &copier_node::config::Secret::new(url),
-        "bench",
-        db::Session::direct(db::SessionBounds::for_fence(Duration::from_secs(60))),
-    )?;
-    Ok(sqlx::ConnectOptions::connect(&options).await?)
+    let session = db::Session::direct(db::SessionBounds::for_fence(Duration::from_secs(60)));
+    node_connection_with(url, session).await
+}
+
+/// As [`node_connection`], for `session` (behind a pooler: the bounds set as the node sets them).
+pub(crate) async fn node_connection_with(
+    url: &str,
+    session: db::Session,
+) -> anyhow::Result<PgConnection> {
+    let options = db::node_options(&copier_node::config::Secret::new(url), "bench", session)?;
+    let mut conn = sqlx::ConnectOptions::connect(&options).await?;
+    db::open_session(&mut conn, &session).await?;
+    Ok(conn)
+}
+
+/// The measured node `x`'s cycle in a steady state: holding `held`, with room to claim as many
+/// more (the claim runs, and finds nothing when every enabled row is owned).
+pub(crate) fn steady_params(held: &[i64]) -> CycleParams<'_> {
+    CycleParams {
+        node_id: "x",
+        instance_id: "ix",
+        platform: "mt5",
+        capacity: 2 * held.len() as u32,
+        claim_limit: 2 * held.len() as u32,
+        trust: Duration::from_secs(45),
+        owned: held.len() as u32,
+        lease: Duration::from_secs(60),
+        held,
+        claim: true,
+        kept: &[],
+    }
 }
 
 pub(crate) async fn fill(
@@ -151,21 +176,8 @@ pub(crate) async fn lease_cycle(
                     .fetch_all(&mut conn)
                     .await?;
             let mut node = node_connection(&url).await?;
-            let params = CycleParams {
-                node_id: "x",
-                instance_id: "ix",
-                platform: "mt5",
-                // Room to claim, as a running node usually has: the claim runs (and finds
-                // nothing, as in a steady state where every enabled row is owned).
-                capacity: 2 * owned as u32,
-                claim_limit: 2 * owned as u32,
-                trust: Duration::from_secs(45),
-                owned: held.len() as u32,
-                lease: Duration::from_secs(60),
-                held: &held,
-                claim: true,
-                kept: &[],
-            };
+            // Room to claim, as a running node usually has.
+            let params = steady_params(&held);
             // Warm-up (prepares the statement, warms the cache), then measure.
             let initial = table_stats(&mut conn, "trading_accounts").await?;
             for _ in 0..3 {

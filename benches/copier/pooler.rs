@@ -7,10 +7,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::cycle::fill;
+use crate::cycle::{fill, node_connection_with, steady_params};
 use crate::stats::Stats;
 use crate::{Options, Pg, Report};
-use copier_node::db::lease::{CycleParams, cycle};
+use copier_node::db::lease::cycle;
 use copier_node::db::{self, Pooler, Session, SessionBounds};
 use copier_node::pgtmp::{PGBOUNCER, PgBouncer};
 use serde::Serialize;
@@ -23,14 +23,6 @@ pub(crate) struct PoolerRow {
     pub(crate) owned: i64,
     pub(crate) cycle: Stats,
     pub(crate) select_1: Stats,
-}
-
-/// A node's cycle connection over `url` in `pooler` mode, its bounds in place.
-async fn node_connection(url: &str, session: Session) -> anyhow::Result<PgConnection> {
-    let options = db::node_options(&copier_node::config::Secret::new(url), "bench", session)?;
-    let mut conn = sqlx::ConnectOptions::connect(&options).await?;
-    db::open_session(&mut conn, &session).await?;
-    Ok(conn)
 }
 
 async fn select_1(conn: &mut PgConnection, runs: usize) -> anyhow::Result<Stats> {
@@ -101,20 +93,8 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
                 (Some(b), Session { bounds, pooler }, target)
             }
         };
-        let mut conn = node_connection(&target, session).await?;
-        let params = CycleParams {
-            node_id: "x",
-            instance_id: "ix",
-            platform: "mt5",
-            capacity: 2 * owned as u32,
-            claim_limit: 2 * owned as u32,
-            trust: Duration::from_secs(45),
-            owned: held.len() as u32,
-            lease: Duration::from_secs(60),
-            held: &held,
-            claim: true,
-            kept: &[],
-        };
+        let mut conn = node_connection_with(&target, session).await?;
+        let params = steady_params(&held);
         let mut samples = Vec::new();
         for i in 0..runs + 3 {
             let t = Instant::now();

@@ -939,24 +939,13 @@ impl Book {
     ) -> Effects<OrderResult> {
         let mut records = Vec::new();
         let mut events = Vec::new();
-        let mut entry = JournalEntry::new(now_ms, login, client, "amend");
-        entry.fence = fence;
-        entry.ticket = Some(ticket);
-        entry.client_order_id = client_order_id.clone();
-        self.ensure_account(login, None, &mut records);
-        let result = (|| {
-            self.fence(login, fence, &mut records)?;
-            self.refused(client, login, "amend")?;
-            let order = self.accounts[login]
-                .orders
-                .get(&ticket)
-                .cloned()
-                .ok_or_else(|| format!("unknown ticket {ticket}: no such pending order"))?;
-            entry.symbol = Some(order.symbol.clone());
-            entry.side = Some(order.side);
-            entry.volume = Some(order.volume);
-            entry.magic = Some(order.magic);
-            entry.comment = Some(order.comment.clone());
+        let (mut entry, found) = self.pending_request(
+            (client, login, fence),
+            ("amend", ticket, client_order_id),
+            now_ms,
+            &mut records,
+        );
+        let result = found.and_then(|order| {
             let market = self.market.price(&order.symbol).unwrap_or(order.price);
             self.market.check_open(&order.symbol, now_ms)?;
             check_pending(order.side, order.kind, price, market)?;
@@ -983,7 +972,7 @@ impl Book {
                 ticket,
                 duplicate: false,
             })
-        })();
+        });
         entry.finish(&result);
         Effects {
             result,
@@ -1005,24 +994,13 @@ impl Book {
     ) -> Effects<OrderResult> {
         let mut records = Vec::new();
         let mut events = Vec::new();
-        let mut entry = JournalEntry::new(now_ms, login, client, "cancel");
-        entry.fence = fence;
-        entry.ticket = Some(ticket);
-        entry.client_order_id = client_order_id.clone();
-        self.ensure_account(login, None, &mut records);
-        let result = (|| {
-            self.fence(login, fence, &mut records)?;
-            self.refused(client, login, "cancel")?;
-            let order = self.accounts[login]
-                .orders
-                .get(&ticket)
-                .cloned()
-                .ok_or_else(|| format!("unknown ticket {ticket}: no such pending order"))?;
-            entry.symbol = Some(order.symbol.clone());
-            entry.side = Some(order.side);
-            entry.volume = Some(order.volume);
-            entry.magic = Some(order.magic);
-            entry.comment = Some(order.comment.clone());
+        let (mut entry, found) = self.pending_request(
+            (client, login, fence),
+            ("cancel", ticket, client_order_id),
+            now_ms,
+            &mut records,
+        );
+        let result = found.map(|_| {
             let r = Record::OrderRemoved {
                 login: login.to_string(),
                 ticket,
@@ -1036,11 +1014,11 @@ impl Book {
                     end: OrderEnd::Cancelled,
                 },
             ));
-            Ok(OrderResult {
+            OrderResult {
                 ticket,
                 duplicate: false,
-            })
-        })();
+            }
+        });
         entry.finish(&result);
         Effects {
             result,
@@ -1048,6 +1026,39 @@ impl Book {
             events,
             records,
         }
+    }
+
+    /// The start of a request on a resting order (`amend`, `cancel`): its journal entry, and the
+    /// order once the fence is checked, an injected refusal counted and the ticket found.
+    fn pending_request(
+        &mut self,
+        (client, login, fence): (&str, &str, Option<i64>),
+        (action, ticket, client_order_id): (&str, i64, &Option<String>),
+        now_ms: i64,
+        records: &mut Vec<Record>,
+    ) -> (JournalEntry, Result<PendingOrder, String>) {
+        let mut entry = JournalEntry::new(now_ms, login, client, action);
+        entry.fence = fence;
+        entry.ticket = Some(ticket);
+        entry.client_order_id = client_order_id.clone();
+        self.ensure_account(login, None, records);
+        let found = (|| {
+            self.fence(login, fence, records)?;
+            self.refused(client, login, action)?;
+            self.accounts[login]
+                .orders
+                .get(&ticket)
+                .cloned()
+                .ok_or_else(|| format!("unknown ticket {ticket}: no such pending order"))
+        })();
+        if let Ok(order) = &found {
+            entry.symbol = Some(order.symbol.clone());
+            entry.side = Some(order.side);
+            entry.volume = Some(order.volume);
+            entry.magic = Some(order.magic);
+            entry.comment = Some(order.comment.clone());
+        }
+        (entry, found)
     }
 
     /// Pending orders that expire or fill at the current prices (a closed market fills none).

@@ -87,15 +87,10 @@ impl Follower<'_> {
                 copies = copies.len(),
                 "link removed with on_remove = close: closing its copies"
             );
-            let link = removed_link(&r);
+            let link = stand_in_link(r.link_id, r.master_id, r.magic);
             for (master_ticket, ticket) in copies {
-                let action = Action::Close {
-                    master_ticket,
-                    ticket,
-                    reason: "its link was removed (on_remove = close)",
-                    client_order_id: intent::close(r.link_id, master_ticket, ticket),
-                };
-                if self.execute(&link, action, None).await == Sent::Gated {
+                let reason = "its link was removed (on_remove = close)";
+                if self.close_copy(&link, master_ticket, ticket, reason).await == Sent::Gated {
                     return;
                 }
             }
@@ -197,13 +192,34 @@ impl Follower<'_> {
     }
 }
 
-/// A removed link as the close of its copies needs it: its id, master and magic; copying nothing.
-fn removed_link(r: &db::copy::RemovedLink) -> Link {
+impl Follower<'_> {
+    /// Closes one copy outside a reconcile (a removed link's, or for a risk limit), through the
+    /// gate, under the copy's own close intent.
+    pub(super) async fn close_copy(
+        &mut self,
+        link: &Link,
+        master_ticket: i64,
+        ticket: i64,
+        reason: &'static str,
+    ) -> Sent {
+        let action = Action::Close {
+            master_ticket,
+            ticket,
+            reason,
+            client_order_id: intent::close(link.id, master_ticket, ticket),
+        };
+        self.execute(link, action, None).await
+    }
+}
+
+/// A link as closing its copies needs it, when the session does not hold the link itself (a
+/// removed link, or one it cannot read): its id, master and magic; copying nothing.
+pub(super) fn stand_in_link(id: i64, master_id: i64, magic: i64) -> Link {
     Link {
-        id: r.link_id,
-        master_id: r.master_id,
+        id,
+        master_id,
         enabled: false,
-        magic: r.magic,
+        magic,
         lot_mode: LotMode::Multiplier,
         lot_value: 1.0,
         reverse: false,

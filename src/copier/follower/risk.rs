@@ -8,14 +8,12 @@ use std::collections::HashMap;
 use tracing::{info, warn};
 
 use super::Follower;
+use super::links::stand_in_link;
 use super::send::Sent;
 use crate::broker::types::AccountInfo;
-use crate::copier::intent;
-use crate::copier::reconcile::Action;
 use crate::copier::risk::{RiskAction, RiskLimit, RiskState, evaluate};
 use crate::db;
 use crate::db::copy::Saved;
-use crate::model::link::{Link, LotMode};
 
 impl Follower<'_> {
     /// The state a limit is judged by: the one judged last, if not stored yet, else the stored.
@@ -169,39 +167,15 @@ impl Follower<'_> {
                 .iter()
                 .find(|l| l.magic == magic)
                 .cloned()
-                .unwrap_or_else(|| unknown_link(magic));
+                .unwrap_or_else(|| stand_in_link(0, 0, magic));
             info!(
                 link_id = link.id,
                 master_ticket, ticket, "closing a copy: a risk limit with close_all was reached"
             );
-            let action = Action::Close {
-                master_ticket,
-                ticket,
-                reason: "a risk limit with close_all was reached",
-                client_order_id: intent::close(link.id, master_ticket, ticket),
-            };
-            if self.execute(&link, action, None).await == Sent::Gated {
+            let reason = "a risk limit with close_all was reached";
+            if self.close_copy(&link, master_ticket, ticket, reason).await == Sent::Gated {
                 return;
             }
         }
-    }
-}
-
-/// A stand-in for the link of a copy whose link this session does not hold (removed, or not
-/// readable): enough to close the copy under its own client order id.
-fn unknown_link(magic: i64) -> Link {
-    Link {
-        id: 0,
-        master_id: 0,
-        enabled: false,
-        magic,
-        lot_mode: LotMode::Multiplier,
-        lot_value: 1.0,
-        reverse: false,
-        copy_sl_tp: false,
-        symbol_map: Default::default(),
-        copy_existing: false,
-        created_at_ms: 0,
-        protections: Default::default(),
     }
 }
