@@ -32,51 +32,27 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 balance: args.balance,
                 balances: Default::default(),
                 price_walk,
-                contract_sizes: args
-                    .contract_size
-                    .iter()
-                    .map(|kv| {
-                        let (k, v) = kv.split_once('=').ok_or_else(|| {
-                            CommandError::usage(format!(
-                                "--contract-size {kv}: expected SYMBOL=UNITS"
-                            ))
-                        })?;
-                        let units: f64 =
-                            v.parse().ok().filter(|u: &f64| *u > 0.0).ok_or_else(|| {
-                                CommandError::usage(format!(
-                                    "--contract-size {kv}: units must be a positive number"
-                                ))
-                            })?;
-                        Ok((k.to_string(), units))
-                    })
-                    .collect::<Result<_, CommandError>>()?,
-                currencies: args
-                    .currency
-                    .iter()
-                    .map(|kv| {
-                        let (login, code) = kv.split_once('=').ok_or_else(|| {
-                            CommandError::usage(format!("--currency {kv}: expected LOGIN=CURRENCY"))
-                        })?;
-                        let currency = code
-                            .parse()
-                            .map_err(|e| CommandError::usage(format!("--currency {kv}: {e}")))?;
-                        Ok((login.to_string(), currency))
-                    })
-                    .collect::<Result<_, CommandError>>()?,
-                sessions: args
-                    .session
-                    .iter()
-                    .map(|kv| {
-                        let (symbol, windows) = kv.split_once('=').ok_or_else(|| {
-                            CommandError::usage(format!(
-                                "--session {kv}: expected SYMBOL=HH:MM-HH:MM[,...]"
-                            ))
-                        })?;
-                        let sessions = Sessions::parse(windows)
-                            .map_err(|e| CommandError::usage(format!("--session {kv}: {e}")))?;
-                        Ok((symbol.to_string(), sessions))
-                    })
-                    .collect::<Result<_, CommandError>>()?,
+                contract_sizes: key_values(
+                    &args.contract_size,
+                    "--contract-size",
+                    "SYMBOL=UNITS",
+                    |v| {
+                        v.parse()
+                            .ok()
+                            .filter(|u: &f64| *u > 0.0)
+                            .ok_or_else(|| "units must be a positive number".to_string())
+                    },
+                )?,
+                currencies: key_values(&args.currency, "--currency", "LOGIN=CURRENCY", |v| {
+                    v.parse::<crate::broker::types::Currency>()
+                        .map_err(|e| e.to_string())
+                })?,
+                sessions: key_values(
+                    &args.session,
+                    "--session",
+                    "SYMBOL=HH:MM-HH:MM[,...]",
+                    Sessions::parse,
+                )?,
                 symbol_suffixes: if args.symbol_suffix.is_empty() {
                     vec![String::new(), ".m".to_string()]
                 } else {
@@ -179,6 +155,25 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
         )?,
     }
     Ok(())
+}
+
+/// `KEY=VALUE` flags (repeated) into a map, each value parsed by `parse`; a usage error names the
+/// flag, the argument and what was expected.
+fn key_values<T>(
+    args: &[String],
+    flag: &str,
+    shape: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<std::collections::HashMap<String, T>, CommandError> {
+    args.iter()
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| CommandError::usage(format!("{flag} {kv}: expected {shape}")))?;
+            let value = parse(v).map_err(|e| CommandError::usage(format!("{flag} {kv}: {e}")))?;
+            Ok((k.to_string(), value))
+        })
+        .collect()
 }
 
 /// One JSON line per item on stdout.
