@@ -23,6 +23,58 @@ pub(crate) struct CopyRow {
     pub(crate) latency: Stats,
     pub(crate) last_follower: Stats,
     pub(crate) floor_ms: f64,
+    /// Where the time goes, from the copy ledger's legs (millisecond clocks).
+    pub(crate) legs: Legs,
+}
+
+/// A copy's legs as the copy ledger records them (each clock at millisecond resolution): the
+/// master's fill at its broker to the event committed (the master's session), the event to the
+/// follower's decision (NOTIFY delivery, the follower session's wake-up and decision), and the
+/// decision to the broker's acceptance (the order's round trip, and any wait for the broker
+/// connection).
+#[derive(Serialize)]
+pub(crate) struct Legs {
+    pub(crate) copies: usize,
+    pub(crate) fill_to_event: Stats,
+    pub(crate) event_to_decision: Stats,
+    pub(crate) decision_to_accept: Stats,
+}
+
+/// A ledger row's clocks: master fill, event committed, decided, accepted (Unix ms).
+type LegClocks = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+
+/// The legs of every copy in the ledger of `url` (waiting up to 10 s for `expected` rows: a copy's
+/// row is written just after its acceptance).
+async fn legs(url: &str, expected: usize) -> anyhow::Result<Legs> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rows: Vec<LegClocks> = loop {
+        let rows = sqlx::query_as(
+            "SELECT master_fill_ms, event_committed_ms, decided_ms, accepted_ms FROM copy_ledger",
+        )
+        .fetch_all(&mut conn)
+        .await?;
+        if rows.len() >= expected || Instant::now() >= deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    conn.close().await?;
+    let leg = |pick: fn(&LegClocks) -> Option<(i64, i64)>| {
+        let samples: Vec<Duration> = rows
+            .iter()
+            .filter_map(pick)
+            .map(|(from, to)| Duration::from_millis((to - from).max(0) as u64))
+            .collect();
+        Stats::of(&samples)
+    };
+    Ok(Legs {
+        copies: rows.len(),
+        fill_to_event: leg(|r| r.0.zip(r.1)),
+        event_to_decision: leg(|r| r.1.zip(r.2)),
+        decision_to_accept: leg(|r| r.2.zip(r.3)),
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -51,6 +103,9 @@ pub(crate) async fn copy_latency(
     let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
     let mut md = String::from(
         "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut legs_md = String::from(
+        "| followers | nodes | copies | master fill → event committed p50 / p99 | event → follower decided p50 / p99 | decided → broker accepted p50 / p99 |\n|---:|---:|---:|---:|---:|---:|\n",
     );
     for &(followers, nodes) in configs {
         let mut setup =
@@ -121,6 +176,15 @@ pub(crate) async fn copy_latency(
             s.p50_ms / floor,
             s.p99_ms / floor
         );
+        let legs = legs(&setup.url, followers * trades).await?;
+        let _ = writeln!(
+            legs_md,
+            "| {followers} | {nodes} | {} | {} | {} | {} |",
+            legs.copies,
+            legs.fill_to_event.show(),
+            legs.event_to_decision.show(),
+            legs.decision_to_accept.show()
+        );
         report.copy.push(CopyRow {
             followers,
             nodes,
@@ -128,13 +192,14 @@ pub(crate) async fn copy_latency(
             latency: s,
             last_follower: l,
             floor_ms: floor,
+            legs,
         });
         trader.close();
         drop(observer);
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}",
+        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}",
         report.floors["notify_delivery"].p50_ms, report.floors["broker_round_trip"].p50_ms
     ));
     Ok(())
