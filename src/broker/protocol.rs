@@ -123,8 +123,8 @@ pub enum Request {
         client_order_id: Option<String>,
     },
     /// The simulated broker's fault switch (not part of what a bridge implements): refuse the
-    /// next `count` orders of kind `order` (`open`, `close`, `modify`) that nodes send for
-    /// `login`, with `reason`.
+    /// next `count` orders of kind `order` (`open`, `close`, `modify`, `place`, `amend`,
+    /// `cancel`) that nodes send for `login`, with `reason`.
     Refuse {
         login: String,
         order: String,
@@ -316,5 +316,60 @@ mod tests {
             ServerFrame::Event(e) => assert_eq!(e.change.ticket(), 5),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn pending_order_events_round_trip_through_the_stream() {
+        use crate::broker::types::OrderEnd;
+        let order = PendingOrder {
+            ticket: 8,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: PendingKind::Limit,
+            price: 1.09,
+            volume: 0.5,
+            sl: None,
+            tp: Some(1.12),
+            expiry_ms: None,
+            magic: 3,
+            comment: "mc1".into(),
+            placed_ms: 1,
+        };
+        for change in [
+            PositionChange::OrderPlaced {
+                order: order.clone(),
+            },
+            PositionChange::OrderChanged { order },
+            PositionChange::OrderGone {
+                ticket: 8,
+                end: OrderEnd::Filled { position: 8 },
+            },
+            PositionChange::OrderGone {
+                ticket: 8,
+                end: OrderEnd::Expired,
+            },
+        ] {
+            let line = serde_json::to_string(&EventFrame {
+                event: "position".into(),
+                login: "9".into(),
+                change: change.clone(),
+            })
+            .unwrap();
+            let ServerFrame::Event(back) = serde_json::from_str(&line).unwrap() else {
+                panic!("{line} did not read as an event");
+            };
+            assert_eq!(back.change, change, "{line}");
+            assert_eq!(back.change.ticket(), 8);
+        }
+        // The wire shape of a fill, as the protocol document shows it.
+        let gone = serde_json::to_value(PositionChange::OrderGone {
+            ticket: 8,
+            end: OrderEnd::Filled { position: 8 },
+        })
+        .unwrap();
+        assert_eq!(
+            gone,
+            serde_json::json!({"change": "order_gone", "ticket": 8, "end": "filled", "position": 8})
+        );
     }
 }

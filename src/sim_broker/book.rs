@@ -48,6 +48,8 @@ pub enum Done {
     Close(CloseFill),
     Modify { ticket: i64 },
     Place { ticket: i64 },
+    Amend { ticket: i64 },
+    Cancel { ticket: i64 },
 }
 
 /// A durable change: appended to the state file before the reply, replayed at start.
@@ -91,6 +93,11 @@ pub enum Record {
     OrderRemoved {
         login: String,
         ticket: i64,
+    },
+    /// The next ticket the server hands out (a compacted state file keeps it: a cancelled or
+    /// expired order leaves no other trace of its ticket, which must never be handed out again).
+    NextTicket {
+        next: i64,
     },
 }
 
@@ -174,8 +181,8 @@ impl Book {
         usd * self.market.usd_in(self.currency(login)).unwrap_or(1.0)
     }
 
-    /// Fault switch for tests: refuse the next `count` orders of kind `op` (`open`, `close` or
-    /// `modify`) that a node (not a hand client) sends for `login`, with `reason` (which names
+    /// Fault switch for tests: refuse the next `count` orders of kind `op` (`open`, `close`,
+    /// `modify`, `place`, `amend` or `cancel`) that a node (not a hand client) sends for `login`, with `reason` (which names
     /// the protocol code: `market closed`, `requote`, `not enough money`, ...). Kept in memory
     /// only.
     pub fn refuse(&mut self, login: &str, op: &str, count: u32, reason: &str) {
@@ -283,6 +290,9 @@ impl Book {
                     a.orders.remove(ticket);
                 }
             }
+            Record::NextTicket { next } => {
+                self.next_ticket = self.next_ticket.max(*next);
+            }
         }
     }
 
@@ -353,6 +363,9 @@ impl Book {
                 });
             }
         }
+        out.push(Record::NextTicket {
+            next: self.next_ticket,
+        });
         out
     }
 
@@ -725,8 +738,7 @@ impl Book {
     /// magic and comment) and pending orders that expire. Not journaled: the journal holds
     /// requests, and these are the server's own doing (positions and history show them).
     pub fn trigger(&mut self, now_ms: i64) -> (Vec<(String, PositionChange)>, Vec<Record>) {
-        let mut events = Vec::new();
-        let mut records = Vec::new();
+        let (mut events, mut records) = self.expire(now_ms);
         self.trigger_orders(now_ms, &mut events, &mut records);
         let mut hits = Vec::new();
         for a in self.accounts.values() {
@@ -737,12 +749,9 @@ impl Book {
                 let sl_hit = p.sl.is_some_and(|sl| (price - sl) * p.side.sign() <= 0.0);
                 let tp_hit = p.tp.is_some_and(|tp| (price - tp) * p.side.sign() >= 0.0);
                 if sl_hit {
-                    hits.push((
-                        a.login.clone(),
-                        p.clone(),
-                        p.sl.unwrap_or(price),
-                        ClosedBy::Sl,
-                    ));
+                    // A stop becomes a market order: at the market price, which a jump of the
+                    // price (the price switch, a fill beyond the stop) may have carried past it.
+                    hits.push((a.login.clone(), p.clone(), price, ClosedBy::Sl));
                 } else if tp_hit {
                     hits.push((
                         a.login.clone(),
@@ -968,12 +977,20 @@ impl Book {
                 login.to_string(),
                 PositionChange::OrderChanged { order: amended },
             ));
+            self.remember(login, client_order_id, Done::Amend { ticket }, &mut records);
             Ok(OrderResult {
                 ticket,
                 duplicate: false,
             })
         });
-        entry.finish(&result);
+        let result = self.resolve_duplicate(login, client_order_id, result, |d| match d {
+            Done::Amend { ticket } => Some(OrderResult {
+                ticket: *ticket,
+                duplicate: true,
+            }),
+            _ => None,
+        });
+        entry.finish_dup(&result, |r| r.duplicate);
         Effects {
             result,
             journal: Some(entry),
@@ -1014,12 +1031,25 @@ impl Book {
                     end: OrderEnd::Cancelled,
                 },
             ));
+            self.remember(
+                login,
+                client_order_id,
+                Done::Cancel { ticket },
+                &mut records,
+            );
             OrderResult {
                 ticket,
                 duplicate: false,
             }
         });
-        entry.finish(&result);
+        let result = self.resolve_duplicate(login, client_order_id, result, |d| match d {
+            Done::Cancel { ticket } => Some(OrderResult {
+                ticket: *ticket,
+                duplicate: true,
+            }),
+            _ => None,
+        });
+        entry.finish_dup(&result, |r| r.duplicate);
         Effects {
             result,
             journal: Some(entry),
@@ -1045,6 +1075,13 @@ impl Book {
         let found = (|| {
             self.fence(login, fence, records)?;
             self.refused(client, login, action)?;
+            if let Some(Done::Amend { ticket } | Done::Cancel { ticket }) = client_order_id
+                .as_ref()
+                .filter(|_| self.dedupe)
+                .and_then(|id| self.accounts[login].done.get(id))
+            {
+                return Err(duplicate(*ticket));
+            }
             self.accounts[login]
                 .orders
                 .get(&ticket)
@@ -1061,20 +1098,48 @@ impl Book {
         (entry, found)
     }
 
-    /// Pending orders that expire or fill at the current prices (a closed market fills none).
+    /// Drops the pending orders whose expiry has come (the server's clock), whatever the prices.
+    pub fn expire(&mut self, now_ms: i64) -> (Vec<(String, PositionChange)>, Vec<Record>) {
+        let due: Vec<(String, i64)> = self
+            .accounts
+            .values()
+            .flat_map(|a| {
+                a.orders
+                    .values()
+                    .filter(|o| o.expiry_ms.is_some_and(|e| now_ms >= e))
+                    .map(|o| (a.login.clone(), o.ticket))
+            })
+            .collect();
+        let mut events = Vec::new();
+        let mut records = Vec::new();
+        for (login, ticket) in due {
+            let r = Record::OrderRemoved {
+                login: login.clone(),
+                ticket,
+            };
+            self.apply(&r);
+            records.push(r);
+            events.push((
+                login,
+                PositionChange::OrderGone {
+                    ticket,
+                    end: OrderEnd::Expired,
+                },
+            ));
+        }
+        (events, records)
+    }
+
+    /// Pending orders that fill at the current prices (a closed market fills none).
     fn trigger_orders(
         &mut self,
         now_ms: i64,
         events: &mut Vec<(String, PositionChange)>,
         records: &mut Vec<Record>,
     ) {
-        let mut due: Vec<(String, PendingOrder, Option<f64>)> = Vec::new();
+        let mut due: Vec<(String, PendingOrder, f64)> = Vec::new();
         for a in self.accounts.values() {
             for o in a.orders.values() {
-                if o.expiry_ms.is_some_and(|e| now_ms >= e) {
-                    due.push((a.login.clone(), o.clone(), None));
-                    continue;
-                }
                 if self.market.check_open(&o.symbol, now_ms).is_err() {
                     continue;
                 }
@@ -1090,27 +1155,17 @@ impl Book {
                     }
                 };
                 if reached {
-                    due.push((a.login.clone(), o.clone(), Some(price)));
+                    due.push((a.login.clone(), o.clone(), price));
                 }
             }
         }
-        for (login, o, fill) in due {
+        for (login, o, price) in due {
             let r = Record::OrderRemoved {
                 login: login.clone(),
                 ticket: o.ticket,
             };
             self.apply(&r);
             records.push(r);
-            let Some(price) = fill else {
-                events.push((
-                    login,
-                    PositionChange::OrderGone {
-                        ticket: o.ticket,
-                        end: OrderEnd::Expired,
-                    },
-                ));
-                continue;
-            };
             let position = Position {
                 ticket: o.ticket,
                 symbol: o.symbol.clone(),
@@ -1662,9 +1717,10 @@ mod tests {
             sl: Some(1.095),
             ..pending(Side::Buy, PendingKind::Limit, 1.09)
         };
+        let reason = b.place("n", "1", None, &bad_stop, 1).result.unwrap_err();
         assert!(
-            b.place("n", "1", None, &bad_stop, 1).result.is_err(),
-            "a buy's stop loss above its price"
+            reason.starts_with("invalid stops: sl 1.095 must be below the price 1.09"),
+            "a buy's stop loss above its price: {reason}"
         );
         b.market.switch("EURUSD", Some(false)).unwrap();
         let closed = b.place(
@@ -1855,5 +1911,171 @@ mod tests {
                 assert_eq!(b.orders("1").len(), 2);
             }
         }
+    }
+
+    #[test]
+    fn a_ticket_is_never_handed_out_twice_across_restarts() {
+        let mut b = Book::new(10_000.0, true);
+        let placed = b
+            .place(
+                "n",
+                "1",
+                None,
+                &pending(Side::Buy, PendingKind::Limit, 1.09),
+                1,
+            )
+            .result
+            .unwrap();
+        b.cancel("n", "1", None, placed.ticket, &None, 2)
+            .result
+            .unwrap();
+        // Two restarts, each compacting the state file into a snapshot.
+        let mut restarted = b;
+        for _ in 0..2 {
+            let mut next = Book::new(10_000.0, true);
+            for r in restarted.snapshot() {
+                next.apply(&r);
+            }
+            restarted = next;
+        }
+        let again = restarted
+            .place(
+                "n",
+                "1",
+                None,
+                &PlaceOrder {
+                    client_order_id: Some("p2".into()),
+                    ..pending(Side::Buy, PendingKind::Limit, 1.09)
+                },
+                3,
+            )
+            .result
+            .unwrap();
+        assert!(again.ticket > placed.ticket, "{} reused", again.ticket);
+    }
+
+    #[test]
+    fn a_buy_stop_fills_through_its_price_and_orders_expire_without_a_price_move() {
+        let mut b = Book::new(10_000.0, true);
+        let stop = b
+            .place(
+                "n",
+                "1",
+                None,
+                &pending(Side::Buy, PendingKind::Stop, 1.1050),
+                1,
+            )
+            .result
+            .unwrap();
+        let dated = b
+            .place(
+                "n",
+                "1",
+                None,
+                &PlaceOrder {
+                    expiry_ms: Some(50),
+                    client_order_id: Some("p2".into()),
+                    ..pending(Side::Sell, PendingKind::Limit, 1.2)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        b.market.set_price("EURUSD", 1.1049).unwrap();
+        b.trigger(10);
+        assert_eq!(b.orders("1").len(), 2, "not through yet");
+        b.market.set_price("EURUSD", 1.1060).unwrap();
+        b.trigger(20);
+        assert_eq!(
+            b.account("1").unwrap().positions[&stop.ticket].open_price,
+            1.1060
+        );
+        // The prices stand still; the expiry comes.
+        let (events, _) = b.expire(49);
+        assert!(events.is_empty());
+        let (events, _) = b.expire(50);
+        assert_eq!(events.len(), 1);
+        assert!(b.orders("1").is_empty(), "{dated:?} expired");
+    }
+
+    #[test]
+    fn a_repeated_cancel_or_amend_returns_its_first_result() {
+        let mut b = Book::new(10_000.0, true);
+        let placed = b
+            .place(
+                "n",
+                "1",
+                None,
+                &pending(Side::Buy, PendingKind::Limit, 1.09),
+                1,
+            )
+            .result
+            .unwrap();
+        let id = Some("a1".to_string());
+        let first = b.amend(
+            "n",
+            "1",
+            None,
+            placed.ticket,
+            (1.08, None, None, None),
+            &id,
+            2,
+        );
+        assert!(!first.result.unwrap().duplicate);
+        let again = b.amend(
+            "n",
+            "1",
+            None,
+            placed.ticket,
+            (1.07, None, None, None),
+            &id,
+            3,
+        );
+        assert!(again.result.unwrap().duplicate);
+        assert_eq!(b.orders("1")[0].price, 1.08, "the repeat changed nothing");
+        let id = Some("c1".to_string());
+        assert!(
+            !b.cancel("n", "1", None, placed.ticket, &id, 4)
+                .result
+                .unwrap()
+                .duplicate
+        );
+        let repeat = b.cancel("n", "1", None, placed.ticket, &id, 5);
+        assert!(
+            repeat.result.unwrap().duplicate,
+            "a retried cancel is told it was done, not that the order is unknown"
+        );
+    }
+
+    #[test]
+    fn a_stop_jumped_past_closes_at_the_market_price() {
+        let mut b = Book::new(10_000.0, true);
+        let fill = b
+            .open(
+                "n",
+                "1",
+                None,
+                &OpenOrder {
+                    sl: Some(1.09),
+                    client_order_id: None,
+                    ..order(1.0)
+                },
+                1,
+            )
+            .result
+            .unwrap();
+        b.market.set_price("EURUSD", 1.08).unwrap();
+        let (events, _) = b.trigger(2);
+        let PositionChange::Closed { closed } = &events[0].1 else {
+            panic!("{events:?}");
+        };
+        assert_eq!(
+            (closed.position.ticket, closed.close_price),
+            (fill.ticket, 1.08)
+        );
+        assert!(
+            b.info("1").unwrap().balance < 10_000.0,
+            "a loss, not a gain"
+        );
     }
 }

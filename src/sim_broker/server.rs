@@ -174,6 +174,7 @@ async fn run(
     if let Some(period) = price_walk {
         tracker.spawn(ticker(shared.clone(), period, shutdown.clone()));
     }
+    tracker.spawn(expirer(shared.clone(), shutdown.clone()));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -205,6 +206,28 @@ async fn ticker(shared: Arc<Shared>, period: Duration, shutdown: CancellationTok
         }
         let mut core = shared.core.lock().expect("sim-broker state lock");
         let (events, records) = core.book.tick(now_ms());
+        if let Some(store) = core.store.as_mut()
+            && let Err(e) = store.append(&records)
+        {
+            error!(error = %e, "writing the state file failed");
+        }
+        broadcast(&mut core, events);
+    }
+}
+
+/// Drops pending orders at their expiry, with or without a price walk (4 times a second).
+async fn expirer(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut interval = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let mut core = shared.core.lock().expect("sim-broker state lock");
+        let (events, records) = core.book.expire(now_ms());
+        if records.is_empty() {
+            continue;
+        }
         if let Some(store) = core.store.as_mut()
             && let Err(e) = store.append(&records)
         {
@@ -432,12 +455,15 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             }
             Err(reason) => invalid(id, &reason),
         },
-        Request::Orders { login } => ok(
-            id,
-            &OrdersResult {
-                orders: core.book.orders(&login),
-            },
-        ),
+        Request::Orders { login } => match core.book.account(&login) {
+            Some(_) => ok(
+                id,
+                &OrdersResult {
+                    orders: core.book.orders(&login),
+                },
+            ),
+            None => rejected(id, &format!("unknown login {login}")),
+        },
         Request::Place {
             login,
             fence,

@@ -1,5 +1,5 @@
-//! `--state PATH`: the server's accounts, positions, history, fences and executed client order
-//! ids survive a restart. Every change is appended to the file as a [`Record`] line and flushed
+//! `--state PATH`: the server's accounts, positions, pending orders, history, fences, executed
+//! client order ids and its next ticket survive a restart. Every change is appended to the file as a [`Record`] line and flushed
 //! before the reply is sent; at start the file is replayed, then rewritten compactly.
 
 use std::fs::{self, File, OpenOptions};
