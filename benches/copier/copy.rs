@@ -25,6 +25,60 @@ pub(crate) struct CopyRow {
     pub(crate) floor_ms: f64,
     /// Where the time goes, from the copy ledger's legs (millisecond clocks).
     pub(crate) legs: Legs,
+    /// The floor for this fan-out: as many orders sent at once over as many connections as
+    /// there are nodes, with no copier in the way; time until each reply, and until the last.
+    pub(crate) orders_floor: Stats,
+    pub(crate) orders_floor_last: Stats,
+}
+
+/// The floor for `n` copies: `n` market orders for `n` accounts sent at once, spread over
+/// `connections` bridge connections to the same broker (as the nodes' own connections carry
+/// them), `rounds` times; returns (every order's time to its reply, the last reply's per round).
+async fn orders_floor(
+    broker: &str,
+    n: usize,
+    connections: usize,
+    rounds: usize,
+) -> anyhow::Result<(Stats, Stats)> {
+    let mut clients = Vec::new();
+    for c in 0..connections {
+        let client = BridgeClient::connect(broker.to_string(), format!("floor{c}"));
+        client.wait_ready(Duration::from_secs(10)).await?;
+        clients.push(client);
+    }
+    let mut each = Vec::new();
+    let mut last = Vec::new();
+    for round in 0..rounds {
+        let start = Instant::now();
+        let mut sends = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let client = clients[i % connections].clone();
+            let side = if round % 2 == 0 {
+                Side::Buy
+            } else {
+                Side::Sell
+            };
+            sends.spawn(async move {
+                let mut order = Request::hand_open(&format!("x{i}"), "EURUSD", side, 0.1);
+                if let Request::Open { fence, .. } = &mut order {
+                    *fence = Some(1);
+                }
+                client.call(order).await.map(|_| start.elapsed())
+            });
+        }
+        let mut slowest = Duration::ZERO;
+        while let Some(done) = sends.join_next().await {
+            let took = done??;
+            slowest = slowest.max(took);
+            each.push(took);
+        }
+        last.push(slowest);
+        tokio::time::sleep(Duration::from_millis(200)).await; // spacing, as between the copies' trades
+    }
+    for c in clients {
+        c.close();
+    }
+    Ok((Stats::of(&each), Stats::of(&last)))
 }
 
 /// A copy's legs as the copy ledger records them (each clock at millisecond resolution): the
@@ -104,6 +158,9 @@ pub(crate) async fn copy_latency(
     let mut md = String::from(
         "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
+    let mut floor_md = String::from(
+        "| followers | nodes | N orders at once: each p50 / p99 | the last p50 / max | last follower served p50 | ÷ the last order's p50 |\n|---:|---:|---:|---:|---:|---:|\n",
+    );
     let mut legs_md = String::from(
         "| followers | nodes | copies | master fill → event committed p50 / p99 | event → follower decided p50 / p99 | decided → broker accepted p50 / p99 |\n|---:|---:|---:|---:|---:|---:|\n",
     );
@@ -177,6 +234,23 @@ pub(crate) async fn copy_latency(
             s.p99_ms / floor
         );
         let legs = legs(&setup.url, followers * trades).await?;
+        let (floor_each, floor_last) =
+            orders_floor(&setup.broker.addr.to_string(), followers, nodes, trades).await?;
+        println!(
+            "orders floor {followers} orders over {nodes} connections: each {}, last {} (copies: last follower {:.2} ms p50)",
+            floor_each.show(),
+            floor_last.show(),
+            l.p50_ms
+        );
+        let _ = writeln!(
+            floor_md,
+            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {:.2} ms | {:.1}× |",
+            floor_each.show(),
+            floor_last.p50_ms,
+            floor_last.max_ms,
+            l.p50_ms,
+            l.p50_ms / floor_last.p50_ms
+        );
         let _ = writeln!(
             legs_md,
             "| {followers} | {nodes} | {} | {} | {} | {} |",
@@ -193,13 +267,15 @@ pub(crate) async fn copy_latency(
             last_follower: l,
             floor_ms: floor,
             legs,
+            orders_floor: floor_each,
+            orders_floor_last: floor_last,
         });
         trader.close();
         drop(observer);
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}",
+        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, after each row: as many market orders as the row has followers, sent at once for as many accounts over as many bridge connections to the same broker as the row has nodes (each node has one per server), with no copier in the way, {trades} rounds: the time to each reply, and to the last one. The last follower served divided by the last order's reply says how far the copies are from what the broker connections allow.\n\n{floor_md}",
         report.floors["notify_delivery"].p50_ms, report.floors["broker_round_trip"].p50_ms
     ));
     Ok(())
