@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::RejectCode;
 use super::types::{
-    AccountInfo, ClosedPosition, PendingKind, PendingOrder, Position, PositionChange, Side,
+    AccountInfo, ClosedPosition, PendingOrder, PlaceOrder, Position, PositionChange, Side,
     SymbolSpec,
 };
 
@@ -85,22 +85,12 @@ pub enum Request {
     Orders {
         login: String,
     },
-    /// Places a pending order.
+    /// Places a pending order (its fields beside `login` and `fence` on the wire).
     Place {
         login: String,
         fence: Option<i64>,
-        symbol: String,
-        side: Side,
-        kind: PendingKind,
-        price: f64,
-        volume: f64,
-        sl: Option<f64>,
-        tp: Option<f64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        expiry_ms: Option<i64>,
-        magic: i64,
-        comment: String,
-        client_order_id: Option<String>,
+        #[serde(flatten)]
+        order: PlaceOrder,
     },
     /// Changes a pending order's price, stops and expiry (each as given: `null` removes a stop
     /// or the expiry).
@@ -319,8 +309,40 @@ mod tests {
     }
 
     #[test]
+    fn a_place_request_carries_the_order_beside_login_and_fence() {
+        let line = r#"{"id":4,"op":"place","login":"7","fence":3,"symbol":"EURUSD","side":"buy","kind":"limit","price":1.09,"volume":0.5,"sl":null,"tp":1.12,"magic":2,"comment":"mc9","client_order_id":"p1"}"#;
+        let frame: RequestFrame = serde_json::from_str(line).unwrap();
+        let Request::Place {
+            login,
+            fence,
+            order,
+        } = &frame.request
+        else {
+            panic!("{frame:?}");
+        };
+        assert_eq!((login.as_str(), *fence), ("7", Some(3)));
+        assert_eq!(
+            (
+                order.kind,
+                order.price,
+                order.expiry_ms,
+                order.client_order_id.as_deref()
+            ),
+            (
+                crate::broker::types::PendingKind::Limit,
+                1.09,
+                None,
+                Some("p1")
+            )
+        );
+        let back: serde_json::Value = serde_json::to_value(&frame).unwrap();
+        assert_eq!(back["price"], 1.09);
+        assert_eq!(back["op"], "place");
+    }
+
+    #[test]
     fn pending_order_events_round_trip_through_the_stream() {
-        use crate::broker::types::OrderEnd;
+        use crate::broker::types::{OrderEnd, PendingKind};
         let order = PendingOrder {
             ticket: 8,
             symbol: "EURUSD".into(),

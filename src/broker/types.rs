@@ -307,6 +307,8 @@ pub struct PlaceOrder {
     pub volume: f64,
     pub sl: Option<f64>,
     pub tp: Option<f64>,
+    /// When it expires on the server's clock (absent: good till cancelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expiry_ms: Option<i64>,
     pub magic: i64,
     pub comment: String,

@@ -29,7 +29,7 @@ use crate::broker::protocol::{
     PositionsResult, ReplyFrame, Request, RequestFrame, SymbolsResult,
 };
 use crate::broker::types::{AccountInfo, Currency};
-use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PlaceOrder, PositionChange};
+use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
 
 /// Longest request line accepted (a request is a few hundred bytes).
 const MAX_LINE: usize = 64 * 1024;
@@ -467,31 +467,8 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
         Request::Place {
             login,
             fence,
-            symbol,
-            side,
-            kind,
-            price,
-            volume,
-            sl,
-            tp,
-            expiry_ms,
-            magic,
-            comment,
-            client_order_id,
+            order,
         } => {
-            let order = PlaceOrder {
-                symbol,
-                side,
-                kind,
-                price,
-                volume,
-                sl,
-                tp,
-                expiry_ms,
-                magic,
-                comment,
-                client_order_id,
-            };
             let effects = core.book.place(&client, &login, fence, &order, now);
             commit(&mut core, id, effects)
         }

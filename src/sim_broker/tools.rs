@@ -180,20 +180,10 @@ pub async fn trade(
             tp,
             client_order_id: None,
         },
-        HandOrder::Place(o) => Request::Place {
+        HandOrder::Place(order) => Request::Place {
             login,
             fence: None,
-            symbol: o.symbol,
-            side: o.side,
-            kind: o.kind,
-            price: o.price,
-            volume: o.volume,
-            sl: o.sl,
-            tp: o.tp,
-            expiry_ms: o.expiry_ms,
-            magic: o.magic,
-            comment: o.comment,
-            client_order_id: o.client_order_id,
+            order,
         },
         HandOrder::Amend {
             ticket,
