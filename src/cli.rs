@@ -332,6 +332,10 @@ pub struct LinkFields {
     /// What removing the link does to its open copies: `leave` them (default) or `close` them.
     #[arg(long)]
     pub on_remove: Option<String>,
+    /// The master's pending (limit and stop) orders: `copy` them as pending orders (default), or
+    /// copy only their fills, at market (`fill_only`).
+    #[arg(long)]
+    pub pending_orders: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -483,11 +487,21 @@ pub struct ServeArgs {
     /// balance, equity and profits count in it, converted at the market's prices.
     #[arg(long, value_name = "LOGIN=CURRENCY")]
     pub currency: Vec<String>,
-    /// Daily trading sessions of a base symbol on the server's (UTC) clock, e.g.
+    /// Daily trading sessions of a base symbol on UTC, e.g.
     /// `XAUUSD=01:00-23:00` or `US30=13:30-20:00,21:00-22:00` (repeat for several; others trade
     /// around the clock). Outside them orders on it are refused with `market closed`.
     #[arg(long, value_name = "SYMBOL=HH:MM-HH:MM[,...]")]
     pub session: Vec<String>,
+    /// The server's clock as an offset from UTC, e.g. `+02:00` (MT servers keep their own time
+    /// zone): the server time accounts show, and the clock pending orders' expiries are on.
+    /// Trading sessions stay on UTC.
+    #[arg(
+        long,
+        value_name = "[+-]HH:MM",
+        default_value = "+00:00",
+        allow_hyphen_values = true
+    )]
+    pub utc_offset: String,
 }
 
 #[derive(Debug, Args)]

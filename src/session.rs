@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::broker::types::{
-    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
-    SymbolSpec,
+    AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
+    OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, SymbolSpec,
 };
 use crate::broker::{AccountLogin, BoxFuture, BrokerError, Session, TradeApi};
 use crate::brokers::BrokerConnector;
@@ -163,6 +163,21 @@ impl TradeApi for Counted {
     }
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
         self.inner.modify(order)
+    }
+    fn places_orders(&self) -> bool {
+        self.inner.places_orders()
+    }
+    fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
+        self.inner.orders()
+    }
+    fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
+        self.inner.place(order)
+    }
+    fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.amend(order)
+    }
+    fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.cancel(order)
     }
 }
 

@@ -22,12 +22,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::protocol::{
-    HelloResult, HistoryResult, LoginResult, PROTOCOL_VERSION, PositionsResult, ReplyFrame,
-    Request, RequestFrame, ServerFrame, SymbolsResult,
+    HelloResult, HistoryResult, LoginResult, OrderResult, OrdersResult, PROTOCOL_VERSION,
+    PositionsResult, ReplyFrame, Request, RequestFrame, ServerFrame, SymbolsResult,
 };
 use super::types::{
-    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
-    SymbolSpec,
+    AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
+    OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, SymbolSpec,
 };
 use super::{
     AccountLogin, BoxFuture, Broker, BrokerError, RejectCode, Rejection, Session, SessionEvent,
@@ -573,6 +573,56 @@ impl TradeApi for SessionApi {
                 ticket: order.ticket,
                 sl: order.sl,
                 tp: order.tp,
+                client_order_id: order.client_order_id,
+            };
+            self.inner.call(request, false).await.map(|_| ())
+        })
+    }
+
+    fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Orders {
+                login: self.login.clone(),
+            };
+            let r: OrdersResult = decode(self.inner.call(request, false).await?)?;
+            Ok(r.orders)
+        })
+    }
+
+    fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Place {
+                login: self.login.clone(),
+                fence: self.fence,
+                order,
+            };
+            let r: OrderResult = decode(self.inner.call(request, false).await?)?;
+            Ok(r.ticket)
+        })
+    }
+
+    fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Amend {
+                login: self.login.clone(),
+                fence: self.fence,
+                ticket: order.ticket,
+                price: order.price,
+                sl: order.sl,
+                tp: order.tp,
+                expiry_ms: order.expiry_ms,
+                client_order_id: order.client_order_id,
+            };
+            self.inner.call(request, false).await.map(|_| ())
+        })
+    }
+
+    fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let request = Request::Cancel {
+                login: self.login.clone(),
+                fence: self.fence,
+                ticket: order.ticket,
                 client_order_id: order.client_order_id,
             };
             self.inner.call(request, false).await.map(|_| ())

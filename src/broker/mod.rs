@@ -24,8 +24,8 @@ use tokio::sync::mpsc;
 
 use crate::secret::Secret;
 use types::{
-    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
-    PositionChange, SymbolSpec,
+    AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
+    OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, PositionChange, SymbolSpec,
 };
 
 /// A boxed future, so adapters can be used as trait objects.
@@ -161,6 +161,17 @@ pub trait TradeApi: Send + Sync {
     fn open(&self, order: OpenOrder) -> BoxFuture<'_, Result<OpenFill, BrokerError>>;
     fn close(&self, order: CloseOrder) -> BoxFuture<'_, Result<CloseFill, BrokerError>>;
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
+    /// False when the adapter places no pending orders (copies of a master's pending orders are
+    /// then made from their fills, at market).
+    fn places_orders(&self) -> bool {
+        true
+    }
+    /// The account's pending orders.
+    fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>>;
+    /// Places a pending order; its ticket.
+    fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>>;
+    fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
+    fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
 }
 
 /// A logged-in account. Dropping every clone of `api` logs it out.

@@ -315,6 +315,25 @@ pub struct PlaceOrder {
     pub client_order_id: Option<String>,
 }
 
+/// A pending order's new price, stops and expiry (each as given: `None` removes a stop or the
+/// expiry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AmendOrder {
+    pub ticket: i64,
+    pub price: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    pub expiry_ms: Option<i64>,
+    pub client_order_id: Option<String>,
+}
+
+/// A pending order to cancel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelOrder {
+    pub ticket: i64,
+    pub client_order_id: Option<String>,
+}
+
 /// How a pending order left the book.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "end", rename_all = "snake_case")]

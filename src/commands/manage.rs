@@ -486,6 +486,7 @@ struct LinkView {
     sl_points: Option<f64>,
     tp_points: Option<f64>,
     on_remove: String,
+    pending_orders: String,
 }
 
 impl std::fmt::Display for LinkView {
@@ -555,6 +556,9 @@ impl std::fmt::Display for LinkView {
         if self.on_remove == "close" {
             write!(f, ", its copies closed when it is removed")?;
         }
+        if self.pending_orders == "fill_only" {
+            write!(f, ", pending orders copied at their fill only")?;
+        }
         Ok(())
     }
 }
@@ -563,7 +567,8 @@ const LINK_SELECT: &str =
     "SELECT id, master_id, follower_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp,
         symbol_map::text AS symbol_map, copy_existing, symbols, magics, sides, close_only, max_lot,
         max_delay_ms, max_slippage, equity_stop, copy_sl, copy_tp, max_sl_distance, use_min_lot,
-        min_master_lot, max_open_copies::bigint AS max_open_copies, sl_points, tp_points, on_remove
+        min_master_lot, max_open_copies::bigint AS max_open_copies, sl_points, tp_points, on_remove,
+        pending_orders
    FROM copy_links";
 
 fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
@@ -597,6 +602,7 @@ fn link_of(r: &sqlx::postgres::PgRow) -> Result<LinkView, sqlx::Error> {
         sl_points: r.try_get("sl_points")?,
         tp_points: r.try_get("tp_points")?,
         on_remove: r.try_get("on_remove")?,
+        pending_orders: r.try_get("pending_orders")?,
     })
 }
 
@@ -676,6 +682,13 @@ fn check_link(f: &LinkFields) -> Result<LinkValues, CommandError> {
         && !matches!(v.as_str(), "leave" | "close")
     {
         problems.push(format!("on_remove: {v:?} is not `leave` or `close`"));
+    }
+    if let Some(v) = &f.pending_orders
+        && !matches!(v.as_str(), "copy" | "fill_only")
+    {
+        problems.push(format!(
+            "pending_orders: {v:?} is not `copy` or `fill_only`"
+        ));
     }
     let max_lot = limit::<f64>("max_lot", &f.max_lot, &mut problems);
     let max_delay_ms = limit::<i64>("max_delay_ms", &f.max_delay_ms, &mut problems);
@@ -795,7 +808,8 @@ async fn write_link(
             max_open_copies = CASE WHEN $30 THEN $31::integer ELSE max_open_copies END,
             sl_points = CASE WHEN $32 THEN $33 ELSE sl_points END,
             tp_points = CASE WHEN $34 THEN $35 ELSE tp_points END,
-            on_remove = coalesce($36, on_remove)
+            on_remove = coalesce($36, on_remove),
+            pending_orders = coalesce($37, pending_orders)
           WHERE id = $1",
     )
     .bind(id)
@@ -834,6 +848,7 @@ async fn write_link(
     .bind(v.tp_points.is_some())
     .bind(v.tp_points.flatten())
     .bind(&f.on_remove)
+    .bind(&f.pending_orders)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())

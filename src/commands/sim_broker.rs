@@ -47,6 +47,8 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                     v.parse::<crate::broker::types::Currency>()
                         .map_err(|e| e.to_string())
                 })?,
+                clock_offset_ms: parse_utc_offset(&args.utc_offset)
+                    .map_err(|e| CommandError::usage(format!("invalid --utc-offset: {e}")))?,
                 sessions: key_values(
                     &args.session,
                     "--session",
@@ -186,4 +188,39 @@ fn print_lines<T: serde::Serialize>(items: &[T]) -> Result<(), CommandError> {
             .map_err(|e| CommandError::failed(format!("writing stdout: {e}")))?;
     }
     Ok(())
+}
+
+/// `[+-]HH:MM` as milliseconds.
+fn parse_utc_offset(text: &str) -> Result<i64, String> {
+    let bad = || format!("{text:?} is not [+-]HH:MM (e.g. +02:00)");
+    let (sign, rest) = match text.as_bytes().first() {
+        Some(b'+') => (1, &text[1..]),
+        Some(b'-') => (-1, &text[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    let (h, m): (i64, i64) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if h.to_string().len() > 2
+        || !(0..=14).contains(&h)
+        || !(0..60).contains(&m)
+        || h * 60 + m > 14 * 60
+    {
+        return Err(bad());
+    }
+    Ok(sign * (h * 3_600_000 + m * 60_000))
+}
+
+#[cfg(test)]
+mod utc_offset_tests {
+    use super::parse_utc_offset;
+
+    #[test]
+    fn utc_offsets_parse_and_refuse_nonsense() {
+        assert_eq!(parse_utc_offset("+02:00"), Ok(7_200_000));
+        assert_eq!(parse_utc_offset("-05:30"), Ok(-19_800_000));
+        assert_eq!(parse_utc_offset("+00:00"), Ok(0));
+        for bad in ["2:00", "+2", "+15:00", "+02:60", "+aa:00", "", "+02:00x"] {
+            assert!(parse_utc_offset(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -117,6 +117,9 @@ impl Server {
                 })
             }
             Action::Skip { .. } | Action::Wait { .. } => None,
+            Action::Place { .. } | Action::Amend { .. } | Action::Cancel { .. } => {
+                panic!("a pending-order action without any master order: {action:?}")
+            }
         }
     }
 
@@ -192,12 +195,14 @@ impl Follower {
         let actions = plan(
             link,
             snapshot,
+            &[],
             &self.index,
             &Situation {
                 memory: &self.memory,
                 funds: &Inputs::default(),
                 specs: &specs,
                 at: (1, seq),
+                pending: Default::default(),
             },
         );
         self.send(link, actions, true);
@@ -227,14 +232,18 @@ impl Follower {
             self.reconcile(link, seq, snapshot);
             return;
         }
-        apply_event(view, event);
+        apply_event(view, &mut Vec::new(), event);
         *have = seq;
         let ticket = match event {
             MasterEvent::Open { position } => position.ticket,
             MasterEvent::Close { ticket }
             | MasterEvent::Partial { ticket, .. }
             | MasterEvent::Modify { ticket, .. } => *ticket,
-            MasterEvent::Snapshot => return,
+            MasterEvent::Snapshot
+            | MasterEvent::OrderSet { .. }
+            | MasterEvent::OrderGone { .. } => {
+                return;
+            }
         };
         let position = view.iter().find(|p| p.ticket == ticket).cloned();
         let specs = specs();
@@ -248,6 +257,7 @@ impl Follower {
                 funds: &Inputs::default(),
                 specs: &specs,
                 at: (1, seq),
+                pending: Default::default(),
             },
         );
         self.send(link, actions, matches!(event, MasterEvent::Open { .. }));
@@ -489,11 +499,12 @@ proptest! {
         // Settled: a further reconcile sends nothing.
         let specs = specs();
         let index = CopyIndex::from_read(&a.server.open, &a.server.history);
-        let again = plan(&link, &master, &index, &Situation {
+        let again = plan(&link, &master, &[], &index, &Situation {
             memory: &a.memory,
             funds: &Inputs::default(),
             specs: &specs,
             at: (1, 9_999),
+            pending: Default::default(),
         });
         let sends: Vec<&Action> = again.iter().filter(|x| x.sends()).collect();
         prop_assert!(sends.is_empty(), "not settled: {sends:?}");

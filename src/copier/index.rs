@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::broker::types::{ClosedPosition, Position, PositionChange};
+use crate::broker::types::{ClosedPosition, OrderEnd, PendingOrder, Position, PositionChange};
 
 use super::parse_marker;
 
@@ -32,6 +32,17 @@ pub struct CopyIndex {
     original: HashMap<i64, f64>,
     /// Copy tickets seen closed: a late update about one changes nothing.
     closed: HashSet<i64>,
+    /// Pending copies (a master's pending order copied as one) by key.
+    orders: BTreeMap<Key, Vec<PendingOrder>>,
+    /// Every key a pending copy was ever placed for (read, placed, or in the ledger of order
+    /// copies): a pending copy that is gone is never placed again.
+    placed: HashSet<Key>,
+    /// Pending-copy tickets seen gone: a late update about one changes nothing.
+    gone: HashSet<i64>,
+    /// Keys whose pending copy is in doubt (a place or cancel whose outcome is unknown, a cancel
+    /// of an order the broker no longer holds): nothing is decided for them until the next read
+    /// of the follower's orders, positions and history, in that order.
+    doubt: HashSet<Key>,
 }
 
 impl CopyIndex {
@@ -65,6 +76,113 @@ impl CopyIndex {
                 .insert(p.ticket, (original * 1e8).round() / 1e8);
             self.insert(p.clone());
         }
+    }
+
+    /// Replaces the pending copies with a fresh read of the follower's orders (read before its
+    /// positions: an order that fills between the two reads is then among the positions, never
+    /// in neither). What was ever placed is kept; doubts are resolved by the read.
+    pub fn rebuild_orders(&mut self, orders: &[PendingOrder]) {
+        // Tickets seen gone stay gone (a ticket is never reused): a stream update queued before
+        // the read cannot bring one back.
+        self.orders.clear();
+        self.doubt.clear();
+        for o in orders {
+            self.order_placed(o.clone());
+        }
+    }
+
+    /// A pending copy was placed (the reply to our place, a read, or the stream).
+    pub fn order_placed(&mut self, o: PendingOrder) {
+        let Some(t) = parse_marker(&o.comment) else {
+            return;
+        };
+        if self.gone.contains(&o.ticket) {
+            return;
+        }
+        let key = (o.magic, t);
+        self.placed.insert(key);
+        let list = self.orders.entry(key).or_default();
+        if !list.iter().any(|c| c.ticket == o.ticket) {
+            list.push(o);
+            list.sort_by_key(|c| c.ticket);
+        }
+    }
+
+    /// Pending copy `ticket` now rests at this price, with these stops and expiry (the reply to
+    /// our amend).
+    pub fn order_amended(
+        &mut self,
+        ticket: i64,
+        (price, sl, tp, expiry_ms): (f64, Option<f64>, Option<f64>, Option<i64>),
+    ) {
+        for o in self
+            .orders
+            .values_mut()
+            .flatten()
+            .filter(|o| o.ticket == ticket)
+        {
+            o.price = price;
+            o.sl = sl;
+            o.tp = tp;
+            o.expiry_ms = expiry_ms;
+        }
+    }
+
+    /// Pending copy `ticket` left the book; `filled`: it opened a position (so its key was
+    /// copied, even before the position's own update arrives).
+    pub fn order_gone(&mut self, ticket: i64, filled: bool) {
+        self.gone.insert(ticket);
+        let mut keys = Vec::new();
+        for (key, list) in self.orders.iter_mut() {
+            if list.iter().any(|o| o.ticket == ticket) {
+                keys.push(*key);
+                list.retain(|o| o.ticket != ticket);
+            }
+        }
+        self.orders.retain(|_, list| !list.is_empty());
+        if filled {
+            self.ever.extend(keys);
+        }
+    }
+
+    /// Records that a pending copy was placed for `key` (the ledger of order copies says so, or a
+    /// place was sent).
+    pub fn mark_placed(&mut self, key: Key) {
+        self.placed.insert(key);
+    }
+
+    /// Forgets a placement the broker refused only for now (it may be sent again).
+    pub fn unmark_placed(&mut self, key: Key) {
+        if self.pending(key).is_empty() {
+            self.placed.remove(&key);
+        }
+    }
+
+    /// Nothing is decided for `key` until the next read.
+    pub fn doubt(&mut self, key: Key) {
+        self.doubt.insert(key);
+    }
+
+    /// The pending copies of `key`, oldest first.
+    pub fn pending(&self, key: Key) -> &[PendingOrder] {
+        self.orders.get(&key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Every master ticket with a pending copy under link magic `magic`.
+    pub fn pending_of_link(&self, magic: i64) -> impl Iterator<Item = i64> + '_ {
+        self.orders
+            .range((magic, i64::MIN)..=(magic, i64::MAX))
+            .map(|((_, t), _)| *t)
+    }
+
+    /// True when a pending copy was ever placed for `key`.
+    pub fn placed(&self, key: Key) -> bool {
+        self.placed.contains(&key)
+    }
+
+    /// True when `key`'s pending copy is in doubt until the next read.
+    pub fn in_doubt(&self, key: Key) -> bool {
+        self.doubt.contains(&key)
     }
 
     /// Records that the follower held a copy for `key` (the copy ledger says so).
@@ -138,10 +256,14 @@ impl CopyIndex {
                 self.reduced(position.ticket, position.volume)
             }
             PositionChange::Closed { closed } => self.reduced(closed.position.ticket, 0.0),
-            // Pending orders are no copies (a fill arrives as `opened`).
-            PositionChange::OrderPlaced { .. }
-            | PositionChange::OrderChanged { .. }
-            | PositionChange::OrderGone { .. } => {}
+            // A pending copy's price and stops, like a copy's stops, are learned from reads and
+            // replies only (a late update could put back what an amend replaced).
+            PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order } => {
+                self.order_placed(order.clone())
+            }
+            PositionChange::OrderGone { ticket, end } => {
+                self.order_gone(*ticket, matches!(end, OrderEnd::Filled { .. }))
+            }
         }
     }
 
@@ -150,9 +272,11 @@ impl CopyIndex {
         self.open.get(&key).map(Vec::as_slice).unwrap_or(&[])
     }
 
-    /// How many open copies the follower holds, under every link.
+    /// How many open copies the follower holds, under every link, counting pending copies (each
+    /// may fill).
     pub fn open_copies(&self) -> usize {
-        self.open.values().map(Vec::len).sum()
+        self.open.values().map(Vec::len).sum::<usize>()
+            + self.orders.values().map(Vec::len).sum::<usize>()
     }
 
     /// Every open copy: ((link magic, master ticket), copy ticket).

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::events::MasterEvent;
-use super::{MasterPosition, spread_interval};
-use crate::broker::types::{ClosedPosition, Position, PositionChange};
+use super::{MasterOrder, MasterPosition, spread_interval};
+use crate::broker::types::{ClosedPosition, PendingOrder, Position, PositionChange};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::{AccountRow, Published};
@@ -41,6 +41,11 @@ struct Master<'a> {
     view: BTreeMap<i64, MasterPosition>,
     /// What is stored in `master_state` under this epoch.
     published: BTreeMap<i64, MasterPosition>,
+    /// The pending orders the broker shows, and those stored.
+    orders: BTreeMap<i64, MasterOrder>,
+    published_orders: BTreeMap<i64, MasterOrder>,
+    /// How far the master server's clock runs from this node's (expiries are published in UTC).
+    offset_ms: i64,
     seq: i64,
     /// A change could not be published: publish a snapshot when the database answers again.
     dirty: bool,
@@ -58,6 +63,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         balance = session.account.balance,
         "master logged in; publishing its positions"
     );
+    let offset_ms = crate::wall_clock::server_offset_ms(session.account.server_time_ms);
     report_funds(ctx, session.api.as_ref()).await;
     // Changes to the row (server, login, role, credentials) are announced: start again from it.
     let (tx, mut changes) = mpsc::unbounded_channel();
@@ -73,6 +79,9 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         id: row.id,
         view: BTreeMap::new(),
         published: BTreeMap::new(),
+        orders: BTreeMap::new(),
+        published_orders: BTreeMap::new(),
+        offset_ms: offset_ms.unwrap_or(0),
         seq: 0,
         dirty: false,
         contracts: match session.api.symbols().await {
@@ -126,7 +135,11 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
             },
             _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,
             _ = background.tick() => m.sync(session.api.as_ref(), false).await?,
-            _ = funds.tick() => report_funds(ctx, session.api.as_ref()).await,
+            _ = funds.tick() => {
+                if let Some(offset) = report_funds(ctx, session.api.as_ref()).await {
+                    m.offset_ms = offset;
+                }
+            }
         }
         if ctx.cancel.is_cancelled() {
             return Ok(Ended::Stopped);
@@ -134,17 +147,18 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
     }
 }
 
-async fn report_funds(ctx: &AccountContext, api: &dyn TradeApi) {
-    if let Ok(info) = api.account().await {
-        ctx.status.send(StatusUpdate {
-            account_id: ctx.account_id,
-            epoch: ctx.epoch(),
-            status: None,
-            balance: Some(info.balance),
-            equity: Some(info.equity),
-            currency: info.currency,
-        });
-    }
+/// Reports balance and equity; the server's clock offset, when it shows its time.
+async fn report_funds(ctx: &AccountContext, api: &dyn TradeApi) -> Option<i64> {
+    let info = api.account().await.ok()?;
+    ctx.status.send(StatusUpdate {
+        account_id: ctx.account_id,
+        epoch: ctx.epoch(),
+        status: None,
+        balance: Some(info.balance),
+        equity: Some(info.equity),
+        currency: info.currency,
+    });
+    crate::wall_clock::server_offset_ms(info.server_time_ms)
 }
 
 impl Master<'_> {
@@ -163,9 +177,13 @@ impl Master<'_> {
                     if let Some(state) = state {
                         let positions: BTreeMap<i64, MasterPosition> =
                             state.positions.into_iter().map(|p| (p.ticket, p)).collect();
+                        let orders: BTreeMap<i64, MasterOrder> =
+                            state.orders.into_iter().map(|o| (o.ticket, o)).collect();
                         self.view = positions.clone();
+                        self.orders = orders.clone();
                         if state.epoch == self.ctx.epoch() {
                             self.published = positions;
+                            self.published_orders = orders;
                             self.seq = state.seq;
                         }
                     }
@@ -185,6 +203,25 @@ impl Master<'_> {
     /// Compares the broker with the view and publishes a snapshot if anything differs (or if
     /// `force`). A read failure leaves everything as it was (the next sync retries).
     async fn sync(&mut self, api: &dyn TradeApi, force: bool) -> anyhow::Result<()> {
+        // Orders before positions: an order that fills between the reads is in the positions.
+        match api.orders().await {
+            Ok(orders) => {
+                self.orders = orders
+                    .iter()
+                    .map(|o| {
+                        let known = self.orders.get(&o.ticket);
+                        let mut m = from_order(o, known, self.offset_ms);
+                        if m.contract_size.is_none() {
+                            m.contract_size = self.contracts.get(&m.symbol).copied();
+                        }
+                        (o.ticket, m)
+                    })
+                    .collect();
+            }
+            Err(e) => {
+                warn!(error = %e, "reading the master's pending orders failed; keeping the published ones")
+            }
+        }
         let (positions, history) = match read_broker(api).await {
             Ok(x) => x,
             Err(e) => {
@@ -226,7 +263,12 @@ impl Master<'_> {
             );
         }
         self.view = next;
-        if force || self.dirty || self.view != self.published || self.seq == 0 {
+        if force
+            || self.dirty
+            || self.view != self.published
+            || self.orders != self.published_orders
+            || self.seq == 0
+        {
             self.publish(MasterEvent::Snapshot).await?;
         }
         Ok(())
@@ -279,11 +321,23 @@ impl Master<'_> {
                     ticket: closed.position.ticket,
                 }
             }
-            // A master's pending orders are not published (not copied yet): the fill that
-            // follows arrives as `opened` and is copied as a position.
-            PositionChange::OrderPlaced { .. }
-            | PositionChange::OrderChanged { .. }
-            | PositionChange::OrderGone { .. } => return Ok(()),
+            PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order } => {
+                let mut o = from_order(&order, self.orders.get(&order.ticket), self.offset_ms);
+                if o.contract_size.is_none() {
+                    o.contract_size = self.contracts.get(&o.symbol).copied();
+                }
+                if self.orders.get(&o.ticket) == Some(&o) {
+                    return Ok(());
+                }
+                self.orders.insert(o.ticket, o.clone());
+                MasterEvent::OrderSet { order: o }
+            }
+            PositionChange::OrderGone { ticket, .. } => {
+                if self.orders.remove(&ticket).is_none() {
+                    return Ok(());
+                }
+                MasterEvent::OrderGone { ticket }
+            }
         };
         if self.dirty {
             // An earlier change is still unpublished: the snapshot carries both.
@@ -297,6 +351,7 @@ impl Master<'_> {
         let epoch = self.ctx.epoch();
         let seq = self.seq + 1;
         let positions: Vec<MasterPosition> = self.view.values().cloned().collect();
+        let orders: Vec<MasterOrder> = self.orders.values().cloned().collect();
         let result = self
             .ctx
             .node
@@ -308,14 +363,14 @@ impl Master<'_> {
                     self.id,
                     epoch,
                     seq,
-                    &positions,
+                    (&positions, &orders),
                     &event,
                 )
                 .await
             })
             .await;
         match result {
-            Ok(Published::Stored(stored)) => {
+            Ok(Published::Stored(stored, stored_orders)) => {
                 debug!(seq, kind = event.kind(), "master event published");
                 self.ctx.node.metrics.events_published.inc();
                 self.seq = seq;
@@ -327,9 +382,16 @@ impl Master<'_> {
                         v.first_seen_ms = p.first_seen_ms;
                     }
                 }
+                self.published_orders = stored_orders.into_iter().map(|o| (o.ticket, o)).collect();
+                for (t, o) in &self.published_orders {
+                    if let Some(v) = self.orders.get_mut(t) {
+                        v.first_seen_ms = o.first_seen_ms;
+                    }
+                }
                 self.ctx.set_status(format!(
-                    "master: published epoch {epoch} seq {seq} ({} open positions)",
-                    self.published.len()
+                    "master: published epoch {epoch} seq {seq} ({} open positions, {} pending orders)",
+                    self.published.len(),
+                    self.published_orders.len()
                 ));
                 Ok(())
             }
@@ -394,6 +456,7 @@ impl Master<'_> {
         {
             self.seq = state.seq;
             self.published = state.positions.into_iter().map(|p| (p.ticket, p)).collect();
+            self.published_orders = state.orders.into_iter().map(|o| (o.ticket, o)).collect();
         }
     }
 }
@@ -421,6 +484,31 @@ fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
         open_time_ms: (p.open_time_ms > 0)
             .then_some(p.open_time_ms)
             .or(known.and_then(|k| k.open_time_ms)),
+        contract_size: known.and_then(|k| k.contract_size),
+    }
+}
+
+/// A pending order as published: its expiry also in UTC (the server's clock less `offset_ms`,
+/// kept from when it was first seen while the expiry is unchanged, so a re-measured offset does
+/// not make followers amend), its first-seen time kept.
+fn from_order(o: &PendingOrder, known: Option<&MasterOrder>, offset_ms: i64) -> MasterOrder {
+    let expiry_utc_ms = match known {
+        Some(k) if k.expiry_ms == o.expiry_ms => k.expiry_utc_ms,
+        _ => o.expiry_ms.map(|e| e - offset_ms),
+    };
+    MasterOrder {
+        ticket: o.ticket,
+        symbol: o.symbol.clone(),
+        side: o.side,
+        kind: o.kind,
+        price: o.price,
+        volume: o.volume,
+        sl: o.sl,
+        tp: o.tp,
+        expiry_ms: o.expiry_ms,
+        expiry_utc_ms,
+        magic: o.magic,
+        first_seen_ms: known.and_then(|k| k.first_seen_ms),
         contract_size: known.and_then(|k| k.contract_size),
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 pub use crate::model::events;
-pub use crate::model::{MasterPosition, marker, parse_marker};
+pub use crate::model::{MasterOrder, MasterPosition, marker, parse_marker};
 
 /// A session's periodic timer, `period` apart, whose first tick falls at a random point between
 /// half a period and one and a half: a node starts hundreds of sessions in one cycle, and timers
@@ -68,6 +68,22 @@ pub mod intent {
     /// snapshot decided again (a retry, a new owner) is the same id.
     pub fn stops(link: i64, master_ticket: i64, copy: i64, at: (i64, i64)) -> String {
         format!("l{link}-m{master_ticket}-c{copy}-stops-e{}s{}", at.0, at.1)
+    }
+
+    /// Place the pending copy of master order `master_ticket` under `link`: once, ever.
+    pub fn place(link: i64, master_ticket: i64) -> String {
+        format!("l{link}-m{master_ticket}-place")
+    }
+
+    /// Set pending copy `order`'s price, stops and expiry to those of the master's snapshot at
+    /// (epoch, seq) (named like [`stops`]).
+    pub fn amend(link: i64, master_ticket: i64, order: i64, at: (i64, i64)) -> String {
+        format!("l{link}-m{master_ticket}-p{order}-amend-e{}s{}", at.0, at.1)
+    }
+
+    /// Cancel pending copy `order`: once per order.
+    pub fn cancel(link: i64, master_ticket: i64, order: i64) -> String {
+        format!("l{link}-m{master_ticket}-p{order}-cancel")
     }
 }
 
@@ -113,6 +129,9 @@ mod tests {
             intent::trim(7, 10, 901, 0.5),
             intent::stops(7, 10, 901, (5, 12)),
             intent::open(71, 0),
+            intent::place(7, 10),
+            intent::amend(7, 10, 901, (5, 12)),
+            intent::cancel(7, 10, 901),
         ];
         let distinct: std::collections::HashSet<_> = all.iter().collect();
         assert_eq!(distinct.len(), all.len());

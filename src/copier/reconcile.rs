@@ -16,14 +16,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::broker::types::{OpenOrder, Position, SymbolSpec};
+use crate::broker::types::{
+    OpenOrder, PendingKind, PendingOrder, PlaceOrder, Position, SymbolSpec,
+};
 
 use super::index::CopyIndex;
 use super::rules::{
     Inputs, Link, NotNow, SkipCode, fixed_stops, follower_stops, open_order, round_to_step,
     trimmed_volume,
 };
-use super::{MasterPosition, intent};
+use super::{MasterOrder, MasterPosition, intent};
 
 /// One thing to send (or to record instead).
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +58,28 @@ pub enum Action {
         tp: Option<f64>,
         client_order_id: String,
     },
+    /// Place the pending copy of a master's pending order.
+    Place {
+        master_ticket: i64,
+        order: PlaceOrder,
+    },
+    /// Set a pending copy's price, stops and expiry to the master order's.
+    Amend {
+        master_ticket: i64,
+        ticket: i64,
+        price: f64,
+        sl: Option<f64>,
+        tp: Option<f64>,
+        expiry_ms: Option<i64>,
+        client_order_id: String,
+    },
+    /// Cancel a pending copy.
+    Cancel {
+        master_ticket: i64,
+        ticket: i64,
+        reason: &'static str,
+        client_order_id: String,
+    },
     /// A final decision not to copy: recorded, and never reconsidered for this master ticket.
     Skip {
         master_ticket: i64,
@@ -72,12 +96,21 @@ impl Action {
         !matches!(self, Action::Skip { .. } | Action::Wait { .. })
     }
 
+    /// True for actions that add a copy (an open, or a pending copy that may fill): held back
+    /// by `max_open_copies`.
+    pub fn adds_copy(&self) -> bool {
+        matches!(self, Action::Open { .. } | Action::Place { .. })
+    }
+
     pub fn master_ticket(&self) -> i64 {
         match self {
             Action::Open { master_ticket, .. }
             | Action::Close { master_ticket, .. }
             | Action::Trim { master_ticket, .. }
             | Action::Modify { master_ticket, .. }
+            | Action::Place { master_ticket, .. }
+            | Action::Amend { master_ticket, .. }
+            | Action::Cancel { master_ticket, .. }
             | Action::Skip { master_ticket, .. }
             | Action::Wait { master_ticket, .. } => *master_ticket,
         }
@@ -102,6 +135,17 @@ pub struct Situation<'a> {
     pub specs: &'a HashMap<String, SymbolSpec>,
     /// The master's published (epoch, seq) the decision follows (names stop changes).
     pub at: (i64, i64),
+    /// What the follower's broker does with pending orders.
+    pub pending: PendingCopies,
+}
+
+/// What the follower's broker does with pending orders.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PendingCopies {
+    /// False when its adapter places none (FIX): pending orders are copied from their fills.
+    pub unsupported: bool,
+    /// How far its server's clock runs from this node's (expiries are converted with it).
+    pub offset_ms: i64,
 }
 
 fn same(a: Option<f64>, b: Option<f64>) -> bool {
@@ -112,35 +156,233 @@ fn same(a: Option<f64>, b: Option<f64>) -> bool {
     }
 }
 
-/// What `link` owes its master's `snapshot` on this follower.
+/// What `link` owes its master's `snapshot` (positions and pending orders) on this follower.
 pub fn plan(
     link: &Link,
     snapshot: &[MasterPosition],
+    orders: &[MasterOrder],
     index: &CopyIndex,
     at: &Situation<'_>,
 ) -> Vec<Action> {
-    let mut masters: Vec<&MasterPosition> = snapshot.iter().collect();
-    masters.sort_by_key(|m| m.ticket);
-    let mut actions: Vec<Action> = masters
+    let positions: HashMap<i64, &MasterPosition> = snapshot.iter().map(|m| (m.ticket, m)).collect();
+    let pending: HashMap<i64, &MasterOrder> = orders.iter().map(|o| (o.ticket, o)).collect();
+    let mut tickets: Vec<i64> = positions.keys().chain(pending.keys()).copied().collect();
+    // Copies and pending copies whose master ticket is neither open nor pending: closed or
+    // cancelled.
+    tickets.extend(index.copies_of_link(link.magic).map(|(t, _)| t));
+    tickets.extend(index.pending_of_link(link.magic));
+    tickets.sort_unstable();
+    tickets.dedup();
+    let actions: Vec<Action> = tickets
         .iter()
-        .flat_map(|m| plan_ticket(link, m.ticket, Some(m), index, at))
+        .flat_map(|t| {
+            plan_key(
+                link,
+                *t,
+                positions.get(t).copied(),
+                pending.get(t).copied(),
+                index,
+                at,
+            )
+        })
         .collect();
-    let open: HashSet<i64> = masters.iter().map(|m| m.ticket).collect();
-    let orphans: Vec<i64> = index
-        .copies_of_link(link.magic)
-        .map(|(t, _)| t)
-        .filter(|t| !open.contains(t))
-        .collect();
-    for t in orphans {
-        actions.extend(plan_ticket(link, t, None, index, at));
-    }
-    // Copies that stay (their master position is open) and opens planned in this pass count
-    // against the link's maximum; copies of closed master positions are being closed.
+    // Copies that stay (their master position is open, or its order still pending), pending
+    // copies that stay, and opens and placements planned in this pass count against the link's
+    // maximum; copies of closed master positions are being closed.
     let staying = index
         .copies_of_link(link.magic)
-        .filter(|(t, _)| open.contains(t))
-        .count();
+        .filter(|(t, _)| positions.contains_key(t) || pending.contains_key(t))
+        .count()
+        + index
+            .pending_of_link(link.magic)
+            .filter(|t| pending.contains_key(t))
+            .count();
     limit_open_copies(link, actions, staying)
+}
+
+/// What `link` owes master ticket `ticket`: its position (`position`), or its pending order
+/// (`order`), or neither (closed, cancelled or expired). The pending-order policy:
+///
+/// * a master order with nothing on the follower: place a pending copy (price, stops, expiry
+///   converted to the follower server's clock; reversed: buy limit <-> sell stop, sell limit <->
+///   buy stop), unless the link copies fills only, the follower's adapter places no pending
+///   orders, or a pending copy was placed before (it is gone: cancelled by hand or expired);
+/// * a pending copy while the master order rests: amend it to the order's price, stops and
+///   expiry;
+/// * a pending copy once the master order has filled: cancel it; once the cancel is confirmed
+///   (and only then: it may have filled meanwhile) the fill is copied at market, within the
+///   link's `max_delay_ms` and `max_slippage`, like any position;
+/// * a pending copy once the master order was cancelled or expired: cancel it;
+/// * a copy (the pending copy filled) while the master order still rests: kept; once the master
+///   order is cancelled or expires: closed, as a copy whose master position closed;
+/// * a pending copy beside an open copy, or a second pending copy: cancelled;
+/// * a pending copy in doubt (a place or cancel of unknown outcome): nothing until a read.
+pub fn plan_key(
+    link: &Link,
+    ticket: i64,
+    position: Option<&MasterPosition>,
+    order: Option<&MasterOrder>,
+    index: &CopyIndex,
+    at: &Situation<'_>,
+) -> Vec<Action> {
+    let key = (link.magic, ticket);
+    if index.in_doubt(key) {
+        return vec![Action::Wait {
+            master_ticket: ticket,
+            reason: "a pending copy's outcome is unknown: decided after the next read of the follower's orders".into(),
+        }];
+    }
+    let copies = index.copies(key);
+    let pending = index.pending(key);
+    if !copies.is_empty() {
+        let mut actions: Vec<Action> = pending
+            .iter()
+            .map(|p| cancel(link, ticket, p, "a copy of the fill is open"))
+            .collect();
+        if position.is_none() && order.is_some() {
+            // The pending copy filled before the master's order: kept while that rests.
+            return actions;
+        }
+        actions.extend(plan_ticket(link, ticket, position, index, at));
+        return actions;
+    }
+    if let Some((first, extra)) = pending.split_first() {
+        let mut actions: Vec<Action> = extra
+            .iter()
+            .map(|p| cancel(link, ticket, p, "duplicate pending copy"))
+            .collect();
+        let held = !link.enabled || link.protections.close_only || at.funds.risk_hold;
+        match (position, order) {
+            (None, Some(_)) if held => actions.push(cancel(
+                link,
+                ticket,
+                first,
+                "the link copies nothing new (disabled, close-only, or a risk limit reached)",
+            )),
+            (None, Some(o)) => actions.extend(amend_decision(link, o, first, at)),
+            (Some(_), _) => actions.push(cancel(
+                link,
+                ticket,
+                first,
+                "the master's order filled: its copy is made at market once this cancel is confirmed",
+            )),
+            (None, None) => actions.push(cancel(
+                link,
+                ticket,
+                first,
+                "the master's order was cancelled or expired",
+            )),
+        }
+        return actions;
+    }
+    match (position, order) {
+        (None, Some(o)) => {
+            let never = link.protections.fill_only
+                || at.pending.unsupported
+                || index.placed(key)
+                || index.ever(key)
+                || at.memory.decided.contains(&(link.id, ticket));
+            if never {
+                Vec::new()
+            } else {
+                vec![place_decision(link, o, at)]
+            }
+        }
+        _ => plan_ticket(link, ticket, position, index, at),
+    }
+}
+
+fn cancel(link: &Link, master_ticket: i64, p: &PendingOrder, reason: &'static str) -> Action {
+    Action::Cancel {
+        master_ticket,
+        ticket: p.ticket,
+        reason,
+        client_order_id: intent::cancel(link.id, master_ticket, p.ticket),
+    }
+}
+
+/// The pending copy of master order `o`, or why not (now, or ever). Sized and filtered as a
+/// position at the order's price; not late however long it has rested (`max_delay_ms` counts
+/// from its fill, for a copy at market).
+pub fn place_order(link: &Link, o: &MasterOrder, at: &Situation<'_>) -> Result<PlaceOrder, NotNow> {
+    let funds = Inputs {
+        now_ms: None,
+        ..*at.funds
+    };
+    let open = open_order(link, &o.as_position(), &funds, at.specs)?;
+    // Fixed stops count from the order's price: where the copy fills, give or take a gap.
+    let (sl, tp) = match at.specs.get(&open.symbol) {
+        Some(spec) => fixed_stops(link, open.side, o.price, spec, (open.sl, open.tp))
+            .unwrap_or((open.sl, open.tp)),
+        None => (open.sl, open.tp),
+    };
+    let kind = match (link.reverse, o.kind) {
+        (false, kind) => kind,
+        (true, PendingKind::Limit) => PendingKind::Stop,
+        (true, PendingKind::Stop) => PendingKind::Limit,
+    };
+    Ok(PlaceOrder {
+        symbol: open.symbol,
+        side: open.side,
+        kind,
+        price: o.price,
+        volume: open.volume,
+        sl,
+        tp,
+        expiry_ms: o.expiry_utc_ms.map(|e| e + at.pending.offset_ms),
+        magic: open.magic,
+        comment: open.comment,
+        client_order_id: Some(intent::place(link.id, o.ticket)),
+    })
+}
+
+fn place_decision(link: &Link, o: &MasterOrder, at: &Situation<'_>) -> Action {
+    match place_order(link, o, at) {
+        Ok(order) => Action::Place {
+            master_ticket: o.ticket,
+            order,
+        },
+        Err(NotNow::Skip(code, reason)) => Action::Skip {
+            master_ticket: o.ticket,
+            code,
+            reason,
+        },
+        Err(NotNow::Wait(reason)) => Action::Wait {
+            master_ticket: o.ticket,
+            reason,
+        },
+    }
+}
+
+/// Expiries within a second are the same (server clocks are converted to the second).
+fn same_expiry(a: Option<i64>, b: Option<i64>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => (x - y).abs() <= 1_000,
+        _ => false,
+    }
+}
+
+fn amend_decision(
+    link: &Link,
+    o: &MasterOrder,
+    copy: &PendingOrder,
+    at: &Situation<'_>,
+) -> Option<Action> {
+    let want = place_order(link, o, at).ok()?;
+    let differs = (want.price - copy.price).abs() > 1e-9
+        || !same(want.sl, copy.sl)
+        || !same(want.tp, copy.tp)
+        || !same_expiry(want.expiry_ms, copy.expiry_ms);
+    differs.then(|| Action::Amend {
+        master_ticket: o.ticket,
+        ticket: copy.ticket,
+        price: want.price,
+        sl: want.sl,
+        tp: want.tp,
+        expiry_ms: want.expiry_ms,
+        client_order_id: intent::amend(link.id, o.ticket, copy.ticket, at.at),
+    })
 }
 
 /// Holds back the opens beyond the link's `max_open_copies`, given `open_copies` copies that
@@ -153,13 +395,13 @@ pub fn limit_open_copies(link: &Link, actions: Vec<Action>, open_copies: usize) 
     actions
         .into_iter()
         .map(|a| match a {
-            Action::Open { master_ticket, .. } if count >= max => Action::Wait {
-                master_ticket,
+            a if a.adds_copy() && count >= max => Action::Wait {
+                master_ticket: a.master_ticket(),
                 reason: format!(
                     "the link holds its max_open_copies ({max}) open copies: copied when one closes"
                 ),
             },
-            Action::Open { .. } => {
+            a if a.adds_copy() => {
                 count += 1;
                 a
             }
@@ -181,13 +423,13 @@ pub fn limit_follower_copies(
     actions
         .into_iter()
         .map(|a| match a {
-            Action::Open { master_ticket, .. } if *open as i64 >= max => Action::Wait {
-                master_ticket,
+            a if a.adds_copy() && *open as i64 >= max => Action::Wait {
+                master_ticket: a.master_ticket(),
                 reason: format!(
                     "the follower holds its max_open_copies ({max}) open copies: copied when one closes"
                 ),
             },
-            Action::Open { .. } => {
+            a if a.adds_copy() => {
                 *open += 1;
                 a
             }
@@ -308,10 +550,19 @@ pub fn open_decision(
 
 /// A master's snapshot after one of its events (the event path keeps the snapshot it last
 /// reconciled to current this way, and decides from it exactly as reconcile would).
-pub fn apply_event(snapshot: &mut Vec<MasterPosition>, event: &super::events::MasterEvent) {
+pub fn apply_event(
+    snapshot: &mut Vec<MasterPosition>,
+    orders: &mut Vec<MasterOrder>,
+    event: &super::events::MasterEvent,
+) {
     use super::events::MasterEvent;
     match event {
         MasterEvent::Snapshot => {}
+        MasterEvent::OrderSet { order } => {
+            orders.retain(|o| o.ticket != order.ticket);
+            orders.push(order.clone());
+        }
+        MasterEvent::OrderGone { ticket } => orders.retain(|o| o.ticket != *ticket),
         MasterEvent::Open { position } => {
             snapshot.retain(|p| p.ticket != position.ticket);
             snapshot.push(position.clone());
@@ -464,6 +715,9 @@ mod tests {
                         p.tp = *tp;
                     }
                     Action::Skip { .. } | Action::Wait { .. } => {}
+                    Action::Place { .. } | Action::Amend { .. } | Action::Cancel { .. } => {
+                        panic!("a pending-order action without any master order: {a:?}")
+                    }
                 }
             }
         }
@@ -479,12 +733,14 @@ mod tests {
         plan(
             l,
             snapshot,
+            &[],
             &index,
             &Situation {
                 memory: &f.memory,
                 funds: &Inputs::default(),
                 specs: &specs,
                 at: (5, 12),
+                pending: Default::default(),
             },
         )
     }
@@ -802,5 +1058,388 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    // Pending orders: the policy in `plan_key`'s doc, one rule per test.
+
+    fn morder(ticket: i64, side: Side, kind: PendingKind, price: f64) -> MasterOrder {
+        MasterOrder {
+            ticket,
+            symbol: "EURUSD".into(),
+            side,
+            kind,
+            price,
+            volume: 1.0,
+            sl: Some(1.08),
+            tp: Some(1.12),
+            expiry_ms: Some(50_000_000),
+            expiry_utc_ms: Some(10_000_000),
+            magic: 0,
+            first_seen_ms: Some(2_000),
+            contract_size: None,
+        }
+    }
+
+    fn pending_copy(
+        ticket: i64,
+        master_ticket: i64,
+        price: f64,
+        expiry: Option<i64>,
+    ) -> PendingOrder {
+        PendingOrder {
+            ticket,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: PendingKind::Limit,
+            price,
+            volume: 0.5,
+            sl: Some(1.08),
+            tp: Some(1.12),
+            expiry_ms: expiry,
+            magic: 100_007,
+            comment: marker(master_ticket),
+            placed_ms: 0,
+        }
+    }
+
+    const TWO_HOURS: i64 = 7_200_000;
+
+    fn plan_orders(
+        l: &Link,
+        positions: &[MasterPosition],
+        orders: &[MasterOrder],
+        index: &CopyIndex,
+        pending: PendingCopies,
+    ) -> Vec<Action> {
+        let specs = specs();
+        plan(
+            l,
+            positions,
+            orders,
+            index,
+            &Situation {
+                memory: &Memory::default(),
+                funds: &Inputs::default(),
+                specs: &specs,
+                at: (5, 12),
+                pending,
+            },
+        )
+    }
+
+    fn follower_offset() -> PendingCopies {
+        PendingCopies {
+            unsupported: false,
+            offset_ms: TWO_HOURS,
+        }
+    }
+
+    #[test]
+    fn a_masters_pending_order_is_placed_once_at_its_price_with_the_expiry_on_the_followers_clock()
+    {
+        let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
+        let mut index = CopyIndex::default();
+        let actions = plan_orders(&link(), &[], &[o.clone()], &index, follower_offset());
+        assert_eq!(
+            actions,
+            vec![Action::Place {
+                master_ticket: 10,
+                order: PlaceOrder {
+                    symbol: "EURUSD".into(),
+                    side: Side::Buy,
+                    kind: PendingKind::Limit,
+                    price: 1.09,
+                    volume: 0.5,
+                    sl: Some(1.08),
+                    tp: Some(1.12),
+                    // 10,000,000 ms UTC on a server two hours ahead.
+                    expiry_ms: Some(17_200_000),
+                    magic: 100_007,
+                    comment: "mc10".into(),
+                    client_order_id: Some("l7-m10-place".into()),
+                },
+            }]
+        );
+        // Resting: nothing more to do.
+        index.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
+        assert_eq!(
+            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            vec![]
+        );
+        // Gone without a fill (cancelled by hand, expired): never placed again.
+        index.rebuild_orders(&[]);
+        assert_eq!(
+            plan_orders(&link(), &[], &[o], &index, follower_offset()),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn a_reversed_link_swaps_limit_and_stop_and_the_stops() {
+        let reversed = Link {
+            reverse: true,
+            ..link()
+        };
+        for (side, kind, want_side, want_kind) in [
+            (Side::Buy, PendingKind::Limit, Side::Sell, PendingKind::Stop),
+            (Side::Buy, PendingKind::Stop, Side::Sell, PendingKind::Limit),
+            (Side::Sell, PendingKind::Limit, Side::Buy, PendingKind::Stop),
+            (Side::Sell, PendingKind::Stop, Side::Buy, PendingKind::Limit),
+        ] {
+            let o = morder(10, side, kind, 1.09);
+            let actions = plan_orders(
+                &reversed,
+                &[],
+                &[o],
+                &CopyIndex::default(),
+                follower_offset(),
+            );
+            let [Action::Place { order, .. }] = actions.as_slice() else {
+                panic!("{actions:?}");
+            };
+            assert_eq!(
+                (order.side, order.kind),
+                (want_side, want_kind),
+                "{side:?} {kind:?}"
+            );
+            assert_eq!(
+                (order.sl, order.tp),
+                (Some(1.12), Some(1.08)),
+                "stops swapped"
+            );
+            assert_eq!(order.price, 1.09);
+        }
+    }
+
+    #[test]
+    fn fill_only_links_and_followers_without_pending_orders_copy_the_fill_at_market() {
+        let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
+        let fill_only = Link {
+            protections: crate::model::link::Protections {
+                fill_only: true,
+                ..Default::default()
+            },
+            ..link()
+        };
+        let no_pending = PendingCopies {
+            unsupported: true,
+            offset_ms: 0,
+        };
+        let index = CopyIndex::default();
+        assert_eq!(
+            plan_orders(&fill_only, &[], &[o.clone()], &index, follower_offset()),
+            vec![]
+        );
+        assert_eq!(plan_orders(&link(), &[], &[o], &index, no_pending), vec![]);
+        let filled = master(10, 1.0, 1.0);
+        for (l, p) in [(&fill_only, follower_offset()), (&link(), no_pending)] {
+            let actions = plan_orders(l, &[filled.clone()], &[], &index, p);
+            assert!(
+                matches!(
+                    actions.as_slice(),
+                    [Action::Open {
+                        master_ticket: 10,
+                        ..
+                    }]
+                ),
+                "{actions:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_changed_master_order_amends_its_pending_copy() {
+        let mut o = morder(10, Side::Buy, PendingKind::Limit, 1.085);
+        let mut index = CopyIndex::default();
+        index.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
+        assert_eq!(
+            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            vec![Action::Amend {
+                master_ticket: 10,
+                ticket: 900,
+                price: 1.085,
+                sl: Some(1.08),
+                tp: Some(1.12),
+                expiry_ms: Some(17_200_000),
+                client_order_id: "l7-m10-p900-amend-e5s12".into(),
+            }]
+        );
+        // The same price, and an expiry within a second of the copy's: nothing to amend.
+        o.price = 1.09;
+        o.expiry_utc_ms = Some(10_000_400);
+        assert_eq!(
+            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            vec![]
+        );
+        // Good till cancelled now.
+        o.expiry_utc_ms = None;
+        assert!(matches!(
+            plan_orders(&link(), &[], &[o], &index, follower_offset()).as_slice(),
+            [Action::Amend {
+                expiry_ms: None,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn the_master_filling_first_cancels_the_pending_copy_and_copies_at_market_only_once_it_is_cancelled()
+     {
+        let filled = master(10, 1.0, 1.0);
+        let mut index = CopyIndex::default();
+        index.rebuild_orders(&[pending_copy(900, 10, 1.09, None)]);
+        assert_eq!(
+            plan_orders(&link(), &[filled.clone()], &[], &index, follower_offset()),
+            vec![Action::Cancel {
+                master_ticket: 10,
+                ticket: 900,
+                reason: "the master's order filled: its copy is made at market once this cancel is confirmed",
+                client_order_id: "l7-m10-p900-cancel".into(),
+            }],
+            "no market copy while the pending copy may still fill"
+        );
+        // The cancel failed to confirm (it may have met a fill): nothing until a read.
+        let mut doubtful = index.clone();
+        doubtful.doubt((100_007, 10));
+        assert!(matches!(
+            plan_orders(
+                &link(),
+                &[filled.clone()],
+                &[],
+                &doubtful,
+                follower_offset()
+            )
+            .as_slice(),
+            [Action::Wait {
+                master_ticket: 10,
+                ..
+            }]
+        ));
+        // It filled after all (the stream says so before its position arrives): no copy at market.
+        let mut raced = index.clone();
+        raced.order_gone(900, true);
+        assert_eq!(
+            plan_orders(&link(), &[filled.clone()], &[], &raced, follower_offset()),
+            vec![]
+        );
+        // Cancelled: now the copy at market, under the same marker.
+        index.order_gone(900, false);
+        let actions = plan_orders(&link(), &[filled], &[], &index, follower_offset());
+        let [Action::Open { order, .. }] = actions.as_slice() else {
+            panic!("{actions:?}");
+        };
+        assert_eq!((order.comment.as_str(), order.volume), ("mc10", 0.5));
+    }
+
+    #[test]
+    fn the_master_cancelling_closes_a_filled_copy_and_cancels_a_resting_one() {
+        let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
+        // The follower's pending copy filled first (its position carries the marker).
+        let f = Follower {
+            open: vec![copy(900, 10, 0.5)],
+            ..Default::default()
+        };
+        let index = CopyIndex::from_read(&f.open, &f.history);
+        assert_eq!(
+            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            vec![],
+            "kept while the master's order rests"
+        );
+        assert!(matches!(
+            plan_orders(&link(), &[], &[], &index, follower_offset()).as_slice(),
+            [Action::Close {
+                master_ticket: 10,
+                ticket: 900,
+                reason: "master position closed",
+                ..
+            }]
+        ));
+        let mut resting = CopyIndex::default();
+        resting.rebuild_orders(&[pending_copy(901, 10, 1.09, None)]);
+        assert!(matches!(
+            plan_orders(&link(), &[], &[], &resting, follower_offset()).as_slice(),
+            [Action::Cancel {
+                ticket: 901,
+                reason: "the master's order was cancelled or expired",
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn pending_copies_beside_a_copy_twice_or_on_a_held_link_are_cancelled() {
+        let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
+        let f = Follower {
+            open: vec![copy(800, 10, 0.5)],
+            ..Default::default()
+        };
+        let mut index = CopyIndex::from_read(&f.open, &f.history);
+        index.rebuild_orders(&[pending_copy(900, 10, 1.09, None)]);
+        assert!(matches!(
+            plan_orders(
+                &link(),
+                &[master(10, 1.0, 1.0)],
+                &[],
+                &index,
+                follower_offset()
+            )
+            .as_slice(),
+            [Action::Cancel {
+                ticket: 900,
+                reason: "a copy of the fill is open",
+                ..
+            }]
+        ));
+        let mut twice = CopyIndex::default();
+        twice.rebuild_orders(&[
+            pending_copy(900, 10, 1.09, Some(17_200_000)),
+            pending_copy(901, 10, 1.09, Some(17_200_000)),
+        ]);
+        assert!(matches!(
+            plan_orders(&link(), &[], &[o.clone()], &twice, follower_offset()).as_slice(),
+            [Action::Cancel {
+                ticket: 901,
+                reason: "duplicate pending copy",
+                ..
+            }]
+        ));
+        let disabled = Link {
+            enabled: false,
+            ..link()
+        };
+        let mut one = CopyIndex::default();
+        one.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
+        assert!(matches!(
+            plan_orders(&disabled, &[], &[o], &one, follower_offset()).as_slice(),
+            [Action::Cancel { ticket: 900, .. }]
+        ));
+    }
+
+    #[test]
+    fn pending_copies_count_against_max_open_copies() {
+        let capped = Link {
+            protections: crate::model::link::Protections {
+                max_open_copies: Some(1),
+                ..Default::default()
+            },
+            ..link()
+        };
+        let mut index = CopyIndex::default();
+        index.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
+        let orders = [
+            morder(10, Side::Buy, PendingKind::Limit, 1.09),
+            morder(11, Side::Buy, PendingKind::Limit, 1.07),
+        ];
+        let actions = plan_orders(
+            &capped,
+            &[master(12, 1.0, 1.0)],
+            &orders,
+            &index,
+            follower_offset(),
+        );
+        assert!(
+            actions.iter().all(|a| matches!(a, Action::Wait { .. })) && actions.len() == 2,
+            "{actions:?}"
+        );
     }
 }

@@ -78,6 +78,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "risk limits",
         include_str!("../../migrations/0013_risk_limits.sql"),
     ),
+    (
+        14,
+        "pending orders",
+        include_str!("../../migrations/0014_pending_orders.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::MasterPosition;
+use super::{MasterOrder, MasterPosition};
 
 /// One published event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,6 +38,14 @@ pub enum MasterEvent {
         sl: Option<f64>,
         tp: Option<f64>,
     },
+    /// A pending order was placed or changed: `order` is what it is now.
+    OrderSet {
+        order: MasterOrder,
+    },
+    /// A pending order left the book (filled: its position follows as `open`; cancelled; expired).
+    OrderGone {
+        ticket: i64,
+    },
 }
 
 impl MasterEvent {
@@ -48,6 +56,8 @@ impl MasterEvent {
             MasterEvent::Close { .. } => "close",
             MasterEvent::Partial { .. } => "partial",
             MasterEvent::Modify { .. } => "modify",
+            MasterEvent::OrderSet { .. } => "order_set",
+            MasterEvent::OrderGone { .. } => "order_gone",
         }
     }
 }

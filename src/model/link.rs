@@ -90,6 +90,9 @@ pub struct Protections {
     pub sl_points: Option<f64>,
     /// A fixed take profit this many points from the copy's open price, instead of the master's.
     pub tp_points: Option<f64>,
+    /// The link's `pending_orders = 'fill_only'`: a master's pending order is not copied as a
+    /// pending order; its fill is copied, at market.
+    pub fill_only: bool,
 }
 
 impl Default for Protections {
@@ -111,6 +114,7 @@ impl Default for Protections {
             max_open_copies: None,
             sl_points: None,
             tp_points: None,
+            fill_only: false,
         }
     }
 }

@@ -7,7 +7,7 @@ pub(crate) mod link;
 
 use serde::{Deserialize, Serialize};
 
-use crate::broker::types::Side;
+use crate::broker::types::{PendingKind, Side};
 
 /// A master position as published in the master's snapshot and events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +36,55 @@ pub struct MasterPosition {
     /// master session knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contract_size: Option<f64>,
+}
+
+/// A master's pending (limit or stop) order as published beside its positions. Its fill opens a
+/// position under the same ticket, so the copy of the order and the copy of its fill share one
+/// marker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MasterOrder {
+    pub ticket: i64,
+    pub symbol: String,
+    pub side: Side,
+    pub kind: PendingKind,
+    pub price: f64,
+    pub volume: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    /// When it expires on the master server's clock (`None`: good till cancelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry_ms: Option<i64>,
+    /// The same instant in UTC: the master server's clock less its offset from the node's clock
+    /// when the order was first seen (followers add their own server's offset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry_utc_ms: Option<i64>,
+    #[serde(default)]
+    pub magic: i64,
+    /// When a master session first recorded the order (database clock, Unix ms); `None` until the
+    /// database stamps it.
+    pub first_seen_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract_size: Option<f64>,
+}
+
+impl MasterOrder {
+    /// The order as a position at its price: what a copy of it is sized and filtered as.
+    pub fn as_position(&self) -> MasterPosition {
+        MasterPosition {
+            ticket: self.ticket,
+            symbol: self.symbol.clone(),
+            side: self.side,
+            volume: self.volume,
+            open_volume: self.volume,
+            open_price: self.price,
+            sl: self.sl,
+            tp: self.tp,
+            magic: self.magic,
+            first_seen_ms: self.first_seen_ms,
+            open_time_ms: None,
+            contract_size: self.contract_size,
+        }
+    }
 }
 
 /// The comment that marks a copy of master ticket `ticket`.

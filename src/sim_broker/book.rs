@@ -130,6 +130,9 @@ pub struct Book {
     currencies: HashMap<String, Currency>,
     /// Fault switch: (login, op) -> (how many more node orders to refuse, the reason).
     refusals: HashMap<(String, String), (u32, String)>,
+    /// How far the server's clock runs from UTC (as MT servers keep their own time zone):
+    /// pending orders' expiries and placement times are on it.
+    clock_offset_ms: i64,
 }
 
 impl Book {
@@ -144,6 +147,7 @@ impl Book {
             currencies: HashMap::new(),
             opening: HashMap::new(),
             refusals: HashMap::new(),
+            clock_offset_ms: 0,
         }
     }
 
@@ -209,6 +213,16 @@ impl Book {
     /// Turns client-order-id deduplication off (real MT4/MT5 servers have none) or on.
     pub fn set_dedupe(&mut self, on: bool) {
         self.dedupe = on;
+    }
+
+    /// Runs the server's clock `offset_ms` from UTC.
+    pub fn set_clock_offset(&mut self, offset_ms: i64) {
+        self.clock_offset_ms = offset_ms;
+    }
+
+    /// The server's clock at UTC instant `now_ms`.
+    pub fn server_ms(&self, now_ms: i64) -> i64 {
+        now_ms + self.clock_offset_ms
     }
 
     /// Applies a durable change (live, or replayed from the state file).
@@ -878,7 +892,7 @@ impl Book {
             self.market.check_volume(&order.symbol, order.volume)?;
             check_pending(order.side, order.kind, order.price, market)?;
             check_stops(order.side, order.price, order.sl, order.tp)?;
-            check_expiry(order.expiry_ms, now_ms)?;
+            check_expiry(order.expiry_ms, self.server_ms(now_ms))?;
             let ticket = self.next_ticket;
             let pending = PendingOrder {
                 ticket,
@@ -892,7 +906,7 @@ impl Book {
                 expiry_ms: order.expiry_ms,
                 magic: order.magic,
                 comment: order.comment.clone(),
-                placed_ms: now_ms,
+                placed_ms: self.server_ms(now_ms),
             };
             let r = Record::OrderSet {
                 login: login.to_string(),
@@ -959,7 +973,7 @@ impl Book {
             self.market.check_open(&order.symbol, now_ms)?;
             check_pending(order.side, order.kind, price, market)?;
             check_stops(order.side, price, sl, tp)?;
-            check_expiry(expiry_ms, now_ms)?;
+            check_expiry(expiry_ms, self.server_ms(now_ms))?;
             let amended = PendingOrder {
                 price,
                 sl,
@@ -1100,13 +1114,14 @@ impl Book {
 
     /// Drops the pending orders whose expiry has come (the server's clock), whatever the prices.
     pub fn expire(&mut self, now_ms: i64) -> (Vec<(String, PositionChange)>, Vec<Record>) {
+        let now_server = self.server_ms(now_ms);
         let due: Vec<(String, i64)> = self
             .accounts
             .values()
             .flat_map(|a| {
                 a.orders
                     .values()
-                    .filter(|o| o.expiry_ms.is_some_and(|e| now_ms >= e))
+                    .filter(|o| o.expiry_ms.is_some_and(|e| now_server >= e))
                     .map(|o| (a.login.clone(), o.ticket))
             })
             .collect();

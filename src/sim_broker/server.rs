@@ -63,6 +63,9 @@ pub struct ServeOptions {
     /// Daily trading sessions by base symbol (others trade around the clock): outside them
     /// orders on the symbol are refused with `market closed`.
     pub sessions: HashMap<String, Sessions>,
+    /// How far the server's clock runs from UTC: the server time it shows, and the clock its
+    /// pending orders' expiries are on.
+    pub clock_offset_ms: i64,
 }
 
 impl ServeOptions {
@@ -81,6 +84,7 @@ impl ServeOptions {
             contract_sizes: HashMap::new(),
             currencies: HashMap::new(),
             sessions: HashMap::new(),
+            clock_offset_ms: 0,
         }
     }
 }
@@ -113,6 +117,7 @@ impl SimBroker {
     pub async fn start(options: ServeOptions) -> anyhow::Result<SimBroker> {
         let mut book = Book::new(options.balance, options.fence_check);
         book.set_dedupe(options.dedupe);
+        book.set_clock_offset(options.clock_offset_ms);
         let suffixes: Vec<&str> = options.symbol_suffixes.iter().map(String::as_str).collect();
         book.set_symbols(&suffixes, &options.contract_sizes);
         for (login, balance) in &options.balances {
@@ -136,7 +141,7 @@ impl SimBroker {
             .await
             .with_context(|| format!("binding {}", options.listen))?;
         let addr = listener.local_addr()?;
-        info!(%addr, accounts = book.account_count(), fence_check = options.fence_check, dedupe = options.dedupe, reply_first = options.reply_first, state = ?options.state, "sim-broker listening on {addr}");
+        info!(%addr, accounts = book.account_count(), clock_offset_ms = options.clock_offset_ms, fence_check = options.fence_check, dedupe = options.dedupe, reply_first = options.reply_first, state = ?options.state, "sim-broker listening on {addr}");
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 book,
@@ -411,11 +416,11 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             None => rejected(id, &format!("unknown login {login}")),
         },
         Request::Account { login } => match core.book.info(&login) {
-            // Its clock is UTC: the server time it shows is the wall clock.
+            // Its clock: UTC plus its offset (`--utc-offset`).
             Some(info) => ok(
                 id,
                 &AccountInfo {
-                    server_time_ms: Some(now_ms()),
+                    server_time_ms: Some(core.book.server_ms(now_ms())),
                     ..info
                 },
             ),

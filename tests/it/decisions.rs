@@ -699,7 +699,9 @@ async fn a_stale_owners_publish_decision_and_base_writes_are_refused_without_a_n
     };
     let c = &mut fx.conn;
     for (who, e) in [("a", master_epoch - 1), ("b", master_epoch)] {
-        let r = publish(c, who, 1, e, 1, &positions, &event).await.unwrap();
+        let r = publish(c, who, 1, e, 1, (&positions, &[]), &event)
+            .await
+            .unwrap();
         assert_eq!(r, Published::Refused, "{who} at epoch {e}");
     }
     for (who, e) in [("a", follower_epoch - 1), ("b", follower_epoch)] {
@@ -724,10 +726,10 @@ async fn a_stale_owners_publish_decision_and_base_writes_are_refused_without_a_n
     .unwrap();
     assert_eq!(stored, 0, "nothing stale was stored");
     // The owner's publish is stored and announced, and it is the first notice on the channel.
-    let r = publish(c, "a", 1, master_epoch, 1, &positions, &event)
+    let r = publish(c, "a", 1, master_epoch, 1, (&positions, &[]), &event)
         .await
         .unwrap();
-    assert!(matches!(r, Published::Stored(_)));
+    assert!(matches!(r, Published::Stored(..)));
     let first = tokio::time::timeout(WAIT, listener.recv())
         .await
         .unwrap()

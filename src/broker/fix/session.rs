@@ -14,8 +14,9 @@ use super::engine::{Engine, EngineConfig, EngineEvent, POLL};
 use super::msg::{Fields, decimal, utc_timestamp};
 use super::{FixEndpoint, Updates};
 use crate::broker::types::{
-    AccountInfo, CloseFill, CloseOrder, ClosedBy, ClosedPosition, ModifyOrder, OpenFill, OpenOrder,
-    Position, PositionChange, Side, SymbolSpec,
+    AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedBy, ClosedPosition,
+    ModifyOrder, OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, PositionChange, Side,
+    SymbolSpec,
 };
 use crate::broker::{
     BoxFuture, BrokerError, RejectCode, Rejection, Session, SessionEvent, TradeApi,
@@ -1675,6 +1676,35 @@ impl TradeApi for SessionApi {
             s.set_stops(order.ticket, order.sl, order.tp, &base).await
         })
     }
+
+    // Pending orders are not placed over FIX (the adapter sends market orders only): a follower
+    // on FIX copies a master's pending order when it fills, at market (`places_orders`).
+    fn places_orders(&self) -> bool {
+        false
+    }
+
+    fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn place(&self, _order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
+        Box::pin(async { Err(no_pending_orders()) })
+    }
+
+    fn amend(&self, _order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async { Err(no_pending_orders()) })
+    }
+
+    fn cancel(&self, _order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async { Err(no_pending_orders()) })
+    }
+}
+
+fn no_pending_orders() -> BrokerError {
+    BrokerError::Rejected(Rejection::new(
+        RejectCode::Rejected,
+        "pending orders are not placed over FIX: the fill is copied at market",
+    ))
 }
 
 #[cfg(test)]

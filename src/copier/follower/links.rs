@@ -45,7 +45,10 @@ impl Follower<'_> {
         // Judged from the broker's positions as read now: the index may not have been filled
         // yet (a session's first link read comes before its first reconcile).
         match super::read_follower(self.api.as_ref()).await {
-            Ok((positions, history)) => self.index.rebuild(&positions, &history),
+            Ok((orders, positions, history)) => {
+                self.index.rebuild_orders(&orders);
+                self.index.rebuild(&positions, &history);
+            }
             Err(e) => {
                 warn!(error = %e, "could not read the follower's positions to close a removed link's copies; retrying later");
                 self.owe("broker read failed");
@@ -60,7 +63,17 @@ impl Follower<'_> {
                     list.iter().map(move |c| (master_ticket, c.ticket))
                 })
                 .collect();
-            if copies.is_empty() {
+            let pending: Vec<(i64, i64)> = self
+                .index
+                .pending_of_link(r.magic)
+                .flat_map(|t| {
+                    self.index
+                        .pending((r.magic, t))
+                        .iter()
+                        .map(move |o| (t, o.ticket))
+                })
+                .collect();
+            if copies.is_empty() && pending.is_empty() {
                 let forgotten = self
                     .ctx
                     .node
@@ -88,6 +101,17 @@ impl Follower<'_> {
                 "link removed with on_remove = close: closing its copies"
             );
             let link = stand_in_link(r.link_id, r.master_id, r.magic);
+            for (master_ticket, ticket) in pending {
+                let action = Action::Cancel {
+                    master_ticket,
+                    ticket,
+                    reason: "its link was removed (on_remove = close)",
+                    client_order_id: intent::cancel(r.link_id, master_ticket, ticket),
+                };
+                if self.execute(&link, action, None).await == Sent::Gated {
+                    return;
+                }
+            }
             for (master_ticket, ticket) in copies {
                 let reason = "its link was removed (on_remove = close)";
                 if self.close_copy(&link, master_ticket, ticket, reason).await == Sent::Gated {

@@ -19,6 +19,7 @@
 //! logged and not queued: the reconcile after the gate reopens does what is still owed.
 
 mod links;
+mod pending;
 mod risk;
 mod send;
 
@@ -34,12 +35,12 @@ use tracing::{debug, info, warn};
 use super::events::{MasterEvent, MasterNotice};
 use super::index::CopyIndex;
 use super::reconcile::{
-    Action, Memory, Situation, apply_event, limit_follower_copies, limit_open_copies, plan,
-    plan_ticket,
+    Action, Memory, PendingCopies, Situation, apply_event, limit_follower_copies,
+    limit_open_copies, plan, plan_key,
 };
 use super::rules::{Inputs, Link, LotMode, SkipCode};
-use super::{MasterPosition, spread_interval};
-use crate::broker::types::{ClosedPosition, Position, SymbolSpec};
+use super::{MasterOrder, MasterPosition, spread_interval};
+use crate::broker::types::{ClosedPosition, PendingOrder, Position, SymbolSpec};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::AccountRow;
@@ -63,6 +64,7 @@ struct MasterView {
     epoch: i64,
     seq: i64,
     positions: Vec<MasterPosition>,
+    orders: Vec<MasterOrder>,
 }
 
 struct Follower<'a> {
@@ -82,6 +84,8 @@ struct Follower<'a> {
     status: String,
     subscriptions: HashMap<i64, Subscription>,
     specs: HashMap<String, SymbolSpec>,
+    /// Whether the broker places pending copies, and its clock's offset.
+    pending: PendingCopies,
     funds: Inputs,
     master_funds: HashMap<i64, db::copy::Funds>,
     /// The follower's own limit on open copies, over all its links.
@@ -140,6 +144,11 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         status: "follower: logged in".into(),
         subscriptions: HashMap::new(),
         specs: HashMap::new(),
+        pending: PendingCopies {
+            unsupported: !session.api.places_orders(),
+            offset_ms: crate::wall_clock::server_offset_ms(session.account.server_time_ms)
+                .unwrap_or(0),
+        },
         funds: Inputs {
             follower_balance: session.account.balance,
             follower_equity: session.account.equity,
@@ -340,6 +349,9 @@ impl Follower<'_> {
         // With risk limits, no new copy is decided on figures that could not be read.
         self.funds.risk_unread = read.is_err() && !self.risk.is_empty();
         if let Ok(info) = read {
+            if let Some(offset) = crate::wall_clock::server_offset_ms(info.server_time_ms) {
+                self.pending.offset_ms = offset;
+            }
             self.funds.follower_balance = info.balance;
             self.funds.follower_equity = info.equity;
             self.funds.follower_currency = info.currency.or(self.funds.follower_currency);
@@ -439,7 +451,7 @@ impl Follower<'_> {
         self.memory.bases = bases;
         // Decisions recorded by this session whose write failed still count.
         self.memory.decided.extend(decided);
-        let (positions, history) = match read_follower(self.api.as_ref()).await {
+        let (orders, positions, history) = match read_follower(self.api.as_ref()).await {
             Ok(x) => x,
             Err(e) => {
                 warn!(master_id = m, error = %e, "reconcile could not read the follower's positions; retrying later");
@@ -448,6 +460,7 @@ impl Follower<'_> {
                 return;
             }
         };
+        self.index.rebuild_orders(&orders);
         self.index.rebuild(&positions, &history);
         let view = match state {
             Some(s) => (
@@ -455,6 +468,7 @@ impl Follower<'_> {
                     epoch: s.epoch,
                     seq: s.seq,
                     positions: s.positions,
+                    orders: s.orders,
                 },
                 Some(s.now_ms),
             ),
@@ -463,12 +477,15 @@ impl Follower<'_> {
                     epoch: 0,
                     seq: 0,
                     positions: Vec::new(),
+                    orders: Vec::new(),
                 },
                 None,
             ),
         };
         let (view, now_ms) = view;
-        if !self.sync_ledger(m, &positions, &view.positions).await {
+        if !self.sync_ledger(m, &positions, &view.positions).await
+            || !self.sync_order_copies(m, &orders).await
+        {
             // Without the ledger a copy the follower closed could look never made: decide
             // nothing until it can be read.
             self.masters.remove(&m);
@@ -488,12 +505,14 @@ impl Follower<'_> {
             let actions = plan(
                 &link,
                 &view.positions,
+                &view.orders,
                 &self.index,
                 &Situation {
                     memory: &self.memory,
                     funds: &funds,
                     specs: &self.specs,
                     at: (view.epoch, view.seq),
+                    pending: self.pending,
                 },
             );
             let actions = limit_follower_copies(self.max_open_copies, actions, &mut follower_open);
@@ -602,9 +621,10 @@ impl Follower<'_> {
             return;
         };
         let view = self.masters.get_mut(&n.master).expect("checked above");
-        apply_event(&mut view.positions, &n.event);
+        apply_event(&mut view.positions, &mut view.orders, &n.event);
         view.seq = n.seq;
         let position = view.positions.iter().find(|p| p.ticket == ticket).cloned();
+        let order = view.orders.iter().find(|o| o.ticket == ticket).cloned();
         let is_open = matches!(n.event, MasterEvent::Open { .. });
         if is_open {
             if self.needs_master_funds(n.master) {
@@ -627,20 +647,23 @@ impl Follower<'_> {
             ..self.funds_for(n.master)
         };
         for link in self.links_of(n.master) {
-            let actions = plan_ticket(
+            let actions = plan_key(
                 &link,
                 ticket,
                 position.as_ref(),
+                order.as_ref(),
                 &self.index,
                 &Situation {
                     memory: &self.memory,
                     funds: &funds,
                     specs: &self.specs,
                     at: (n.epoch, n.seq),
+                    pending: self.pending,
                 },
             );
             // Live, every open copy counts (a reconcile tells those that are being closed).
-            let open_copies = self.index.copies_of_link(link.magic).count();
+            let open_copies = self.index.copies_of_link(link.magic).count()
+                + self.index.pending_of_link(link.magic).count();
             let actions = limit_open_copies(&link, actions, open_copies);
             let mut follower_open = self.index.open_copies();
             let actions = limit_follower_copies(self.max_open_copies, actions, &mut follower_open);
@@ -670,16 +693,22 @@ fn event_ticket(event: &MasterEvent) -> Option<i64> {
     match event {
         MasterEvent::Snapshot => None,
         MasterEvent::Open { position } => Some(position.ticket),
+        MasterEvent::OrderSet { order } => Some(order.ticket),
         MasterEvent::Close { ticket }
         | MasterEvent::Partial { ticket, .. }
-        | MasterEvent::Modify { ticket, .. } => Some(*ticket),
+        | MasterEvent::Modify { ticket, .. }
+        | MasterEvent::OrderGone { ticket } => Some(*ticket),
     }
 }
 
+/// The follower's pending orders, positions and history, read in that order: a pending copy
+/// that fills between the reads is among the positions (or, closed already, in the history),
+/// never in none of them.
 pub(super) async fn read_follower(
     api: &dyn TradeApi,
-) -> Result<(Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+) -> Result<(Vec<PendingOrder>, Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+    let orders = api.orders().await?;
     let positions = api.positions().await?;
     let history = api.history().await?;
-    Ok((positions, history))
+    Ok((orders, positions, history))
 }

@@ -124,6 +124,10 @@ impl Follower<'_> {
         if was_held && !held {
             info!("every risk limit is clear: new copies resume");
         }
+        if held && !was_held {
+            // Pending copies would be new copies when they fill: a reconcile cancels them now.
+            self.owe_within("a risk limit was reached", std::time::Duration::ZERO);
+        }
         self.funds.risk_hold = held;
         let close_all = self.risk.iter().find_map(|l| {
             (l.action == RiskAction::CloseAll)
@@ -145,7 +149,10 @@ impl Follower<'_> {
             return;
         }
         match super::read_follower(self.api.as_ref()).await {
-            Ok((positions, history)) => self.index.rebuild(&positions, &history),
+            Ok((orders, positions, history)) => {
+                self.index.rebuild_orders(&orders);
+                self.index.rebuild(&positions, &history);
+            }
             Err(e) => {
                 warn!(error = %e, "could not read the follower's positions to close its copies for a risk limit; retrying at the next reading");
                 return;

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::Follower;
 use crate::broker::types::OpenOrder;
-use crate::broker::types::{CloseOrder, ModifyOrder};
+use crate::broker::types::{AmendOrder, CancelOrder, CloseOrder, ModifyOrder};
 use crate::broker::{BrokerError, RejectCode};
 use crate::copier::intent;
 use crate::copier::reconcile::Action;
@@ -196,6 +196,44 @@ impl Follower<'_> {
                     }
                 }
                 ("modify", result)
+            }
+            Action::Place { order, .. } => ("place", self.place(link, master_ticket, order).await),
+            Action::Amend {
+                ticket,
+                price,
+                sl,
+                tp,
+                expiry_ms,
+                client_order_id,
+                ..
+            } => {
+                let order = AmendOrder {
+                    ticket,
+                    price,
+                    sl,
+                    tp,
+                    expiry_ms,
+                    client_order_id: Some(client_order_id),
+                };
+                ("amend", self.amend(link, master_ticket, order).await)
+            }
+            Action::Cancel {
+                ticket,
+                reason,
+                client_order_id,
+                ..
+            } => {
+                let order = CancelOrder {
+                    ticket,
+                    client_order_id: Some(client_order_id),
+                };
+                // With the master's position open, its order filled.
+                let filled = source.is_some();
+                (
+                    "cancel",
+                    self.cancel(link, master_ticket, order, reason, filled)
+                        .await,
+                )
             }
             Action::Skip { .. } | Action::Wait { .. } => unreachable!("handled above"),
         };

@@ -141,3 +141,58 @@ pub async fn recent(
         })
         .collect()
 }
+
+/// Records a pending copy the follower placed or was found holding (once per order ticket),
+/// fenced by the follower's (node, epoch): `order_copies` (`migrations/0014_pending_orders.sql`).
+/// False if that no longer owns the follower (nothing is written).
+pub async fn record_order_copy(
+    conn: &mut PgConnection,
+    (node_id, follower_id, epoch): (&str, i64, i64),
+    (server, login): (&str, &str),
+    (follower_ticket, link_id, master_id, master_ticket): (i64, i64, i64, i64),
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO order_copies (follower_id, server, login, follower_ticket, link_id, master_id, master_ticket,
+                          master_server, master_login, node_id, owner_epoch)
+SELECT a.id, $4, $5, $6, $7, $8, $9, coalesce(m.server, ''), coalesce(m.login, ''), $2, $3
+  FROM trading_accounts a
+  LEFT JOIN trading_accounts m ON m.id = $8
+ WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
+   FOR SHARE OF a
+ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
+"#;
+    let done = sqlx::query(SQL)
+        .bind(follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(server)
+        .bind(login)
+        .bind(follower_ticket)
+        .bind(link_id)
+        .bind(master_id)
+        .bind(master_ticket)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Every (link, master ticket, order ticket) the follower's broker account ever held a pending
+/// copy for, of its masters' current accounts.
+pub async fn placed(
+    conn: &mut PgConnection,
+    follower_id: i64,
+    server: &str,
+    login: &str,
+) -> Result<Vec<(i64, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT o.link_id, o.master_ticket, o.follower_ticket
+           FROM order_copies o JOIN trading_accounts m ON m.id = o.master_id
+          WHERE o.follower_id = $1 AND o.server = $2 AND o.login = $3
+            AND o.master_server = m.server AND o.master_login = m.login",
+    )
+    .bind(follower_id)
+    .bind(server)
+    .bind(login)
+    .fetch_all(conn)
+    .await
+}

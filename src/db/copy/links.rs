@@ -17,7 +17,7 @@ pub async fn load_links(
                 copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
                 symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
                 copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies,
-                sl_points, tp_points
+                sl_points, tp_points, pending_orders
            FROM copy_links WHERE follower_id = $1 ORDER BY id",
     )
     .bind(follower_id)
@@ -69,6 +69,7 @@ pub async fn load_links(
                         max_open_copies: r.try_get("max_open_copies")?,
                         sl_points: r.try_get("sl_points")?,
                         tp_points: r.try_get("tp_points")?,
+                        fill_only: r.try_get::<String, _>("pending_orders")? == "fill_only",
                     },
                 }),
                 Err(e) => Err(e),

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use copier_node::broker::types::{
-    AccountInfo, CloseFill, CloseOrder, ClosedPosition, ModifyOrder, OpenFill, OpenOrder, Position,
-    SymbolSpec,
+    AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
+    OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, SymbolSpec,
 };
 use copier_node::broker::{AccountLogin, BoxFuture, Broker, BrokerError, Session, TradeApi};
 use copier_node::brokers::{BrokerConnector, Brokers};
@@ -157,5 +157,20 @@ impl TradeApi for FaultyApi {
     }
     fn modify(&self, order: ModifyOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
         self.inner.modify(order)
+    }
+    fn places_orders(&self) -> bool {
+        self.inner.places_orders()
+    }
+    fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
+        self.inner.orders()
+    }
+    fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
+        self.inner.place(order)
+    }
+    fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.amend(order)
+    }
+    fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        self.inner.cancel(order)
     }
 }

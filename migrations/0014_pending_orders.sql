@@ -1,0 +1,39 @@
+-- Pending orders (issue 21): masters publish their resting limit and stop orders beside their
+-- positions, followers copy them as pending orders under the same marker (`mc<masterTicket>`).
+
+-- A master's pending orders after its last event: a JSON array of {ticket, symbol, side, kind,
+-- price, volume, sl, tp, expiry_ms, expiry_utc_ms, magic, first_seen_ms, contract_size}.
+-- `expiry_ms` is on the master server's clock, `expiry_utc_ms` the same instant in UTC (the
+-- master session measures its server's offset from the node's clock); `first_seen_ms` is the
+-- database's clock, as for positions. Written by the same fenced publish as `positions`.
+ALTER TABLE master_state ADD COLUMN orders jsonb NOT NULL DEFAULT '[]'
+    CHECK (jsonb_typeof(orders) = 'array');
+
+-- Per link: `copy` places a pending copy of every pending master order (its fill then is the
+-- copy); `fill_only` copies only the fill, as a market order.
+ALTER TABLE copy_links ADD COLUMN pending_orders text NOT NULL DEFAULT 'copy'
+    CHECK (pending_orders IN ('copy', 'fill_only'));
+
+-- One row per pending copy a follower placed (or was found holding by its marker), written by
+-- the follower's owner, fenced by its node and epoch. It is what "ever placed" reads: a pending
+-- copy that is gone (cancelled by hand, expired, refused at its fill) is never placed again,
+-- across restarts and owners.
+CREATE TABLE order_copies (
+    follower_id     bigint NOT NULL REFERENCES trading_accounts (id) ON DELETE CASCADE,
+    server          text   NOT NULL,
+    login           text   NOT NULL,
+    follower_ticket bigint NOT NULL,
+    link_id         bigint NOT NULL,
+    master_id       bigint NOT NULL,
+    master_ticket   bigint NOT NULL,
+    -- The master's broker account when recorded (a master row moved to another account has
+    -- other orders, whose tickets may repeat).
+    master_server   text   NOT NULL,
+    master_login    text   NOT NULL,
+    node_id         text   NOT NULL,
+    owner_epoch     bigint NOT NULL,
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (follower_id, server, login, follower_ticket)
+);
+-- The session's read of what it ever placed.
+CREATE INDEX order_copies_follower_idx ON order_copies (follower_id, server, login);
