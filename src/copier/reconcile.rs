@@ -1139,7 +1139,13 @@ mod tests {
     {
         let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
         let mut index = CopyIndex::default();
-        let actions = plan_orders(&link(), &[], &[o.clone()], &index, follower_offset());
+        let actions = plan_orders(
+            &link(),
+            &[],
+            std::slice::from_ref(&o),
+            &index,
+            follower_offset(),
+        );
         assert_eq!(
             actions,
             vec![Action::Place {
@@ -1163,7 +1169,13 @@ mod tests {
         // Resting: nothing more to do.
         index.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
         assert_eq!(
-            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            plan_orders(
+                &link(),
+                &[],
+                std::slice::from_ref(&o),
+                &index,
+                follower_offset()
+            ),
             vec![]
         );
         // Gone without a fill (cancelled by hand, expired): never placed again.
@@ -1227,13 +1239,19 @@ mod tests {
         };
         let index = CopyIndex::default();
         assert_eq!(
-            plan_orders(&fill_only, &[], &[o.clone()], &index, follower_offset()),
+            plan_orders(
+                &fill_only,
+                &[],
+                std::slice::from_ref(&o),
+                &index,
+                follower_offset()
+            ),
             vec![]
         );
         assert_eq!(plan_orders(&link(), &[], &[o], &index, no_pending), vec![]);
         let filled = master(10, 1.0, 1.0);
         for (l, p) in [(&fill_only, follower_offset()), (&link(), no_pending)] {
-            let actions = plan_orders(l, &[filled.clone()], &[], &index, p);
+            let actions = plan_orders(l, std::slice::from_ref(&filled), &[], &index, p);
             assert!(
                 matches!(
                     actions.as_slice(),
@@ -1253,7 +1271,13 @@ mod tests {
         let mut index = CopyIndex::default();
         index.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
         assert_eq!(
-            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            plan_orders(
+                &link(),
+                &[],
+                std::slice::from_ref(&o),
+                &index,
+                follower_offset()
+            ),
             vec![Action::Amend {
                 master_ticket: 10,
                 ticket: 900,
@@ -1268,7 +1292,13 @@ mod tests {
         o.price = 1.09;
         o.expiry_utc_ms = Some(10_000_400);
         assert_eq!(
-            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            plan_orders(
+                &link(),
+                &[],
+                std::slice::from_ref(&o),
+                &index,
+                follower_offset()
+            ),
             vec![]
         );
         // Good till cancelled now.
@@ -1289,7 +1319,13 @@ mod tests {
         let mut index = CopyIndex::default();
         index.rebuild_orders(&[pending_copy(900, 10, 1.09, None)]);
         assert_eq!(
-            plan_orders(&link(), &[filled.clone()], &[], &index, follower_offset()),
+            plan_orders(
+                &link(),
+                std::slice::from_ref(&filled),
+                &[],
+                &index,
+                follower_offset()
+            ),
             vec![Action::Cancel {
                 master_ticket: 10,
                 ticket: 900,
@@ -1304,7 +1340,7 @@ mod tests {
         assert!(matches!(
             plan_orders(
                 &link(),
-                &[filled.clone()],
+                std::slice::from_ref(&filled),
                 &[],
                 &doubtful,
                 follower_offset()
@@ -1319,7 +1355,13 @@ mod tests {
         let mut raced = index.clone();
         raced.order_gone(900, true);
         assert_eq!(
-            plan_orders(&link(), &[filled.clone()], &[], &raced, follower_offset()),
+            plan_orders(
+                &link(),
+                std::slice::from_ref(&filled),
+                &[],
+                &raced,
+                follower_offset()
+            ),
             vec![]
         );
         // Cancelled: now the copy at market, under the same marker.
@@ -1341,7 +1383,13 @@ mod tests {
         };
         let index = CopyIndex::from_read(&f.open, &f.history);
         assert_eq!(
-            plan_orders(&link(), &[], &[o.clone()], &index, follower_offset()),
+            plan_orders(
+                &link(),
+                &[],
+                std::slice::from_ref(&o),
+                &index,
+                follower_offset()
+            ),
             vec![],
             "kept while the master's order rests"
         );
@@ -1396,7 +1444,14 @@ mod tests {
             pending_copy(901, 10, 1.09, Some(17_200_000)),
         ]);
         assert!(matches!(
-            plan_orders(&link(), &[], &[o.clone()], &twice, follower_offset()).as_slice(),
+            plan_orders(
+                &link(),
+                &[],
+                std::slice::from_ref(&o),
+                &twice,
+                follower_offset()
+            )
+            .as_slice(),
             [Action::Cancel {
                 ticket: 901,
                 reason: "duplicate pending copy",
