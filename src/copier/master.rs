@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::events::MasterEvent;
 use super::{MasterOrder, MasterPosition, spread_interval};
-use crate::broker::types::{ClosedPosition, PendingOrder, Position, PositionChange};
+use crate::broker::types::{ClosedPosition, OrderEnd, PendingOrder, Position, PositionChange};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::{AccountRow, Published};
@@ -204,24 +204,15 @@ impl Master<'_> {
     /// `force`). A read failure leaves everything as it was (the next sync retries).
     async fn sync(&mut self, api: &dyn TradeApi, force: bool) -> anyhow::Result<()> {
         // Orders before positions: an order that fills between the reads is in the positions.
-        match api.orders().await {
-            Ok(orders) => {
-                self.orders = orders
-                    .iter()
-                    .map(|o| {
-                        let known = self.orders.get(&o.ticket);
-                        let mut m = from_order(o, known, self.offset_ms);
-                        if m.contract_size.is_none() {
-                            m.contract_size = self.contracts.get(&m.symbol).copied();
-                        }
-                        (o.ticket, m)
-                    })
-                    .collect();
-            }
+        // Both are taken together or not at all (an order gone without its position would read
+        // as cancelled).
+        let orders = match api.orders().await {
+            Ok(orders) => Some(orders),
             Err(e) => {
-                warn!(error = %e, "reading the master's pending orders failed; keeping the published ones")
+                warn!(error = %e, "reading the master's pending orders failed; keeping the published ones");
+                None
             }
-        }
+        };
         let (positions, history) = match read_broker(api).await {
             Ok(x) => x,
             Err(e) => {
@@ -238,6 +229,19 @@ impl Master<'_> {
                 .into_iter()
                 .filter(|s| s.contract_size > 0.0)
                 .map(|s| (s.symbol, s.contract_size))
+                .collect();
+        }
+        if let Some(orders) = orders {
+            self.orders = orders
+                .iter()
+                .map(|o| {
+                    let known = self.orders.get(&o.ticket);
+                    let mut m = from_order(o, known, self.offset_ms);
+                    if m.contract_size.is_none() {
+                        m.contract_size = self.contracts.get(&m.symbol).copied();
+                    }
+                    (o.ticket, m)
+                })
                 .collect();
         }
         let mut next = merge_view(&self.view, &positions, &history);
@@ -284,6 +288,8 @@ impl Master<'_> {
                 let mut p = from_broker(&position, None);
                 p.contract_size = self.contracts.get(&p.symbol).copied();
                 self.view.insert(p.ticket, p.clone());
+                // A pending order's fill: the order leaves the snapshot in the same event.
+                self.orders.remove(&p.ticket);
                 MasterEvent::Open { position: p }
             }
             PositionChange::Modified { position } => {
@@ -332,6 +338,13 @@ impl Master<'_> {
                 self.orders.insert(o.ticket, o.clone());
                 MasterEvent::OrderSet { order: o }
             }
+            // A fill leaves the order in the snapshot until its position is seen (the `opened`
+            // update, or the next read): published apart, "order gone" then "opened" would read
+            // in between as an order cancelled, and followers would close copies that filled.
+            PositionChange::OrderGone {
+                end: OrderEnd::Filled { .. },
+                ..
+            } => return Ok(()),
             PositionChange::OrderGone { ticket, .. } => {
                 if self.orders.remove(&ticket).is_none() {
                     return Ok(());

@@ -566,6 +566,8 @@ pub fn apply_event(
         MasterEvent::Open { position } => {
             snapshot.retain(|p| p.ticket != position.ticket);
             snapshot.push(position.clone());
+            // A pending order's fill: the order is gone in the same event.
+            orders.retain(|o| o.ticket != position.ticket);
         }
         MasterEvent::Close { ticket } => snapshot.retain(|p| p.ticket != *ticket),
         MasterEvent::Partial { ticket, after, .. } => {

@@ -19,6 +19,8 @@ use crate::support::{
     FAST, LinkSpec, add_account, add_link, config, eventually, start_node, wait_state,
 };
 
+mod pending;
+
 const WAIT: Duration = Duration::from_secs(15);
 
 /// The broker's protections: off is how real MT4/MT5 servers behave.
@@ -1093,13 +1095,14 @@ async fn a_reached_drawdown_limit_closes_the_copies_and_holds_across_owners_unti
     node.wait().await.unwrap();
 }
 
-/// A master's pending order is not copied while it rests (pending orders are not copied yet);
-/// when the price reaches it, its fill is a master position like any other and is copied at
-/// market under the order's ticket.
+/// Master and follower on one server (one price): the master's pending order is copied as a
+/// pending order, and the price reaching it fills both at once. The copy is the pending copy's
+/// fill: the master's fill (published with its order gone in the same event) neither closes it
+/// nor adds a copy at market.
 #[tokio::test]
-async fn a_masters_pending_order_is_copied_as_a_position_when_it_fills() {
+async fn a_pending_order_filling_on_both_sides_at_once_is_copied_once() {
     use copier_node::broker::types::{PendingKind, PlaceOrder};
-    let mut fx = fixture("dec-pending", Broker::Unprotected, |_| {}).await;
+    let mut fx = fixture("dec-pending-both", Broker::Unprotected, |_| {}).await;
     let links = fx.accounts(vec![LinkSpec::default()]).await;
     let (_, magic) = links[&2];
     let node = fx.node("a", 2).await;
@@ -1123,20 +1126,40 @@ async fn a_masters_pending_order_is_copied_as_a_position_when_it_fills() {
     .await
     .unwrap()
     .expect("a placed order's ticket");
-    assert_eq!(tools::orders(&fx.addr, "m1").await.unwrap().len(), 1);
-    // A market trade placed after it is copied; by then the resting order was seen, and left
-    // alone.
-    let market = fx.open(0.1).await;
-    fx.t.copy_of("f2", magic, market, WAIT).await;
-    assert!(
-        fx.orders("open", &format!("mc{ticket}")).is_empty(),
-        "nothing copied while the order rests"
-    );
-    // The price comes down to it: it fills, and the fill is copied.
+    let marker = format!("mc{ticket}");
+    eventually("the pending copy", WAIT, async || {
+        let orders = tools::orders(&fx.addr, "f2").await.ok()?;
+        orders.iter().any(|o| o.comment == marker).then_some(())
+    })
+    .await;
+    // The price comes down to it: both fill.
     tools::set_price(&fx.addr, "EURUSD", 1.094).await.unwrap();
-    assert!(tools::orders(&fx.addr, "m1").await.unwrap().is_empty());
     let copy = fx.t.copy_of("f2", magic, ticket, WAIT).await;
     assert_eq!((copy.volume, copy.tp), (0.4, Some(1.12)));
+    // Settled: a market trade after it is copied (so every event before it was handled), and
+    // the fill's copy is still the one copy.
+    let market = fx.open(0.1).await;
+    fx.t.copy_of("f2", magic, market, WAIT).await;
+    let copies: Vec<_> =
+        fx.t.positions("f2")
+            .await
+            .into_iter()
+            .filter(|p| p.comment == marker)
+            .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(
+        copies[0].ticket, copy.ticket,
+        "never closed and copied again"
+    );
+    assert_eq!(
+        (
+            fx.orders("place", &marker).len(),
+            fx.orders("open", &marker).len(),
+            fx.orders("close", &marker).len()
+        ),
+        (1, 0, 0),
+        "one pending copy, no order at market, nothing closed"
+    );
     node.shutdown();
     node.wait().await.unwrap();
 }
