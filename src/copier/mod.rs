@@ -19,6 +19,8 @@ mod convergence;
 pub mod follower;
 pub mod index;
 pub mod master;
+#[cfg(test)]
+mod pending_races;
 pub mod reconcile;
 pub mod risk;
 pub mod rules;
