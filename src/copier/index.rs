@@ -175,6 +175,19 @@ impl CopyIndex {
             .map(|((_, t), _)| *t)
     }
 
+    /// True when copy `ticket` is open.
+    pub fn is_open(&self, ticket: i64) -> bool {
+        self.open.values().flatten().any(|c| c.ticket == ticket)
+    }
+
+    /// The key of pending copy `ticket`, while it rests.
+    pub fn pending_key(&self, ticket: i64) -> Option<Key> {
+        self.orders
+            .iter()
+            .find(|(_, list)| list.iter().any(|o| o.ticket == ticket))
+            .map(|(key, _)| *key)
+    }
+
     /// True when a pending copy was ever placed for `key`.
     pub fn placed(&self, key: Key) -> bool {
         self.placed.contains(&key)

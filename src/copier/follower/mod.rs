@@ -111,6 +111,8 @@ struct Follower<'a> {
     retry: crate::retry::Retry,
     retry_at: Instant,
     copies_sent: u64,
+    /// Pending copies whose fill the stream announced, until their position's update arrives.
+    fills: HashSet<i64>,
 }
 
 /// Runs the follower session until stopped.
@@ -169,6 +171,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         retry: crate::retry::FOLLOWER_RECONCILE.start(),
         retry_at: Instant::now(),
         copies_sent: 0,
+        fills: HashSet::new(),
     };
     f.report_funds().await;
     if !f.reload_links().await {
@@ -187,7 +190,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
             _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
             _ = ctx.gate.restored() => f.reconcile_all("lease trust restored after a lapse").await,
             event = session.events.recv() => match event {
-                Some(SessionEvent::Position(change)) => f.index.apply(&change),
+                Some(SessionEvent::Position(change)) => f.on_position(change).await,
                 Some(SessionEvent::Reconnected) => f.reconcile_all("broker reconnected").await,
                 Some(SessionEvent::LoginLost(reason)) => bail!("the broker refused the follower's login after a reconnect: {reason}"),
                 None => bail!("the broker session ended"),

@@ -14,7 +14,10 @@
 use tracing::{info, warn};
 
 use super::Follower;
-use crate::broker::types::{AmendOrder, CancelOrder, PendingOrder, PlaceOrder};
+use crate::broker::types::{
+    AmendOrder, CancelOrder, OpenOrder, OrderEnd, PendingOrder, PlaceOrder, Position,
+    PositionChange,
+};
 use crate::broker::{BrokerError, RejectCode};
 use crate::copier::parse_marker;
 use crate::copier::rules::Link;
@@ -150,6 +153,83 @@ impl Follower<'_> {
             }
         }
         result
+    }
+
+    /// One update of the follower's position stream. A pending copy's fill is recorded in the
+    /// copy ledger as it happens (the `opened` update carries its price; it may come before or
+    /// after the order's `order_gone`).
+    pub(super) async fn on_position(&mut self, change: PositionChange) {
+        let filled = match &change {
+            PositionChange::Opened { position }
+                if self.index.pending_key(position.ticket).is_some()
+                    || self.fills.remove(&position.ticket) =>
+            {
+                Some(position.clone())
+            }
+            PositionChange::OrderGone {
+                ticket,
+                end: OrderEnd::Filled { .. },
+            } if self.index.pending_key(*ticket).is_some() && !self.index.is_open(*ticket) => {
+                self.fills.insert(*ticket);
+                None
+            }
+            _ => None,
+        };
+        self.index.apply(&change);
+        if let Some(p) = filled {
+            self.record_fill(&p).await;
+        }
+    }
+
+    async fn record_fill(&mut self, p: &Position) {
+        let (Some(master_ticket), Some(link)) = (
+            parse_marker(&p.comment),
+            self.links.iter().find(|l| l.magic == p.magic).cloned(),
+        ) else {
+            return;
+        };
+        info!(
+            link_id = link.id,
+            master_ticket,
+            ticket = p.ticket,
+            price = p.open_price,
+            "pending copy filled"
+        );
+        self.copies_sent += 1;
+        let source = self.masters.get(&link.master_id).and_then(|v| {
+            v.positions
+                .iter()
+                .find(|m| m.ticket == master_ticket)
+                .cloned()
+                .or_else(|| {
+                    v.orders
+                        .iter()
+                        .find(|o| o.ticket == master_ticket)
+                        .map(|o| o.as_position())
+                })
+        });
+        let order = OpenOrder {
+            symbol: p.symbol.clone(),
+            side: p.side,
+            volume: p.volume,
+            sl: p.sl,
+            tp: p.tp,
+            magic: p.magic,
+            comment: p.comment.clone(),
+            client_order_id: None,
+            price_limit: None,
+        };
+        let record = super::send::copy_record(
+            &link,
+            master_ticket,
+            &order,
+            p.ticket,
+            p.open_price,
+            source.as_ref(),
+            None,
+            Some(crate::wall_clock::unix_ms()),
+        );
+        self.record_copy(&record).await;
     }
 
     /// Records a pending copy in `order_copies` (fenced), so no later session places it again.

@@ -236,6 +236,24 @@ async fn pending_orders_are_copied_amended_filled_and_cancelled_under_one_marker
         let c = s.follower.copy_of(login, magic, t, WAIT).await;
         assert_eq!((c.side, c.volume), (side, 0.4), "{login}");
     }
+    // Each fill is in the copy ledger as it happened (not found later by a reconcile).
+    let conn = &mut s.fx.conn;
+    eventually("the fills in the copy ledger", WAIT, async || {
+        let rows: Vec<(String, bool, Option<f64>)> = sqlx::query_as(
+            "SELECT login, found_by_reconcile, requested_price FROM copy_ledger WHERE master_ticket = $1 ORDER BY login",
+        )
+        .bind(t)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        (rows.len() == 2).then_some(rows)
+    })
+    .await
+    .iter()
+    .for_each(|(login, found, requested)| {
+        assert!(!found, "{login}: recorded from the stream");
+        assert_eq!(*requested, Some(1.093), "{login}: requested at the order's price");
+    });
     s.price(&m_addr, 1.092).await;
     let f4 = s.follower.copy_of("f4", magics[2], t, WAIT).await;
     assert_eq!((f4.side, f4.volume), (Side::Buy, 0.4));
