@@ -231,6 +231,7 @@ impl Master<'_> {
                 .map(|s| (s.symbol, s.contract_size))
                 .collect();
         }
+        let known_orders = self.orders.clone();
         if let Some(orders) = orders {
             self.orders = orders
                 .iter()
@@ -248,6 +249,14 @@ impl Master<'_> {
         for p in next.values_mut() {
             if p.contract_size.is_none() {
                 p.contract_size = self.contracts.get(&p.symbol).copied();
+            }
+            // First seen as the fill of a known pending order (its `opened` update missed, or
+            // the previous owner died after the fill): it counts from the order's volume, which
+            // pending copies were sized for, whatever was closed of it since.
+            if !self.view.contains_key(&p.ticket)
+                && let Some(o) = known_orders.get(&p.ticket)
+            {
+                p.open_volume = p.open_volume.max(o.volume);
             }
         }
         for (ticket, p) in &self.view {
@@ -287,9 +296,12 @@ impl Master<'_> {
                 }
                 let mut p = from_broker(&position, None);
                 p.contract_size = self.contracts.get(&p.symbol).copied();
+                // A pending order's fill: the order leaves the snapshot in the same event, and
+                // the position counts from the order's volume (pending copies were sized for it).
+                if let Some(o) = self.orders.remove(&p.ticket) {
+                    p.open_volume = p.open_volume.max(o.volume);
+                }
                 self.view.insert(p.ticket, p.clone());
-                // A pending order's fill: the order leaves the snapshot in the same event.
-                self.orders.remove(&p.ticket);
                 MasterEvent::Open { position: p }
             }
             PositionChange::Modified { position } => {

@@ -1,6 +1,7 @@
 //! The journal checker: what the simulated broker saw, judged against the guarantees.
 //!
-//! * S2: no two accepted opens for the same (follower login, magic, comment);
+//! * S2: no two accepted opens for the same (follower login, magic, comment), a pending copy
+//!   that was not cancelled counting as one;
 //! * S1 seen from the broker: when the node sending for a follower changes from A to B without a
 //!   release by A, B's first order comes at least `fence` (minus a tolerance) after A's last,
 //!   unless the broker rejected A's late orders as stale; with a release, B's first order comes
@@ -18,14 +19,28 @@ pub fn load(path: &Path) -> Vec<Line> {
     copier_node::sim_broker::journal::read(path).unwrap()
 }
 
-/// (login, magic, comment) with more than one accepted open by a node.
+/// (login, magic, comment) that may have held more than one copy, judged from the journal alone:
+/// a node's accepted opens, plus its accepted pending copies (`place`) that no accepted `cancel`
+/// of the same ticket took back. A pending copy not cancelled counts as a copy, filled or not
+/// (the journal records requests, not fills), so this never counts too few; the suite's pending
+/// orders all fill and neither expire nor are cancelled by hand, so it does not count too many.
 pub fn duplicates(lines: &[Line]) -> Vec<String> {
-    let mut opens: HashMap<(String, Option<i64>, String), usize> = HashMap::new();
-    for l in lines
+    let node = |l: &&Line| l.accepted && l.client != "manual";
+    let cancelled: HashSet<(&str, i64)> = lines
         .iter()
-        .filter(|l| l.action == "open" && l.accepted && l.client != "manual")
-    {
-        *opens
+        .filter(node)
+        .filter(|l| l.action == "cancel")
+        .filter_map(|l| Some((l.login.as_str(), l.ticket?)))
+        .collect();
+    let mut copies: HashMap<(String, Option<i64>, String), usize> = HashMap::new();
+    for l in lines.iter().filter(node).filter(|l| {
+        l.action == "open"
+            || (l.action == "place"
+                && !l
+                    .ticket
+                    .is_some_and(|t| cancelled.contains(&(l.login.as_str(), t))))
+    }) {
+        *copies
             .entry((
                 l.login.clone(),
                 l.magic,
@@ -33,11 +48,13 @@ pub fn duplicates(lines: &[Line]) -> Vec<String> {
             ))
             .or_insert(0) += 1;
     }
-    let mut out: Vec<String> = opens
+    let mut out: Vec<String> = copies
         .into_iter()
         .filter(|(_, n)| *n > 1)
         .map(|((login, magic, comment), n)| {
-            format!("{login} magic {magic:?} {comment}: {n} accepted opens")
+            format!(
+                "{login} magic {magic:?} {comment}: {n} accepted opens and standing pending copies"
+            )
         })
         .collect();
     out.sort();
@@ -287,6 +304,50 @@ mod tests {
         assert_eq!(super::epochs_reused(&two_nodes).len(), 1);
         let two_accounts = [line("f3", "a", 7), line("f4", "a", 7)];
         assert_eq!(super::epochs_reused(&two_accounts).len(), 1);
+    }
+
+    fn order(action: &str, ticket: i64, comment: &str, accepted: bool) -> super::Line {
+        serde_json::from_value(serde_json::json!({
+            "ts_ms": 0, "login": "f3", "client": "a", "action": action, "ticket": ticket,
+            "symbol": "EURUSD", "side": "buy", "volume": 0.1, "magic": 7, "comment": comment,
+            "fence": 1, "client_order_id": null, "accepted": accepted, "reason": null
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_standing_pending_copy_counts_as_a_copy_and_a_cancelled_one_does_not() {
+        // Placed, cancelled (the master filled first), then copied at market: one copy.
+        let cancelled_then_market = [
+            order("place", 90, "mc5", true),
+            order("cancel", 90, "mc5", true),
+            order("open", 91, "mc5", true),
+        ];
+        assert!(super::duplicates(&cancelled_then_market).is_empty());
+        // The cancel refused (the pending copy had filled), then a market copy: two.
+        let filled_then_market = [
+            order("place", 90, "mc5", true),
+            order("cancel", 90, "mc5", false),
+            order("open", 91, "mc5", true),
+        ];
+        assert_eq!(super::duplicates(&filled_then_market).len(), 1);
+        // Two pending copies, or two opens: two.
+        let placed_twice = [
+            order("place", 90, "mc5", true),
+            order("place", 91, "mc5", true),
+        ];
+        assert_eq!(super::duplicates(&placed_twice).len(), 1);
+        let opened_twice = [
+            order("open", 90, "mc5", true),
+            order("open", 91, "mc5", true),
+        ];
+        assert_eq!(super::duplicates(&opened_twice).len(), 1);
+        // A refused place is no copy.
+        let refused = [
+            order("place", 90, "mc5", false),
+            order("open", 91, "mc5", true),
+        ];
+        assert!(super::duplicates(&refused).is_empty());
     }
 
     #[test]
