@@ -46,6 +46,8 @@ struct Master<'a> {
     published_orders: BTreeMap<i64, MasterOrder>,
     /// How far the master server's clock runs from this node's (expiries are published in UTC).
     offset_ms: i64,
+    /// The bridge refused the `orders` request: not asked again this session.
+    orders_unsupported: bool,
     seq: i64,
     /// A change could not be published: publish a snapshot when the database answers again.
     dirty: bool,
@@ -82,6 +84,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         orders: BTreeMap::new(),
         published_orders: BTreeMap::new(),
         offset_ms: offset_ms.unwrap_or(0),
+        orders_unsupported: false,
         seq: 0,
         dirty: false,
         contracts: match session.api.symbols().await {
@@ -206,11 +209,21 @@ impl Master<'_> {
         // Orders before positions: an order that fills between the reads is in the positions.
         // Both are taken together or not at all (an order gone without its position would read
         // as cancelled).
-        let orders = match api.orders().await {
-            Ok(orders) => Some(orders),
-            Err(e) => {
-                warn!(error = %e, "reading the master's pending orders failed; keeping the published ones");
-                None
+        let orders = if self.orders_unsupported {
+            None
+        } else {
+            match api.orders().await {
+                Ok(orders) => Some(orders),
+                Err(BrokerError::Rejected(r)) => {
+                    // A bridge older than pending orders: its fills are copied as positions.
+                    info!(reason = %r.reason, "the master's bridge lists no pending orders: only their fills are published");
+                    self.orders_unsupported = true;
+                    None
+                }
+                Err(e) => {
+                    warn!(error = %e, "reading the master's pending orders failed; keeping the published ones");
+                    None
+                }
             }
         };
         let (positions, history) = match read_broker(api).await {

@@ -604,3 +604,128 @@ async fn a_node_cut_from_the_database_recovers_and_copies_what_it_missed() {
     }
     broker.stop().await;
 }
+
+/// Pending orders with a broken bridge: the reply to a pending copy is lost (the copy is found by
+/// its marker and never placed twice), and a follower whose bridge refuses the `orders` request
+/// (one older than pending orders) places none and copies the fill at market. The broker without
+/// fence check or deduplication.
+#[tokio::test]
+async fn a_lost_place_reply_places_once_and_a_bridge_without_orders_copies_the_fill() {
+    use copier_node::broker::types::{PendingKind, PlaceOrder};
+    use copier_node::sim_broker::tools::{self, HandOrder};
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::with("fault-pending", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+    })
+    .await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    add_account(&mut conn, 2, "follower", &addr, "f2").await;
+    add_account(&mut conn, 3, "follower", &addr, "f3").await;
+    let (_, magic2) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let (_, magic3) = add_link(&mut conn, 1, 3, LinkSpec::default()).await;
+    let brokers = FaultyBrokers::new("a");
+    brokers
+        .faults
+        .lose_place_reply
+        .lock()
+        .unwrap()
+        .insert("f2".into());
+    brokers.faults.no_orders.lock().unwrap().insert("f3".into());
+    let node = start_node_with(
+        &config(&db, "a", 10, FAST),
+        RunOptions {
+            brokers: Some(brokers.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    reconciled(&mut conn, 2).await;
+    reconciled(&mut conn, 3).await;
+    let ticket = tools::trade(
+        &addr,
+        "m1",
+        HandOrder::Place(PlaceOrder {
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: PendingKind::Limit,
+            price: 1.095,
+            volume: 0.3,
+            sl: None,
+            tp: None,
+            expiry_ms: None,
+            magic: 0,
+            comment: String::new(),
+            client_order_id: None,
+        }),
+    )
+    .await
+    .unwrap()
+    .expect("a placed order's ticket");
+    let marker = format!("mc{ticket}");
+    eventually("the lost place reply", WAIT, async || {
+        (!brokers.faults.lost_replies.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    // The reconcile the lost reply owes finds the pending copy by its marker and records it.
+    eventually("the pending copy recorded", WAIT, async || {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM order_copies WHERE follower_id = 2 AND master_ticket = $1",
+        )
+        .bind(ticket)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        (n == 1).then_some(())
+    })
+    .await;
+    let places = |login: &str| {
+        journal(&dir.path("journal.jsonl"))
+            .iter()
+            .filter(|l| {
+                l.login == login
+                    && l.action == "place"
+                    && l.client != "manual"
+                    && l.comment.as_deref() == Some(marker.as_str())
+            })
+            .count()
+    };
+    assert_eq!(
+        places("f2"),
+        1,
+        "placed once, its lost reply resolved by a read"
+    );
+    assert_eq!(
+        places("f3"),
+        0,
+        "a bridge without orders gets no pending copy"
+    );
+    // Both fill at the price: f2's pending copy becomes its copy; f3 gets a copy at market.
+    tools::set_price(&addr, "EURUSD", 1.094).await.unwrap();
+    t.copy_of("f2", magic2, ticket, WAIT).await;
+    t.copy_of("f3", magic3, ticket, WAIT).await;
+    let lines = journal(&dir.path("journal.jsonl"));
+    let count = |login: &str, action: &str| {
+        lines
+            .iter()
+            .filter(|l| {
+                l.login == login
+                    && l.action == action
+                    && l.accepted
+                    && l.client != "manual"
+                    && l.comment.as_deref() == Some(marker.as_str())
+            })
+            .count()
+    };
+    assert_eq!((count("f2", "place"), count("f2", "open")), (1, 0));
+    assert_eq!((count("f3", "place"), count("f3", "open")), (0, 1));
+    node.shutdown();
+    node.wait().await.unwrap();
+    broker.stop().await;
+}

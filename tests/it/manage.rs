@@ -173,6 +173,7 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
         (vec!["--sl-points", "0"], "sl_points"),
         (vec!["--tp-points", "-3"], "tp_points"),
         (vec!["--on-remove", "burn"], "on_remove"),
+        (vec!["--pending-orders", "maybe"], "pending_orders"),
     ];
     for (flags, field) in bad {
         let mut args = vec!["links", "add", "--master", "1", "--follower", "2"];
@@ -224,6 +225,10 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
     );
     let l: serde_json::Value = serde_json::from_str(&link).unwrap();
     assert_eq!(
+        l["pending_orders"], "copy",
+        "pending orders are copied by default"
+    );
+    assert_eq!(
         (l["sl_points"].as_f64(), l["tp_points"].as_f64()),
         (Some(150.0), None)
     );
@@ -251,10 +256,13 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
             "all",
             "--max-slippage",
             "none",
+            "--pending-orders",
+            "fill_only",
             "--json",
         ],
     );
     let l: serde_json::Value = serde_json::from_str(&set).unwrap();
+    assert_eq!(l["pending_orders"], "fill_only");
     assert_eq!(
         (
             l["reverse"].as_bool(),

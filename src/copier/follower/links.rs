@@ -44,7 +44,7 @@ impl Follower<'_> {
     pub(super) async fn close_removed(&mut self) {
         // Judged from the broker's positions as read now: the index may not have been filled
         // yet (a session's first link read comes before its first reconcile).
-        match super::read_follower(self.api.as_ref()).await {
+        match self.read_broker().await {
             Ok((orders, positions, history)) => {
                 self.index.rebuild_orders(&orders);
                 self.index.rebuild(&positions, &history);

@@ -454,7 +454,7 @@ impl Follower<'_> {
         self.memory.bases = bases;
         // Decisions recorded by this session whose write failed still count.
         self.memory.decided.extend(decided);
-        let (orders, positions, history) = match read_follower(self.api.as_ref()).await {
+        let (orders, positions, history) = match self.read_broker().await {
             Ok(x) => x,
             Err(e) => {
                 warn!(master_id = m, error = %e, "reconcile could not read the follower's positions; retrying later");
@@ -704,14 +704,28 @@ fn event_ticket(event: &MasterEvent) -> Option<i64> {
     }
 }
 
-/// The follower's pending orders, positions and history, read in that order: a pending copy
-/// that fills between the reads is among the positions (or, closed already, in the history),
-/// never in none of them.
-pub(super) async fn read_follower(
-    api: &dyn TradeApi,
-) -> Result<(Vec<PendingOrder>, Vec<Position>, Vec<ClosedPosition>), BrokerError> {
-    let orders = api.orders().await?;
-    let positions = api.positions().await?;
-    let history = api.history().await?;
-    Ok((orders, positions, history))
+impl Follower<'_> {
+    /// The follower's pending orders, positions and history, read in that order: a pending copy
+    /// that fills between the reads is among the positions (or, closed already, in the history),
+    /// never in none of them. A bridge that refuses the `orders` request (one older than pending
+    /// orders) holds none the node placed: the session then places none either, and copies
+    /// pending orders from their fills.
+    pub(super) async fn read_broker(
+        &mut self,
+    ) -> Result<(Vec<PendingOrder>, Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+        let orders = match self.api.orders().await {
+            Ok(orders) => orders,
+            Err(BrokerError::Rejected(r)) => {
+                if !self.pending.unsupported {
+                    info!(reason = %r.reason, "the follower's bridge lists no pending orders: pending orders are copied from their fills, at market");
+                    self.pending.unsupported = true;
+                }
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let positions = self.api.positions().await?;
+        let history = self.api.history().await?;
+        Ok((orders, positions, history))
+    }
 }

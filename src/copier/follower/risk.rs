@@ -148,7 +148,7 @@ impl Follower<'_> {
         if !capture && self.risk_closing.is_empty() {
             return;
         }
-        match super::read_follower(self.api.as_ref()).await {
+        match self.read_broker().await {
             Ok((orders, positions, history)) => {
                 self.index.rebuild_orders(&orders);
                 self.index.rebuild(&positions, &history);

@@ -9,7 +9,9 @@ use copier_node::broker::types::{
     AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
     OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, SymbolSpec,
 };
-use copier_node::broker::{AccountLogin, BoxFuture, Broker, BrokerError, Session, TradeApi};
+use copier_node::broker::{
+    AccountLogin, BoxFuture, Broker, BrokerError, RejectCode, Rejection, Session, TradeApi,
+};
 use copier_node::brokers::{BrokerConnector, Brokers};
 
 /// Which logins misbehave, and how.
@@ -23,6 +25,10 @@ pub struct Faults {
     pub lose_open_reply: Mutex<HashSet<String>>,
     /// Orders whose reply was lost.
     pub lost_replies: Mutex<Vec<String>>,
+    /// These logins' bridges refuse the `orders` request (older than pending orders).
+    pub no_orders: Mutex<HashSet<String>>,
+    /// The next pending order placed for these logins is executed, but its reply is lost.
+    pub lose_place_reply: Mutex<HashSet<String>>,
 }
 
 impl Faults {
@@ -162,10 +168,35 @@ impl TradeApi for FaultyApi {
         self.inner.places_orders()
     }
     fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
-        self.inner.orders()
+        Box::pin(async move {
+            if self.faults.no_orders.lock().unwrap().contains(&self.login) {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::Rejected,
+                    "unknown op orders (injected)",
+                )));
+            }
+            self.inner.orders().await
+        })
     }
     fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
-        self.inner.place(order)
+        Box::pin(async move {
+            let lose = self
+                .faults
+                .lose_place_reply
+                .lock()
+                .unwrap()
+                .remove(&self.login);
+            let result = self.inner.place(order.clone()).await;
+            if lose && result.is_ok() {
+                self.faults
+                    .lost_replies
+                    .lock()
+                    .unwrap()
+                    .push(order.comment.clone());
+                return Err(BrokerError::Unknown("reply lost (injected)".into()));
+            }
+            result
+        })
     }
     fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
         self.inner.amend(order)
