@@ -14,26 +14,30 @@ ALTER TABLE master_state ADD COLUMN orders jsonb NOT NULL DEFAULT '[]'
 ALTER TABLE copy_links ADD COLUMN pending_orders text NOT NULL DEFAULT 'copy'
     CHECK (pending_orders IN ('copy', 'fill_only'));
 
--- One row per pending copy a follower placed (or was found holding by its marker), written by
--- the follower's owner, fenced by its node and epoch. It is what "ever placed" reads: a pending
--- copy that is gone (cancelled by hand, expired, refused at its fill) is never placed again,
--- across restarts and owners.
+-- One row per pending copy a follower placed (or was found holding by its marker): written by the
+-- follower's owner, fenced by its node and epoch, BEFORE the place is sent (as the FIX ledger
+-- records an order before it leaves), so a crash between the two cannot make a later owner place
+-- it again. It is what "ever placed" reads: a pending copy is placed at most once per link and
+-- master order, across restarts and owners. `ended` says how it left the book when the follower
+-- knows it left without a fill (its cancel confirmed, the broker's `order_gone`, a refusal): only
+-- then is the master order's fill copied at market; a pending copy whose end is unknown (a place
+-- whose reply was lost and that no read shows yet) may still rest or fill.
 CREATE TABLE order_copies (
     follower_id     bigint NOT NULL REFERENCES trading_accounts (id) ON DELETE CASCADE,
     server          text   NOT NULL,
     login           text   NOT NULL,
-    follower_ticket bigint NOT NULL,
     link_id         bigint NOT NULL,
     master_id       bigint NOT NULL,
-    master_ticket   bigint NOT NULL,
     -- The master's broker account when recorded (a master row moved to another account has
     -- other orders, whose tickets may repeat).
     master_server   text   NOT NULL,
     master_login    text   NOT NULL,
+    master_ticket   bigint NOT NULL,
+    follower_ticket bigint,            -- the pending copy's ticket, once known
+    ended           text CHECK (ended IN ('cancelled', 'expired', 'refused')),
     node_id         text   NOT NULL,
     owner_epoch     bigint NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (follower_id, server, login, follower_ticket)
+    ended_at        timestamptz,
+    PRIMARY KEY (follower_id, server, login, link_id, master_server, master_login, master_ticket)
 );
--- The session's read of what it ever placed.
-CREATE INDEX order_copies_follower_idx ON order_copies (follower_id, server, login);

@@ -263,7 +263,13 @@ impl Inner {
         } else {
             let (reason, code) = reply
                 .error
-                .map(|e| (e.reason, e.code))
+                .map(|e| {
+                    // An `invalid` reply: the bridge did not understand the request.
+                    let code = e
+                        .code
+                        .or((e.kind == "invalid").then_some(RejectCode::InvalidRequest));
+                    (e.reason, code)
+                })
                 .unwrap_or_else(|| ("no reason given".into(), None));
             Err(BrokerError::Rejected(Rejection::new(
                 code.unwrap_or(RejectCode::Rejected),

@@ -74,6 +74,9 @@ pub enum RejectCode {
     InvalidCredentials,
     /// The login does not exist on the server.
     UnknownLogin,
+    /// The bridge did not understand the request (an `invalid` reply: e.g. a request this
+    /// bridge predates).
+    InvalidRequest,
     /// Any other refusal: definitive.
     #[serde(other)]
     Rejected,
@@ -100,6 +103,7 @@ impl RejectCode {
             RejectCode::StaleFence => "stale_fence",
             RejectCode::InvalidCredentials => "invalid_credentials",
             RejectCode::UnknownLogin => "unknown_login",
+            RejectCode::InvalidRequest => "invalid_request",
             RejectCode::Rejected => "rejected",
         }
     }

@@ -39,6 +39,13 @@ pub struct CopyIndex {
     placed: HashSet<Key>,
     /// Pending-copy tickets seen gone: a late update about one changes nothing.
     gone: HashSet<i64>,
+    /// Every pending-copy ticket seen, with its key: a late `order_gone` (after a read already
+    /// dropped the order) still tells how that copy ended.
+    order_keys: HashMap<i64, Key>,
+    /// Keys whose pending copy is known to have left the book without a fill (cancel confirmed,
+    /// the broker's `order_gone`, a refusal, or the ledger of order copies says so): only then
+    /// is a copy at market made for a key a pending copy was placed for.
+    ended: HashSet<Key>,
     /// Keys whose pending copy is in doubt (a place or cancel whose outcome is unknown, a cancel
     /// of an order the broker no longer holds): nothing is decided for them until the next read
     /// of the follower's orders, positions and history, in that order.
@@ -66,6 +73,17 @@ impl CopyIndex {
             if h.remaining_volume <= 1e-9 {
                 self.closed.insert(h.position.ticket);
             }
+        }
+        // A pending copy that filled between the read of the orders and this one shows in both:
+        // it is a copy now.
+        let filled: Vec<i64> = open
+            .iter()
+            .map(|p| p.ticket)
+            .chain(history.iter().map(|h| h.position.ticket))
+            .filter(|t| self.pending_key(*t).is_some())
+            .collect();
+        for t in filled {
+            self.order_gone(t, true);
         }
         // Original volumes of copies no longer open are not needed again.
         self.original.clear();
@@ -101,6 +119,7 @@ impl CopyIndex {
         }
         let key = (o.magic, t);
         self.placed.insert(key);
+        self.order_keys.insert(o.ticket, key);
         let list = self.orders.entry(key).or_default();
         if !list.iter().any(|c| c.ticket == o.ticket) {
             list.push(o);
@@ -132,17 +151,22 @@ impl CopyIndex {
     /// copied, even before the position's own update arrives).
     pub fn order_gone(&mut self, ticket: i64, filled: bool) {
         self.gone.insert(ticket);
-        let mut keys = Vec::new();
-        for (key, list) in self.orders.iter_mut() {
-            if list.iter().any(|o| o.ticket == ticket) {
-                keys.push(*key);
-                list.retain(|o| o.ticket != ticket);
-            }
+        for list in self.orders.values_mut() {
+            list.retain(|o| o.ticket != ticket);
         }
         self.orders.retain(|_, list| !list.is_empty());
-        if filled {
-            self.ever.extend(keys);
+        if let Some(key) = self.order_keys.get(&ticket).copied() {
+            if filled {
+                self.ever.insert(key);
+            } else {
+                self.ended.insert(key);
+            }
         }
+    }
+
+    /// The key of pending copy `ticket`, resting or gone, if it was ever seen.
+    pub fn order_key(&self, ticket: i64) -> Option<Key> {
+        self.order_keys.get(&ticket).copied()
     }
 
     /// Records that a pending copy was placed for `key` (the ledger of order copies says so, or a
@@ -155,6 +179,7 @@ impl CopyIndex {
     pub fn unmark_placed(&mut self, key: Key) {
         if self.pending(key).is_empty() {
             self.placed.remove(&key);
+            self.ended.insert(key);
         }
     }
 
@@ -186,6 +211,16 @@ impl CopyIndex {
             .iter()
             .find(|(_, list)| list.iter().any(|o| o.ticket == ticket))
             .map(|(key, _)| *key)
+    }
+
+    /// Records that `key`'s pending copy left the book without a fill.
+    pub fn mark_ended(&mut self, key: Key) {
+        self.ended.insert(key);
+    }
+
+    /// True when `key`'s pending copy is known to have left the book without a fill.
+    pub fn ended(&self, key: Key) -> bool {
+        self.ended.contains(&key)
     }
 
     /// True when a pending copy was ever placed for `key`.
@@ -227,6 +262,11 @@ impl CopyIndex {
     pub fn opened(&mut self, p: Position) {
         if self.closed.contains(&p.ticket) {
             return;
+        }
+        // A pending copy's fill (its position keeps the order's ticket), announced before the
+        // order's own `order_gone`.
+        if self.pending_key(p.ticket).is_some() {
+            self.order_gone(p.ticket, true);
         }
         self.original.entry(p.ticket).or_insert(p.volume);
         self.insert(p);

@@ -214,15 +214,21 @@ impl Master<'_> {
         } else {
             match api.orders().await {
                 Ok(orders) => Some(orders),
-                Err(BrokerError::Rejected(r)) => {
+                Err(BrokerError::Rejected(r))
+                    if r.code == crate::broker::RejectCode::InvalidRequest =>
+                {
                     // A bridge older than pending orders: its fills are copied as positions.
                     info!(reason = %r.reason, "the master's bridge lists no pending orders: only their fills are published");
                     self.orders_unsupported = true;
+                    self.orders.clear();
                     None
                 }
                 Err(e) => {
-                    warn!(error = %e, "reading the master's pending orders failed; keeping the published ones");
-                    None
+                    // Positions without orders could show an order gone that filled meanwhile:
+                    // both are read again together.
+                    warn!(error = %e, "reading the master's pending orders failed; keeping the published snapshot");
+                    self.dirty = true;
+                    return Ok(());
                 }
             }
         };
@@ -272,6 +278,8 @@ impl Master<'_> {
                 p.open_volume = p.open_volume.max(o.volume);
             }
         }
+        // An order that filled between the two reads shows in both: it is the position now.
+        self.orders.retain(|t, _| !next.contains_key(t));
         for (ticket, p) in &self.view {
             if !next.contains_key(ticket) {
                 info!(master_ticket = ticket, symbol = %p.symbol, "master position closed (confirmed by history)");
@@ -305,6 +313,10 @@ impl Master<'_> {
         let event = match change {
             PositionChange::Opened { position } => {
                 if self.view.contains_key(&position.ticket) {
+                    // Known from a read; an order of its ticket left behind goes now.
+                    if self.orders.remove(&position.ticket).is_some() {
+                        return self.publish(MasterEvent::Snapshot).await;
+                    }
                     return Ok(());
                 }
                 let mut p = from_broker(&position, None);
@@ -345,12 +357,20 @@ impl Master<'_> {
                 }
             }
             PositionChange::Closed { closed } => {
+                // An order of the same ticket (its fill's) cannot rest any more either.
+                self.orders.remove(&closed.position.ticket);
                 if self.view.remove(&closed.position.ticket).is_none() {
                     return Ok(());
                 }
                 MasterEvent::Close {
                     ticket: closed.position.ticket,
                 }
+            }
+            // A late update of an order that has already filled changes nothing.
+            PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order }
+                if self.view.contains_key(&order.ticket) =>
+            {
+                return Ok(());
             }
             PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order } => {
                 let mut o = from_order(&order, self.orders.get(&order.ticket), self.offset_ms);

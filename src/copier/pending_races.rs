@@ -1,8 +1,10 @@
 //! Property test of the pending-order decisions against the races a real follower meets: the
 //! follower's pending copy fills (or expires, or is cancelled by hand) at any moment, including
 //! while a cancel is on its way; replies are lost (the request executed, the node does not know);
-//! stream updates arrive late; master events are dropped (a gap: reconcile). For random master
-//! histories (place, amend, cancel, fill, close of pending orders) it checks, at every step, that
+//! stream updates arrive late (a fill's position before or after its order's end); a place
+//! whose reply was lost lands at the server later; master events are dropped (a gap: reconcile).
+//! For random master histories (place, amend, cancel, fill, close of pending orders) it checks,
+//! at every step, that
 //! no master ticket ever got two copies (a fill of a pending copy and an order at market count
 //! alike) nor two pending copies, and after the follower settles, that it holds exactly what the
 //! master does: one copy per open master position, none of a closed one, no pending copy of an
@@ -223,6 +225,9 @@ struct Session {
     view: Option<(i64, Master)>,
     stream: VecDeque<PositionChange>,
     owed: bool,
+    /// Places whose reply was lost before they reached the server: executed at the start of a
+    /// later step (a request that lands after the node gave up on it).
+    late: Vec<Action>,
 }
 
 impl Session {
@@ -259,7 +264,16 @@ impl Session {
                     self.owed = true;
                     continue;
                 }
-                Action::Place { .. } => self.index.mark_placed(key),
+                Action::Place { .. } => {
+                    self.index.mark_placed(key);
+                    if lose {
+                        // Timed out here; it reaches the server later.
+                        self.index.doubt(key);
+                        self.owed = true;
+                        self.late.push(a);
+                        continue;
+                    }
+                }
                 _ => {}
             }
             let result = self.server.execute(&a);
@@ -271,7 +285,7 @@ impl Session {
                     }
                 }
                 (Action::Close { ticket, .. }, _) => self.index.reduced(*ticket, 0.0),
-                (Action::Place { .. } | Action::Cancel { .. }, Ok(_)) if lose => {
+                (Action::Cancel { .. }, Ok(_)) if lose => {
                     self.index.doubt(key);
                     self.owed = true;
                 }
@@ -428,9 +442,11 @@ enum Op {
     Close {
         pick: usize,
     },
-    /// The follower's market fills one of its resting orders.
+    /// The follower's market fills one of its resting orders (its stream announcing the
+    /// position before the order's end, or after).
     FollowerFill {
         pick: usize,
+        opened_first: bool,
     },
     /// One of the follower's resting orders expires or is cancelled by hand.
     FollowerGone {
@@ -447,7 +463,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         3 => any::<usize>().prop_map(|pick| Op::Fill { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Close { pick }),
-        3 => any::<usize>().prop_map(|pick| Op::FollowerFill { pick }),
+        3 => (any::<usize>(), any::<bool>())
+            .prop_map(|(pick, opened_first)| Op::FollowerFill { pick, opened_first }),
         1 => any::<usize>().prop_map(|pick| Op::FollowerGone { pick }),
         2 => Just(Op::Retry),
     ]
@@ -486,6 +503,15 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
     let mut next_ticket = 100;
     s.reconcile(seq, &master, false, None);
     for (i, (op, delivered, lose, arrivals, between)) in steps.iter().enumerate() {
+        // Late requests land at a random later step (here: steps without stream arrivals), so
+        // a reconcile may read before they do.
+        if *arrivals == 0 {
+            for a in std::mem::take(&mut s.late) {
+                if let Ok(changes) = s.server.execute(&a) {
+                    s.stream.extend(changes);
+                }
+            }
+        }
         let pick = |n: usize, len: usize| (len > 0).then(|| n % len);
         let event = match op {
             Op::Place { buy, limit } => {
@@ -534,9 +560,15 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 let p = master.positions.remove(i);
                 MasterEvent::Close { ticket: p.ticket }
             }),
-            Op::FollowerFill { pick: n } => {
+            Op::FollowerFill {
+                pick: n,
+                opened_first,
+            } => {
                 if let Some(i) = pick(*n, s.server.orders.len()) {
-                    let changes = s.server.fill(i);
+                    let mut changes = s.server.fill(i);
+                    if *opened_first {
+                        changes.reverse();
+                    }
                     s.stream.extend(changes);
                 }
                 None
@@ -564,7 +596,12 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         s.drain(*arrivals as usize);
         check_counts(&s, &format!("step {i} ({op:?})"))?;
     }
-    // Settle: every update arrives, reconciles run until nothing is owed.
+    // Settle: late requests land, every update arrives, reconciles run until nothing is owed.
+    for a in std::mem::take(&mut s.late) {
+        if let Ok(changes) = s.server.execute(&a) {
+            s.stream.extend(changes);
+        }
+    }
     for _ in 0..4 {
         s.drain(usize::MAX);
         s.reconcile(seq, &master, false, None);

@@ -23,7 +23,7 @@ use crate::broker::types::{
 use super::index::CopyIndex;
 use super::rules::{
     Inputs, Link, NotNow, SkipCode, fixed_stops, follower_stops, open_order, round_to_step,
-    trimmed_volume,
+    too_late, trimmed_volume,
 };
 use super::{MasterOrder, MasterPosition, intent};
 
@@ -276,6 +276,22 @@ pub fn plan_key(
         return actions;
     }
     match (position, order) {
+        (Some(p), _) if index.placed(key) && !index.ended(key) && !index.ever(key) => {
+            // A pending copy was placed and is not seen, and nothing says it left the book
+            // without a fill: its place may still land (a lost reply), or it rests where a read
+            // did not show it. A copy at market now could be a second copy.
+            if let Some(NotNow::Skip(code, reason)) = too_late(link, p, at.funds) {
+                return vec![Action::Skip {
+                    master_ticket: ticket,
+                    code,
+                    reason,
+                }];
+            }
+            vec![Action::Wait {
+                master_ticket: ticket,
+                reason: "the master's order filled; its pending copy is not seen and not known to be gone: copied at market once it is".into(),
+            }]
+        }
         (None, Some(o)) => {
             let never = link.protections.fill_only
                 || at.pending.unsupported
@@ -569,7 +585,10 @@ pub fn apply_event(
             // A pending order's fill: the order is gone in the same event.
             orders.retain(|o| o.ticket != position.ticket);
         }
-        MasterEvent::Close { ticket } => snapshot.retain(|p| p.ticket != *ticket),
+        MasterEvent::Close { ticket } => {
+            snapshot.retain(|p| p.ticket != *ticket);
+            orders.retain(|o| o.ticket != *ticket);
+        }
         MasterEvent::Partial { ticket, after, .. } => {
             if let Some(p) = snapshot.iter_mut().find(|p| p.ticket == *ticket) {
                 p.volume = *after;

@@ -707,15 +707,18 @@ fn event_ticket(event: &MasterEvent) -> Option<i64> {
 impl Follower<'_> {
     /// The follower's pending orders, positions and history, read in that order: a pending copy
     /// that fills between the reads is among the positions (or, closed already, in the history),
-    /// never in none of them. A bridge that refuses the `orders` request (one older than pending
-    /// orders) holds none the node placed: the session then places none either, and copies
-    /// pending orders from their fills.
+    /// never in none of them. A bridge that does not understand the `orders` request (an
+    /// `invalid` reply: one older than pending orders) holds none the node placed: the session
+    /// then places none either, and copies pending orders from their fills. Any other failure
+    /// fails the read (an empty list would hide resting pending copies).
     pub(super) async fn read_broker(
         &mut self,
     ) -> Result<(Vec<PendingOrder>, Vec<Position>, Vec<ClosedPosition>), BrokerError> {
         let orders = match self.api.orders().await {
             Ok(orders) => orders,
-            Err(BrokerError::Rejected(r)) => {
+            Err(BrokerError::Rejected(r))
+                if r.code == crate::broker::RejectCode::InvalidRequest =>
+            {
                 if !self.pending.unsupported {
                     info!(reason = %r.reason, "the follower's bridge lists no pending orders: pending orders are copied from their fills, at market");
                     self.pending.unsupported = true;

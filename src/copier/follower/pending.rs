@@ -2,9 +2,10 @@
 //!
 //! | outcome | place | amend | cancel |
 //! | --- | --- | --- | --- |
-//! | accepted | indexed, recorded in `order_copies` | indexed | indexed as gone; if the master's order filled, a reconcile copies the fill at market now |
-//! | rejected, market closed | retried (a reconcile within 5 s) | retried | retried |
-//! | rejected, definitive | not placed again (its fill is copied at market) | left as it is | an unknown ticket: in doubt until the next read (it may have filled) |
+//! | before sending | recorded in `order_copies` (fenced): nothing is sent without the record | | |
+//! | accepted | indexed, its ticket recorded | indexed | indexed and recorded as gone without a fill; if the master's order filled, a reconcile copies the fill at market now |
+//! | rejected, market closed | retried with the reconcile backoff (a fill meanwhile is copied at market) | retried with the backoff | retried at least every 5 s (like a close) |
+//! | rejected, definitive | not placed again (its fill is copied at market) | cancelled (an unknown ticket: in doubt until the next read) | an unknown ticket: in doubt until the next read (it may have filled) |
 //! | unknown, unavailable | in doubt until the next read | retried | in doubt until the next read |
 //!
 //! "In doubt" means nothing is decided for the key until the follower's orders, positions and
@@ -32,6 +33,28 @@ impl Follower<'_> {
         order: PlaceOrder,
     ) -> Result<(), BrokerError> {
         let key = (link.magic, master_ticket);
+        // Recorded before it is sent: a crash between the two cannot make a later owner place
+        // it again. Nothing is sent unless the record is written by the owner.
+        match self.write_order_copy(link, master_ticket, None).await {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(
+                    link_id = link.id,
+                    master_ticket,
+                    "this node no longer owns the follower: the pending copy is not placed"
+                );
+                self.ctx.lost().await;
+                return Err(BrokerError::Unavailable("no longer the owner".into()));
+            }
+            Err(e) => {
+                warn!(link_id = link.id, master_ticket, error = %db::describe(&e), "recording the pending copy failed: not placed; retried");
+                self.owe("pending copy not recorded");
+                return Err(BrokerError::Unavailable(format!(
+                    "recording the pending copy failed: {}",
+                    db::describe(&e)
+                )));
+            }
+        }
         // Once sent, never placed again by this session, whatever the outcome.
         self.index.mark_placed(key);
         let result = self.api.place(order.clone()).await;
@@ -56,11 +79,15 @@ impl Follower<'_> {
             }
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::MarketClosed => {
                 info!(link_id = link.id, master_ticket, reason = %r.reason, "market closed: the pending copy is placed when it opens");
-                self.unplace(key);
-                self.owe_within("pending copy waits: market closed", retry::MARKET_CLOSED);
+                // Not resting: it may be placed again, and meanwhile a fill is copied at market.
+                self.index.unmark_placed(key);
+                self.end_order_copy(link, master_ticket, "refused").await;
+                self.owe("pending copy waits: market closed");
             }
             Err(BrokerError::Rejected(r)) => {
                 warn!(link_id = link.id, master_ticket, code = r.code.as_str(), reason = %r.reason, "the broker refused the pending copy: not placed again; the master order's fill is copied at market");
+                self.index.mark_ended(key);
+                self.end_order_copy(link, master_ticket, "refused").await;
             }
             Err(e) => {
                 warn!(link_id = link.id, master_ticket, error = %e, "pending copy's outcome unknown: nothing is decided for it until the next read");
@@ -69,11 +96,6 @@ impl Follower<'_> {
             }
         }
         result.map(|_| ())
-    }
-
-    /// A place the broker refused only for now (the market is closed): it may be sent again.
-    fn unplace(&mut self, key: crate::copier::index::Key) {
-        self.index.unmark_placed(key);
     }
 
     pub(super) async fn amend(
@@ -100,11 +122,29 @@ impl Follower<'_> {
                 self.index.order_amended(ticket, set);
             }
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::MarketClosed => {
-                self.owe_within("amend waits: market closed", retry::MARKET_CLOSED);
+                self.owe("amend waits: market closed");
+            }
+            Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
+                // Gone (filled, cancelled): a read tells which.
+                self.index.doubt((link.magic, master_ticket));
+                self.owe_within("amended pending copy gone", std::time::Duration::ZERO);
             }
             Err(BrokerError::Rejected(r)) => {
-                // Gone (filled, cancelled) or refused as it is: the next read tells.
-                warn!(link_id = link.id, master_ticket, ticket, code = r.code.as_str(), reason = %r.reason, "the broker refused amending the pending copy");
+                // Left at its old price it could fill where the master's order does not: it is
+                // cancelled, and the master order's fill is copied at market.
+                warn!(link_id = link.id, master_ticket, ticket, code = r.code.as_str(), reason = %r.reason, "the broker refused amending the pending copy: cancelling it");
+                let cancel = CancelOrder {
+                    ticket,
+                    client_order_id: Some(crate::copier::intent::cancel(
+                        link.id,
+                        master_ticket,
+                        ticket,
+                    )),
+                };
+                let reason = "its amend was refused";
+                let _ = self
+                    .cancel(link, master_ticket, cancel, reason, false)
+                    .await;
             }
             Err(e) => {
                 warn!(link_id = link.id, master_ticket, ticket, error = %e, "amending the pending copy failed; retried");
@@ -132,6 +172,7 @@ impl Follower<'_> {
                     master_ticket, ticket, reason, "pending copy cancelled"
                 );
                 self.index.order_gone(ticket, false);
+                self.end_order_copy(link, master_ticket, "cancelled").await;
                 if master_filled {
                     // Cancelled, so not filled: the fill is copied at market, by a reconcile
                     // that reads everything first (at once).
@@ -175,9 +216,33 @@ impl Follower<'_> {
             }
             _ => None,
         };
+        // A pending copy that left the book without a fill: recorded, so a later owner may copy
+        // the master order's fill at market.
+        let ended = match &change {
+            PositionChange::OrderGone { ticket, end }
+                if !matches!(end, OrderEnd::Filled { .. }) =>
+            {
+                self.index.order_key(*ticket).map(|key| {
+                    (
+                        key,
+                        if matches!(end, OrderEnd::Expired) {
+                            "expired"
+                        } else {
+                            "cancelled"
+                        },
+                    )
+                })
+            }
+            _ => None,
+        };
         self.index.apply(&change);
         if let Some(p) = filled {
             self.record_fill(&p).await;
+        }
+        if let Some(((magic, master_ticket), how)) = ended
+            && let Some(link) = self.links.iter().find(|l| l.magic == magic).cloned()
+        {
+            self.end_order_copy(&link, master_ticket, how).await;
         }
     }
 
@@ -232,29 +297,83 @@ impl Follower<'_> {
         self.record_copy(&record).await;
     }
 
-    /// Records a pending copy in `order_copies` (fenced), so no later session places it again.
-    pub(super) async fn record_order_copy(&mut self, link: &Link, master_ticket: i64, ticket: i64) {
-        let result = self
-            .ctx
+    fn order_copy(&self, link: &Link, master_ticket: i64) -> db::copy::ledger::OrderCopy<'_> {
+        db::copy::ledger::OrderCopy {
+            follower_id: self.id,
+            server: &self.server,
+            login: &self.login,
+            link_id: link.id,
+            master_id: link.master_id,
+            master_ticket,
+        }
+    }
+
+    async fn write_order_copy(
+        &self,
+        link: &Link,
+        master_ticket: i64,
+        ticket: Option<i64>,
+    ) -> Result<bool, sqlx::Error> {
+        let c = self.order_copy(link, master_ticket);
+        self.ctx
             .node
             .db
             .run(async |conn| {
                 db::copy::ledger::record_order_copy(
                     &mut *conn,
-                    (&self.ctx.node.node_id, self.id, self.ctx.epoch()),
-                    (&self.server, &self.login),
-                    (ticket, link.id, link.master_id, master_ticket),
+                    (&self.ctx.node.node_id, self.ctx.epoch()),
+                    c,
+                    ticket,
+                )
+                .await
+            })
+            .await
+    }
+
+    /// Records a pending copy's ticket in `order_copies` (fenced).
+    pub(super) async fn record_order_copy(&mut self, link: &Link, master_ticket: i64, ticket: i64) {
+        match self
+            .write_order_copy(link, master_ticket, Some(ticket))
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => self.ctx.lost().await,
+            Err(e) => {
+                warn!(error = %db::describe(&e), ticket, "recording a pending copy's ticket failed; the next reconcile records it")
+            }
+        }
+    }
+
+    /// Records that a pending copy left the book without a fill (fenced).
+    async fn end_order_copy(&mut self, link: &Link, master_ticket: i64, ended: &str) {
+        let c = self.order_copy(link, master_ticket);
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::ledger::end_order_copy(
+                    &mut *conn,
+                    (&self.ctx.node.node_id, self.ctx.epoch()),
+                    c,
+                    ended,
                 )
                 .await
             })
             .await;
-        if let Err(e) = result {
-            warn!(error = %db::describe(&e), ticket, "recording a pending copy failed; the next reconcile records it");
+        match result {
+            Ok(true) => {}
+            Ok(false) => self.ctx.lost().await,
+            // Kept in memory for this session; a later owner waits for a read to show it.
+            Err(e) => {
+                warn!(error = %db::describe(&e), master_ticket, ended, "recording how a pending copy ended failed")
+            }
         }
     }
 
-    /// Reads what the ledger of order copies says was ever placed, and records the pending
-    /// copies of master `m` a read shows that have no row yet. False when it cannot be read.
+    /// Reads what the ledger of order copies says was ever placed (and which of those left the
+    /// book without a fill), and records the pending copies of master `m` a read shows whose
+    /// ticket it lacks. False when it cannot be read.
     pub(super) async fn sync_order_copies(&mut self, m: i64, orders: &[PendingOrder]) -> bool {
         let placed = self
             .ctx
@@ -272,11 +391,15 @@ impl Follower<'_> {
             }
         };
         let mut recorded = std::collections::HashSet::new();
-        for (link_id, master_ticket, ticket) in placed {
+        for (link_id, master_ticket, ticket, ended) in placed {
             if let Some(link) = self.links.iter().find(|l| l.id == link_id) {
-                self.index.mark_placed((link.magic, master_ticket));
+                let key = (link.magic, master_ticket);
+                self.index.mark_placed(key);
+                if ended {
+                    self.index.mark_ended(key);
+                }
             }
-            recorded.insert(ticket);
+            recorded.extend(ticket);
         }
         for link in self.links_of(m) {
             for o in orders

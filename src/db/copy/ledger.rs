@@ -142,50 +142,106 @@ pub async fn recent(
         .collect()
 }
 
-/// Records a pending copy the follower placed or was found holding (once per order ticket),
-/// fenced by the follower's (node, epoch): `order_copies` (`migrations/0014_pending_orders.sql`).
-/// False if that no longer owns the follower (nothing is written).
-pub async fn record_order_copy(
-    conn: &mut PgConnection,
-    (node_id, follower_id, epoch): (&str, i64, i64),
-    (server, login): (&str, &str),
-    (follower_ticket, link_id, master_id, master_ticket): (i64, i64, i64, i64),
-) -> Result<bool, sqlx::Error> {
-    const SQL: &str = r#"
-INSERT INTO order_copies (follower_id, server, login, follower_ticket, link_id, master_id, master_ticket,
-                          master_server, master_login, node_id, owner_epoch)
-SELECT a.id, $4, $5, $6, $7, $8, $9, coalesce(m.server, ''), coalesce(m.login, ''), $2, $3
-  FROM trading_accounts a
-  LEFT JOIN trading_accounts m ON m.id = $8
- WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
-   FOR SHARE OF a
-ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
-"#;
-    let done = sqlx::query(SQL)
-        .bind(follower_id)
-        .bind(node_id)
-        .bind(epoch)
-        .bind(server)
-        .bind(login)
-        .bind(follower_ticket)
-        .bind(link_id)
-        .bind(master_id)
-        .bind(master_ticket)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() > 0)
+/// Which pending copy: (link, master, master ticket) on the follower's broker account.
+#[derive(Debug, Clone, Copy)]
+pub struct OrderCopy<'a> {
+    pub follower_id: i64,
+    pub server: &'a str,
+    pub login: &'a str,
+    pub link_id: i64,
+    pub master_id: i64,
+    pub master_ticket: i64,
 }
 
-/// Every (link, master ticket, order ticket) the follower's broker account ever held a pending
-/// copy for, of its masters' current accounts.
+/// Records that a pending copy is being placed (before the place is sent), or was found by its
+/// marker (`ticket` known): `order_copies` (`migrations/0014_pending_orders.sql`). Placing again
+/// after a refusal for now clears `ended`. Fenced by the follower's (node, epoch): false if that
+/// no longer owns the follower (nothing is written, nothing may be sent).
+pub async fn record_order_copy(
+    conn: &mut PgConnection,
+    (node_id, epoch): (&str, i64),
+    c: OrderCopy<'_>,
+    ticket: Option<i64>,
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+WITH owner AS (
+    SELECT id FROM trading_accounts WHERE id = $1 AND node_id = $2 AND owner_epoch = $3 FOR SHARE
+),
+stored AS (
+    INSERT INTO order_copies AS o (follower_id, server, login, link_id, master_id, master_server,
+                                   master_login, master_ticket, follower_ticket, node_id, owner_epoch)
+    SELECT owner.id, $4, $5, $6, $7, coalesce(m.server, ''), coalesce(m.login, ''), $8, $9, $2, $3
+      FROM owner LEFT JOIN trading_accounts m ON m.id = $7
+    ON CONFLICT (follower_id, server, login, link_id, master_server, master_login, master_ticket)
+    DO UPDATE SET follower_ticket = coalesce(excluded.follower_ticket, o.follower_ticket),
+                  ended = CASE WHEN excluded.follower_ticket IS NULL THEN NULL ELSE o.ended END,
+                  ended_at = CASE WHEN excluded.follower_ticket IS NULL THEN NULL ELSE o.ended_at END
+    RETURNING 1
+)
+SELECT count(*) FROM owner
+"#;
+    let owned: i64 = sqlx::query_scalar(SQL)
+        .bind(c.follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(c.server)
+        .bind(c.login)
+        .bind(c.link_id)
+        .bind(c.master_id)
+        .bind(c.master_ticket)
+        .bind(ticket)
+        .fetch_one(conn)
+        .await?;
+    Ok(owned > 0)
+}
+
+/// Records how a pending copy left the book without a fill (`cancelled`, `expired`,
+/// `refused`), fenced like [`record_order_copy`]. False if this no longer owns the follower.
+pub async fn end_order_copy(
+    conn: &mut PgConnection,
+    (node_id, epoch): (&str, i64),
+    c: OrderCopy<'_>,
+    ended: &str,
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+WITH owner AS (
+    SELECT id FROM trading_accounts WHERE id = $1 AND node_id = $2 AND owner_epoch = $3 FOR SHARE
+),
+ended AS (
+    UPDATE order_copies o SET ended = $9, ended_at = now()
+      FROM owner, trading_accounts m
+     WHERE o.follower_id = owner.id AND o.server = $4 AND o.login = $5 AND o.link_id = $6
+       AND m.id = $7 AND o.master_server = m.server AND o.master_login = m.login
+       AND o.master_ticket = $8 AND o.ended IS NULL
+    RETURNING 1
+)
+SELECT count(*) FROM owner
+"#;
+    let owned: i64 = sqlx::query_scalar(SQL)
+        .bind(c.follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(c.server)
+        .bind(c.login)
+        .bind(c.link_id)
+        .bind(c.master_id)
+        .bind(c.master_ticket)
+        .bind(ended)
+        .fetch_one(conn)
+        .await?;
+    Ok(owned > 0)
+}
+
+/// Every pending copy the follower's broker account ever placed for its masters' current
+/// accounts: (link, master ticket, its ticket if known, ended without a fill).
 pub async fn placed(
     conn: &mut PgConnection,
     follower_id: i64,
     server: &str,
     login: &str,
-) -> Result<Vec<(i64, i64, i64)>, sqlx::Error> {
+) -> Result<Vec<(i64, i64, Option<i64>, bool)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT o.link_id, o.master_ticket, o.follower_ticket
+        "SELECT o.link_id, o.master_ticket, o.follower_ticket, o.ended IS NOT NULL
            FROM order_copies o JOIN trading_accounts m ON m.id = o.master_id
           WHERE o.follower_id = $1 AND o.server = $2 AND o.login = $3
             AND o.master_server = m.server AND o.master_login = m.login",

@@ -171,7 +171,7 @@ impl TradeApi for FaultyApi {
         Box::pin(async move {
             if self.faults.no_orders.lock().unwrap().contains(&self.login) {
                 return Err(BrokerError::Rejected(Rejection::new(
-                    RejectCode::Rejected,
+                    RejectCode::InvalidRequest,
                     "unknown op orders (injected)",
                 )));
             }
