@@ -667,17 +667,32 @@ async fn kill9_between_pending_orders_and_their_fills() {
         .execute(&mut conn)
         .await
         .unwrap();
+    // The links that copy pending orders trade USDJPY.m, whose price moves on its own: the
+    // masters' orders and their pending copies fill apart, in either order.
+    sqlx::query(
+        "UPDATE copy_links SET symbol_map = '{\"USDJPY\": \"USDJPY.m\"}' WHERE NOT id = ANY($1)",
+    )
+    .bind(&fill_only)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let broker = s.broker.addr.clone();
+    let price = async |symbol: &str, p: f64| {
+        copier_node::sim_broker::tools::set_price(&broker, symbol, p)
+            .await
+            .unwrap()
+    };
     trade_for(&mut s, Duration::from_secs(1)).await;
 
-    // Between the pending orders and their fills.
+    // Between the pending orders and their fills: the followers' pending copies fill first,
+    // while their node is dead, then the masters' orders.
     let first = place_pending(&s, &[149.9, 149.8]).await;
     pending_copies_placed(&s, &first, &fill_only).await;
     let victim = s.busiest_follower_node().await;
     let held = s.owned_by(&victim).await;
     s.node(&victim).process.kill9();
-    copier_node::sim_broker::tools::set_price(&s.broker.addr, "USDJPY", 149.7)
-        .await
-        .unwrap();
+    price("USDJPY.m", 149.7).await;
+    price("USDJPY", 149.7).await;
     let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
     eprintln!(
         "[{}] kill -9 of {victim} while {} pending orders rested, then they filled: its accounts moved in {} ms",
@@ -687,14 +702,14 @@ async fn kill9_between_pending_orders_and_their_fills() {
     );
     trade_for(&mut s, Duration::from_secs(1)).await;
 
-    // Between a fill and the followers' copies: the masters' node dies right after the fill.
+    // Between a fill and the followers' copies: only the masters' orders fill, and the
+    // masters' node dies right after; the followers' pending copies still rest, so they are
+    // cancelled and the fills copied at market.
     let second = place_pending(&s, &[149.6, 149.5]).await;
     pending_copies_placed(&s, &second, &fill_only).await;
     let victim = s.owners().await[&1].clone();
     let held = s.owned_by(&victim).await;
-    copier_node::sim_broker::tools::set_price(&s.broker.addr, "USDJPY", 149.4)
-        .await
-        .unwrap();
+    price("USDJPY", 149.4).await;
     s.node(&victim).process.kill9();
     let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
     eprintln!(
@@ -704,10 +719,14 @@ async fn kill9_between_pending_orders_and_their_fills() {
         moved.as_millis()
     );
     trade_for(&mut s, Duration::from_secs(1)).await;
+    // The followers' market reaches the second batch's price too: a pending copy left resting
+    // beside its copy at market would fill now, and show as a duplicate.
+    price("USDJPY.m", 149.4).await;
     finish(&mut s).await;
     // Every pending order filled on the masters, and was copied at most once per link; the
-    // journal shows how: a pending copy (filled with the master's) for the links that copy
-    // pending orders, a copy at market for the fill-only ones.
+    // journal shows how: for the links that copy pending orders, the first batch as pending
+    // copies that filled, the second as pending copies cancelled and copies at market; for the
+    // fill-only ones, copies at market.
     let lines = super::checker::load(&s.dir.path("journal.jsonl"));
     for (m, t) in first.iter().chain(&second) {
         for l in s.links.iter().filter(|l| l.master_login == *m) {
@@ -726,15 +745,20 @@ async fn kill9_between_pending_orders_and_their_fills() {
             };
             // The generator may close a filled position before a fill-only follower's owner
             // copies it (the oracle in `finish` judged what is owed).
-            let (places, opens) = (count("place"), count("open"));
+            let (places, cancels, opens) = (count("place"), count("cancel"), count("open"));
+            let who = format!("{} {m}#{t}", l.follower_login);
             if fill_only.contains(&l.link.id) {
                 assert!(
                     places == 0 && opens <= 1,
-                    "{} {m}#{t}: {places} places, {opens} opens",
-                    l.follower_login
+                    "{who}: {places} places, {opens} opens"
                 );
+            } else if first.contains(&(m.clone(), *t)) {
+                assert_eq!((places, cancels, opens), (1, 0, 0), "{who}: filled first");
             } else {
-                assert_eq!((places, opens), (1, 0), "{} {m}#{t}", l.follower_login);
+                assert!(
+                    places == 1 && cancels == 1 && opens <= 1,
+                    "{who}: {places} places, {cancels} cancels, {opens} opens"
+                );
             }
         }
     }
