@@ -259,6 +259,12 @@ pub fn plan_key(
                 first,
                 "the link copies nothing new (disabled, close-only, or a risk limit reached)",
             )),
+            (None, Some(_)) if link.protections.fill_only => actions.push(cancel(
+                link,
+                ticket,
+                first,
+                "the link copies fills only now",
+            )),
             (None, Some(o)) => actions.extend(amend_decision(link, o, first, at)),
             (Some(_), _) => actions.push(cancel(
                 link,
@@ -386,6 +392,16 @@ fn amend_decision(
     at: &Situation<'_>,
 ) -> Option<Action> {
     let want = place_order(link, o, at).ok()?;
+    if want.side != copy.side || want.kind != copy.kind {
+        // Not an amend (the link's `reverse` changed): cancelled; the master order's fill is
+        // then copied at market. (Its volume stays as placed: a ratio lot mode's balance moves.)
+        return Some(Action::Cancel {
+            master_ticket: o.ticket,
+            ticket: copy.ticket,
+            reason: "the link's settings changed the copy's side and type",
+            client_order_id: intent::cancel(link.id, o.ticket, copy.ticket),
+        });
+    }
     let differs = (want.price - copy.price).abs() > 1e-9
         || !same(want.sl, copy.sl)
         || !same(want.tp, copy.tp)
@@ -1435,8 +1451,14 @@ mod tests {
         ));
     }
 
+    fn one_copy() -> CopyIndex {
+        let mut index = CopyIndex::default();
+        index.rebuild_orders(&[pending_copy(900, 10, 1.09, Some(17_200_000))]);
+        index
+    }
+
     #[test]
-    fn pending_copies_beside_a_copy_twice_or_on_a_held_link_are_cancelled() {
+    fn pending_copies_beside_a_copy_twice_or_on_a_held_or_changed_link_are_cancelled() {
         let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
         let f = Follower {
             open: vec![copy(800, 10, 0.5)],
@@ -1478,6 +1500,40 @@ mod tests {
                 reason: "duplicate pending copy",
                 ..
             }]
+        ));
+        // The link turned to reverse, or to fill-only: the resting copy goes.
+        let reversed = Link {
+            reverse: true,
+            ..link()
+        };
+        assert!(matches!(
+            plan_orders(
+                &reversed,
+                &[],
+                std::slice::from_ref(&o),
+                &one_copy(),
+                follower_offset()
+            )
+            .as_slice(),
+            [Action::Cancel { ticket: 900, .. }]
+        ));
+        let fill_only = Link {
+            protections: crate::model::link::Protections {
+                fill_only: true,
+                ..Default::default()
+            },
+            ..link()
+        };
+        assert!(matches!(
+            plan_orders(
+                &fill_only,
+                &[],
+                std::slice::from_ref(&o),
+                &one_copy(),
+                follower_offset()
+            )
+            .as_slice(),
+            [Action::Cancel { ticket: 900, .. }]
         ));
         let disabled = Link {
             enabled: false,
