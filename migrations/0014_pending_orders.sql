@@ -34,7 +34,9 @@ CREATE TABLE order_copies (
     master_login    text   NOT NULL,
     master_ticket   bigint NOT NULL,
     follower_ticket bigint,            -- the pending copy's ticket, once known
-    ended           text CHECK (ended IN ('cancelled', 'expired', 'refused')),
+    -- cancelled, expired (the broker said so), refused (never on the book), vanished (on the book
+    -- once, then in none of an ordered read of orders, positions and history)
+    ended           text CHECK (ended IN ('cancelled', 'expired', 'refused', 'vanished')),
     node_id         text   NOT NULL,
     owner_epoch     bigint NOT NULL,
     recorded_at     timestamptz NOT NULL DEFAULT now(),

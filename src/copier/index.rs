@@ -158,7 +158,8 @@ impl CopyIndex {
         if let Some(key) = self.order_keys.get(&ticket).copied() {
             if filled {
                 self.ever.insert(key);
-            } else {
+            } else if self.pending(key).is_empty() {
+                // Ended only when no other pending copy of the key still rests.
                 self.ended.insert(key);
             }
         }
@@ -175,12 +176,37 @@ impl CopyIndex {
         self.placed.insert(key);
     }
 
-    /// Forgets a placement the broker refused only for now (it may be sent again).
+    /// A place is being sent for `key`: placed, and no longer known to have ended.
+    pub fn placing(&mut self, key: Key) {
+        self.placed.insert(key);
+        self.ended.remove(&key);
+    }
+
+    /// Forgets a place that put nothing on the book (refused only for now, or never sent): it
+    /// may be sent again.
     pub fn unmark_placed(&mut self, key: Key) {
         if self.pending(key).is_empty() {
             self.placed.remove(&key);
-            self.ended.insert(key);
+            self.ended.remove(&key);
         }
+    }
+
+    /// Pending-copy tickets seen, with their keys, that are neither resting nor known gone.
+    pub fn unresolved_orders(&self) -> Vec<(i64, Key)> {
+        self.order_keys
+            .iter()
+            .filter(|(t, k)| {
+                !self.gone.contains(t)
+                    && !self.ended.contains(k)
+                    && !self.pending(**k).iter().any(|o| o.ticket == **t)
+            })
+            .map(|(t, k)| (*t, *k))
+            .collect()
+    }
+
+    /// Remembers pending copy `ticket` of `key` (the ledger of order copies names it).
+    pub fn know_order(&mut self, ticket: i64, key: Key) {
+        self.order_keys.entry(ticket).or_insert(key);
     }
 
     /// Nothing is decided for `key` until the next read.

@@ -370,6 +370,22 @@ impl Session {
         for t in &self.placed_ledger {
             self.index.mark_placed((MAGIC, *t));
         }
+        // As `settle_vanished`: a pending copy once on the book and in none of the reads left
+        // without a fill.
+        let seen: HashSet<i64> = orders
+            .iter()
+            .map(|o| o.ticket)
+            .chain(open.iter().map(|p| p.ticket))
+            .chain(self.server.history.iter().map(|h| h.position.ticket))
+            .collect();
+        for (ticket, key) in self.index.unresolved_orders() {
+            if !seen.contains(&ticket)
+                && !self.index.ever(key)
+                && self.index.pending(key).is_empty()
+            {
+                self.index.mark_ended(key);
+            }
+        }
         let (specs, funds) = (specs(), Inputs::default());
         let actions = plan(
             &link(),

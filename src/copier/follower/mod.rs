@@ -495,6 +495,13 @@ impl Follower<'_> {
             self.owe("copy ledger read failed");
             return;
         }
+        let seen: HashSet<i64> = orders
+            .iter()
+            .map(|o| o.ticket)
+            .chain(positions.iter().map(|p| p.ticket))
+            .chain(history.iter().map(|h| h.position.ticket))
+            .collect();
+        self.settle_vanished(m, &seen).await;
         if self.has_equity_stop(m) {
             self.report_funds().await;
         }

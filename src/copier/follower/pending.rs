@@ -56,7 +56,7 @@ impl Follower<'_> {
             }
         }
         // Once sent, never placed again by this session, whatever the outcome.
-        self.index.mark_placed(key);
+        self.index.placing(key);
         let result = self.api.place(order.clone()).await;
         match &result {
             Ok(ticket) => {
@@ -79,10 +79,15 @@ impl Follower<'_> {
             }
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::MarketClosed => {
                 info!(link_id = link.id, master_ticket, reason = %r.reason, "market closed: the pending copy is placed when it opens");
-                // Not resting: it may be placed again, and meanwhile a fill is copied at market.
-                self.index.unmark_placed(key);
-                self.end_order_copy(link, master_ticket, "refused").await;
+                // Nothing rests: it may be placed again, and meanwhile a fill is copied at market.
+                self.unplace(link, master_ticket).await;
                 self.owe("pending copy waits: market closed");
+            }
+            Err(BrokerError::Unavailable(reason)) => {
+                // Nothing was sent: as if never placed.
+                warn!(link_id = link.id, master_ticket, reason = %reason, "the pending copy could not be sent; retried");
+                self.unplace(link, master_ticket).await;
+                self.owe("pending copy not sent");
             }
             Err(BrokerError::Rejected(r)) => {
                 warn!(link_id = link.id, master_ticket, code = r.code.as_str(), reason = %r.reason, "the broker refused the pending copy: not placed again; the master order's fill is copied at market");
@@ -297,6 +302,33 @@ impl Follower<'_> {
         self.record_copy(&record).await;
     }
 
+    /// Forgets a place that put nothing on the book (its record too), so it may be sent again.
+    async fn unplace(&mut self, link: &Link, master_ticket: i64) {
+        self.index.unmark_placed((link.magic, master_ticket));
+        let c = self.order_copy(link, master_ticket);
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| {
+                db::copy::ledger::forget_order_copy(
+                    &mut *conn,
+                    (&self.ctx.node.node_id, self.ctx.epoch()),
+                    c,
+                )
+                .await
+            })
+            .await;
+        match result {
+            Ok(true) => {}
+            Ok(false) => self.ctx.lost().await,
+            // The row stays, unended: a later owner waits for a read rather than copy at market.
+            Err(e) => {
+                warn!(error = %db::describe(&e), master_ticket, "forgetting a pending copy that was not placed failed")
+            }
+        }
+    }
+
     fn order_copy(&self, link: &Link, master_ticket: i64) -> db::copy::ledger::OrderCopy<'_> {
         db::copy::ledger::OrderCopy {
             follower_id: self.id,
@@ -371,6 +403,36 @@ impl Follower<'_> {
         }
     }
 
+    /// After an ordered read (orders, then positions, then history): a pending copy whose ticket
+    /// was on the book once and shows in none of them left without a fill (a fill is a position,
+    /// or a closed one in the history), cancelled by hand or expired while no stream told this
+    /// session. Recorded, so the master order's fill may be copied at market. A copy the copy
+    /// ledger knows is not in question.
+    pub(super) async fn settle_vanished(&mut self, m: i64, seen: &std::collections::HashSet<i64>) {
+        for (ticket, key) in self.index.unresolved_orders() {
+            if seen.contains(&ticket) || self.index.ever(key) || !self.index.pending(key).is_empty()
+            {
+                continue;
+            }
+            let Some(link) = self
+                .links
+                .iter()
+                .find(|l| l.magic == key.0 && l.master_id == m)
+                .cloned()
+            else {
+                continue;
+            };
+            info!(
+                link_id = link.id,
+                master_ticket = key.1,
+                ticket,
+                "pending copy gone without a fill (in no read of orders, positions or history)"
+            );
+            self.index.mark_ended(key);
+            self.end_order_copy(&link, key.1, "vanished").await;
+        }
+    }
+
     /// Reads what the ledger of order copies says was ever placed (and which of those left the
     /// book without a fill), and records the pending copies of master `m` a read shows whose
     /// ticket it lacks. False when it cannot be read.
@@ -397,6 +459,9 @@ impl Follower<'_> {
                 self.index.mark_placed(key);
                 if ended {
                     self.index.mark_ended(key);
+                }
+                if let Some(t) = ticket {
+                    self.index.know_order(t, key);
                 }
             }
             recorded.extend(ticket);

@@ -207,7 +207,7 @@ pub async fn end_order_copy(
 WITH owner AS (
     SELECT id FROM trading_accounts WHERE id = $1 AND node_id = $2 AND owner_epoch = $3 FOR SHARE
 ),
-ended AS (
+done AS (
     UPDATE order_copies o SET ended = $9, ended_at = now()
       FROM owner, trading_accounts m
      WHERE o.follower_id = owner.id AND o.server = $4 AND o.login = $5 AND o.link_id = $6
@@ -227,6 +227,42 @@ SELECT count(*) FROM owner
         .bind(c.master_id)
         .bind(c.master_ticket)
         .bind(ended)
+        .fetch_one(conn)
+        .await?;
+    Ok(owned > 0)
+}
+
+/// Deletes the record of a pending copy that put nothing on the book (refused for now, never
+/// sent), so it may be placed again; fenced like [`record_order_copy`]. Only a row without a
+/// ticket goes. False if this no longer owns the follower.
+pub async fn forget_order_copy(
+    conn: &mut PgConnection,
+    (node_id, epoch): (&str, i64),
+    c: OrderCopy<'_>,
+) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+WITH owner AS (
+    SELECT id FROM trading_accounts WHERE id = $1 AND node_id = $2 AND owner_epoch = $3 FOR SHARE
+),
+done AS (
+    DELETE FROM order_copies o
+     USING owner, trading_accounts m
+     WHERE o.follower_id = owner.id AND o.server = $4 AND o.login = $5 AND o.link_id = $6
+       AND m.id = $7 AND o.master_server = m.server AND o.master_login = m.login
+       AND o.master_ticket = $8 AND o.follower_ticket IS NULL
+    RETURNING 1
+)
+SELECT count(*) FROM owner
+"#;
+    let owned: i64 = sqlx::query_scalar(SQL)
+        .bind(c.follower_id)
+        .bind(node_id)
+        .bind(epoch)
+        .bind(c.server)
+        .bind(c.login)
+        .bind(c.link_id)
+        .bind(c.master_id)
+        .bind(c.master_ticket)
         .fetch_one(conn)
         .await?;
     Ok(owned > 0)
