@@ -392,13 +392,14 @@ fn amend_decision(
     at: &Situation<'_>,
 ) -> Option<Action> {
     let want = place_order(link, o, at).ok()?;
-    if want.side != copy.side || want.kind != copy.kind {
-        // Not an amend (the link's `reverse` changed): cancelled; the master order's fill is
-        // then copied at market. (Its volume stays as placed: a ratio lot mode's balance moves.)
+    if want.side != copy.side || want.kind != copy.kind || want.symbol != copy.symbol {
+        // Not an amend (the link's `reverse` or `symbol_map` changed): cancelled; the master
+        // order's fill is then copied at market. (Its volume stays as placed: a ratio lot mode's
+        // balance moves.)
         return Some(Action::Cancel {
             master_ticket: o.ticket,
             ticket: copy.ticket,
-            reason: "the link's settings changed the copy's side and type",
+            reason: "the link's settings changed the copy's symbol, side or type",
             client_order_id: intent::cancel(link.id, o.ticket, copy.ticket),
         });
     }
