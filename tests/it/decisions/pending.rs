@@ -395,3 +395,122 @@ async fn the_master_cancelling_after_the_copy_filled_closes_the_copy() {
     node.shutdown();
     node.wait().await.unwrap();
 }
+
+/// The `order_copies` row of master ticket `ticket` on follower 2: (its ticket, how it ended).
+async fn order_copy(
+    conn: &mut sqlx::PgConnection,
+    ticket: i64,
+) -> Vec<(Option<i64>, Option<String>)> {
+    sqlx::query_as(
+        "SELECT follower_ticket, ended FROM order_copies WHERE follower_id = 2 AND master_ticket = $1",
+    )
+    .bind(ticket)
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
+/// A pending copy cancelled by hand on the follower (its stream says so while the session runs,
+/// or an ordered read finds it gone after a restart) is not placed again, and the master order's
+/// fill is then copied at market: both ends are recorded in `order_copies`.
+#[tokio::test]
+async fn a_pending_copy_cancelled_by_hand_is_not_placed_again_and_the_fill_is_copied_at_market() {
+    let (mut s, magics) =
+        two_servers("dec-pending-hand", vec![(LinkSpec::default(), "copy")]).await;
+    let node = s.fx.node("a", 2).await;
+    let (m_addr, f_addr) = (s.fx.addr.clone(), s.follower.addr.clone());
+    let hand_cancel = async |ticket: i64| {
+        tools::trade(&f_addr, "f2", HandOrder::Cancel { ticket })
+            .await
+            .unwrap();
+    };
+
+    // While the session runs: the stream tells it.
+    let t = s.place(Side::Buy, PendingKind::Limit, 1.095, None).await;
+    let copy = s.pending_copy("f2", t, "the pending copy", |_| true).await;
+    hand_cancel(copy.ticket).await;
+    let conn = &mut s.fx.conn;
+    eventually("the hand cancel recorded", WAIT, async || {
+        let rows = order_copy(&mut *conn, t).await;
+        (rows == vec![(Some(copy.ticket), Some("cancelled".to_string()))]).then_some(())
+    })
+    .await;
+
+    // While no session runs: the next one's ordered read finds it gone.
+    let u = s.place(Side::Buy, PendingKind::Limit, 1.093, None).await;
+    let second = s
+        .pending_copy("f2", u, "the second pending copy", |_| true)
+        .await;
+    node.shutdown();
+    node.wait().await.unwrap();
+    hand_cancel(second.ticket).await;
+    let node = s.fx.node("b", 2).await;
+    let conn = &mut s.fx.conn;
+    eventually("the vanished copy recorded", WAIT, async || {
+        let rows = order_copy(&mut *conn, u).await;
+        (rows == vec![(Some(second.ticket), Some("vanished".to_string()))]).then_some(())
+    })
+    .await;
+
+    // Both master orders fill: each copied once, at market; neither pending copy placed again.
+    s.price(&m_addr, 1.09).await;
+    for ticket in [t, u] {
+        let c = s.follower.copy_of("f2", magics[0], ticket, WAIT).await;
+        assert_eq!(c.volume, 0.4);
+        let marker = format!("mc{ticket}");
+        assert_eq!(
+            (
+                s.accepted("f2", "place", &marker),
+                s.accepted("f2", "open", &marker)
+            ),
+            (1, 1),
+            "{marker}"
+        );
+    }
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// A pending copy refused because the follower's market is closed put nothing on the book: it is
+/// forgotten and placed once the market opens.
+#[tokio::test]
+async fn a_pending_copy_refused_while_the_market_is_closed_is_placed_when_it_opens() {
+    let (mut s, _) = two_servers("dec-pending-closed", vec![(LinkSpec::default(), "copy")]).await;
+    let node = s.fx.node("a", 2).await;
+    let f_addr = s.follower.addr.clone();
+    tools::set_market(&f_addr, "EURUSD", Some(false))
+        .await
+        .unwrap();
+    let t = s.place(Side::Buy, PendingKind::Limit, 1.095, None).await;
+    let marker = format!("mc{t}");
+    let path = s.fx.dir.path("journal-f.jsonl");
+    eventually("a place refused: market closed", WAIT, async || {
+        journal(&path)
+            .iter()
+            .any(|l| {
+                l.action == "place"
+                    && !l.accepted
+                    && l.comment.as_deref() == Some(marker.as_str())
+                    && l.reason
+                        .as_deref()
+                        .is_some_and(|r| r.starts_with("market closed"))
+            })
+            .then_some(())
+    })
+    .await;
+    tools::set_market(&f_addr, "EURUSD", Some(true))
+        .await
+        .unwrap();
+    let copy = s
+        .pending_copy("f2", t, "placed once the market opened", |_| true)
+        .await;
+    assert_eq!(s.accepted("f2", "place", &marker), 1);
+    let conn = &mut s.fx.conn;
+    eventually("its record", WAIT, async || {
+        let rows = order_copy(&mut *conn, t).await;
+        (rows == vec![(Some(copy.ticket), None)]).then_some(())
+    })
+    .await;
+    node.shutdown();
+    node.wait().await.unwrap();
+}
