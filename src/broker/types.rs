@@ -315,6 +315,26 @@ pub struct PlaceOrder {
     pub client_order_id: Option<String>,
 }
 
+impl PlaceOrder {
+    /// The order as it rests once placed as `ticket` at `placed_ms` (the server's clock).
+    pub fn pending(&self, ticket: i64, placed_ms: i64) -> PendingOrder {
+        PendingOrder {
+            ticket,
+            symbol: self.symbol.clone(),
+            side: self.side,
+            kind: self.kind,
+            price: self.price,
+            volume: self.volume,
+            sl: self.sl,
+            tp: self.tp,
+            expiry_ms: self.expiry_ms,
+            magic: self.magic,
+            comment: self.comment.clone(),
+            placed_ms,
+        }
+    }
+}
+
 /// A pending order's new price, stops and expiry (each as given: `None` removes a stop or the
 /// expiry).
 #[derive(Debug, Clone, PartialEq)]

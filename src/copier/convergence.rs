@@ -20,7 +20,7 @@ use super::rules::{Inputs, Link, LotMode};
 use super::{MasterPosition, parse_marker};
 use crate::broker::types::{ClosedBy, ClosedPosition, Position, PositionChange, Side, SymbolSpec};
 
-fn specs() -> HashMap<String, SymbolSpec> {
+pub(super) fn specs() -> HashMap<String, SymbolSpec> {
     [(
         "EURUSD".to_string(),
         SymbolSpec {

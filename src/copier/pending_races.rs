@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 
+use super::convergence::specs;
 use super::events::MasterEvent;
 use super::index::CopyIndex;
 use super::reconcile::{Action, Memory, PendingCopies, Situation, apply_event, plan, plan_key};
@@ -32,23 +33,6 @@ use crate::broker::types::{
 };
 
 const MAGIC: i64 = 100_007;
-
-fn specs() -> HashMap<String, SymbolSpec> {
-    [(
-        "EURUSD".to_string(),
-        SymbolSpec {
-            symbol: "EURUSD".into(),
-            price: 1.1,
-            volume_step: 0.01,
-            volume_min: 0.01,
-            volume_max: 100.0,
-            contract_size: 100_000.0,
-            point: 0.00001,
-            profit_currency: None,
-        },
-    )]
-    .into()
-}
 
 fn link() -> Link {
     Link {
@@ -163,20 +147,7 @@ impl Server {
                 order,
             } => {
                 *self.placed.entry(*master_ticket).or_default() += 1;
-                let o = PendingOrder {
-                    ticket: self.ticket(),
-                    symbol: order.symbol.clone(),
-                    side: order.side,
-                    kind: order.kind,
-                    price: order.price,
-                    volume: order.volume,
-                    sl: order.sl,
-                    tp: order.tp,
-                    expiry_ms: order.expiry_ms,
-                    magic: order.magic,
-                    comment: order.comment.clone(),
-                    placed_ms: 0,
-                };
+                let o = order.pending(self.ticket(), 0);
                 self.orders.push(o.clone());
                 Ok(vec![PositionChange::OrderPlaced { order: o }])
             }

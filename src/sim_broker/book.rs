@@ -895,18 +895,8 @@ impl Book {
             check_expiry(order.expiry_ms, self.server_ms(now_ms))?;
             let ticket = self.next_ticket;
             let pending = PendingOrder {
-                ticket,
-                symbol: order.symbol.clone(),
-                side: order.side,
-                kind: order.kind,
-                price: order.price,
                 volume: round_volume(order.volume),
-                sl: order.sl,
-                tp: order.tp,
-                expiry_ms: order.expiry_ms,
-                magic: order.magic,
-                comment: order.comment.clone(),
-                placed_ms: self.server_ms(now_ms),
+                ..order.pending(ticket, self.server_ms(now_ms))
             };
             let r = Record::OrderSet {
                 login: login.to_string(),

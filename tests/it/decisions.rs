@@ -1110,17 +1110,8 @@ async fn a_pending_order_filling_on_both_sides_at_once_is_copied_once() {
         &fx.addr,
         "m1",
         HandOrder::Place(PlaceOrder {
-            symbol: "EURUSD".into(),
-            side: Side::Buy,
-            kind: PendingKind::Limit,
-            price: 1.095,
-            volume: 0.4,
-            sl: None,
             tp: Some(1.12),
-            expiry_ms: None,
-            magic: 0,
-            comment: String::new(),
-            client_order_id: None,
+            ..crate::support::pending_order("EURUSD", Side::Buy, PendingKind::Limit, 1.095, 0.4)
         }),
     )
     .await

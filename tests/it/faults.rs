@@ -611,7 +611,7 @@ async fn a_node_cut_from_the_database_recovers_and_copies_what_it_missed() {
 /// fence check or deduplication.
 #[tokio::test]
 async fn a_lost_place_reply_places_once_and_a_bridge_without_orders_copies_the_fill() {
-    use copier_node::broker::types::{PendingKind, PlaceOrder};
+    use copier_node::broker::types::PendingKind;
     use copier_node::sim_broker::tools::{self, HandOrder};
     let CopySetup {
         db,
@@ -651,19 +651,13 @@ async fn a_lost_place_reply_places_once_and_a_bridge_without_orders_copies_the_f
     let ticket = tools::trade(
         &addr,
         "m1",
-        HandOrder::Place(PlaceOrder {
-            symbol: "EURUSD".into(),
-            side: Side::Buy,
-            kind: PendingKind::Limit,
-            price: 1.095,
-            volume: 0.3,
-            sl: None,
-            tp: None,
-            expiry_ms: None,
-            magic: 0,
-            comment: String::new(),
-            client_order_id: None,
-        }),
+        HandOrder::Place(crate::support::pending_order(
+            "EURUSD",
+            Side::Buy,
+            PendingKind::Limit,
+            1.095,
+            0.3,
+        )),
     )
     .await
     .unwrap()

@@ -61,20 +61,7 @@ impl Follower<'_> {
         match &result {
             Ok(ticket) => {
                 info!(link_id = link.id, master_ticket, ticket, symbol = %order.symbol, side = ?order.side, kind = ?order.kind, price = order.price, volume = order.volume, expiry_ms = ?order.expiry_ms, "pending copy placed");
-                self.index.order_placed(PendingOrder {
-                    ticket: *ticket,
-                    symbol: order.symbol.clone(),
-                    side: order.side,
-                    kind: order.kind,
-                    price: order.price,
-                    volume: order.volume,
-                    sl: order.sl,
-                    tp: order.tp,
-                    expiry_ms: order.expiry_ms,
-                    magic: order.magic,
-                    comment: order.comment.clone(),
-                    placed_ms: 0,
-                });
+                self.index.order_placed(order.pending(*ticket, 0));
                 self.record_order_copy(link, master_ticket, *ticket).await;
             }
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::MarketClosed => {
@@ -319,13 +306,28 @@ impl Follower<'_> {
                 .await
             })
             .await;
+        // On failure the row stays, unended: a later owner waits for a read rather than copy at
+        // market.
+        self.fenced_write(
+            result,
+            master_ticket,
+            "forgetting a pending copy that was not placed",
+        )
+        .await;
+    }
+
+    /// What a fenced write of the ledger of order copies came to: refused as no longer the
+    /// owner stops the session; a failure is logged (`what` failed) and left to the next read.
+    async fn fenced_write(
+        &mut self,
+        result: Result<bool, sqlx::Error>,
+        master_ticket: i64,
+        what: &str,
+    ) {
         match result {
             Ok(true) => {}
             Ok(false) => self.ctx.lost().await,
-            // The row stays, unended: a later owner waits for a read rather than copy at market.
-            Err(e) => {
-                warn!(error = %db::describe(&e), master_ticket, "forgetting a pending copy that was not placed failed")
-            }
+            Err(e) => warn!(error = %db::describe(&e), master_ticket, "{what} failed"),
         }
     }
 
@@ -364,16 +366,12 @@ impl Follower<'_> {
 
     /// Records a pending copy's ticket in `order_copies` (fenced).
     pub(super) async fn record_order_copy(&mut self, link: &Link, master_ticket: i64, ticket: i64) {
-        match self
+        let result = self
             .write_order_copy(link, master_ticket, Some(ticket))
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => self.ctx.lost().await,
-            Err(e) => {
-                warn!(error = %db::describe(&e), ticket, "recording a pending copy's ticket failed; the next reconcile records it")
-            }
-        }
+            .await;
+        // On failure the next reconcile records it.
+        self.fenced_write(result, master_ticket, "recording a pending copy's ticket")
+            .await;
     }
 
     /// Records that a pending copy left the book without a fill (fenced).
@@ -393,14 +391,9 @@ impl Follower<'_> {
                 .await
             })
             .await;
-        match result {
-            Ok(true) => {}
-            Ok(false) => self.ctx.lost().await,
-            // Kept in memory for this session; a later owner waits for a read to show it.
-            Err(e) => {
-                warn!(error = %db::describe(&e), master_ticket, ended, "recording how a pending copy ended failed")
-            }
-        }
+        // On failure it is kept in memory for this session; a later owner waits for a read.
+        self.fenced_write(result, master_ticket, "recording how a pending copy ended")
+            .await;
     }
 
     /// After an ordered read (orders, then positions, then history): a pending copy whose ticket

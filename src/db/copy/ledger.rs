@@ -217,19 +217,7 @@ done AS (
 )
 SELECT count(*) FROM owner
 "#;
-    let owned: i64 = sqlx::query_scalar(SQL)
-        .bind(c.follower_id)
-        .bind(node_id)
-        .bind(epoch)
-        .bind(c.server)
-        .bind(c.login)
-        .bind(c.link_id)
-        .bind(c.master_id)
-        .bind(c.master_ticket)
-        .bind(ended)
-        .fetch_one(conn)
-        .await?;
-    Ok(owned > 0)
+    fenced_on_order_copy(conn, SQL, (node_id, epoch), c, Some(ended)).await
 }
 
 /// Deletes the record of a pending copy that put nothing on the book (refused for now, never
@@ -254,7 +242,20 @@ done AS (
 )
 SELECT count(*) FROM owner
 "#;
-    let owned: i64 = sqlx::query_scalar(SQL)
+    fenced_on_order_copy(conn, SQL, (node_id, epoch), c, None).await
+}
+
+/// Runs one statement on an `order_copies` row whose parameters are the follower and fence
+/// ($1-$3), the row's key ($4-$8) and optionally `ended` ($9), and that answers how many rows
+/// the owner check matched: true when this (node, epoch) owns the follower.
+async fn fenced_on_order_copy(
+    conn: &mut PgConnection,
+    sql: &str,
+    (node_id, epoch): (&str, i64),
+    c: OrderCopy<'_>,
+    ended: Option<&str>,
+) -> Result<bool, sqlx::Error> {
+    let mut query = sqlx::query_scalar::<_, i64>(sql)
         .bind(c.follower_id)
         .bind(node_id)
         .bind(epoch)
@@ -262,10 +263,11 @@ SELECT count(*) FROM owner
         .bind(c.login)
         .bind(c.link_id)
         .bind(c.master_id)
-        .bind(c.master_ticket)
-        .fetch_one(conn)
-        .await?;
-    Ok(owned > 0)
+        .bind(c.master_ticket);
+    if let Some(ended) = ended {
+        query = query.bind(ended);
+    }
+    Ok(query.fetch_one(conn).await? > 0)
 }
 
 /// Every pending copy the follower's broker account ever placed for its masters' current

@@ -65,18 +65,11 @@ impl Sides {
             &self.fx.addr,
             "m1",
             HandOrder::Place(PlaceOrder {
-                symbol: "EURUSD".into(),
-                side,
-                kind,
-                price,
-                volume: 0.4,
                 // Stops on the side the order's direction needs.
                 sl: Some(if side == Side::Buy { 1.08 } else { 1.12 }),
                 tp: Some(if side == Side::Buy { 1.12 } else { 1.08 }),
                 expiry_ms,
-                magic: 0,
-                comment: String::new(),
-                client_order_id: None,
+                ..crate::support::pending_order("EURUSD", side, kind, price, 0.4)
             }),
         )
         .await

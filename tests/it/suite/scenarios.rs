@@ -590,24 +590,13 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
 /// Places a buy limit on USDJPY (which the trade generator leaves alone) at each price, on every
 /// master; returns (master login, order ticket).
 async fn place_pending(s: &Suite, prices: &[f64]) -> Vec<(String, i64)> {
-    use copier_node::broker::types::{PendingKind, PlaceOrder, Side};
+    use copier_node::broker::types::{PendingKind, Side};
     use copier_node::sim_broker::tools::{self, HandOrder};
     let mut placed = Vec::new();
     for m in &s.masters {
         for price in prices {
-            let order = PlaceOrder {
-                symbol: "USDJPY".into(),
-                side: Side::Buy,
-                kind: PendingKind::Limit,
-                price: *price,
-                volume: 0.4,
-                sl: None,
-                tp: None,
-                expiry_ms: None,
-                magic: 0,
-                comment: String::new(),
-                client_order_id: None,
-            };
+            let order =
+                crate::support::pending_order("USDJPY", Side::Buy, PendingKind::Limit, *price, 0.4);
             let ticket = tools::trade(&s.broker.addr, m, HandOrder::Place(order))
                 .await
                 .unwrap()

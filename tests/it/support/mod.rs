@@ -298,6 +298,29 @@ impl Default for LinkSpec {
     }
 }
 
+/// A hand pending order: no stops, good till cancelled, no magic or comment.
+pub fn pending_order(
+    symbol: &str,
+    side: Side,
+    kind: copier_node::broker::types::PendingKind,
+    price: f64,
+    volume: f64,
+) -> copier_node::broker::types::PlaceOrder {
+    copier_node::broker::types::PlaceOrder {
+        symbol: symbol.into(),
+        side,
+        kind,
+        price,
+        volume,
+        sl: None,
+        tp: None,
+        expiry_ms: None,
+        magic: 0,
+        comment: String::new(),
+        client_order_id: None,
+    }
+}
+
 /// Inserts a link; returns (link id, magic).
 pub async fn add_link(
     conn: &mut PgConnection,
