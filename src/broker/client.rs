@@ -83,6 +83,9 @@ struct State {
     ready: bool,
     pending: HashMap<u64, oneshot::Sender<Result<ReplyFrame, BrokerError>>>,
     sessions: HashMap<u64, SessionEntry>,
+    /// Session ids by login: a position event reaches its login's sessions without a scan of
+    /// every session on the connection (thousands, under this lock).
+    by_login: HashMap<String, Vec<u64>>,
 }
 
 struct SessionEntry {
@@ -184,12 +187,9 @@ impl Broker for BridgeClient {
             )?;
             let (tx, rx) = mpsc::unbounded_channel();
             let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
-            self.inner
-                .state
-                .lock()
-                .expect("bridge state")
-                .sessions
-                .insert(
+            {
+                let mut state = self.inner.state.lock().expect("bridge state");
+                state.sessions.insert(
                     id,
                     SessionEntry {
                         login: account.login.clone(),
@@ -198,6 +198,12 @@ impl Broker for BridgeClient {
                         events: tx,
                     },
                 );
+                state
+                    .by_login
+                    .entry(account.login.clone())
+                    .or_default()
+                    .push(id);
+            }
             let api = Arc::new(SessionApi {
                 inner: self.inner.clone(),
                 id,
@@ -449,7 +455,13 @@ async fn read_loop(inner: std::sync::Weak<Inner>, read: tokio::net::tcp::OwnedRe
                 }
             }
             ServerFrame::Event(event) => {
-                for s in state.sessions.values().filter(|s| s.login == event.login) {
+                let state = &*state;
+                let ids = state.by_login.get(&event.login).map(Vec::as_slice);
+                for s in ids
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|id| state.sessions.get(id))
+                {
                     let _ = s.events.send(SessionEvent::Position(event.change.clone()));
                 }
             }
@@ -469,7 +481,16 @@ impl Drop for SessionApi {
     fn drop(&mut self) {
         let mut state = self.inner.state.lock().expect("bridge state");
         state.sessions.remove(&self.id);
-        let still_used = state.sessions.values().any(|s| s.login == self.login);
+        let still_used = match state.by_login.get_mut(&self.login) {
+            Some(ids) => {
+                ids.retain(|id| *id != self.id);
+                !ids.is_empty()
+            }
+            None => false,
+        };
+        if !still_used {
+            state.by_login.remove(&self.login);
+        }
         if !still_used && let Some(writer) = &state.writer {
             // Best effort; the reply is ignored.
             let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);

@@ -701,3 +701,53 @@ async fn ten_thousand_sessions_share_one_connection() {
     ));
     assert!(sessions[4322].events.try_recv().is_err());
 }
+
+/// Two sessions of one login on one connection both receive the login's position changes; when
+/// one is dropped the other still does, and another login's changes reach neither.
+#[tokio::test]
+async fn sessions_of_one_login_on_one_connection_each_get_its_changes_until_dropped() {
+    let dir = Scratch::new("broker-same-login");
+    let server = BrokerProcess::spawn(&dir, &[]).await;
+    let client = BridgeClient::connect(server.addr.clone(), "node-x");
+    client.wait_ready(Duration::from_secs(10)).await.unwrap();
+    let mut a = client.login(&account("m1", Some(1))).await.unwrap();
+    let mut b = client.login(&account("m1", Some(1))).await.unwrap();
+    let mut other = client.login(&account("m2", Some(1))).await.unwrap();
+    let open = async |login: &str| {
+        let (code, _, _) = tool(&[
+            "trade",
+            "--broker",
+            &server.addr,
+            "--login",
+            login,
+            "open",
+            "EURUSD",
+            "buy",
+            "0.01",
+        ])
+        .await;
+        assert_eq!(code, 0);
+    };
+    open("m1").await;
+    for s in [&mut a, &mut b] {
+        assert!(matches!(
+            next_change(s).await,
+            PositionChange::Opened { .. }
+        ));
+    }
+    drop(a);
+    open("m1").await;
+    assert!(matches!(
+        next_change(&mut b).await,
+        PositionChange::Opened { .. }
+    ));
+    assert_eq!(client.session_count(), 2);
+    // m2's stream carried nothing of m1's.
+    open("m2").await;
+    assert!(matches!(
+        next_change(&mut other).await,
+        PositionChange::Opened { .. }
+    ));
+    assert!(other.events.try_recv().is_err(), "only m2's own change");
+    assert!(b.events.try_recv().is_err(), "nothing of m2's");
+}
