@@ -511,14 +511,11 @@ impl Book {
     ) -> Effects<OpenFill> {
         let mut records = Vec::new();
         let mut events = Vec::new();
-        let mut entry = JournalEntry::new(now_ms, login, client, "open");
-        entry.fence = fence;
-        entry.symbol = Some(order.symbol.clone());
-        entry.side = Some(order.side);
-        entry.volume = Some(order.volume);
-        entry.magic = Some(order.magic);
-        entry.comment = Some(order.comment.clone());
-        entry.client_order_id = order.client_order_id.clone();
+        let mut entry = order_entry(
+            (now_ms, login, client, "open", fence),
+            (order.symbol.as_str(), order.side, order.volume),
+            (order.magic, order.comment.as_str(), &order.client_order_id),
+        );
         self.ensure_account(login, None, &mut records);
         let result = (|| {
             self.fence(login, fence, &mut records)?;
@@ -864,14 +861,11 @@ impl Book {
     ) -> Effects<OrderResult> {
         let mut records = Vec::new();
         let mut events = Vec::new();
-        let mut entry = JournalEntry::new(now_ms, login, client, "place");
-        entry.fence = fence;
-        entry.symbol = Some(order.symbol.clone());
-        entry.side = Some(order.side);
-        entry.volume = Some(order.volume);
-        entry.magic = Some(order.magic);
-        entry.comment = Some(order.comment.clone());
-        entry.client_order_id = order.client_order_id.clone();
+        let mut entry = order_entry(
+            (now_ms, login, client, "place", fence),
+            (order.symbol.as_str(), order.side, order.volume),
+            (order.magic, order.comment.as_str(), &order.client_order_id),
+        );
         self.ensure_account(login, None, &mut records);
         let result = (|| {
             self.fence(login, fence, &mut records)?;
@@ -1271,6 +1265,23 @@ fn check_pending(side: Side, kind: PendingKind, price: f64, market: f64) -> Resu
 }
 
 /// An expiry must lie ahead.
+/// The journal line of a new order: who sent it and what it asks for.
+fn order_entry(
+    (now_ms, login, client, action, fence): (i64, &str, &str, &str, Option<i64>),
+    (symbol, side, volume): (&str, Side, f64),
+    (magic, comment, client_order_id): (i64, &str, &Option<String>),
+) -> JournalEntry {
+    let mut entry = JournalEntry::new(now_ms, login, client, action);
+    entry.fence = fence;
+    entry.symbol = Some(symbol.to_string());
+    entry.side = Some(side);
+    entry.volume = Some(volume);
+    entry.magic = Some(magic);
+    entry.comment = Some(comment.to_string());
+    entry.client_order_id = client_order_id.clone();
+    entry
+}
+
 fn check_expiry(expiry_ms: Option<i64>, now_ms: i64) -> Result<(), String> {
     match expiry_ms {
         Some(e) if e <= now_ms => Err(format!(

@@ -202,6 +202,20 @@ async fn run(
     info!("sim-broker stopped");
 }
 
+/// What the server did on its own (a tick, an expiry, a price set): stored, then streamed.
+fn apply_server_changes(
+    core: &mut Core,
+    events: Vec<(String, PositionChange)>,
+    records: &[super::book::Record],
+) {
+    if let Some(store) = core.store.as_mut()
+        && let Err(e) = store.append(records)
+    {
+        error!(error = %e, "writing the state file failed");
+    }
+    broadcast(core, events);
+}
+
 async fn ticker(shared: Arc<Shared>, period: Duration, shutdown: CancellationToken) {
     let mut interval = tokio::time::interval(period);
     loop {
@@ -211,12 +225,7 @@ async fn ticker(shared: Arc<Shared>, period: Duration, shutdown: CancellationTok
         }
         let mut core = shared.core.lock().expect("sim-broker state lock");
         let (events, records) = core.book.tick(now_ms());
-        if let Some(store) = core.store.as_mut()
-            && let Err(e) = store.append(&records)
-        {
-            error!(error = %e, "writing the state file failed");
-        }
-        broadcast(&mut core, events);
+        apply_server_changes(&mut core, events, &records);
     }
 }
 
@@ -233,12 +242,7 @@ async fn expirer(shared: Arc<Shared>, shutdown: CancellationToken) {
         if records.is_empty() {
             continue;
         }
-        if let Some(store) = core.store.as_mut()
-            && let Err(e) = store.append(&records)
-        {
-            error!(error = %e, "writing the state file failed");
-        }
-        broadcast(&mut core, events);
+        apply_server_changes(&mut core, events, &records);
     }
 }
 
@@ -450,12 +454,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             Ok(()) => {
                 // The new price triggers what it reaches (stops, pending orders), as a tick does.
                 let (events, records) = core.book.trigger(now);
-                if let Some(store) = core.store.as_mut()
-                    && let Err(e) = store.append(&records)
-                {
-                    error!(error = %e, "writing the state file failed");
-                }
-                broadcast(&mut core, events);
+                apply_server_changes(&mut core, events, &records);
                 ok(id, &serde_json::json!({}))
             }
             Err(reason) => invalid(id, &reason),
