@@ -75,12 +75,25 @@ impl CopyIndex {
             }
         }
         // A pending copy that filled between the read of the orders and this one shows in both:
-        // it is a copy now.
-        let filled: Vec<i64> = open
+        // it is a copy now. At MT4/MT5 brokers its position keeps the order's ticket; over FIX
+        // the position is numbered apart and carries the order's marker. (A copy under the
+        // marker of a pending copy that still rests exists no other way: a copy at market is
+        // made only once the key's pending copy is known to have ended.)
+        let positions = || open.iter().chain(history.iter().map(|h| &h.position));
+        let tickets: HashSet<i64> = positions().map(|p| p.ticket).collect();
+        let marked: HashSet<Key> = positions()
+            .filter_map(|p| parse_marker(&p.comment).map(|t| (p.magic, t)))
+            .collect();
+        let filled: Vec<i64> = self
+            .orders
             .iter()
-            .map(|p| p.ticket)
-            .chain(history.iter().map(|h| h.position.ticket))
-            .filter(|t| self.pending_key(*t).is_some())
+            .flat_map(|(key, list)| {
+                let copied = marked.contains(key);
+                let tickets = &tickets;
+                list.iter()
+                    .filter(move |o| copied || tickets.contains(&o.ticket))
+                    .map(|o| o.ticket)
+            })
             .collect();
         for t in filled {
             self.order_gone(t, true);
@@ -424,6 +437,51 @@ mod tests {
             closed_by: ClosedBy::Client,
             remaining_volume: remaining,
             profit: 0.0,
+        }
+    }
+
+    fn pending_copy(ticket: i64, master: i64) -> PendingOrder {
+        PendingOrder {
+            ticket,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: crate::broker::types::PendingKind::Limit,
+            price: 1.09,
+            volume: 0.4,
+            sl: None,
+            tp: None,
+            expiry_ms: None,
+            magic: 77,
+            comment: marker(master),
+            placed_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_pending_copy_filled_between_reads_is_a_copy_whatever_its_positions_ticket() {
+        // The read of the orders shows pending copies of master orders 10 and 11; the fill of
+        // 10's comes before the read of the positions. MT4/MT5: the position keeps the order's
+        // ticket (500). FIX: the position is numbered apart (9) under the order's marker; a
+        // copy of 10 already closed (in the history) says the same.
+        type Read = (Vec<Position>, Vec<ClosedPosition>);
+        let reads: [Read; 3] = [
+            (vec![copy(500, 10, 0.4)], vec![]),
+            (vec![copy(9, 10, 0.4)], vec![]),
+            (vec![], vec![closed(&copy(9, 10, 0.4), 0.4, 0.0)]),
+        ];
+        for (open, history) in reads {
+            let mut index = CopyIndex::from_read(&[], &[]);
+            index.rebuild_orders(&[pending_copy(500, 10), pending_copy(501, 11)]);
+            index.rebuild(&open, &history);
+            assert!(
+                index.pending((77, 10)).is_empty() && index.pending_key(500).is_none(),
+                "the filled pending copy no longer rests: {open:?} {history:?}"
+            );
+            assert!(
+                index.ever((77, 10)) && !index.ended((77, 10)),
+                "filled, not ended: no copy at market for it"
+            );
+            assert_eq!(index.pending((77, 11)).len(), 1, "another key's copy rests");
         }
     }
 

@@ -213,8 +213,9 @@ pub fn plan(
 ///   (and only then: it may have filled meanwhile) the fill is copied at market, within the
 ///   link's `max_delay_ms` and `max_slippage`, like any position;
 /// * a pending copy once the master order was cancelled or expired: cancel it;
-/// * a copy (the pending copy filled) while the master order still rests: kept; once the master
-///   order is cancelled or expires: closed, as a copy whose master position closed;
+/// * a copy (the pending copy filled) while the master order still rests: kept, its stops the
+///   order's; once the master order is cancelled or expires: closed, as a copy whose master
+///   position closed;
 /// * a pending copy beside an open copy, or a second pending copy: cancelled;
 /// * a pending copy in doubt (a place or cancel of unknown outcome): nothing until a read.
 pub fn plan_key(
@@ -239,8 +240,15 @@ pub fn plan_key(
             .iter()
             .map(|p| cancel(link, ticket, p, "a copy of the fill is open"))
             .collect();
-        if position.is_none() && order.is_some() {
-            // The pending copy filled before the master's order: kept while that rests.
+        if let (None, Some(o)) = (position, order) {
+            // The pending copy filled before the master's order: kept while that rests, with the
+            // stops the order carries (a pending copy over FIX fills without any).
+            let m = o.as_position();
+            actions.extend(
+                copies
+                    .iter()
+                    .filter_map(|c| stops_of(link, ticket, c, &m, at)),
+            );
             return actions;
         }
         actions.extend(plan_ticket(link, ticket, position, index, at));
@@ -516,35 +524,45 @@ pub fn plan_ticket(
             });
         }
     }
-    let fixed = link.protections.sl_points.is_some() || link.protections.tp_points.is_some();
-    if link.copy_sl_tp || fixed {
-        // Fixed stops count from the copy's own open price (its fill); the order that opened it
-        // counted from the master's, so the first reconcile after the fill moves them once.
-        let stops = match at.specs.get(&copy.symbol) {
-            Some(spec) => fixed_stops(
-                link,
-                copy.side,
-                copy.open_price,
-                spec,
-                follower_stops(link, m),
-            )
-            .ok(),
-            None if fixed => None,
-            None => Some(follower_stops(link, m)),
-        };
-        if let Some((sl, tp)) = stops
-            && (!same(sl, copy.sl) || !same(tp, copy.tp))
-        {
-            actions.push(Action::Modify {
-                master_ticket: ticket,
-                ticket: copy.ticket,
-                sl,
-                tp,
-                client_order_id: intent::stops(link.id, ticket, copy.ticket, at.at),
-            });
-        }
-    }
+    actions.extend(stops_of(link, ticket, copy, m, at));
     actions
+}
+
+/// The change that gives `copy` the stops master `m` (a position, or the order whose pending
+/// copy filled) asks for, if it lacks them.
+fn stops_of(
+    link: &Link,
+    ticket: i64,
+    copy: &Position,
+    m: &MasterPosition,
+    at: &Situation<'_>,
+) -> Option<Action> {
+    let fixed = link.protections.sl_points.is_some() || link.protections.tp_points.is_some();
+    if !link.copy_sl_tp && !fixed {
+        return None;
+    }
+    // Fixed stops count from the copy's own open price (its fill); the order that opened it
+    // counted from the master's, so the first reconcile after the fill moves them once.
+    let stops = match at.specs.get(&copy.symbol) {
+        Some(spec) => fixed_stops(
+            link,
+            copy.side,
+            copy.open_price,
+            spec,
+            follower_stops(link, m),
+        )
+        .ok(),
+        None if fixed => None,
+        None => Some(follower_stops(link, m)),
+    };
+    let (sl, tp) = stops?;
+    (!same(sl, copy.sl) || !same(tp, copy.tp)).then(|| Action::Modify {
+        master_ticket: ticket,
+        ticket: copy.ticket,
+        sl,
+        tp,
+        client_order_id: intent::stops(link.id, ticket, copy.ticket, at.at),
+    })
 }
 
 fn close(link: &Link, master_ticket: i64, copy: &Position, reason: &'static str) -> Action {
@@ -1414,9 +1432,15 @@ mod tests {
     #[test]
     fn the_master_cancelling_closes_a_filled_copy_and_cancels_a_resting_one() {
         let o = morder(10, Side::Buy, PendingKind::Limit, 1.09);
-        // The follower's pending copy filled first (its position carries the marker).
+        // The follower's pending copy filled first (its position carries the marker and the
+        // order's stops).
+        let filled = Position {
+            sl: Some(1.08),
+            tp: Some(1.12),
+            ..copy(900, 10, 0.5)
+        };
         let f = Follower {
-            open: vec![copy(900, 10, 0.5)],
+            open: vec![filled],
             ..Default::default()
         };
         let index = CopyIndex::from_read(&f.open, &f.history);
@@ -1431,6 +1455,24 @@ mod tests {
             vec![],
             "kept while the master's order rests"
         );
+        // Filled without stops (a FIX entry order carries none): given the order's.
+        let bare = CopyIndex::from_read(&[copy(900, 10, 0.5)], &[]);
+        assert!(matches!(
+            plan_orders(
+                &link(),
+                &[],
+                std::slice::from_ref(&o),
+                &bare,
+                follower_offset()
+            )
+            .as_slice(),
+            [Action::Modify {
+                ticket: 900,
+                sl: Some(1.08),
+                tp: Some(1.12),
+                ..
+            }]
+        ));
         assert!(matches!(
             plan_orders(&link(), &[], &[], &index, follower_offset()).as_slice(),
             [Action::Close {

@@ -160,7 +160,7 @@ WITH o AS (
      WHERE account_id = $1 AND cl_ord_id = $2
  RETURNING kind, symbol, side, quantity, magic, comment)
 INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, magic, comment)
-SELECT $1, $3, o.symbol, o.side, 0, $4, o.magic, o.comment FROM o WHERE o.kind = 'open'
+SELECT $1, $3, o.symbol, o.side, 0, $4, o.magic, o.comment FROM o WHERE o.kind IN ('open', 'entry')
 ON CONFLICT (account_id, position_id) DO UPDATE SET magic = EXCLUDED.magic, comment = EXCLUDED.comment
 "#,
             )
@@ -332,6 +332,222 @@ pub async fn seen_closed(
         .bind(account_id)
         .bind(position_id)
         .bind(close_price)
+        .execute(c)
+        .await
+    })
+    .await?;
+    Ok(())
+}
+
+/// An entry order of the ledger (`migrations/0015_fix_entry_orders.sql`): a pending copy placed
+/// over FIX, as recorded before it was sent and as the venue has reported it since.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub cl_ord_id: String,
+    pub symbol: String,
+    pub side: String,
+    /// Units (lots times the contract size).
+    pub quantity: f64,
+    /// `limit` or `stop`.
+    pub order_type: String,
+    pub price: f64,
+    pub sl: Option<f64>,
+    pub tp: Option<f64>,
+    /// Unix ms (UTC), when it expires; `None`: good till cancelled.
+    pub expiry_ms: Option<i64>,
+    pub magic: i64,
+    pub comment: String,
+    /// The copy engine's ticket for it, once the venue acknowledged it.
+    pub ticket: Option<i64>,
+    /// The ClOrdID this one replaces (a cancel/replace).
+    pub replaces: Option<String>,
+    pub state: String,
+    pub sent_ms: i64,
+}
+
+impl Entry {
+    /// The ledger's order view of it (what an OrderStatusRequest names).
+    pub fn as_order(&self) -> FixOrder {
+        FixOrder {
+            cl_ord_id: self.cl_ord_id.clone(),
+            kind: "entry".into(),
+            symbol: self.symbol.clone(),
+            side: self.side.clone(),
+            quantity: self.quantity,
+            position_id: None,
+            magic: self.magic,
+            comment: self.comment.clone(),
+            price: Some(self.price),
+        }
+    }
+}
+
+const ENTRY_COLUMNS: &str = "cl_ord_id, symbol, side, quantity, order_type, price, sl, tp, \
+     expiry_ms, magic, comment, ticket, replaces, state, \
+     (extract(epoch FROM sent_at) * 1000)::bigint AS sent_ms";
+
+fn entry_of(r: &sqlx::postgres::PgRow) -> Result<Entry, sqlx::Error> {
+    Ok(Entry {
+        cl_ord_id: r.try_get("cl_ord_id")?,
+        symbol: r.try_get("symbol")?,
+        side: r.try_get("side")?,
+        quantity: r.try_get("quantity")?,
+        order_type: r.try_get("order_type")?,
+        price: r.try_get("price")?,
+        sl: r.try_get("sl")?,
+        tp: r.try_get("tp")?,
+        expiry_ms: r.try_get("expiry_ms")?,
+        magic: r.try_get("magic")?,
+        comment: r.try_get("comment")?,
+        ticket: r.try_get("ticket")?,
+        replaces: r.try_get("replaces")?,
+        state: r.try_get("state")?,
+        sent_ms: r.try_get("sent_ms")?,
+    })
+}
+
+/// Records an entry order about to be sent, fenced like [`record_order`]. False when the writer
+/// no longer owns the account or the ClOrdID was recorded before.
+pub async fn record_entry(db: &Db, w: &Writer, e: &Entry) -> Result<bool, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO fix_orders (account_id, cl_ord_id, kind, symbol, side, quantity, order_type, price, sl, tp,
+                        expiry_ms, magic, comment, ticket, replaces, node_id, owner_epoch)
+SELECT a.id, $4, 'entry', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $2, $3
+  FROM trading_accounts a
+ WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
+   FOR SHARE
+ON CONFLICT (account_id, cl_ord_id) DO NOTHING
+"#;
+    let done = db
+        .run(async |c| {
+            sqlx::query(SQL)
+                .bind(w.account_id)
+                .bind(&w.node_id)
+                .bind(w.epoch)
+                .bind(&e.cl_ord_id)
+                .bind(&e.symbol)
+                .bind(&e.side)
+                .bind(e.quantity)
+                .bind(&e.order_type)
+                .bind(e.price)
+                .bind(e.sl)
+                .bind(e.tp)
+                .bind(e.expiry_ms)
+                .bind(e.magic)
+                .bind(&e.comment)
+                .bind(e.ticket)
+                .bind(&e.replaces)
+                .execute(c)
+                .await
+        })
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// The entry order recorded under a ClOrdID, whatever its state.
+pub async fn entry(
+    db: &Db,
+    account_id: i64,
+    cl_ord_id: &str,
+) -> Result<Option<Entry>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {ENTRY_COLUMNS} FROM fix_orders \
+          WHERE account_id = $1 AND cl_ord_id = $2 AND kind = 'entry'"
+    );
+    let row = db
+        .run(async |c| {
+            sqlx::query(&sql)
+                .bind(account_id)
+                .bind(cl_ord_id)
+                .fetch_optional(c)
+                .await
+        })
+        .await?;
+    row.as_ref().map(entry_of).transpose()
+}
+
+/// The account's entry orders in force (`working`) or without an outcome (`sent`), oldest first.
+pub async fn entries(db: &Db, account_id: i64) -> Result<Vec<Entry>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {ENTRY_COLUMNS} FROM fix_orders \
+          WHERE account_id = $1 AND kind = 'entry' AND state IN ('sent', 'working') \
+          ORDER BY sent_at, cl_ord_id"
+    );
+    let rows = db
+        .run(async |c| sqlx::query(&sql).bind(account_id).fetch_all(c).await)
+        .await?;
+    rows.iter().map(entry_of).collect()
+}
+
+/// The venue accepted entry order `cl_ord_id` (its New) as `ticket`.
+pub async fn entry_working(
+    db: &Db,
+    account_id: i64,
+    cl_ord_id: &str,
+    ticket: i64,
+) -> Result<(), sqlx::Error> {
+    db.run(async |c| {
+        sqlx::query(
+            "UPDATE fix_orders SET state = 'working', ticket = $3 \
+              WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
+        )
+        .bind(account_id)
+        .bind(cl_ord_id)
+        .bind(ticket)
+        .execute(c)
+        .await
+    })
+    .await?;
+    Ok(())
+}
+
+/// The venue replaced entry order `old` by `new` (a cancel/replace it accepted): `old` is
+/// `replaced`, `new` in force as `ticket`, in one statement.
+pub async fn entry_replaced(
+    db: &Db,
+    account_id: i64,
+    old: &str,
+    new: &str,
+    ticket: i64,
+) -> Result<(), sqlx::Error> {
+    db.run(async |c| {
+        sqlx::query(
+            r#"
+WITH o AS (
+    UPDATE fix_orders SET state = 'replaced', done_at = now()
+     WHERE account_id = $1 AND cl_ord_id = $2 AND state IN ('sent', 'working'))
+UPDATE fix_orders SET state = 'working', ticket = $4
+ WHERE account_id = $1 AND cl_ord_id = $3 AND state = 'sent'
+"#,
+        )
+        .bind(account_id)
+        .bind(old)
+        .bind(new)
+        .bind(ticket)
+        .execute(c)
+        .await
+    })
+    .await?;
+    Ok(())
+}
+
+/// The stops an entry order's position gets once it fills (FIX entry orders carry none).
+pub async fn entry_stops(
+    db: &Db,
+    account_id: i64,
+    cl_ord_id: &str,
+    sl: Option<f64>,
+    tp: Option<f64>,
+) -> Result<(), sqlx::Error> {
+    db.run(async |c| {
+        sqlx::query(
+            "UPDATE fix_orders SET sl = $3, tp = $4 \
+              WHERE account_id = $1 AND cl_ord_id = $2 AND kind = 'entry'",
+        )
+        .bind(account_id)
+        .bind(cl_ord_id)
+        .bind(sl)
+        .bind(tp)
         .execute(c)
         .await
     })

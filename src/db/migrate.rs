@@ -83,6 +83,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "pending orders",
         include_str!("../../migrations/0014_pending_orders.sql"),
     ),
+    (
+        15,
+        "fix entry orders",
+        include_str!("../../migrations/0015_fix_entry_orders.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

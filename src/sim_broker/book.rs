@@ -485,7 +485,12 @@ impl Book {
                 return Err("invalid credentials".to_string());
             }
             self.fence(login, fence, &mut records)?;
-            let account = self.info(login).expect("account exists");
+            // The login's account figures carry the server's clock, as `account` answers do:
+            // a session knows its server's offset from the start.
+            let account = AccountInfo {
+                server_time_ms: Some(self.server_ms(now_ms)),
+                ..self.info(login).expect("account exists")
+            };
             Ok(LoginResult {
                 account,
                 fence: self.accounts[login].fence,

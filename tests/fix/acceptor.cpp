@@ -16,25 +16,35 @@
 // takes them: a stop (OrdType 3, StopPx) or a limit (OrdType 2, Price, not IOC) on the opposite
 // side with PosMaintRptID naming the position, acknowledged New, cancelled by
 // OrderCancelRequest (F), filled when `quote` moves the price to them, and cancelled by the venue
-// when their position is gone. Every request is journaled in the simulated broker's JSON-lines format, `client` from
-// SenderSubID (50).
+// when their position is gone. Entry orders (pending orders: a limit, OrdType 2 not IOC, or a
+// stop, OrdType 3, without PosMaintRptID) rest until `quote` reaches their price, when they fill
+// and open a position (the fill's report carries its PosMaintRptID); they are refused on the wrong
+// side of the market, good till cancelled (TimeInForce 1) or till their ExpireTime (59=6, 126),
+// when the venue expires them (ExecType C); OrderCancelReplaceRequest (G) changes their price or
+// expiry (the OrderID stays) and OrderCancelRequest (F) cancels them. Every request is journaled
+// in the simulated broker's JSON-lines format (entry orders as `place`, `amend`, `cancel`),
+// `client` from SenderSubID (50).
 //
 // The control port takes one command per line and answers one line:
 //   open <login> <symbol> <buy|sell> <lots>      -> ok <ticket>     (the hand client)
 //   close <login> <ticket> <lots>                -> ok <ticket>
 //   positions <login>                            -> ok <ticket>:<symbol>:<side>:<lots> ...
+//   orders <login>                               -> ok <OrderID>:<symbol>:<side>:<limit|stop>:
+//                                                   <price>:<lots>:<expiry ms or 0> ... (entry
+//                                                   orders resting)
 //   quote <symbol> <bid> <ask>                   -> ok <fills> (moves the quote; resting stop
 //                                                   and limit orders it reaches are filled)
 //   fault <name> <on|off>                        -> ok, where <name> is one of
 //     drop_after_fill  the connection drops after a fill, before its report (never sent)
 //     gap_after_fill   the connection drops after a fill; the report goes to the session's store
 //                      (the client gets it by ResendRequest after its next logon)
-//     lose_reply       fills are never reported
+//     lose_reply       fills, and entry orders' acknowledgements, are never reported
 //     refuse_logon     every Logon is refused
 //     no_drop_copy     the hand client's trades reach sessions only as PositionReports of a
 //                      subscription (no ExecutionReport)
 //   forget <login>                               -> ok (the venue forgets the account's ClOrdIDs,
-//                                                   as after a trading-day roll)
+//                                                   as after a trading-day roll; resting orders
+//                                                   stay)
 //   reset <login>                                -> ok (the venue resets the session's sequence
 //                                                   numbers: a Logout, then both sides at 1)
 //   quit                                         -> ok (and the process exits)
@@ -52,6 +62,7 @@
 #include "quickfix/fix44/ExecutionReport.h"
 #include "quickfix/fix44/NewOrderSingle.h"
 #include "quickfix/fix44/OrderCancelReject.h"
+#include "quickfix/fix44/OrderCancelReplaceRequest.h"
 #include "quickfix/fix44/OrderCancelRequest.h"
 #include "quickfix/fix44/OrderStatusRequest.h"
 #include "quickfix/fix44/PositionReport.h"
@@ -66,6 +77,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <ctime>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -108,18 +120,34 @@ struct Order {
   double units;
   double price;
   long position;
+  bool entry = false;  // an entry order (its position: the one its fill opened)
 };
 
-// A resting order protecting a position (cTrader's way of a stop loss or take profit): a stop
-// (OrdType 3, StopPx 99) or a limit (OrdType 2, Price 44, not IOC) on the opposite side, naming
-// the position with PosMaintRptID 721.
+// A resting order: one protecting a position (cTrader's way of a stop loss or take profit: a stop,
+// OrdType 3, StopPx 99, or a limit, OrdType 2, Price 44, not IOC, on the opposite side, naming
+// the position with PosMaintRptID 721), or an entry order (position 0) that opens one.
 struct Pending {
   char type;  // OrdType
   double price;
   char side;
   double units;
   long position;
+  std::string symbol;
+  long long expire_ms;  // entry orders: 0, good till cancelled
 };
+
+// FIX UTCTimestamp (YYYYMMDD-HH:MM:SS[.sss]) as Unix ms; -1 when it is not one.
+long long parse_utc(const std::string& t) {
+  std::tm tm{};
+  int ms = 0;
+  if (t.size() < 17 || std::sscanf(t.c_str(), "%4d%2d%2d-%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon,
+                                   &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6)
+    return -1;
+  if (t.size() >= 21 && t[17] == '.') ms = std::atoi(t.substr(18, 3).c_str());
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<long long>(timegm(&tm)) * 1000 + ms;
+}
 
 struct Account {
   std::map<long, Position> positions;
@@ -234,6 +262,15 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     if (resting) {
       protect(g, acc, who, client, id, m, cl.getValue(), type.getValue(), side.getValue(),
               symbol.getValue(), qty.getValue(), position);
+      return;
+    }
+    bool entry = !m.isSetField(721) &&
+                 (type.getValue() == FIX::OrdType_STOP ||
+                  (type.getValue() == FIX::OrdType_LIMIT &&
+                   !(m.isSetField(59) && m.getField(59) == "3")));
+    if (entry) {
+      enter(g, acc, who, client, id, m, cl.getValue(), type.getValue(), side.getValue(),
+            symbol.getValue(), qty.getValue());
       return;
     }
     auto quote = quotes_.find(symbol.getValue());
@@ -417,13 +454,19 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     auto p = acc.pending.find(orig.getValue());
     if (p == acc.pending.end()) {
       auto o = acc.orders.find(orig.getValue());
-      journal(who, sub_id(m), "modify", "", 0, ' ', 0, cl.getValue(), false, "no such resting order");
+      bool known = o != acc.orders.end();
+      bool was_entry = known && o->second.entry;
+      journal(who, sub_id(m), was_entry ? "cancel" : "modify", known ? o->second.symbol : "",
+              was_entry ? order_number(o->second) : 0, ' ', 0, cl.getValue(), false,
+              "no such resting order");
       FIX44::OrderCancelReject reject(
-          FIX::OrderID(o == acc.orders.end() ? "NONE" : o->second.order_id), cl, orig,
-          FIX::OrdStatus(o == acc.orders.end() ? FIX::OrdStatus_REJECTED : o->second.status),
+          FIX::OrderID(known ? o->second.order_id : "NONE"), cl, orig,
+          FIX::OrdStatus(known ? o->second.status : FIX::OrdStatus_REJECTED),
           FIX::CxlRejResponseTo(FIX::CxlRejResponseTo_ORDER_CANCEL_REQUEST));
-      reject.set(FIX::CxlRejReason(FIX::CxlRejReason_UNKNOWN_ORDER));
-      reject.set(FIX::Text("no such resting order"));
+      reject.set(FIX::CxlRejReason(known ? FIX::CxlRejReason_TOO_LATE_TO_CANCEL
+                                         : FIX::CxlRejReason_UNKNOWN_ORDER));
+      reject.set(FIX::Text(known ? "too late to cancel: the order is not resting"
+                                 : "no such resting order"));
       g.unlock();
       send(reject, id);
       return;
@@ -432,14 +475,118 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     acc.pending.erase(p);
     Order& order = acc.orders[orig.getValue()];
     order.status = FIX::OrdStatus_CANCELED;
-    journal(who, sub_id(m), "modify", order.symbol, pending.position, pending.side, -1,
-            cl.getValue(), true, "");
+    if (pending.position == 0)
+      journal(who, sub_id(m), "cancel", order.symbol, order_number(order), pending.side,
+              pending.units / quotes_.at(order.symbol).contract, cl.getValue(), true, "");
+    else
+      journal(who, sub_id(m), "modify", order.symbol, pending.position, pending.side, -1,
+              cl.getValue(), true, "");
     FIX44::ExecutionReport er =
         report(cl.getValue(), order.order_id, FIX::ExecType_CANCELED, FIX::OrdStatus_CANCELED,
                order.symbol, pending.side, pending.units, 0, 0, pending.position);
     er.set(FIX::OrigClOrdID(orig.getValue()));
     g.unlock();
     send(er, id);
+  }
+
+  void onMessage(const FIX44::OrderCancelReplaceRequest& m, const FIX::SessionID& id) override {
+    FIX::ClOrdID cl;
+    FIX::OrigClOrdID orig;
+    m.get(cl);
+    m.get(orig);
+    std::string who = login(id);
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    auto p = acc.pending.find(orig.getValue());
+    auto o = acc.orders.find(orig.getValue());
+    bool known = o != acc.orders.end();
+    std::string reason;
+    int rej = FIX::CxlRejReason_OTHER;
+    long long expire = 0;
+    double price = 0;
+    if (p == acc.pending.end() || p->second.position != 0) {
+      reason = known ? "too late to replace: the order is not resting" : "unknown order";
+      rej = known ? FIX::CxlRejReason_TOO_LATE_TO_CANCEL : FIX::CxlRejReason_UNKNOWN_ORDER;
+    } else if (acc.orders.count(cl.getValue())) {
+      reason = "duplicate ClOrdID";
+      rej = FIX::CxlRejReason_DUPLICATE_CLORDID_RECEIVED;
+    } else {
+      reason = entry_terms(m, p->second.type, p->second.side, p->second.symbol, price, expire);
+    }
+    if (!reason.empty()) {
+      journal(who, sub_id(m), "amend", known ? o->second.symbol : "",
+              known ? order_number(o->second) : 0, ' ', -1, cl.getValue(), false, reason);
+      FIX44::OrderCancelReject reject(
+          FIX::OrderID(known ? o->second.order_id : "NONE"), cl, orig,
+          FIX::OrdStatus(known ? o->second.status : FIX::OrdStatus_REJECTED),
+          FIX::CxlRejResponseTo(FIX::CxlRejResponseTo_ORDER_CANCEL_REPLACE_REQUEST));
+      reject.set(FIX::CxlRejReason(rej));
+      reject.set(FIX::Text(reason));
+      g.unlock();
+      send(reject, id);
+      return;
+    }
+    Pending next = p->second;
+    next.price = price;
+    next.expire_ms = expire;
+    acc.pending.erase(p);
+    acc.pending[cl.getValue()] = next;
+    Order replaced = o->second;
+    o->second.status = FIX::OrdStatus_REPLACED;
+    replaced.price = price;
+    acc.orders[cl.getValue()] = replaced;
+    journal(who, sub_id(m), "amend", next.symbol, order_number(replaced), next.side,
+            next.units / quotes_.at(next.symbol).contract, cl.getValue(), true, "");
+    FIX44::ExecutionReport er =
+        report(cl.getValue(), replaced.order_id, FIX::ExecType_REPLACED, FIX::OrdStatus_NEW,
+               next.symbol, next.side, next.units, 0, 0, 0);
+    er.set(FIX::OrigClOrdID(orig.getValue()));
+    entry_fields(er, next);
+    g.unlock();
+    send(er, id);
+  }
+
+  // Expires the entry orders whose ExpireTime has passed (ExecType C to the account's sessions).
+  void expire() {
+    long long now = now_ms();
+    std::vector<std::pair<FIX::SessionID, FIX44::ExecutionReport>> sends;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      for (auto& a : accounts_) {
+        Account& acc = a.second;
+        for (auto p = acc.pending.begin(); p != acc.pending.end();) {
+          const Pending& o = p->second;
+          if (o.position != 0 || o.expire_ms == 0 || now < o.expire_ms) {
+            ++p;
+            continue;
+          }
+          Order& order = acc.orders[p->first];
+          order.status = FIX::OrdStatus_EXPIRED;
+          FIX44::ExecutionReport er =
+              report(p->first, order.order_id, FIX::ExecType_EXPIRED, FIX::OrdStatus_EXPIRED,
+                     o.symbol, o.side, o.units, 0, 0, 0);
+          for (auto& s : sessions_of(a.first)) sends.emplace_back(s, er);
+          p = acc.pending.erase(p);
+        }
+      }
+    }
+    for (auto& s : sends) send(s.second, s.first);
+  }
+
+  std::string entry_orders(const std::string& who) {
+    std::lock_guard<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    std::ostringstream out;
+    out << "ok";
+    for (auto& p : acc.pending) {
+      const Pending& o = p.second;
+      if (o.position != 0) continue;
+      out << ' ' << acc.orders[p.first].order_id << ':' << o.symbol << ':'
+          << (o.side == FIX::Side_BUY ? "buy" : "sell") << ':'
+          << (o.type == FIX::OrdType_STOP ? "stop" : "limit") << ':' << std::setprecision(10)
+          << o.price << ':' << o.units / quotes_.at(o.symbol).contract << ':' << o.expire_ms;
+    }
+    return out.str();
   }
 
   // Moves a symbol's quote and fills every resting order the new price reaches.
@@ -457,6 +604,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       std::vector<std::string> hit;
       for (auto& p : acc.pending) {
         const Pending& o = p.second;
+        if (o.position == 0) continue;  // entry orders: below
         auto pos = acc.positions.find(o.position);
         if (pos == acc.positions.end() || pos->second.symbol != symbol) continue;
         bool sell = o.side == FIX::Side_SELL;
@@ -485,6 +633,31 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
                                          FIX::OrdStatus_FILLED, symbol, o.side, units, units,
                                          o.price, o.position));
         for (auto& orphan : cancel_orphans(acc, o.position)) out.emplace_back(a.first, orphan);
+        ++filled;
+      }
+      // Entry orders the price reached: filled at their price, each opening a position.
+      std::vector<std::string> entries;
+      for (auto& p : acc.pending) {
+        const Pending& o = p.second;
+        if (o.position != 0 || o.symbol != symbol) continue;
+        bool buy = o.side == FIX::Side_BUY;
+        double px = buy ? ask : bid;
+        bool stop = o.type == FIX::OrdType_STOP;
+        bool reached = buy ? (stop ? px >= o.price : px <= o.price)
+                           : (stop ? px <= o.price : px >= o.price);
+        if (reached) entries.push_back(p.first);
+      }
+      for (auto& cl : entries) {
+        Pending o = acc.pending.at(cl);
+        acc.pending.erase(cl);
+        long ticket = fill(acc, symbol, o.side, o.units, o.price, 0);
+        Order& order = acc.orders[cl];
+        order.status = FIX::OrdStatus_FILLED;
+        order.price = o.price;
+        order.position = ticket;
+        out.emplace_back(a.first, report(cl, order.order_id, FIX::ExecType_TRADE,
+                                         FIX::OrdStatus_FILLED, symbol, o.side, o.units, o.units,
+                                         o.price, ticket));
         ++filled;
       }
     }
@@ -537,7 +710,11 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
   // them answer "unknown order", and a duplicate is no longer refused.
   std::string forget(const std::string& who) {
     std::lock_guard<std::mutex> g(mutex_);
-    accounts_[who].orders.clear();
+    Account& acc = accounts_[who];
+    for (auto o = acc.orders.begin(); o != acc.orders.end();) {
+      if (acc.pending.count(o->first)) ++o;
+      else o = acc.orders.erase(o);
+    }
     return "ok";
   }
 
@@ -629,7 +806,7 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       send(er, id);
       return;
     }
-    acc.pending[cl] = Pending{type, price, side, units, position};
+    acc.pending[cl] = Pending{type, price, side, units, position, symbol, 0};
     acc.orders[cl] = Order{next_id(), FIX::OrdStatus_NEW, symbol, side, units, price, position};
     journal(who, client, "modify", symbol, position, journal_side, -1, cl, true, "");
     FIX44::ExecutionReport er = report(cl, acc.orders[cl].order_id, FIX::ExecType_NEW,
@@ -638,6 +815,106 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     else er.set(FIX::Price(price));
     er.set(FIX::OrdType(type));
     g.unlock();
+    send(er, id);
+  }
+
+  static long order_number(const Order& o) { return std::atol(o.order_id.c_str()); }
+
+  // An entry order's price and expiry from a NewOrderSingle or OrderCancelReplaceRequest; the
+  // reason it is refused, or "".
+  std::string entry_terms(const FIX::Message& m, char type, char side, const std::string& symbol,
+                          double& price, long long& expire) {
+    const int price_tag = type == FIX::OrdType_STOP ? 99 : 44;
+    if (!m.isSetField(price_tag))
+      return type == FIX::OrdType_STOP ? "a stop order needs StopPx" : "a limit order needs Price";
+    price = std::stod(m.getField(price_tag));
+    const Quote& q = quotes_.at(symbol);
+    double now = side == FIX::Side_BUY ? q.ask : q.bid;
+    bool stop = type == FIX::OrdType_STOP;
+    bool wrong = side == FIX::Side_BUY ? (stop ? price <= now : price >= now)
+                                       : (stop ? price >= now : price <= now);
+    if (!(price > 0) || wrong) return "invalid price: on the wrong side of the market";
+    expire = 0;
+    std::string tif = m.isSetField(59) ? m.getField(59) : "1";
+    if (tif == "6") {
+      if (!m.isSetField(126)) return "good till date needs ExpireTime";
+      expire = parse_utc(m.getField(126));
+      if (expire < 0) return "ExpireTime is not a UTC timestamp";
+      if (expire <= now_ms()) return "invalid expiration: the expiry is in the past";
+    } else if (tif != "1" && tif != "0") {
+      return "entry orders are good till cancelled or good till date";
+    }
+    return "";
+  }
+
+  static void entry_fields(FIX44::ExecutionReport& er, const Pending& o) {
+    er.set(FIX::OrdType(o.type));
+    if (o.type == FIX::OrdType_STOP) er.set(FIX::StopPx(o.price));
+    else er.set(FIX::Price(o.price));
+    if (o.expire_ms != 0) {
+      er.set(FIX::TimeInForce(FIX::TimeInForce_GOOD_TILL_DATE));
+      er.setField(126, utc_text(o.expire_ms));
+    } else {
+      er.set(FIX::TimeInForce(FIX::TimeInForce_GOOD_TILL_CANCEL));
+    }
+  }
+
+  static std::string utc_text(long long ms) {
+    std::time_t secs = static_cast<std::time_t>(ms / 1000);
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%04d%02d%02d-%02d:%02d:%02d.%03d", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<int>(ms % 1000));
+    return buf;
+  }
+
+  // An entry order: accepted (ExecType New) to rest, or rejected.
+  void enter(std::unique_lock<std::mutex>& g, Account& acc, const std::string& who,
+             const std::string& client, const FIX::SessionID& id, const FIX::Message& m,
+             const std::string& cl, char type, char side, const std::string& symbol,
+             double units) {
+    std::string reason;
+    int rej = FIX::OrdRejReason_OTHER;
+    double price = 0;
+    long long expire = 0;
+    auto quote = quotes_.find(symbol);
+    if (acc.orders.count(cl)) {
+      reason = "duplicate ClOrdID";
+      rej = FIX::OrdRejReason_DUPLICATE_ORDER;
+    } else if (quote == quotes_.end()) {
+      reason = "unknown symbol";
+      rej = FIX::OrdRejReason_UNKNOWN_SYMBOL;
+    } else if (!(units > 0)) {
+      reason = "invalid quantity";
+      rej = FIX::OrdRejReason_INCORRECT_QUANTITY;
+    } else {
+      reason = entry_terms(m, type, side, symbol, price, expire);
+    }
+    double lots = quote == quotes_.end() ? -1 : units / quote->second.contract;
+    if (!reason.empty()) {
+      std::string order_id = next_id();
+      if (rej != FIX::OrdRejReason_DUPLICATE_ORDER)
+        acc.orders[cl] = Order{order_id, FIX::OrdStatus_REJECTED, symbol, side, units, 0, 0, true};
+      journal(who, client, "place", symbol, 0, side, lots, cl, false, reason);
+      FIX44::ExecutionReport er = report(cl, order_id, FIX::ExecType_REJECTED,
+                                         FIX::OrdStatus_REJECTED, symbol, side, units, 0, 0, 0);
+      er.set(FIX::OrdRejReason(rej));
+      er.set(FIX::Text(reason));
+      g.unlock();
+      send(er, id);
+      return;
+    }
+    Pending o{type, price, side, units, 0, symbol, expire};
+    acc.pending[cl] = o;
+    acc.orders[cl] = Order{next_id(), FIX::OrdStatus_NEW, symbol, side, units, price, 0, true};
+    journal(who, client, "place", symbol, order_number(acc.orders[cl]), side, lots, cl, true, "");
+    FIX44::ExecutionReport er = report(cl, acc.orders[cl].order_id, FIX::ExecType_NEW,
+                                       FIX::OrdStatus_NEW, symbol, side, units, 0, 0, 0);
+    entry_fields(er, o);
+    g.unlock();
+    if (lose_reply) return;
     send(er, id);
   }
 
@@ -804,6 +1081,11 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       in >> who;
       return venue.positions(who);
     }
+    if (cmd == "orders") {
+      std::string who;
+      in >> who;
+      return venue.entry_orders(who);
+    }
     if (cmd == "fault") {
       std::string name, state;
       in >> name >> state;
@@ -913,7 +1195,10 @@ int main(int argc, char** argv) {
     std::cout << "fix-acceptor: ready" << std::endl;
     // Ends with the test that started it, even one that crashed before it could stop the venue.
     const pid_t parent = getppid();
-    while (!control.service(venue) && getppid() == parent) acceptor.poll(0.005);
+    while (!control.service(venue) && getppid() == parent) {
+      acceptor.poll(0.005);
+      venue.expire();
+    }
     acceptor.stop();
     return 0;
   } catch (std::exception& e) {

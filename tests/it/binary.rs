@@ -477,7 +477,7 @@ async fn an_unmigrated_database_is_refused_until_migrated() {
     assert_eq!(code, 0);
     assert_eq!(
         stdout.trim(),
-        "applied migrations: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14"
+        "applied migrations: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15"
     );
     let (code, stdout, _) = run_to_end(&["migrate", "--database-url", &url], &[]);
     assert_eq!(code, 0);

@@ -12,6 +12,8 @@ use crate::support::fix::{FixVenue, VenueAccount};
 use crate::support::fixture::CopySetup;
 use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, start_node};
 
+mod pending;
+
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The venue with these accounts (no passwords), in the test's scratch directory.

@@ -15,13 +15,13 @@ use super::msg::{Fields, decimal, utc_timestamp};
 use super::{FixEndpoint, Updates};
 use crate::broker::types::{
     AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedBy, ClosedPosition,
-    ModifyOrder, OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, PositionChange, Side,
-    SymbolSpec,
+    ModifyOrder, OpenFill, OpenOrder, OrderEnd, PendingKind, PendingOrder, PlaceOrder, Position,
+    PositionChange, Side, SymbolSpec,
 };
 use crate::broker::{
     BoxFuture, BrokerError, RejectCode, Rejection, Session, SessionEvent, TradeApi,
 };
-use crate::db::fix::{self as ledger, FixOrder, FixPosition, Writer};
+use crate::db::fix::{self as ledger, Entry, FixOrder, FixPosition, Writer};
 use crate::secret::Secret;
 
 pub(super) struct LoginArgs {
@@ -88,6 +88,11 @@ struct State {
     acks: HashSet<String>,
     /// The account's resting orders by ClOrdID: what a fill of one closes by (stop or limit).
     resting: HashMap<String, ClosedBy>,
+    /// Entry orders (pending copies) by ClOrdID while they may rest or fill: the ticket the copy
+    /// engine knows each by, and the marker the position it opens carries.
+    entries: HashMap<String, EntryMark>,
+    /// Markers of positions entry orders opened, for reads before the ledger has them.
+    entry_positions: HashMap<i64, (i64, String)>,
     positions_requests: HashMap<String, Collect>,
     security_requests: HashMap<String, oneshot::Sender<Fields>>,
     /// ExecIDs applied (a resent report is applied once).
@@ -97,6 +102,42 @@ struct State {
     /// Fills and reports applied to `positions` so far: a positions answer completed at an
     /// earlier count is older than the cache and must not overwrite it.
     changes: u64,
+}
+
+/// What the session knows of an entry order in force.
+#[derive(Debug, Clone)]
+struct EntryMark {
+    ticket: Option<i64>,
+    magic: i64,
+    comment: String,
+}
+
+impl EntryMark {
+    fn of(e: &Entry) -> Self {
+        EntryMark {
+            ticket: e.ticket,
+            magic: e.magic,
+            comment: e.comment.clone(),
+        }
+    }
+}
+
+/// Entry orders' tickets start here: venues number orders and positions apart, and the copy
+/// engine keeps both in one space of tickets.
+const ORDER_TICKETS: i64 = 1 << 62;
+
+/// The copy engine's ticket for the venue's order `order_id` (OrderID, 37, which a
+/// cancel/replace keeps): 2^62 plus the number, or plus a hash of a non-numeric id.
+fn order_ticket(order_id: &str) -> i64 {
+    match order_id.parse::<i64>() {
+        Ok(n) if (0..ORDER_TICKETS).contains(&n) => ORDER_TICKETS + n,
+        _ => {
+            let h = order_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            ORDER_TICKETS + (h % (ORDER_TICKETS as u64)) as i64
+        }
+    }
 }
 
 /// Ends the session (logout, engine stopped) when the last API handle goes.
@@ -230,6 +271,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
     // Resolves orders a previous owner left without an outcome, and fills the position cache.
     {
         let _op = shared.ops.lock().await;
+        shared.load_entries().await?;
         shared.read_positions().await?;
     }
     if shared.endpoint.updates == Updates::Poll {
@@ -458,7 +500,10 @@ impl Shared {
             "9" => {
                 // OrderCancelReject: to whoever cancels (by the cancel's ClOrdID).
                 let cl = m.get(11).unwrap_or("").to_string();
-                if let Some(done) = self.state().orders.remove(&cl) {
+                let mut state = self.state();
+                state.acks.remove(&cl);
+                if let Some(done) = state.orders.remove(&cl) {
+                    drop(state);
                     let _ = done.send(m);
                 }
             }
@@ -514,6 +559,33 @@ impl Shared {
             tokio::spawn(async move {
                 let _ = ledger::set_state(&pool, account, &cl, &["working", "sent"], end).await;
             });
+        } else if matches!(status, "4" | "C") {
+            // An entry order the venue ended (expired, or cancelled other than by our waiting
+            // cancel): announced, and recorded.
+            let orig = m.get(41).unwrap_or("");
+            let entry = [cl.as_str(), orig]
+                .into_iter()
+                .find(|c| state.entries.contains_key(*c))
+                .map(str::to_string);
+            if let Some(entry) = entry {
+                let mark = state.entries.remove(&entry);
+                drop(state);
+                let ticket = mark
+                    .and_then(|k| k.ticket)
+                    .unwrap_or_else(|| order_ticket(m.get(37).unwrap_or("")));
+                let (end, how) = if status == "C" {
+                    (OrderEnd::Expired, "expired")
+                } else {
+                    (OrderEnd::Cancelled, "canceled")
+                };
+                info!(account_id = self.writer.account_id, cl_ord_id = %entry, ticket, how, "a FIX entry order ended at the venue");
+                self.emit(PositionChange::OrderGone { ticket, end });
+                let (pool, account) = (self.pool.clone(), self.writer.account_id);
+                tokio::spawn(async move {
+                    let _ =
+                        ledger::set_state(&pool, account, &entry, &["working", "sent"], how).await;
+                });
+            }
         }
     }
 
@@ -590,6 +662,17 @@ impl Shared {
                 );
             }
             None => {
+                // An entry order's fill opens a position under the entry's marker; its order is
+                // announced gone (filled) before the position opens.
+                let cl = m.get(11).unwrap_or("").to_string();
+                let entry = state.entries.get(&cl).cloned();
+                if entry.is_some() && m.get(39) == Some("2") {
+                    state.entries.remove(&cl);
+                }
+                let (magic, comment) = entry
+                    .as_ref()
+                    .map(|e| (e.magic, e.comment.clone()))
+                    .unwrap_or_default();
                 let p = Position {
                     ticket: position_id,
                     symbol: symbol.to_string(),
@@ -598,12 +681,33 @@ impl Shared {
                     open_price: price,
                     sl: None,
                     tp: None,
-                    magic: 0,
-                    comment: String::new(),
+                    magic,
+                    comment: comment.clone(),
                     open_time_ms: crate::wall_clock::unix_ms(),
                 };
                 state.positions.insert(position_id, p.clone());
+                if entry.is_some() {
+                    state.entry_positions.insert(position_id, (magic, comment));
+                }
                 drop(state);
+                if let Some(e) = entry {
+                    let ticket = e
+                        .ticket
+                        .unwrap_or_else(|| order_ticket(m.get(37).unwrap_or("")));
+                    info!(account_id = self.writer.account_id, cl_ord_id = %cl, ticket, position_id, price, "a FIX entry order filled");
+                    self.emit(PositionChange::OrderGone {
+                        ticket,
+                        end: OrderEnd::Filled {
+                            position: position_id,
+                        },
+                    });
+                    let (pool, account) = (self.pool.clone(), self.writer.account_id);
+                    tokio::spawn(async move {
+                        let _ =
+                            ledger::complete_order(&pool, account, &cl, Ok((position_id, price)))
+                                .await;
+                    });
+                }
                 self.emit(PositionChange::Opened { position: p });
             }
         }
@@ -835,11 +939,19 @@ impl Shared {
         let working = ledger::working(&self.pool, self.writer.account_id)
             .await
             .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        let fills = self.state().entry_positions.clone();
         for p in &mut positions {
             if let Some(k) = by_id.get(&p.ticket) {
                 p.magic = k.magic;
                 p.comment = k.comment.clone();
                 p.open_time_ms = k.opened_ms;
+            }
+            if p.magic == 0
+                && p.comment.is_empty()
+                && let Some((magic, comment)) = fills.get(&p.ticket)
+            {
+                p.magic = *magic;
+                p.comment = comment.clone();
             }
             for w in working.iter().filter(|w| w.position_id == p.ticket) {
                 match w.kind.as_str() {
@@ -924,13 +1036,7 @@ impl Shared {
         {
             return Ok(());
         }
-        Err(BrokerError::Rejected(Rejection::new(
-            RejectCode::StaleFence,
-            format!(
-                "account {} is no longer owned by this node at epoch {}: the order was not sent",
-                self.writer.account_id, self.writer.epoch
-            ),
-        )))
+        Err(stale_fence(&self.writer))
     }
 
     /// Places a resting order protecting position `p` (`kind` sl: a stop; tp: a limit) and
@@ -1014,7 +1120,7 @@ impl Shared {
             body.push((40, "2".into()));
             body.push((44, decimal(price)));
         }
-        let report = self.send_order(&cl, &body, true).await?;
+        let report = self.send_order("D", &cl, &body, true).await?;
         match report.get(39) {
             Some("0") => {
                 let by = if kind == "sl" {
@@ -1177,6 +1283,14 @@ impl Shared {
                 warn!(account_id = self.writer.account_id, cl_ord_id = %order.cl_ord_id, why, "a FIX order's outcome is still unknown");
             }
         }
+        for e in ledger::entries(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?
+            .iter()
+            .filter(|e| e.state == "sent")
+        {
+            self.settle_entry(e).await?;
+        }
         for order in open.iter().filter(|o| o.kind == "sl" || o.kind == "tp") {
             let report = self.order_status(order).await?;
             let state = if report.get(39) == Some("0") {
@@ -1236,7 +1350,7 @@ impl Shared {
     /// An unmarked open position that an opening order the venue forgot could have made: same
     /// symbol, side and quantity, and no other order of the ledger opened it.
     async fn adopt(&self, order: &FixOrder) -> Result<Option<(i64, f64)>, BrokerError> {
-        if order.kind != "open" {
+        if order.kind != "open" && order.kind != "entry" {
             return Ok(None);
         }
         let contract = self.contract(&order.symbol).unwrap_or(1.0);
@@ -1310,6 +1424,7 @@ impl Shared {
     /// next attempt may use the ClOrdID). Sent without an answer: the outcome is unknown.
     async fn send_order(
         &self,
+        msg_type: &str,
         cl: &str,
         body: &[(u32, String)],
         resting: bool,
@@ -1327,7 +1442,7 @@ impl Shared {
                 state.acks.insert(cl.to_string());
             }
         }
-        if let Err(e) = self.send("D", body) {
+        if let Err(e) = self.send(msg_type, body) {
             forget(&mut self.state());
             let _ = ledger::forget_order(&self.pool, self.writer.account_id, cl).await;
             return Err(e);
@@ -1407,7 +1522,7 @@ impl Shared {
         if let Some(p) = position {
             body.push((721, p.to_string()));
         }
-        let report = self.send_order(&cl, &body, false).await?;
+        let report = self.send_order("D", &cl, &body, false).await?;
         if outcome_of(&report) == Outcome::Duplicate {
             // The venue executed this ClOrdID before: ask what came of it.
             return match self.settle(&order).await? {
@@ -1417,6 +1532,187 @@ impl Shared {
         }
         let outcome = self.complete(&cl, &report).await?;
         Ok((cl, outcome, false))
+    }
+
+    /// Loads the entry orders in force from the ledger, so that a fill of one (reported on its
+    /// own) opens a position under its marker.
+    async fn load_entries(&self) -> Result<(), BrokerError> {
+        let rows = ledger::entries(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        let mut state = self.state();
+        for e in &rows {
+            state.entries.insert(e.cl_ord_id.clone(), EntryMark::of(e));
+        }
+        Ok(())
+    }
+
+    /// Asks the venue how entry order `e` stands (OrderStatusRequest) and records it in the
+    /// ledger; returns it while it is in force. A fill names its position, whose marker the
+    /// ledger then holds. A working order the venue no longer knows by its ClOrdID (a venue that
+    /// forgets ClOrdIDs at a trading-day roll) is taken to rest still: cancelling it is then
+    /// refused as unknown, and nothing is ever copied at market for it.
+    async fn settle_entry(&self, e: &Entry) -> Result<Option<Entry>, BrokerError> {
+        let account = self.writer.account_id;
+        let report = self.order_status(&e.as_order()).await?;
+        let status = report.get(39).unwrap_or("");
+        let text = report.get(58).unwrap_or("").to_string();
+        let unknown = report.integer(103) == Some(5) || text.contains("unknown order");
+        let forget = |state: &mut State| {
+            state.entries.remove(&e.cl_ord_id);
+        };
+        if report.number(14).unwrap_or(0.0) > 0.0 {
+            let Some(position) = report.integer(721) else {
+                return Err(BrokerError::Unknown(format!(
+                    "entry order {}: the venue's fill names no position (PosMaintRptID)",
+                    e.cl_ord_id
+                )));
+            };
+            let price = report.number(6).unwrap_or(e.price);
+            ledger::complete_order(&self.pool, account, &e.cl_ord_id, Ok((position, price)))
+                .await
+                .map_err(db_unknown)?;
+            let mut state = self.state();
+            forget(&mut state);
+            state
+                .entry_positions
+                .insert(position, (e.magic, e.comment.clone()));
+            return Ok(None);
+        }
+        let ended = |how: &'static str| async move {
+            ledger::set_state(&self.pool, account, &e.cl_ord_id, &["sent", "working"], how)
+                .await
+                .map_err(db_unknown)?;
+            forget(&mut self.state());
+            Ok::<_, BrokerError>(None)
+        };
+        match status {
+            "0" | "1" | "A" | "E" | "6" if !unknown => {
+                let ticket = e
+                    .ticket
+                    .unwrap_or_else(|| order_ticket(report.get(37).unwrap_or("")));
+                if e.state == "sent" {
+                    match &e.replaces {
+                        Some(old) => {
+                            ledger::entry_replaced(&self.pool, account, old, &e.cl_ord_id, ticket)
+                                .await
+                                .map_err(db_unknown)?
+                        }
+                        None => ledger::entry_working(&self.pool, account, &e.cl_ord_id, ticket)
+                            .await
+                            .map_err(db_unknown)?,
+                    }
+                    if let Some(old) = &e.replaces {
+                        self.state().entries.remove(old);
+                    }
+                }
+                let now = Entry {
+                    ticket: Some(ticket),
+                    state: "working".into(),
+                    ..e.clone()
+                };
+                self.state()
+                    .entries
+                    .insert(e.cl_ord_id.clone(), EntryMark::of(&now));
+                Ok(Some(now))
+            }
+            "5" => ended("replaced").await,
+            "4" => ended("canceled").await,
+            "C" => ended("expired").await,
+            _ if unknown && e.state == "working" => {
+                warn!(account_id = account, cl_ord_id = %e.cl_ord_id, "the venue no longer knows a working entry order by its ClOrdID: taken to rest still");
+                Ok(Some(e.clone()))
+            }
+            _ => {
+                if unknown && let Some((position, price)) = self.adopt(&e.as_order()).await? {
+                    ledger::complete_order(
+                        &self.pool,
+                        account,
+                        &e.cl_ord_id,
+                        Ok((position, price)),
+                    )
+                    .await
+                    .map_err(db_unknown)?;
+                    forget(&mut self.state());
+                    return Ok(None);
+                }
+                let why = if text.is_empty() {
+                    format!("rejected (OrdStatus {status})")
+                } else {
+                    text
+                };
+                ledger::complete_order(&self.pool, account, &e.cl_ord_id, Err(&why))
+                    .await
+                    .map_err(db_unknown)?;
+                forget(&mut self.state());
+                Ok(None)
+            }
+        }
+    }
+
+    /// An entry order in force as the copy engine sees a pending order.
+    fn pending_of(&self, e: &Entry) -> Option<PendingOrder> {
+        let contract = self.contract(&e.symbol)?;
+        Some(PendingOrder {
+            ticket: e.ticket?,
+            symbol: e.symbol.clone(),
+            side: side_parse(&e.side),
+            kind: if e.order_type == "stop" {
+                PendingKind::Stop
+            } else {
+                PendingKind::Limit
+            },
+            price: e.price,
+            volume: round_lots(e.quantity / contract),
+            sl: e.sl,
+            tp: e.tp,
+            expiry_ms: e.expiry_ms,
+            magic: e.magic,
+            comment: e.comment.clone(),
+            placed_ms: e.sent_ms,
+        })
+    }
+
+    /// The entry order in force that the copy engine knows as `ticket`.
+    async fn entry_of_ticket(&self, ticket: i64) -> Result<Entry, BrokerError> {
+        let rows = ledger::entries(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        rows.into_iter()
+            .rfind(|e| e.ticket == Some(ticket) && e.state == "working")
+            .ok_or_else(|| {
+                BrokerError::Rejected(Rejection::new(
+                    RejectCode::UnknownTicket,
+                    format!("no pending order {ticket} in force"),
+                ))
+            })
+    }
+
+    /// The body of a NewOrderSingle or OrderCancelReplaceRequest for entry order `e`: a limit
+    /// (Price) or stop (StopPx), good till cancelled or till its ExpireTime.
+    fn entry_body(&self, e: &Entry) -> Vec<(u32, String)> {
+        let mut body = vec![
+            (11, e.cl_ord_id.clone()),
+            (55, e.symbol.clone()),
+            (54, side_code(side_parse(&e.side)).to_string()),
+            (38, decimal(e.quantity)),
+            (60, utc_timestamp(crate::wall_clock::unix_ms())),
+        ];
+        if e.order_type == "stop" {
+            body.push((40, "3".into()));
+            body.push((99, decimal(e.price)));
+        } else {
+            body.push((40, "2".into()));
+            body.push((44, decimal(e.price)));
+        }
+        match e.expiry_ms {
+            Some(at) => {
+                body.push((59, "6".into()));
+                body.push((126, utc_timestamp(at)));
+            }
+            None => body.push((59, "1".into())),
+        }
+        body
     }
 
     /// A position from the cache, or (not there) from a fresh read.
@@ -1677,33 +1973,291 @@ impl TradeApi for SessionApi {
         })
     }
 
-    // Pending orders are not placed over FIX (the adapter sends market orders only): a follower
-    // on FIX copies a master's pending order when it fills, at market (`places_orders`).
-    fn places_orders(&self) -> bool {
-        false
-    }
-
+    // Pending copies are entry orders: the ones this adapter placed, from its ledger, each
+    // confirmed by an OrderStatusRequest on every read (a venue's resting orders placed by other
+    // sessions are not reported to this one: a FIX master publishes none).
     fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
-        Box::pin(async { Ok(Vec::new()) })
+        Box::pin(async move {
+            let s = &self.0;
+            let _op = s.ops.lock().await;
+            let rows = ledger::entries(&s.pool, s.writer.account_id)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            let mut out: Vec<PendingOrder> = Vec::new();
+            for e in &rows {
+                if let Some(now) = s.settle_entry(e).await?
+                    && let Some(p) = s.pending_of(&now)
+                {
+                    // A replacement in force supersedes its original (the same ticket).
+                    out.retain(|o| o.ticket != p.ticket);
+                    out.push(p);
+                }
+            }
+            Ok(out)
+        })
     }
 
-    fn place(&self, _order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
-        Box::pin(async { Err(no_pending_orders()) })
+    fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>> {
+        Box::pin(async move {
+            let s = &self.0;
+            let _op = s.ops.lock().await;
+            let Some(contract) = s.contract(&order.symbol) else {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::UnknownSymbol,
+                    format!(
+                        "unknown symbol {} (not in the venue's SecurityList)",
+                        order.symbol
+                    ),
+                )));
+            };
+            let base = order
+                .client_order_id
+                .clone()
+                .unwrap_or_else(|| s.id(&format!("{}-entry", s.writer.node_id)));
+            // A ClOrdID the ledger has already: what came of it (never a resend); a new attempt
+            // (`~N`) only after a definitive refusal.
+            let mut cl = base.clone();
+            for attempt in 2..=50 {
+                let Some(known) = ledger::entry(&s.pool, s.writer.account_id, &cl)
+                    .await
+                    .map_err(|e| unavailable(crate::db::describe(&e)))?
+                else {
+                    break;
+                };
+                let known = if known.state == "sent" {
+                    s.settle_entry(&known).await?;
+                    ledger::entry(&s.pool, s.writer.account_id, &cl)
+                        .await
+                        .map_err(|e| unavailable(crate::db::describe(&e)))?
+                        .unwrap_or(known)
+                } else {
+                    known
+                };
+                match (known.state.as_str(), known.ticket) {
+                    ("rejected", _) => cl = format!("{base}~{attempt}"),
+                    (_, Some(ticket)) => return Ok(ticket),
+                    (state, None) => {
+                        return Err(BrokerError::Unknown(format!(
+                            "entry order {cl}: {state} at the venue without an order id"
+                        )));
+                    }
+                }
+            }
+            let entry = Entry {
+                cl_ord_id: cl.clone(),
+                symbol: order.symbol.clone(),
+                side: side_text(order.side).into(),
+                quantity: order.volume * contract,
+                order_type: match order.kind {
+                    PendingKind::Limit => "limit".into(),
+                    PendingKind::Stop => "stop".into(),
+                },
+                price: order.price,
+                sl: order.sl,
+                tp: order.tp,
+                expiry_ms: order.expiry_ms,
+                magic: order.magic,
+                comment: order.comment.clone(),
+                ticket: None,
+                replaces: None,
+                state: "sent".into(),
+                sent_ms: crate::wall_clock::unix_ms(),
+            };
+            if !ledger::record_entry(&s.pool, &s.writer, &entry)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?
+            {
+                return Err(stale_fence(&s.writer));
+            }
+            s.state().entries.insert(cl.clone(), EntryMark::of(&entry));
+            let body = s.entry_body(&entry);
+            let report = match s.send_order("D", &cl, &body, true).await {
+                Ok(report) => report,
+                Err(e) => {
+                    if matches!(e, BrokerError::Unavailable(_)) {
+                        s.state().entries.remove(&cl);
+                    }
+                    return Err(e);
+                }
+            };
+            let ticket = order_ticket(report.get(37).unwrap_or(""));
+            match report.get(39) {
+                Some("0") | Some("1") | Some("A") => {
+                    ledger::entry_working(&s.pool, s.writer.account_id, &cl, ticket)
+                        .await
+                        .map_err(db_unknown)?;
+                    if let Some(mark) = s.state().entries.get_mut(&cl) {
+                        mark.ticket = Some(ticket);
+                    }
+                    Ok(ticket)
+                }
+                // Filled at once (a marketable entry order): the fill opened its position.
+                Some("2") => Ok(ticket),
+                _ => {
+                    s.state().entries.remove(&cl);
+                    let text = report.get(58).unwrap_or("rejected").to_string();
+                    ledger::complete_order(&s.pool, s.writer.account_id, &cl, Err(&text))
+                        .await
+                        .map_err(db_unknown)?;
+                    Err(BrokerError::Rejected(Rejection::new(
+                        reject_code(report.integer(103), &text),
+                        text,
+                    )))
+                }
+            }
+        })
     }
 
-    fn amend(&self, _order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(async { Err(no_pending_orders()) })
+    // A new price or expiry is an OrderCancelReplaceRequest (the venue keeps the OrderID, so the
+    // ticket stays); new stops alone change only what the position gets once it fills.
+    fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let s = &self.0;
+            let _op = s.ops.lock().await;
+            let account = s.writer.account_id;
+            let e = s.entry_of_ticket(order.ticket).await?;
+            if (e.price - order.price).abs() < 1e-12 && e.expiry_ms == order.expiry_ms {
+                return ledger::entry_stops(&s.pool, account, &e.cl_ord_id, order.sl, order.tp)
+                    .await
+                    .map_err(db_unknown);
+            }
+            let mut cl = order
+                .client_order_id
+                .clone()
+                .unwrap_or_else(|| s.id(&format!("{}-amend", s.writer.node_id)));
+            if ledger::entry(&s.pool, account, &cl)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .is_some()
+            {
+                cl = s.id(&format!("{cl}~"));
+            }
+            let next = Entry {
+                cl_ord_id: cl.clone(),
+                price: order.price,
+                sl: order.sl,
+                tp: order.tp,
+                expiry_ms: order.expiry_ms,
+                replaces: Some(e.cl_ord_id.clone()),
+                state: "sent".into(),
+                ..e.clone()
+            };
+            if !ledger::record_entry(&s.pool, &s.writer, &next)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?
+            {
+                return Err(stale_fence(&s.writer));
+            }
+            s.state().entries.insert(cl.clone(), EntryMark::of(&next));
+            let mut body = s.entry_body(&next);
+            body.push((41, e.cl_ord_id.clone()));
+            let report = match s.send_order("G", &cl, &body, true).await {
+                Ok(report) => report,
+                Err(err) => {
+                    if matches!(err, BrokerError::Unavailable(_)) {
+                        s.state().entries.remove(&cl);
+                    }
+                    return Err(err);
+                }
+            };
+            if report.msg_type() == "8" && matches!(report.get(39), Some("0" | "1" | "A")) {
+                let ticket = e.ticket.unwrap_or(order.ticket);
+                ledger::entry_replaced(&s.pool, account, &e.cl_ord_id, &cl, ticket)
+                    .await
+                    .map_err(db_unknown)?;
+                s.state().entries.remove(&e.cl_ord_id);
+                return Ok(());
+            }
+            s.state().entries.remove(&cl);
+            let text = report.get(58).unwrap_or("replace refused").to_string();
+            ledger::complete_order(&s.pool, account, &cl, Err(&text))
+                .await
+                .map_err(db_unknown)?;
+            Err(BrokerError::Rejected(refusal_of_cancel(&report, text)))
+        })
     }
 
-    fn cancel(&self, _order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
-        Box::pin(async { Err(no_pending_orders()) })
+    fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let s = &self.0;
+            let _op = s.ops.lock().await;
+            let e = s.entry_of_ticket(order.ticket).await?;
+            // The intent's id, made unique per request (a cancel not confirmed is sent again).
+            let cl = s.id(order.client_order_id.as_deref().unwrap_or("cxl"));
+            let (tx, rx) = oneshot::channel();
+            s.state().orders.insert(cl.clone(), tx);
+            let body = [
+                (11, cl.clone()),
+                (41, e.cl_ord_id.clone()),
+                (55, e.symbol.clone()),
+                (54, side_code(side_parse(&e.side)).to_string()),
+                (38, decimal(e.quantity)),
+                (60, utc_timestamp(crate::wall_clock::unix_ms())),
+            ];
+            if let Err(err) = s.send("F", &body) {
+                s.state().orders.remove(&cl);
+                return Err(err);
+            }
+            let report = match tokio::time::timeout(s.endpoint.request_timeout, rx).await {
+                Ok(Ok(report)) => report,
+                Ok(Err(_)) => {
+                    return Err(BrokerError::Unknown(format!(
+                        "cancel of entry order {}: the FIX connection dropped",
+                        e.cl_ord_id
+                    )));
+                }
+                Err(_) => {
+                    s.state().orders.remove(&cl);
+                    return Err(BrokerError::Unknown(format!(
+                        "cancel of entry order {}: no answer in time",
+                        e.cl_ord_id
+                    )));
+                }
+            };
+            if report.msg_type() == "8" && report.get(39) == Some("4") {
+                ledger::set_state(
+                    &s.pool,
+                    s.writer.account_id,
+                    &e.cl_ord_id,
+                    &["working", "sent"],
+                    "canceled",
+                )
+                .await
+                .map_err(db_unknown)?;
+                s.state().entries.remove(&e.cl_ord_id);
+                return Ok(());
+            }
+            let text = report.get(58).unwrap_or("cancel refused").to_string();
+            Err(BrokerError::Rejected(refusal_of_cancel(&report, text)))
+        })
     }
 }
 
-fn no_pending_orders() -> BrokerError {
+/// The refusal of a cancel or cancel/replace (OrderCancelReject, or a rejecting report): an
+/// order the venue no longer has in force (filled, gone, unknown) is an unknown ticket.
+fn refusal_of_cancel(report: &Fields, text: String) -> Rejection {
+    let lower = text.to_ascii_lowercase();
+    let gone = report.msg_type() == "9"
+        && (matches!(report.get(102), Some("0" | "1"))
+            || matches!(report.get(39), Some("2" | "4" | "C" | "8")));
+    if gone
+        || lower.contains("unknown order")
+        || lower.contains("no such")
+        || lower.contains("too late")
+    {
+        Rejection::new(RejectCode::UnknownTicket, text)
+    } else {
+        Rejection::new(reject_code(report.integer(103), &text), text)
+    }
+}
+
+fn stale_fence(w: &Writer) -> BrokerError {
     BrokerError::Rejected(Rejection::new(
-        RejectCode::Rejected,
-        "pending orders are not placed over FIX: the fill is copied at market",
+        RejectCode::StaleFence,
+        format!(
+            "account {} is no longer owned by this node at epoch {}: the order was not sent",
+            w.account_id, w.epoch
+        ),
     ))
 }
 

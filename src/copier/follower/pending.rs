@@ -199,11 +199,13 @@ impl Follower<'_> {
             {
                 Some(position.clone())
             }
+            // The position a fill opened: the order's ticket at MT4/MT5 brokers, a new one over
+            // FIX (announced before the position's own `opened`).
             PositionChange::OrderGone {
                 ticket,
-                end: OrderEnd::Filled { .. },
-            } if self.index.pending_key(*ticket).is_some() && !self.index.is_open(*ticket) => {
-                self.fills.insert(*ticket);
+                end: OrderEnd::Filled { position },
+            } if self.index.pending_key(*ticket).is_some() && !self.index.is_open(*position) => {
+                self.fills.insert(*position);
                 None
             }
             _ => None,
@@ -230,6 +232,13 @@ impl Follower<'_> {
         self.index.apply(&change);
         if let Some(p) = filled {
             self.record_fill(&p).await;
+            if p.sl.is_none() && p.tp.is_none() {
+                // Filled without stops (a FIX entry order carries none): the order's are set.
+                self.owe_within(
+                    "a pending copy filled without stops",
+                    std::time::Duration::ZERO,
+                );
+            }
         }
         if let Some(((magic, master_ticket), how)) = ended
             && let Some(link) = self.links.iter().find(|l| l.magic == magic).cloned()

@@ -1,0 +1,363 @@
+//! Pending orders over FIX (issue 21): a master on the simulated broker whose clock runs two
+//! hours ahead of UTC, followers on the QuickFIX venue (a FIX venue's clock is UTC), where the
+//! pending copies are entry orders. Judged from the venue's resting orders, positions and journal.
+
+use copier_node::broker::types::{PendingKind, PlaceOrder, Side};
+use copier_node::sim_broker::tools::{self, HandOrder};
+
+use super::{
+    CopySetup, FixVenue, WAIT, server, venue, venue_journal, venue_positions, wait_status,
+    wait_venue,
+};
+use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, start_node};
+
+const TWO_HOURS: i64 = 7_200_000;
+
+/// An entry order resting at the venue.
+#[derive(Debug, Clone, PartialEq)]
+struct Resting {
+    order_id: String,
+    side: String,
+    kind: String,
+    price: f64,
+    lots: f64,
+    /// Unix ms (UTC); 0: good till cancelled.
+    expiry_ms: i64,
+}
+
+fn venue_orders(v: &FixVenue, login: &str) -> Vec<Resting> {
+    let reply = v.control(&format!("orders {login}"));
+    let rest = reply.strip_prefix("ok").expect("orders answered");
+    rest.split_whitespace()
+        .map(|o| {
+            let f: Vec<&str> = o.split(':').collect();
+            assert_eq!(f[1], "EURUSD", "{o}");
+            Resting {
+                order_id: f[0].to_string(),
+                side: f[2].to_string(),
+                kind: f[3].to_string(),
+                price: f[4].parse().unwrap(),
+                lots: f[5].parse().unwrap(),
+                expiry_ms: f[6].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+async fn wait_orders(
+    v: &FixVenue,
+    login: &str,
+    what: &str,
+    want: impl Fn(&[Resting]) -> bool,
+) -> Vec<Resting> {
+    eventually(format!("{login}: {what}"), WAIT, async || {
+        let o = venue_orders(v, login);
+        want(&o).then_some(o)
+    })
+    .await
+}
+
+/// The node's accepted requests of `action` on `login` for master ticket `ticket` (by the
+/// intent's client order id, `l<link>-m<ticket>-...`).
+fn accepted(v: &FixVenue, login: &str, action: &str, ticket: i64) -> usize {
+    let intent = format!("-m{ticket}-");
+    venue_journal(v)
+        .iter()
+        .filter(|l| l.login == login && l.action == action && l.accepted)
+        .filter(|l| {
+            l.client_order_id
+                .as_deref()
+                .is_some_and(|c| c.contains(&intent))
+        })
+        .count()
+}
+
+/// A master pending order of 0.4 lots on EURUSD (stops on the side its direction needs).
+async fn place(
+    s: &CopySetup,
+    side: Side,
+    kind: PendingKind,
+    price: f64,
+    expiry_ms: Option<i64>,
+) -> i64 {
+    tools::trade(
+        &s.addr,
+        "m1",
+        HandOrder::Place(PlaceOrder {
+            sl: Some(if side == Side::Buy { 1.08 } else { 1.12 }),
+            tp: Some(if side == Side::Buy { 1.12 } else { 1.08 }),
+            expiry_ms,
+            ..crate::support::pending_order("EURUSD", side, kind, price, 0.4)
+        }),
+    )
+    .await
+    .unwrap()
+    .expect("a placed order's ticket")
+}
+
+fn lots_close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+/// Place (the expiry converted from the master server's clock to UTC), amend by cancel/replace
+/// (the OrderID kept), fill at the venue under the marker (the fill in the copy ledger, the
+/// position given its stops), reverse, cancel, and expiry at the venue.
+#[tokio::test]
+async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_expired() {
+    let mut s = CopySetup::with("fix-pending", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.clock_offset_ms = TWO_HOURS;
+    })
+    .await;
+    let v = venue(&s, &["f1", "f2"]);
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
+    add_account(&mut s.conn, 3, "follower", &fix, "f2").await;
+    add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let reversed = LinkSpec {
+        reverse: true,
+        ..Default::default()
+    };
+    add_link(&mut s.conn, 1, 3, reversed).await;
+    let node = start_node(&config(&s.db, "fx-pending", 100, FAST)).await;
+    for id in 2..=3 {
+        wait_status(&mut s.conn, id, "follower: master").await;
+    }
+
+    // A buy limit below the market, expiring in an hour: on the master server's clock that is
+    // three hours from now in UTC terms; at the venue (UTC) one hour.
+    let in_an_hour = copier_node::wall_clock::unix_ms() + 3_600_000;
+    let t = place(
+        &s,
+        Side::Buy,
+        PendingKind::Limit,
+        1.095,
+        Some(in_an_hour + TWO_HOURS),
+    )
+    .await;
+    let f1 = wait_orders(&v, "f1", "the entry order", |o| o.len() == 1).await;
+    assert_eq!(
+        (f1[0].side.as_str(), f1[0].kind.as_str(), f1[0].price),
+        ("buy", "limit", 1.095)
+    );
+    assert!(lots_close(f1[0].lots, 0.4), "{f1:?}");
+    assert_eq!(
+        f1[0].expiry_ms, in_an_hour,
+        "the same instant on the venue's clock (UTC, two hours behind the master's)"
+    );
+    let f2 = wait_orders(&v, "f2", "the reversed entry order", |o| o.len() == 1).await;
+    assert_eq!(
+        (f2[0].side.as_str(), f2[0].kind.as_str(), f2[0].price),
+        ("sell", "stop", 1.095),
+        "a buy limit reversed is a sell stop at the same price"
+    );
+    let stops: (Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT sl, tp FROM fix_orders WHERE account_id = 2 AND kind = 'entry' AND state = 'working'",
+    )
+    .fetch_one(&mut s.conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        stops,
+        (Some(1.08), Some(1.12)),
+        "kept for the fill's position"
+    );
+
+    // The master moves its order and makes it good till cancelled: a cancel/replace at the
+    // venue, which keeps the order (its OrderID).
+    tools::trade(
+        &s.addr,
+        "m1",
+        HandOrder::Amend {
+            ticket: t,
+            price: 1.093,
+            sl: Some(1.08),
+            tp: Some(1.12),
+            expiry_ms: None,
+        },
+    )
+    .await
+    .unwrap();
+    for (login, first) in [("f1", &f1[0]), ("f2", &f2[0])] {
+        let now = wait_orders(&v, login, "replaced at the master's price", |o| {
+            o.len() == 1 && o[0].price == 1.093 && o[0].expiry_ms == 0
+        })
+        .await;
+        assert_eq!(now[0].order_id, first.order_id, "{login}: the same order");
+    }
+
+    // The venue's price reaches both entry orders first: each fills and opens a position under
+    // the marker, with the fill in the copy ledger as it happened.
+    assert_eq!(v.control("quote EURUSD 1.09250 1.09260"), "ok 2");
+    let p1 = wait_venue(&v, "f1", "the filled copy", |p| p.len() == 1).await;
+    assert_eq!(p1[0].2, "buy");
+    let p2 = wait_venue(&v, "f2", "the filled reversed copy", |p| p.len() == 1).await;
+    assert_eq!(p2[0].2, "sell");
+    assert!(venue_orders(&v, "f1").is_empty() && venue_orders(&v, "f2").is_empty());
+    let conn = &mut s.conn;
+    eventually("both fills in the copy ledger", WAIT, async || {
+        let rows: Vec<(i64, bool)> = sqlx::query_as(
+            "SELECT follower_id, found_by_reconcile FROM copy_ledger WHERE master_ticket = $1 ORDER BY follower_id",
+        )
+        .bind(t)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        (rows.len() == 2).then_some(rows)
+    })
+    .await
+    .iter()
+    .for_each(|(id, found)| assert!(!found, "account {id}: recorded from the stream"));
+    eventually("the filled copy's stops rest at the venue", WAIT, async || {
+        let w: Vec<(String, f64)> = sqlx::query_as(
+            "SELECT kind, price FROM fix_orders WHERE account_id = 2 AND kind IN ('sl', 'tp') AND state = 'working' ORDER BY kind",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        (w == [("sl".to_string(), 1.08), ("tp".to_string(), 1.12)]).then_some(())
+    })
+    .await;
+
+    // Then the master's fills: the copies are there already. The master closes: they close.
+    tools::set_price(&s.addr, "EURUSD", 1.092).await.unwrap();
+    s.t.close("m1", t, None).await;
+    for login in ["f1", "f2"] {
+        wait_venue(&v, login, "closed with the master", |p| p.is_empty()).await;
+        assert_eq!(
+            (
+                accepted(&v, login, "place", t),
+                accepted(&v, login, "amend", t),
+                accepted(&v, login, "open", t)
+            ),
+            (1, 1, 0),
+            "{login}: one entry order, replaced once, which became the copy; no order at market"
+        );
+    }
+
+    // A sell limit the master cancels: the entry orders are cancelled.
+    let c = place(&s, Side::Sell, PendingKind::Limit, 1.105, None).await;
+    wait_orders(&v, "f1", "the second entry order", |o| o.len() == 1).await;
+    wait_orders(&v, "f2", "its reversed entry order", |o| {
+        o.len() == 1 && o[0].kind == "stop" && o[0].side == "buy"
+    })
+    .await;
+    tools::trade(&s.addr, "m1", HandOrder::Cancel { ticket: c })
+        .await
+        .unwrap();
+    for login in ["f1", "f2"] {
+        wait_orders(&v, login, "cancelled with the master's", |o| o.is_empty()).await;
+        assert_eq!(accepted(&v, login, "cancel", c), 1, "{login}: one cancel");
+    }
+
+    // An order expiring in three seconds: its copy carries the same instant (UTC) and expires
+    // with it; nothing is copied.
+    let soon = copier_node::wall_clock::unix_ms() + 3_000;
+    let e = place(
+        &s,
+        Side::Buy,
+        PendingKind::Limit,
+        1.085,
+        Some(soon + TWO_HOURS),
+    )
+    .await;
+    let resting = wait_orders(&v, "f1", "the expiring order's copy", |o| o.len() == 1).await;
+    assert_eq!(resting[0].expiry_ms, soon);
+    wait_orders(&v, "f1", "expired", |o| o.is_empty()).await;
+    assert!(venue_positions(&v, "f1").is_empty());
+    assert_eq!(accepted(&v, "f1", "place", e), 1, "not placed again");
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// An entry order whose acknowledgement is lost: its outcome is unknown, the next read resolves
+/// it by OrderStatusRequest (working, its ticket recorded), and when the master's order fills
+/// first the entry order is cancelled and the fill copied at market once, never twice.
+#[tokio::test]
+async fn a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_copies_once() {
+    let mut s = CopySetup::with("fix-pending-lost", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+    })
+    .await;
+    let v = venue(&s, &["f1"]);
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(
+        &mut s.conn,
+        2,
+        "follower",
+        &server(&v, "&timeout_ms=3000"),
+        "f1",
+    )
+    .await;
+    add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "fx-pending-lost", 100, FAST)).await;
+    wait_status(&mut s.conn, 2, "follower: master").await;
+
+    assert_eq!(v.control("fault lose_reply on"), "ok");
+    let t = place(&s, Side::Buy, PendingKind::Limit, 1.095, None).await;
+    let resting = wait_orders(&v, "f1", "the entry order", |o| o.len() == 1).await;
+    let conn = &mut s.conn;
+    // Resting at the venue, while the node waits for an acknowledgement that never comes.
+    eventually(
+        "the entry order sent, its outcome unknown",
+        WAIT,
+        async || {
+            sqlx::query_scalar::<_, String>(
+                "SELECT state FROM fix_orders WHERE account_id = 2 AND kind = 'entry'",
+            )
+            .fetch_optional(&mut *conn)
+            .await
+            .unwrap()
+            .filter(|state| state == "sent")
+        },
+    )
+    .await;
+    let (ticket,): (i64,) = eventually(
+        "the entry order resolved as working by its status",
+        WAIT,
+        async || {
+            sqlx::query_as::<_, (Option<i64>,)>(
+                "SELECT ticket FROM fix_orders WHERE account_id = 2 AND kind = 'entry' AND state = 'working'",
+            )
+            .fetch_optional(&mut *conn)
+            .await
+            .unwrap()
+            .and_then(|(t,)| t.map(|t| (t,)))
+        },
+    )
+    .await;
+    assert_eq!(
+        ticket,
+        (1i64 << 62) + resting[0].order_id.parse::<i64>().unwrap(),
+        "the ticket is the venue's OrderID, numbered apart from positions"
+    );
+    assert_eq!(v.control("fault lose_reply off"), "ok");
+
+    // Only the master's market reaches the price: the entry order is cancelled, then the fill
+    // is copied at market.
+    tools::set_price(&s.addr, "EURUSD", 1.094).await.unwrap();
+    let p = wait_venue(&v, "f1", "the copy at market", |p| p.len() == 1).await;
+    assert!(lots_close(p[0].3, 0.4) && p[0].2 == "buy", "{p:?}");
+    assert!(
+        venue_orders(&v, "f1").is_empty(),
+        "the entry order was cancelled"
+    );
+    assert_eq!(
+        (
+            accepted(&v, "f1", "place", t),
+            accepted(&v, "f1", "cancel", t),
+            accepted(&v, "f1", "open", t)
+        ),
+        (1, 1, 1),
+        "one entry order, cancelled, then one copy at market"
+    );
+    // The copy is the one copy of the master's position: the master's close closes it.
+    s.t.close("m1", t, None).await;
+    wait_venue(&v, "f1", "closed with the master", |p| p.is_empty()).await;
+    assert_eq!(accepted(&v, "f1", "open", t), 1, "never copied twice");
+    node.shutdown();
+    node.wait().await.unwrap();
+}
