@@ -17,7 +17,7 @@ ALTER TABLE fix_orders DROP CONSTRAINT fix_orders_state_check,
 -- An entry order's terms: limit or stop (at `price`), the stops its position gets once it fills
 -- (FIX entry orders carry none: the adapter protects the position with resting orders, as for
 -- every copy), when it expires (Unix ms, UTC: a FIX venue's clock), the ticket the copy engine
--- knows it by (2^62 + the venue's OrderID, which a cancel/replace keeps), and the ClOrdID it
+-- knows it by (2^52 + the venue's OrderID, which a cancel/replace keeps), and the ClOrdID it
 -- replaces.
 ALTER TABLE fix_orders
     ADD COLUMN order_type text CHECK (order_type IN ('limit', 'stop')),
@@ -26,6 +26,15 @@ ALTER TABLE fix_orders
     ADD COLUMN expiry_ms  bigint,
     ADD COLUMN ticket     bigint,
     ADD COLUMN replaces   text;
+
+-- Entry orders placed by others (a master's trader, another platform) are rows too, once a read
+-- of the venue's orders (OrderMassStatusRequest) or its report of them showed them: recorded
+-- `working`, without a marker, so that how they end is asked of the venue like ours.
+
+-- The ticket the copy engine knows a position by, when it is not its PosMaintRptID: a position an
+-- entry order opened carries the order's ticket (as MT4/MT5 positions keep their order's), so a
+-- pending order and its fill are one ticket to masters and followers alike, across owners.
+ALTER TABLE fix_positions ADD COLUMN ticket bigint;
 
 -- The entry orders in force or without an outcome, read with every read of the account's orders.
 CREATE INDEX fix_orders_entries ON fix_orders (account_id)

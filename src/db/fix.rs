@@ -46,6 +46,8 @@ pub struct FixPosition {
     pub opened_ms: i64,
     pub closed_ms: Option<i64>,
     pub close_price: Option<f64>,
+    /// The ticket the copy engine knows it by, when not `position_id` (an entry order's fill).
+    pub ticket: Option<i64>,
 }
 
 /// Who writes: the account and the writer's ownership of it.
@@ -264,7 +266,7 @@ pub async fn positions(db: &Db, account_id: i64) -> Result<Vec<FixPosition>, sql
     let rows = db
         .run(async |c| {
             sqlx::query(
-                r#"SELECT position_id, symbol, side, volume, open_price, magic, comment,
+                r#"SELECT position_id, symbol, side, volume, open_price, magic, comment, ticket,
                   (extract(epoch FROM opened_at) * 1000)::bigint AS opened_ms,
                   (extract(epoch FROM closed_at) * 1000)::bigint AS closed_ms, close_price
              FROM fix_positions WHERE account_id = $1 ORDER BY position_id"#,
@@ -287,6 +289,7 @@ pub async fn positions(db: &Db, account_id: i64) -> Result<Vec<FixPosition>, sql
                 opened_ms: r.try_get("opened_ms")?,
                 closed_ms: r.try_get("closed_ms")?,
                 close_price: r.try_get("close_price")?,
+                ticket: r.try_get("ticket")?,
             })
         })
         .collect()
@@ -406,13 +409,14 @@ fn entry_of(r: &sqlx::postgres::PgRow) -> Result<Entry, sqlx::Error> {
     })
 }
 
-/// Records an entry order about to be sent, fenced like [`record_order`]. False when the writer
-/// no longer owns the account or the ClOrdID was recorded before.
+/// Records an entry order about to be sent (`state` sent), or one the venue showed that another
+/// placed (`working`), fenced like [`record_order`]. False when the writer no longer owns the
+/// account or the ClOrdID was recorded before.
 pub async fn record_entry(db: &Db, w: &Writer, e: &Entry) -> Result<bool, sqlx::Error> {
     const SQL: &str = r#"
 INSERT INTO fix_orders (account_id, cl_ord_id, kind, symbol, side, quantity, order_type, price, sl, tp,
-                        expiry_ms, magic, comment, ticket, replaces, node_id, owner_epoch)
-SELECT a.id, $4, 'entry', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $2, $3
+                        expiry_ms, magic, comment, ticket, replaces, state, node_id, owner_epoch)
+SELECT a.id, $4, 'entry', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $2, $3
   FROM trading_accounts a
  WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
    FOR SHARE
@@ -437,6 +441,7 @@ ON CONFLICT (account_id, cl_ord_id) DO NOTHING
                 .bind(&e.comment)
                 .bind(e.ticket)
                 .bind(&e.replaces)
+                .bind(&e.state)
                 .execute(c)
                 .await
         })
@@ -553,4 +558,52 @@ pub async fn entry_stops(
     })
     .await?;
     Ok(())
+}
+
+/// Entry order `cl_ord_id` filled, opening `position_id`, which the copy engine knows by the
+/// order's `ticket`: the order row (if the ledger has it) is filled, and the position recorded
+/// with that ticket and the order's marker, in one statement.
+pub async fn entry_filled(
+    db: &Db,
+    account_id: i64,
+    cl_ord_id: &str,
+    fill: EntryFill<'_>,
+) -> Result<(), sqlx::Error> {
+    db.run(async |c| {
+        sqlx::query(
+            r#"
+WITH o AS (
+    UPDATE fix_orders SET state = 'filled', position_id = $3, done_at = now(), reason = NULL
+     WHERE account_id = $1 AND cl_ord_id = $2
+ RETURNING magic, comment)
+INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, magic, comment, ticket)
+VALUES ($1, $3, $5, $6, 0, $7, COALESCE((SELECT magic FROM o), 0), COALESCE((SELECT comment FROM o), ''), $4)
+ON CONFLICT (account_id, position_id) DO UPDATE
+   SET ticket = EXCLUDED.ticket,
+       magic = CASE WHEN EXISTS (SELECT 1 FROM o) THEN EXCLUDED.magic ELSE fix_positions.magic END,
+       comment = CASE WHEN EXISTS (SELECT 1 FROM o) THEN EXCLUDED.comment ELSE fix_positions.comment END
+"#,
+        )
+        .bind(account_id)
+        .bind(cl_ord_id)
+        .bind(fill.position_id)
+        .bind(fill.ticket)
+        .bind(fill.symbol)
+        .bind(fill.side)
+        .bind(fill.price)
+        .execute(c)
+        .await
+    })
+    .await?;
+    Ok(())
+}
+
+/// The fill of an entry order: the position it opened and the order's ticket.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryFill<'a> {
+    pub position_id: i64,
+    pub ticket: i64,
+    pub symbol: &'a str,
+    pub side: &'a str,
+    pub price: f64,
 }

@@ -21,13 +21,20 @@
 // and open a position (the fill's report carries its PosMaintRptID); they are refused on the wrong
 // side of the market, good till cancelled (TimeInForce 1) or till their ExpireTime (59=6, 126),
 // when the venue expires them (ExecType C); OrderCancelReplaceRequest (G) changes their price or
-// expiry (the OrderID stays) and OrderCancelRequest (F) cancels them. Every request is journaled
+// expiry (the OrderID stays) and OrderCancelRequest (F) cancels them; OrderMassStatusRequest (AF)
+// lists every resting order (ExecType I, TotNumReports 911, LastRptRequested 912), and the hand
+// client's entry orders reach the account's sessions as reports (New, Replaced, Canceled, the
+// fill), as its trades do. Every request is journaled
 // in the simulated broker's JSON-lines format (entry orders as `place`, `amend`, `cancel`),
 // `client` from SenderSubID (50).
 //
 // The control port takes one command per line and answers one line:
 //   open <login> <symbol> <buy|sell> <lots>      -> ok <ticket>     (the hand client)
 //   close <login> <ticket> <lots>                -> ok <ticket>
+//   place <login> <symbol> <buy|sell> <limit|stop> <price> <lots> [<expiry ms>]
+//                                                -> ok <OrderID>    (the hand client's entry order)
+//   amend <login> <OrderID> <price>              -> ok
+//   cancel <login> <OrderID>                     -> ok
 //   positions <login>                            -> ok <ticket>:<symbol>:<side>:<lots> ...
 //   orders <login>                               -> ok <OrderID>:<symbol>:<side>:<limit|stop>:
 //                                                   <price>:<lots>:<expiry ms or 0> ... (entry
@@ -63,6 +70,7 @@
 #include "quickfix/fix44/NewOrderSingle.h"
 #include "quickfix/fix44/OrderCancelReject.h"
 #include "quickfix/fix44/OrderCancelReplaceRequest.h"
+#include "quickfix/fix44/OrderMassStatusRequest.h"
 #include "quickfix/fix44/OrderCancelRequest.h"
 #include "quickfix/fix44/OrderStatusRequest.h"
 #include "quickfix/fix44/PositionReport.h"
@@ -546,6 +554,119 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     send(er, id);
   }
 
+  void onMessage(const FIX44::OrderMassStatusRequest& m, const FIX::SessionID& id) override {
+    FIX::MassStatusReqID req;
+    m.get(req);
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[login(id)];
+    std::vector<FIX44::ExecutionReport> out;
+    for (auto& p : acc.pending) {
+      const Pending& o = p.second;
+      const Order& order = acc.orders[p.first];
+      FIX44::ExecutionReport er =
+          report(p.first, order.order_id, FIX::ExecType_ORDER_STATUS, FIX::OrdStatus_NEW,
+                 order.symbol, o.side, o.units, 0, 0, o.position);
+      entry_fields(er, o);
+      out.push_back(er);
+    }
+    if (out.empty()) {
+      out.push_back(report("NONE", "NONE", FIX::ExecType_ORDER_STATUS, FIX::OrdStatus_REJECTED, "",
+                           FIX::Side_BUY, 0, 0, 0, 0));
+    }
+    const int total = acc.pending.size();
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i].set(req);
+      out[i].set(FIX::TotNumReports(total));
+      out[i].set(FIX::LastRptRequested(i + 1 == out.size()));
+    }
+    g.unlock();
+    for (auto& er : out) send(er, id);
+  }
+
+  // --- the hand client's entry orders, reported to the account's sessions
+  std::string hand_place(const std::string& who, const std::string& symbol, char side, char type,
+                         double price, double lots, long long expire) {
+    std::unique_lock<std::mutex> g(mutex_);
+    auto quote = quotes_.find(symbol);
+    if (quote == quotes_.end()) return "error unknown symbol";
+    if (!(lots > 0)) return "error lots must be positive";
+    FIX44::NewOrderSingle terms;
+    terms.setField(type == FIX::OrdType_STOP ? 99 : 44, std::to_string(price));
+    if (expire > 0) {
+      terms.setField(59, "6");
+      terms.setField(126, utc_text(expire));
+    }
+    double checked = 0;
+    long long until = 0;
+    std::string reason = entry_terms(terms, type, side, symbol, checked, until);
+    if (!reason.empty()) return "error " + reason;
+    Account& acc = accounts_[who];
+    std::string cl = "manual-" + next_id();
+    double units = lots * quote->second.contract;
+    Pending o{type, price, side, units, 0, symbol, until};
+    acc.pending[cl] = o;
+    acc.orders[cl] = Order{next_id(), FIX::OrdStatus_NEW, symbol, side, units, price, 0, true};
+    journal(who, "manual", "place", symbol, order_number(acc.orders[cl]), side, lots, "", true, "");
+    FIX44::ExecutionReport er = report(cl, acc.orders[cl].order_id, FIX::ExecType_NEW,
+                                       FIX::OrdStatus_NEW, symbol, side, units, 0, 0, 0);
+    entry_fields(er, o);
+    std::string reply = "ok " + acc.orders[cl].order_id;
+    drop_copy_reports(g, who, {er});
+    return reply;
+  }
+
+  std::string hand_amend(const std::string& who, const std::string& order_id, double price) {
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    std::string cl = resting_by_order_id(acc, order_id);
+    if (cl.empty()) return "error no such resting order";
+    Pending next = acc.pending.at(cl);
+    FIX44::NewOrderSingle terms;
+    terms.setField(next.type == FIX::OrdType_STOP ? 99 : 44, std::to_string(price));
+    if (next.expire_ms > 0) {
+      terms.setField(59, "6");
+      terms.setField(126, utc_text(next.expire_ms));
+    }
+    double checked = 0;
+    long long until = 0;
+    std::string reason = entry_terms(terms, next.type, next.side, next.symbol, checked, until);
+    if (!reason.empty()) return "error " + reason;
+    next.price = price;
+    std::string fresh = "manual-" + next_id();
+    acc.pending.erase(cl);
+    acc.pending[fresh] = next;
+    Order replaced = acc.orders[cl];
+    acc.orders[cl].status = FIX::OrdStatus_REPLACED;
+    replaced.price = price;
+    acc.orders[fresh] = replaced;
+    journal(who, "manual", "amend", next.symbol, order_number(replaced), next.side,
+            next.units / quotes_.at(next.symbol).contract, "", true, "");
+    FIX44::ExecutionReport er = report(fresh, replaced.order_id, FIX::ExecType_REPLACED,
+                                       FIX::OrdStatus_NEW, next.symbol, next.side, next.units, 0,
+                                       0, 0);
+    er.set(FIX::OrigClOrdID(cl));
+    entry_fields(er, next);
+    drop_copy_reports(g, who, {er});
+    return "ok";
+  }
+
+  std::string hand_cancel(const std::string& who, const std::string& order_id) {
+    std::unique_lock<std::mutex> g(mutex_);
+    Account& acc = accounts_[who];
+    std::string cl = resting_by_order_id(acc, order_id);
+    if (cl.empty()) return "error no such resting order";
+    Pending o = acc.pending.at(cl);
+    acc.pending.erase(cl);
+    Order& order = acc.orders[cl];
+    order.status = FIX::OrdStatus_CANCELED;
+    journal(who, "manual", "cancel", o.symbol, order_number(order), o.side,
+            o.units / quotes_.at(o.symbol).contract, "", true, "");
+    FIX44::ExecutionReport er = report(cl, order.order_id, FIX::ExecType_CANCELED,
+                                       FIX::OrdStatus_CANCELED, o.symbol, o.side, o.units, 0, 0, 0);
+    drop_copy_reports(g, who, {er});
+    return "ok";
+  }
+
   // Expires the entry orders whose ExpireTime has passed (ExecType C to the account's sessions).
   void expire() {
     long long now = now_ms();
@@ -820,6 +941,24 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
 
   static long order_number(const Order& o) { return std::atol(o.order_id.c_str()); }
 
+  // The ClOrdID under which entry order `order_id` rests now ("" when none does).
+  static std::string resting_by_order_id(Account& acc, const std::string& order_id) {
+    for (auto& p : acc.pending)
+      if (p.second.position == 0 && acc.orders[p.first].order_id == order_id) return p.first;
+    return "";
+  }
+
+  // Sends reports of the hand client's orders to the account's sessions (unless no_drop_copy);
+  // releases the lock first.
+  void drop_copy_reports(std::unique_lock<std::mutex>& g, const std::string& who,
+                         std::vector<FIX44::ExecutionReport> reports) {
+    std::vector<FIX::SessionID> sessions = sessions_of(who);
+    g.unlock();
+    if (no_drop_copy) return;
+    for (auto& s : sessions)
+      for (auto& r : reports) send(r, s);
+  }
+
   // An entry order's price and expiry from a NewOrderSingle or OrderCancelReplaceRequest; the
   // reason it is refused, or "".
   std::string entry_terms(const FIX::Message& m, char type, char side, const std::string& symbol,
@@ -1075,6 +1214,30 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       double lots;
       if (!(in >> who >> ticket >> lots)) return "error usage: close <login> <ticket> <lots>";
       return venue.hand_close(who, ticket, lots);
+    }
+    if (cmd == "place") {
+      std::string who, symbol, side, type;
+      double price, lots;
+      long long expire = 0;
+      if (!(in >> who >> symbol >> side >> type >> price >> lots))
+        return "error usage: place <login> <symbol> <buy|sell> <limit|stop> <price> <lots> [<expiry ms>]";
+      in >> expire;
+      if (side != "buy" && side != "sell") return "error side must be buy or sell";
+      if (type != "limit" && type != "stop") return "error type must be limit or stop";
+      return venue.hand_place(who, symbol, side == "buy" ? FIX::Side_BUY : FIX::Side_SELL,
+                              type == "stop" ? FIX::OrdType_STOP : FIX::OrdType_LIMIT, price, lots,
+                              expire);
+    }
+    if (cmd == "amend") {
+      std::string who, order_id;
+      double price;
+      if (!(in >> who >> order_id >> price)) return "error usage: amend <login> <OrderID> <price>";
+      return venue.hand_amend(who, order_id, price);
+    }
+    if (cmd == "cancel") {
+      std::string who, order_id;
+      if (!(in >> who >> order_id)) return "error usage: cancel <login> <OrderID>";
+      return venue.hand_cancel(who, order_id);
     }
     if (cmd == "positions") {
       std::string who;

@@ -85,6 +85,37 @@ pub fn utc_timestamp(unix_ms: i64) -> String {
     )
 }
 
+/// Unix milliseconds of a FIX UTCTimestamp (`YYYYMMDD-HH:MM:SS[.sss]`); `None` if it is not one.
+pub fn parse_utc_timestamp(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    if b.len() < 17 || b[8] != b'-' || b[11] != b':' || b[14] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
+    let (hh, mm, ss) = (num(9..11)?, num(12..14)?, num(15..17)?);
+    let millis = match text.get(17..) {
+        Some("") | None => 0,
+        Some(frac) => {
+            let digits = frac.strip_prefix('.')?;
+            let ms: String = digits.chars().chain("000".chars()).take(3).collect();
+            ms.parse::<i64>().ok()?
+        }
+    };
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days since 1970-01-01 from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1000 + millis)
+}
+
 /// A quantity or price as FIX writes it: no exponent, no trailing zeros.
 pub fn decimal(value: f64) -> String {
     let text = format!("{value:.8}");
@@ -116,6 +147,14 @@ mod tests {
     fn timestamps_and_decimals_are_fix_formatted() {
         assert_eq!(utc_timestamp(0), "19700101-00:00:00.000");
         assert_eq!(utc_timestamp(1_796_000_123_456), "20261130-00:55:23.456");
+        for ms in [0, 951_782_400_000, 1_796_000_123_456, 4_107_542_399_999] {
+            assert_eq!(parse_utc_timestamp(&utc_timestamp(ms)), Some(ms), "{ms}");
+        }
+        assert_eq!(
+            parse_utc_timestamp("20261130-00:55:23"),
+            Some(1_796_000_123_000)
+        );
+        assert_eq!(parse_utc_timestamp("2026-11-30 00:55"), None);
         assert_eq!(decimal(20000.0), "20000");
         assert_eq!(decimal(0.25), "0.25");
         assert_eq!(decimal(1.1001), "1.1001");

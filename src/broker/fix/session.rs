@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::engine::{Engine, EngineConfig, EngineEvent, POLL};
-use super::msg::{Fields, decimal, utc_timestamp};
+use super::msg::{Fields, decimal, parse_utc_timestamp, utc_timestamp};
 use super::{FixEndpoint, Updates};
 use crate::broker::types::{
     AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedBy, ClosedPosition,
@@ -93,6 +93,18 @@ struct State {
     entries: HashMap<String, EntryMark>,
     /// Markers of positions entry orders opened, for reads before the ledger has them.
     entry_positions: HashMap<i64, (i64, String)>,
+    /// Positions entry orders opened (PosMaintRptID), with the order's ticket the copy engine
+    /// knows each by (as MT4/MT5 positions keep their order's ticket).
+    aliases: HashMap<i64, i64>,
+    /// Changes of entry orders placed by others, by ticket, held back while the order is being
+    /// recorded in the ledger (how many records are under way, and the changes held): a master
+    /// publishes an order only once a later owner can ask the venue how it ended.
+    recording: HashMap<i64, (usize, Vec<PositionChange>)>,
+    /// OrderMassStatusRequest answers being collected, by MassStatusReqID.
+    mass_requests: HashMap<String, Collect>,
+    /// The venue refused OrderMassStatusRequest (BusinessMessageReject): the orders read is then
+    /// the ledger's entry orders, each asked by OrderStatusRequest.
+    mass_unsupported: bool,
     positions_requests: HashMap<String, Collect>,
     security_requests: HashMap<String, oneshot::Sender<Fields>>,
     /// ExecIDs applied (a resent report is applied once).
@@ -123,11 +135,13 @@ impl EntryMark {
 }
 
 /// Entry orders' tickets start here: venues number orders and positions apart, and the copy
-/// engine keeps both in one space of tickets.
-const ORDER_TICKETS: i64 = 1 << 62;
+/// engine keeps both in one space of tickets (an entry order's fill takes its order's ticket).
+/// Below 2^53, so a ticket survives any JSON parser on the way (bridges, dashboards).
+const ORDER_TICKETS: i64 = 1 << 52;
 
 /// The copy engine's ticket for the venue's order `order_id` (OrderID, 37, which a
-/// cancel/replace keeps): 2^62 plus the number, or plus a hash of a non-numeric id.
+/// cancel/replace keeps): 2^52 plus the number, or plus a hash of an id that is not a number
+/// below 2^52.
 fn order_ticket(order_id: &str) -> i64 {
     match order_id.parse::<i64>() {
         Ok(n) if (0..ORDER_TICKETS).contains(&n) => ORDER_TICKETS + n,
@@ -382,12 +396,102 @@ impl Shared {
         }
     }
 
+    /// Announces a change, positions under the tickets the copy engine knows them by.
     fn emit(&self, change: PositionChange) {
+        let change = match change {
+            PositionChange::Opened { position } => PositionChange::Opened {
+                position: self.shown(position),
+            },
+            PositionChange::Modified { position } => PositionChange::Modified {
+                position: self.shown(position),
+            },
+            PositionChange::PartiallyClosed { position, closed } => {
+                PositionChange::PartiallyClosed {
+                    position: self.shown(position),
+                    closed: self.shown_closed(closed),
+                }
+            }
+            PositionChange::Closed { closed } => PositionChange::Closed {
+                closed: self.shown_closed(closed),
+            },
+            order => order,
+        };
         let _ = self.events.send(SessionEvent::Position(change));
     }
 
+    /// Announces a change of entry order `ticket` (or of the position its fill opened), after
+    /// the changes held back while the order is being recorded.
+    fn emit_order(&self, ticket: i64, change: PositionChange) {
+        let mut state = self.state();
+        if let Some((_, held)) = state.recording.get_mut(&ticket) {
+            held.push(change);
+            return;
+        }
+        drop(state);
+        self.emit(change);
+    }
+
+    /// Records entry order `e`, placed by another, in the ledger (fenced: only the owner does),
+    /// then announces `change` and whatever changed of the order meanwhile.
+    fn record_foreign(self: &Arc<Self>, e: Entry, change: Option<PositionChange>) {
+        let ticket = e.ticket.unwrap_or_default();
+        {
+            let mut state = self.state();
+            let slot = state.recording.entry(ticket).or_default();
+            slot.0 += 1;
+            slot.1.extend(change);
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(me) = weak.upgrade() else { return };
+            if let Err(err) = ledger::record_entry(&me.pool, &me.writer, &e).await {
+                warn!(account_id = me.writer.account_id, cl_ord_id = %e.cl_ord_id, error = %crate::db::describe(&err), "recording an entry order placed by another failed; the next read of the orders records it");
+            }
+            let held = {
+                let mut state = me.state();
+                match state.recording.get_mut(&ticket) {
+                    Some(slot) if slot.0 > 1 => {
+                        slot.0 -= 1;
+                        Vec::new()
+                    }
+                    _ => state
+                        .recording
+                        .remove(&ticket)
+                        .map(|slot| slot.1)
+                        .unwrap_or_default(),
+                }
+            };
+            for change in held {
+                me.emit(change);
+            }
+        });
+    }
+
+    /// A position under the ticket the copy engine knows it by: an entry order's fill carries
+    /// the order's ticket, every other position its PosMaintRptID.
+    fn shown(&self, mut p: Position) -> Position {
+        if let Some(t) = self.state().aliases.get(&p.ticket) {
+            p.ticket = *t;
+        }
+        p
+    }
+
+    fn shown_closed(&self, mut c: ClosedPosition) -> ClosedPosition {
+        c.position = self.shown(c.position);
+        c
+    }
+
+    /// The venue's position id (PosMaintRptID) of the copy engine's `ticket`.
+    fn venue_position(&self, ticket: i64) -> i64 {
+        self.state()
+            .aliases
+            .iter()
+            .find(|(_, t)| **t == ticket)
+            .map_or(ticket, |(p, _)| *p)
+    }
+
     /// Everything the engine reports, in order.
-    fn on_engine(&self, event: EngineEvent, ever_online: &mut bool) {
+    fn on_engine(self: &Arc<Self>, event: EngineEvent, ever_online: &mut bool) {
         match event {
             EngineEvent::LoggedOn => {
                 let again = *ever_online;
@@ -418,7 +522,10 @@ impl Shared {
                 state.acks.clear();
                 state.security_requests.clear();
                 state.security_parts.clear();
-                for (_, mut c) in state.positions_requests.drain() {
+                let mut dropped: Vec<(String, Collect)> =
+                    state.positions_requests.drain().collect();
+                dropped.extend(state.mass_requests.drain());
+                for (_, mut c) in dropped {
                     if let Some(done) = c.done.take() {
                         let _ = done.send(Err("the FIX connection dropped".into()));
                     }
@@ -445,7 +552,7 @@ impl Shared {
         }
     }
 
-    fn on_app(&self, m: Fields) {
+    fn on_app(self: &Arc<Self>, m: Fields) {
         match m.msg_type() {
             "8" => self.on_execution(m),
             "AO" => {
@@ -507,6 +614,18 @@ impl Shared {
                     let _ = done.send(m);
                 }
             }
+            "j" if m.get(372) == Some("AF") => {
+                let why = m.get(58).unwrap_or("").to_string();
+                let mut state = self.state();
+                state.mass_unsupported = true;
+                for (_, mut c) in state.mass_requests.drain() {
+                    if let Some(done) = c.done.take() {
+                        let _ = done.send(Err(format!(
+                            "the venue does not take OrderMassStatusRequest: {why}"
+                        )));
+                    }
+                }
+            }
             "y" => {
                 let req = m.get(320).unwrap_or("").to_string();
                 let mut state = self.state();
@@ -522,13 +641,34 @@ impl Shared {
         }
     }
 
-    fn on_execution(&self, m: Fields) {
+    fn on_execution(self: &Arc<Self>, m: Fields) {
         let cl = m.get(11).unwrap_or("").to_string();
         let exec_type = m.get(150).unwrap_or("");
         let status = m.get(39).unwrap_or("");
         if exec_type == "I" {
-            // An OrderStatusRequest's answer: it changes nothing at the venue.
-            if let Some(done) = self.state().statuses.remove(&cl) {
+            // An OrderMassStatusRequest's report (MassStatusReqID), or an OrderStatusRequest's
+            // answer: they change nothing at the venue.
+            let mut state = self.state();
+            if let Some(req) = m.get(584) {
+                let req = req.to_string();
+                if let Some(c) = state.mass_requests.get_mut(&req) {
+                    let total = m.integer(911).unwrap_or(0).max(0) as usize;
+                    let last = m.get(912) == Some("Y");
+                    c.expected = Some(total);
+                    if total > 0 {
+                        c.reports.push(m);
+                    }
+                    if (last || c.reports.len() >= total)
+                        && let Some(mut c) = state.mass_requests.remove(&req)
+                        && let Some(done) = c.done.take()
+                    {
+                        let _ = done.send(Ok((c.reports, 0)));
+                    }
+                }
+                return;
+            }
+            if let Some(done) = state.statuses.remove(&cl) {
+                drop(state);
                 let _ = done.send(m);
             }
             return;
@@ -559,6 +699,27 @@ impl Shared {
             tokio::spawn(async move {
                 let _ = ledger::set_state(&pool, account, &cl, &["working", "sent"], end).await;
             });
+        } else if matches!(exec_type, "0" | "5")
+            && status == "0"
+            && !state.entries.contains_key(&cl)
+            && let Some(e) = entry_of_report(&m)
+        {
+            // An entry order another placed (or replaced), as the venue reports it: recorded,
+            // then announced.
+            let orig = m.get(41).filter(|_| exec_type == "5").map(str::to_string);
+            if let Some(o) = &orig {
+                state.entries.remove(o);
+            }
+            state.entries.insert(cl.clone(), EntryMark::of(&e));
+            drop(state);
+            let change = self.pending_of(&e).map(|order| {
+                if orig.is_some() {
+                    PositionChange::OrderChanged { order }
+                } else {
+                    PositionChange::OrderPlaced { order }
+                }
+            });
+            self.record_foreign(e, change);
         } else if matches!(status, "4" | "C") {
             // An entry order the venue ended (expired, or cancelled other than by our waiting
             // cancel): announced, and recorded.
@@ -579,7 +740,7 @@ impl Shared {
                     (OrderEnd::Cancelled, "canceled")
                 };
                 info!(account_id = self.writer.account_id, cl_ord_id = %entry, ticket, how, "a FIX entry order ended at the venue");
-                self.emit(PositionChange::OrderGone { ticket, end });
+                self.emit_order(ticket, PositionChange::OrderGone { ticket, end });
                 let (pool, account) = (self.pool.clone(), self.writer.account_id);
                 tokio::spawn(async move {
                     let _ =
@@ -686,29 +847,44 @@ impl Shared {
                     open_time_ms: crate::wall_clock::unix_ms(),
                 };
                 state.positions.insert(position_id, p.clone());
-                if entry.is_some() {
+                let ticket = entry.as_ref().map(|e| {
+                    e.ticket
+                        .unwrap_or_else(|| order_ticket(m.get(37).unwrap_or("")))
+                });
+                if let Some(ticket) = ticket {
                     state.entry_positions.insert(position_id, (magic, comment));
+                    state.aliases.insert(position_id, ticket);
                 }
                 drop(state);
-                if let Some(e) = entry {
-                    let ticket = e
-                        .ticket
-                        .unwrap_or_else(|| order_ticket(m.get(37).unwrap_or("")));
+                if let Some(ticket) = ticket {
+                    // The position is the order's ticket from now on (as at MT4/MT5 servers).
                     info!(account_id = self.writer.account_id, cl_ord_id = %cl, ticket, position_id, price, "a FIX entry order filled");
-                    self.emit(PositionChange::OrderGone {
+                    self.emit_order(
                         ticket,
-                        end: OrderEnd::Filled {
-                            position: position_id,
+                        PositionChange::OrderGone {
+                            ticket,
+                            end: OrderEnd::Filled { position: ticket },
                         },
-                    });
+                    );
                     let (pool, account) = (self.pool.clone(), self.writer.account_id);
+                    let (symbol, side) = (symbol.to_string(), side_text(side));
                     tokio::spawn(async move {
-                        let _ =
-                            ledger::complete_order(&pool, account, &cl, Ok((position_id, price)))
-                                .await;
+                        let fill = ledger::EntryFill {
+                            position_id,
+                            ticket,
+                            symbol: &symbol,
+                            side,
+                            price,
+                        };
+                        if let Err(e) = ledger::entry_filled(&pool, account, &cl, fill).await {
+                            warn!(account_id = account, cl_ord_id = %cl, error = %crate::db::describe(&e), "recording a FIX entry order's fill failed; the next read of the orders records it");
+                        }
                     });
                 }
-                self.emit(PositionChange::Opened { position: p });
+                match ticket {
+                    Some(t) => self.emit_order(t, PositionChange::Opened { position: p }),
+                    None => self.emit(PositionChange::Opened { position: p }),
+                }
             }
         }
     }
@@ -909,6 +1085,20 @@ impl Shared {
         loop {
             attempt += 1;
             let (positions, changes) = self.request_positions().await?;
+            // A position not seen before while entry orders rest may be the fill of one whose
+            // report never came (a dropped connection, a fill while no node held the account):
+            // their ends are asked first, so that it shows under its order's ticket.
+            let unseen = {
+                let state = self.state();
+                !state.entries.is_empty()
+                    && positions.iter().any(|p| {
+                        !state.positions.contains_key(&p.ticket)
+                            && !state.aliases.contains_key(&p.ticket)
+                    })
+            };
+            if unseen {
+                self.read_orders().await?;
+            }
             let positions = self.mark(positions).await?;
             // A fill applied after the venue answered makes the answer older than the cache:
             // ask again rather than let it undo the fill (a stale read would announce a close).
@@ -939,6 +1129,14 @@ impl Shared {
         let working = ledger::working(&self.pool, self.writer.account_id)
             .await
             .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        {
+            let mut state = self.state();
+            for k in &known {
+                if let Some(t) = k.ticket {
+                    state.aliases.insert(k.position_id, t);
+                }
+            }
+        }
         let fills = self.state().entry_positions.clone();
         for p in &mut positions {
             if let Some(k) = by_id.get(&p.ticket) {
@@ -996,6 +1194,7 @@ impl Shared {
                     opened_ms: p.open_time_ms,
                     closed_ms: None,
                     close_price: None,
+                    ticket: None,
                 };
                 ledger::seen_open(&self.pool, self.writer.account_id, &row)
                     .await
@@ -1569,14 +1768,10 @@ impl Shared {
                 )));
             };
             let price = report.number(6).unwrap_or(e.price);
-            ledger::complete_order(&self.pool, account, &e.cl_ord_id, Ok((position, price)))
-                .await
-                .map_err(db_unknown)?;
-            let mut state = self.state();
-            forget(&mut state);
-            state
-                .entry_positions
-                .insert(position, (e.magic, e.comment.clone()));
+            let ticket = e
+                .ticket
+                .unwrap_or_else(|| order_ticket(report.get(37).unwrap_or("")));
+            self.record_entry_fill(e, position, ticket, price).await?;
             return Ok(None);
         }
         let ended = |how: &'static str| async move {
@@ -1591,30 +1786,7 @@ impl Shared {
                 let ticket = e
                     .ticket
                     .unwrap_or_else(|| order_ticket(report.get(37).unwrap_or("")));
-                if e.state == "sent" {
-                    match &e.replaces {
-                        Some(old) => {
-                            ledger::entry_replaced(&self.pool, account, old, &e.cl_ord_id, ticket)
-                                .await
-                                .map_err(db_unknown)?
-                        }
-                        None => ledger::entry_working(&self.pool, account, &e.cl_ord_id, ticket)
-                            .await
-                            .map_err(db_unknown)?,
-                    }
-                    if let Some(old) = &e.replaces {
-                        self.state().entries.remove(old);
-                    }
-                }
-                let now = Entry {
-                    ticket: Some(ticket),
-                    state: "working".into(),
-                    ..e.clone()
-                };
-                self.state()
-                    .entries
-                    .insert(e.cl_ord_id.clone(), EntryMark::of(&now));
-                Ok(Some(now))
+                self.in_force(e, ticket).await.map(Some)
             }
             "5" => ended("replaced").await,
             "4" => ended("canceled").await,
@@ -1625,15 +1797,8 @@ impl Shared {
             }
             _ => {
                 if unknown && let Some((position, price)) = self.adopt(&e.as_order()).await? {
-                    ledger::complete_order(
-                        &self.pool,
-                        account,
-                        &e.cl_ord_id,
-                        Ok((position, price)),
-                    )
-                    .await
-                    .map_err(db_unknown)?;
-                    forget(&mut self.state());
+                    let ticket = e.ticket.unwrap_or(position);
+                    self.record_entry_fill(e, position, ticket, price).await?;
                     return Ok(None);
                 }
                 let why = if text.is_empty() {
@@ -1648,6 +1813,160 @@ impl Shared {
                 Ok(None)
             }
         }
+    }
+
+    /// Entry order `e` is in force as `ticket`: recorded so (a place or replace whose answer was
+    /// not seen yet is done), and known to the session.
+    async fn in_force(&self, e: &Entry, ticket: i64) -> Result<Entry, BrokerError> {
+        let account = self.writer.account_id;
+        if e.state == "sent" {
+            match &e.replaces {
+                Some(old) => {
+                    ledger::entry_replaced(&self.pool, account, old, &e.cl_ord_id, ticket)
+                        .await
+                        .map_err(db_unknown)?;
+                    self.state().entries.remove(old);
+                }
+                None => ledger::entry_working(&self.pool, account, &e.cl_ord_id, ticket)
+                    .await
+                    .map_err(db_unknown)?,
+            }
+        }
+        let now = Entry {
+            ticket: Some(ticket),
+            state: "working".into(),
+            ..e.clone()
+        };
+        self.state()
+            .entries
+            .insert(e.cl_ord_id.clone(), EntryMark::of(&now));
+        Ok(now)
+    }
+
+    /// Entry order `e` filled, opening `position`: recorded (the order filled, the position
+    /// under the order's ticket and marker), and the session shows the position so.
+    async fn record_entry_fill(
+        &self,
+        e: &Entry,
+        position: i64,
+        ticket: i64,
+        price: f64,
+    ) -> Result<(), BrokerError> {
+        let fill = ledger::EntryFill {
+            position_id: position,
+            ticket,
+            symbol: &e.symbol,
+            side: &e.side,
+            price,
+        };
+        ledger::entry_filled(&self.pool, self.writer.account_id, &e.cl_ord_id, fill)
+            .await
+            .map_err(db_unknown)?;
+        let mut state = self.state();
+        state.entries.remove(&e.cl_ord_id);
+        state.aliases.insert(position, ticket);
+        state
+            .entry_positions
+            .insert(position, (e.magic, e.comment.clone()));
+        Ok(())
+    }
+
+    /// Every resting order at the venue (OrderMassStatusRequest), as its reports; `None` when
+    /// the venue does not take the request.
+    async fn venue_orders(&self) -> Result<Option<Vec<Fields>>, BrokerError> {
+        if self.state().mass_unsupported {
+            return Ok(None);
+        }
+        let req = self.id("mass");
+        let (tx, rx) = oneshot::channel();
+        self.state().mass_requests.insert(
+            req.clone(),
+            Collect {
+                expected: None,
+                reports: Vec::new(),
+                done: Some(tx),
+            },
+        );
+        let body = [
+            (584, req.clone()),
+            (585, "7".to_string()),
+            (1, self.login.clone()),
+        ];
+        if let Err(e) = self.send("AF", &body) {
+            self.state().mass_requests.remove(&req);
+            return Err(e);
+        }
+        let answer = tokio::time::timeout(self.endpoint.request_timeout, rx).await;
+        self.state().mass_requests.remove(&req);
+        match answer {
+            Ok(Ok(Ok((reports, _)))) => Ok(Some(reports)),
+            Ok(Ok(Err(why))) if self.state().mass_unsupported => {
+                info!(account_id = self.writer.account_id, reason = %why, "the venue lists no orders: pending orders are the ones this adapter placed");
+                Ok(None)
+            }
+            Ok(Ok(Err(why))) => Err(unavailable(why)),
+            Ok(Err(_)) => Err(unavailable("the FIX connection dropped")),
+            Err(_) => Err(unavailable(
+                "no answer to an OrderMassStatusRequest in time",
+            )),
+        }
+    }
+
+    /// The account's pending orders: every entry order resting at the venue (the ones this
+    /// adapter placed carry their marker and stops from the ledger; others are recorded, without
+    /// a marker, when first listed), and the ledger's entry orders the venue does not list asked
+    /// one by one how they ended (filled: the position is recorded under the order's ticket).
+    async fn read_orders(&self) -> Result<Vec<PendingOrder>, BrokerError> {
+        let venue = self.venue_orders().await?;
+        let listed: HashMap<String, Entry> = venue
+            .iter()
+            .flatten()
+            .filter_map(entry_of_report)
+            .map(|e| (e.cl_ord_id.clone(), e))
+            .collect();
+        let rows = ledger::entries(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        let mut out: Vec<PendingOrder> = Vec::new();
+        let mut keep = |now: &Entry| {
+            if let Some(p) = self.pending_of(now) {
+                // A replacement in force supersedes its original (the same ticket).
+                out.retain(|o| o.ticket != p.ticket);
+                out.push(p);
+            }
+        };
+        for e in &rows {
+            let now = match listed.get(&e.cl_ord_id).and_then(|l| l.ticket) {
+                Some(ticket) if venue.is_some() => Some(self.in_force(e, ticket).await?),
+                _ => self.settle_entry(e).await?,
+            };
+            if let Some(now) = &now {
+                keep(now);
+            }
+        }
+        let mut others: Vec<&Entry> = listed
+            .values()
+            .filter(|l| !rows.iter().any(|e| e.cl_ord_id == l.cl_ord_id))
+            .collect();
+        others.sort_by(|a, b| a.cl_ord_id.cmp(&b.cl_ord_id));
+        for l in others {
+            // Known to the ledger in another state (filled in part, say): not a pending order.
+            if ledger::entry(&self.pool, self.writer.account_id, &l.cl_ord_id)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .is_some()
+            {
+                continue;
+            }
+            ledger::record_entry(&self.pool, &self.writer, l)
+                .await
+                .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            self.state()
+                .entries
+                .insert(l.cl_ord_id.clone(), EntryMark::of(l));
+            keep(l);
+        }
+        Ok(out)
     }
 
     /// An entry order in force as the copy engine sees a pending order.
@@ -1799,7 +2118,8 @@ impl TradeApi for SessionApi {
     fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
         Box::pin(async move {
             let _op = self.0.ops.lock().await;
-            self.0.read_positions().await
+            let positions = self.0.read_positions().await?;
+            Ok(positions.into_iter().map(|p| self.0.shown(p)).collect())
         })
     }
 
@@ -1814,7 +2134,7 @@ impl TradeApi for SessionApi {
                     let closed_ms = r.closed_ms?;
                     Some(ClosedPosition {
                         position: Position {
-                            ticket: r.position_id,
+                            ticket: r.ticket.unwrap_or(r.position_id),
                             symbol: r.symbol,
                             side: side_parse(&r.side),
                             volume: r.volume,
@@ -1912,7 +2232,7 @@ impl TradeApi for SessionApi {
         Box::pin(async move {
             let s = &self.0;
             let _op = s.ops.lock().await;
-            let Some(p) = s.position(order.ticket).await? else {
+            let Some(p) = s.position(s.venue_position(order.ticket)).await? else {
                 return Err(BrokerError::Rejected(Rejection::new(
                     RejectCode::UnknownTicket,
                     format!("unknown ticket {}", order.ticket),
@@ -1945,7 +2265,7 @@ impl TradeApi for SessionApi {
                 Outcome::Filled { price, units, .. } => {
                     let closed = round_lots(units / contract);
                     Ok(CloseFill {
-                        ticket: p.ticket,
+                        ticket: order.ticket,
                         closed_volume: closed,
                         remaining_volume: round_lots((p.volume - closed).max(0.0)),
                         price,
@@ -1969,31 +2289,17 @@ impl TradeApi for SessionApi {
                 .client_order_id
                 .clone()
                 .unwrap_or_else(|| s.id(&format!("{}-stops{}", s.writer.node_id, order.ticket)));
-            s.set_stops(order.ticket, order.sl, order.tp, &base).await
+            s.set_stops(s.venue_position(order.ticket), order.sl, order.tp, &base)
+                .await
         })
     }
 
-    // Pending copies are entry orders: the ones this adapter placed, from its ledger, each
-    // confirmed by an OrderStatusRequest on every read (a venue's resting orders placed by other
-    // sessions are not reported to this one: a FIX master publishes none).
+    // Pending orders are entry orders (limit and stop orders that open a position).
     fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
         Box::pin(async move {
             let s = &self.0;
             let _op = s.ops.lock().await;
-            let rows = ledger::entries(&s.pool, s.writer.account_id)
-                .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?;
-            let mut out: Vec<PendingOrder> = Vec::new();
-            for e in &rows {
-                if let Some(now) = s.settle_entry(e).await?
-                    && let Some(p) = s.pending_of(&now)
-                {
-                    // A replacement in force supersedes its original (the same ticket).
-                    out.retain(|o| o.ticket != p.ticket);
-                    out.push(p);
-                }
-            }
-            Ok(out)
+            s.read_orders().await
         })
     }
 
@@ -2233,6 +2539,46 @@ impl TradeApi for SessionApi {
     }
 }
 
+/// An entry order (a limit or stop that opens a position: no PosMaintRptID) as a report of the
+/// venue shows it (New, Replaced, or a mass status line), recorded in force without a marker.
+fn entry_of_report(m: &Fields) -> Option<Entry> {
+    let order_type = match m.get(40)? {
+        "2" => "limit",
+        "3" => "stop",
+        _ => return None,
+    };
+    if m.get(721).is_some() {
+        return None;
+    }
+    let side = side_of(m.get(54))?;
+    let price = if order_type == "stop" {
+        m.number(99)?
+    } else {
+        m.number(44)?
+    };
+    let expiry_ms = match m.get(59) {
+        Some("6") => m.get(126).and_then(parse_utc_timestamp),
+        _ => None,
+    };
+    Some(Entry {
+        cl_ord_id: m.get(11).filter(|c| !c.is_empty())?.to_string(),
+        symbol: m.get(55)?.to_string(),
+        side: side_text(side).into(),
+        quantity: m.number(38)?,
+        order_type: order_type.into(),
+        price,
+        sl: None,
+        tp: None,
+        expiry_ms,
+        magic: 0,
+        comment: String::new(),
+        ticket: Some(order_ticket(m.get(37)?)),
+        replaces: None,
+        state: "working".into(),
+        sent_ms: crate::wall_clock::unix_ms(),
+    })
+}
+
 /// The refusal of a cancel or cancel/replace (OrderCancelReject, or a rejecting report): an
 /// order the venue no longer has in force (filled, gone, unknown) is an unknown ticket.
 fn refusal_of_cancel(report: &Fields, text: String) -> Rejection {
@@ -2267,6 +2613,50 @@ mod tests {
 
     fn report(fields: &[(u32, &str)]) -> Fields {
         Fields(fields.iter().map(|(t, v)| (*t, v.to_string())).collect())
+    }
+
+    #[test]
+    fn entry_orders_are_read_from_reports_and_numbered_apart_from_positions() {
+        assert_eq!(order_ticket("17"), (1 << 52) + 17);
+        let other = order_ticket("ORD-9f3a");
+        assert!((1 << 52..1 << 53).contains(&other), "{other}");
+        assert_eq!(other, order_ticket("ORD-9f3a"), "stable across owners");
+        assert!((1 << 52..1 << 53).contains(&order_ticket(&(1i64 << 60).to_string())));
+        let stop = report(&[
+            (11, "manual-4"),
+            (37, "21"),
+            (40, "3"),
+            (54, "2"),
+            (55, "EURUSD"),
+            (38, "30000"),
+            (99, "1.09"),
+            (59, "6"),
+            (126, "20261130-00:55:23.456"),
+        ]);
+        let e = entry_of_report(&stop).expect("an entry order");
+        assert_eq!(
+            (
+                e.order_type.as_str(),
+                e.side.as_str(),
+                e.price,
+                e.quantity,
+                e.expiry_ms,
+                e.ticket
+            ),
+            (
+                "stop",
+                "sell",
+                1.09,
+                30000.0,
+                Some(1_796_000_123_456),
+                Some((1 << 52) + 21)
+            )
+        );
+        // A resting order protecting a position (PosMaintRptID) is no entry order, nor is a
+        // market order.
+        let protective = report(&[(11, "x"), (37, "2"), (40, "2"), (44, "1.1"), (721, "5")]);
+        assert!(entry_of_report(&protective).is_none());
+        assert!(entry_of_report(&report(&[(11, "y"), (37, "3"), (40, "1")])).is_none());
     }
 
     #[test]

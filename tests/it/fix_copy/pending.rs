@@ -331,7 +331,7 @@ async fn a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_c
     .await;
     assert_eq!(
         ticket,
-        (1i64 << 62) + resting[0].order_id.parse::<i64>().unwrap(),
+        (1i64 << 52) + resting[0].order_id.parse::<i64>().unwrap(),
         "the ticket is the venue's OrderID, numbered apart from positions"
     );
     assert_eq!(v.control("fault lose_reply off"), "ok");
@@ -360,4 +360,215 @@ async fn a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_c
     assert_eq!(accepted(&v, "f1", "open", t), 1, "never copied twice");
     node.shutdown();
     node.wait().await.unwrap();
+}
+
+/// The copy engine's ticket of the venue's entry order `order_id` (and of the position its fill
+/// opens): 2^52 plus the OrderID.
+fn order_ticket(order_id: i64) -> i64 {
+    (1i64 << 52) + order_id
+}
+
+/// A master on FIX: entry orders its trader places, amends and cancels at the venue (reported to
+/// the master's session, and listed by OrderMassStatusRequest) are published and copied as
+/// pending orders onto a follower on the simulated broker; the fill at the venue is the same
+/// ticket as the order, so the follower cancels its pending copy and copies the fill at market
+/// once; the master's close closes it.
+#[tokio::test]
+async fn a_fix_masters_entry_orders_are_copied_as_pending_orders_and_its_fill_as_the_same_ticket() {
+    let mut s = CopySetup::with("fix-master-pending", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+    })
+    .await;
+    let v = venue(&s, &["m1"]);
+    // One order rests before the node starts: listed by the first read of the master's orders.
+    let early = super::hand(&v, "place m1 EURUSD sell limit 1.105 0.1");
+    add_account(&mut s.conn, 1, "master", &server(&v, ""), "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "fx-master-pending", 100, FAST)).await;
+    wait_status(&mut s.conn, 2, "follower: master").await;
+    let copy_of = async |ticket: i64, what: &str, ok: &dyn Fn(&PendingOrderView) -> bool| {
+        let marker = format!("mc{}", order_ticket(ticket));
+        eventually(format!("f2: {what}"), WAIT, async || {
+            tools::orders(&s.addr, "f2")
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .find(|o| o.comment == marker && o.magic == magic)
+                .map(|o| PendingOrderView {
+                    side: o.side,
+                    kind: o.kind,
+                    price: o.price,
+                    volume: o.volume,
+                })
+                .filter(|o| ok(o))
+        })
+        .await
+    };
+    copy_of(
+        early,
+        "the copy of the order resting before the start",
+        &|o| o.side == Side::Sell && o.kind == PendingKind::Limit && o.price == 1.105,
+    )
+    .await;
+
+    // A buy limit placed by hand: published and copied; amended by hand: the copy follows.
+    let id = super::hand(&v, "place m1 EURUSD buy limit 1.095 0.3");
+    let c = copy_of(id, "the pending copy", &|_| true).await;
+    assert_eq!(
+        (c.side, c.kind, c.price, c.volume),
+        (Side::Buy, PendingKind::Limit, 1.095, 0.3)
+    );
+    assert_eq!(v.control(&format!("amend m1 {id} 1.094")), "ok");
+    copy_of(id, "amended with the master's order", &|o| o.price == 1.094).await;
+
+    // The venue's price reaches the master's order first: it fills as a position of the same
+    // ticket, so the pending copy is cancelled and the fill copied at market, once.
+    tools::set_price(&s.addr, "EURUSD", 1.0941).await.unwrap();
+    assert_eq!(v.control("quote EURUSD 1.09390 1.09400"), "ok 1");
+    let marker = format!("mc{}", order_ticket(id));
+    let copies = eventually("f2: the fill copied at market", WAIT, async || {
+        let orders = tools::orders(&s.addr, "f2").await.ok()?;
+        let positions = tools::positions(&s.addr, "f2").await.ok()?;
+        let copies: Vec<_> = positions
+            .into_iter()
+            .filter(|p| p.comment == marker)
+            .collect();
+        (!orders.iter().any(|o| o.comment == marker) && copies.len() == 1).then_some(copies)
+    })
+    .await;
+    assert_eq!((copies[0].side, copies[0].volume), (Side::Buy, 0.3));
+    let published: Vec<i64> = sqlx::query_scalar(
+        "SELECT (p->>'ticket')::bigint FROM master_state, jsonb_array_elements(positions) p WHERE master_id = 1",
+    )
+    .fetch_all(&mut s.conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        published,
+        vec![order_ticket(id)],
+        "the master's position is published under its order's ticket"
+    );
+
+    // The trader closes the position at the venue: the copy closes.
+    let at_venue = venue_positions(&v, "m1");
+    super::hand(&v, &format!("close m1 {} 0.3", at_venue[0].0));
+    eventually("f2: the copy closed with the master", WAIT, async || {
+        let positions = tools::positions(&s.addr, "f2").await.ok()?;
+        (!positions.iter().any(|p| p.comment == marker)).then_some(())
+    })
+    .await;
+
+    // The early order, cancelled by hand: its copy is cancelled.
+    assert_eq!(v.control(&format!("cancel m1 {early}")), "ok");
+    let early_marker = format!("mc{}", order_ticket(early));
+    eventually("f2: the early order's copy cancelled", WAIT, async || {
+        let orders = tools::orders(&s.addr, "f2").await.ok()?;
+        (!orders.iter().any(|o| o.comment == early_marker)).then_some(())
+    })
+    .await;
+    let lines = crate::support::broker::journal(&s.dir.path("journal.jsonl"));
+    let count = |action: &str, marker: &str| {
+        lines
+            .iter()
+            .filter(|l| l.login == "f2" && l.action == action && l.accepted)
+            .filter(|l| l.client != "manual" && l.comment.as_deref() == Some(marker))
+            .count()
+    };
+    assert_eq!(
+        (
+            count("place", &marker),
+            count("cancel", &marker),
+            count("open", &marker)
+        ),
+        (1, 1, 1),
+        "one pending copy, cancelled when the master filled first, then one copy at market"
+    );
+    assert_eq!(
+        (count("place", &early_marker), count("open", &early_marker)),
+        (1, 0)
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// What a test compares of a pending copy.
+struct PendingOrderView {
+    side: Side,
+    kind: PendingKind,
+    price: f64,
+    volume: f64,
+}
+
+/// A FIX master's entry order fills while no node holds the master (the venue's report of it
+/// reaches no session): the next owner asks the venue how the order it knew of ended, and
+/// publishes the position under the order's ticket, so the follower cancels its pending copy and
+/// copies the fill once (a position under another ticket would read as the order cancelled and a
+/// new trade).
+#[tokio::test]
+async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
+    let mut s = CopySetup::with("fix-master-pending-gap", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+    })
+    .await;
+    let v = venue(&s, &["m1"]);
+    add_account(&mut s.conn, 1, "master", &server(&v, ""), "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let a = start_node(&config(&s.db, "fx-gap-a", 100, FAST)).await;
+    wait_status(&mut s.conn, 2, "follower: master").await;
+    let id = super::hand(&v, "place m1 EURUSD buy limit 1.095 0.3");
+    let marker = format!("mc{}", order_ticket(id));
+    eventually("f2: the pending copy", WAIT, async || {
+        let orders = tools::orders(&s.addr, "f2").await.ok()?;
+        orders
+            .iter()
+            .any(|o| o.comment == marker && o.magic == magic)
+            .then_some(())
+    })
+    .await;
+    let conn = &mut s.conn;
+    eventually("the master's order in the FIX ledger", WAIT, async || {
+        sqlx::query_scalar::<_, String>(
+            "SELECT state FROM fix_orders WHERE account_id = 1 AND kind = 'entry'",
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap()
+        .filter(|state| state == "working")
+    })
+    .await;
+    a.shutdown();
+    a.wait().await.unwrap();
+
+    // No node runs: the order fills at the venue.
+    tools::set_price(&s.addr, "EURUSD", 1.0951).await.unwrap();
+    assert_eq!(v.control("quote EURUSD 1.09490 1.09500"), "ok 1");
+    let b = start_node(&config(&s.db, "fx-gap-b", 100, FAST)).await;
+    let copies = eventually("f2: the fill copied at market", WAIT, async || {
+        let orders = tools::orders(&s.addr, "f2").await.ok()?;
+        let positions = tools::positions(&s.addr, "f2").await.ok()?;
+        let copies: Vec<_> = positions.into_iter().filter(|p| p.magic == magic).collect();
+        (!orders.iter().any(|o| o.comment == marker) && !copies.is_empty()).then_some(copies)
+    })
+    .await;
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(
+        (copies[0].comment.as_str(), copies[0].volume),
+        (marker.as_str(), 0.3),
+        "the copy of the order's ticket"
+    );
+    let (state, ticket): (String, Option<i64>) = sqlx::query_as(
+        "SELECT o.state, p.ticket FROM fix_orders o JOIN fix_positions p \
+           ON p.account_id = o.account_id AND p.position_id = o.position_id \
+          WHERE o.account_id = 1 AND o.kind = 'entry'",
+    )
+    .fetch_one(&mut s.conn)
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), ticket), ("filled", Some(order_ticket(id))));
+    b.shutdown();
+    b.wait().await.unwrap();
 }
