@@ -75,25 +75,14 @@ impl CopyIndex {
             }
         }
         // A pending copy that filled between the read of the orders and this one shows in both:
-        // it is a copy now. At MT4/MT5 brokers its position keeps the order's ticket; over FIX
-        // the position is numbered apart and carries the order's marker. (A copy under the
-        // marker of a pending copy that still rests exists no other way: a copy at market is
-        // made only once the key's pending copy is known to have ended.)
-        let positions = || open.iter().chain(history.iter().map(|h| &h.position));
-        let tickets: HashSet<i64> = positions().map(|p| p.ticket).collect();
-        let marked: HashSet<Key> = positions()
-            .filter_map(|p| parse_marker(&p.comment).map(|t| (p.magic, t)))
-            .collect();
-        let filled: Vec<i64> = self
-            .orders
+        // it is a copy now (its position keeps the order's ticket, as the FIX adapter shows an
+        // entry order's fill too). A pending copy beside a copy under another ticket still
+        // rests: the plan cancels it.
+        let filled: Vec<i64> = open
             .iter()
-            .flat_map(|(key, list)| {
-                let copied = marked.contains(key);
-                let tickets = &tickets;
-                list.iter()
-                    .filter(move |o| copied || tickets.contains(&o.ticket))
-                    .map(|o| o.ticket)
-            })
+            .map(|p| p.ticket)
+            .chain(history.iter().map(|h| h.position.ticket))
+            .filter(|t| self.pending_key(*t).is_some())
             .collect();
         for t in filled {
             self.order_gone(t, true);
@@ -458,16 +447,14 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_copy_filled_between_reads_is_a_copy_whatever_its_positions_ticket() {
+    fn a_pending_copy_filled_between_reads_is_a_copy_and_one_beside_a_copy_still_rests() {
         // The read of the orders shows pending copies of master orders 10 and 11; the fill of
-        // 10's comes before the read of the positions. MT4/MT5: the position keeps the order's
-        // ticket (500). FIX: the position is numbered apart (9) under the order's marker; a
-        // copy of 10 already closed (in the history) says the same.
+        // 10's comes before the read of the positions: its position keeps the order's ticket
+        // (500), open or already closed (in the history).
         type Read = (Vec<Position>, Vec<ClosedPosition>);
-        let reads: [Read; 3] = [
+        let reads: [Read; 2] = [
             (vec![copy(500, 10, 0.4)], vec![]),
-            (vec![copy(9, 10, 0.4)], vec![]),
-            (vec![], vec![closed(&copy(9, 10, 0.4), 0.4, 0.0)]),
+            (vec![], vec![closed(&copy(500, 10, 0.4), 0.4, 0.0)]),
         ];
         for (open, history) in reads {
             let mut index = CopyIndex::from_read(&[], &[]);
@@ -483,6 +470,13 @@ mod tests {
             );
             assert_eq!(index.pending((77, 11)).len(), 1, "another key's copy rests");
         }
+        // A copy of 10 under another ticket beside its resting pending copy: the pending copy
+        // is not taken for filled (it may still fill; the plan cancels it).
+        let mut index = CopyIndex::from_read(&[], &[]);
+        index.rebuild_orders(&[pending_copy(500, 10)]);
+        index.rebuild(&[copy(9, 10, 0.4)], &[]);
+        assert_eq!(index.pending((77, 10)).len(), 1);
+        assert_eq!(index.pending_key(500), Some((77, 10)));
     }
 
     #[test]

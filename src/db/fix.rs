@@ -484,7 +484,8 @@ pub async fn entries(db: &Db, account_id: i64) -> Result<Vec<Entry>, sqlx::Error
     rows.iter().map(entry_of).collect()
 }
 
-/// The venue accepted entry order `cl_ord_id` (its New) as `ticket`.
+/// The venue accepted entry order `cl_ord_id` (its New) as `ticket`; or lists as resting one
+/// taken for refused.
 pub async fn entry_working(
     db: &Db,
     account_id: i64,
@@ -493,8 +494,8 @@ pub async fn entry_working(
 ) -> Result<(), sqlx::Error> {
     db.run(async |c| {
         sqlx::query(
-            "UPDATE fix_orders SET state = 'working', ticket = $3 \
-              WHERE account_id = $1 AND cl_ord_id = $2 AND state = 'sent'",
+            "UPDATE fix_orders SET state = 'working', ticket = $3, done_at = NULL, reason = NULL \
+              WHERE account_id = $1 AND cl_ord_id = $2 AND state IN ('sent', 'rejected')",
         )
         .bind(account_id)
         .bind(cl_ord_id)
@@ -573,7 +574,9 @@ pub async fn entry_filled(
         sqlx::query(
             r#"
 WITH o AS (
-    UPDATE fix_orders SET state = 'filled', position_id = $3, done_at = now(), reason = NULL
+    UPDATE fix_orders
+       SET state = 'filled', position_id = $3, ticket = COALESCE(ticket, $4), done_at = now(),
+           reason = NULL
      WHERE account_id = $1 AND cl_ord_id = $2
  RETURNING magic, comment)
 INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, magic, comment, ticket)

@@ -719,6 +719,9 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     q->second.bid = bid;
     q->second.ask = ask;
     std::vector<std::pair<std::string, FIX44::ExecutionReport>> out;
+    // Subscribed PositionReports of positions entry orders open, sent before the fills' reports
+    // (a venue's order of messages is its own).
+    std::vector<std::pair<std::string, FIX44::PositionReport>> opened;
     int filled = 0;
     for (auto& a : accounts_) {
       Account& acc = a.second;
@@ -776,16 +779,26 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
         order.status = FIX::OrdStatus_FILLED;
         order.price = o.price;
         order.position = ticket;
-        out.emplace_back(a.first, report(cl, order.order_id, FIX::ExecType_TRADE,
-                                         FIX::OrdStatus_FILLED, symbol, o.side, o.units, o.units,
-                                         o.price, ticket));
+        for (auto& r : subscribed_reports(acc, ticket, Position{}))
+          opened.emplace_back(a.first, r);
+        // The hand client's orders' fills reach other sessions only as PositionReports with
+        // no_drop_copy.
+        bool manual = cl.rfind("manual-", 0) == 0;
+        if (!(manual && no_drop_copy))
+          out.emplace_back(a.first, report(cl, order.order_id, FIX::ExecType_TRADE,
+                                           FIX::OrdStatus_FILLED, symbol, o.side, o.units,
+                                           o.units, o.price, ticket));
         ++filled;
       }
     }
     std::vector<std::pair<FIX::SessionID, FIX44::ExecutionReport>> sends;
+    std::vector<std::pair<FIX::SessionID, FIX44::PositionReport>> reports;
+    for (auto& o : opened)
+      for (auto& s : sessions_of(o.first)) reports.emplace_back(s, o.second);
     for (auto& o : out)
       for (auto& s : sessions_of(o.first)) sends.emplace_back(s, o.second);
     g.unlock();
+    for (auto& r : reports) send(r.second, r.first);
     for (auto& s : sends) send(s.second, s.first);
     return "ok " + std::to_string(filled);
   }

@@ -217,7 +217,8 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
         engine,
         link,
         events: events_tx,
-        next_id: AtomicU64::new(1),
+        // From the clock: a later session of the same owner epoch never repeats an id.
+        next_id: AtomicU64::new(crate::wall_clock::unix_ms().max(1) as u64),
         state: Mutex::new(State::default()),
         ops: tokio::sync::Mutex::new(()),
         stop: CancellationToken::new(),
@@ -396,39 +397,41 @@ impl Shared {
         }
     }
 
-    /// Announces a change, positions under the tickets the copy engine knows them by.
+    /// Announces a change, positions under the tickets the copy engine knows them by; held
+    /// back, in order, while the order of that ticket is being recorded (`record_foreign`).
+    /// Under the state lock, so that changes go out in the order they were made.
     fn emit(&self, change: PositionChange) {
-        let change = match change {
-            PositionChange::Opened { position } => PositionChange::Opened {
-                position: self.shown(position),
-            },
-            PositionChange::Modified { position } => PositionChange::Modified {
-                position: self.shown(position),
-            },
-            PositionChange::PartiallyClosed { position, closed } => {
-                PositionChange::PartiallyClosed {
-                    position: self.shown(position),
-                    closed: self.shown_closed(closed),
-                }
-            }
-            PositionChange::Closed { closed } => PositionChange::Closed {
-                closed: self.shown_closed(closed),
-            },
-            order => order,
-        };
-        let _ = self.events.send(SessionEvent::Position(change));
-    }
-
-    /// Announces a change of entry order `ticket` (or of the position its fill opened), after
-    /// the changes held back while the order is being recorded.
-    fn emit_order(&self, ticket: i64, change: PositionChange) {
         let mut state = self.state();
+        let change = shown_change(&state.aliases, change);
+        let ticket = match &change {
+            PositionChange::Opened { position } | PositionChange::Modified { position } => {
+                position.ticket
+            }
+            PositionChange::PartiallyClosed { position, .. } => position.ticket,
+            PositionChange::Closed { closed } => closed.position.ticket,
+            PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order } => {
+                order.ticket
+            }
+            PositionChange::OrderGone { ticket, .. } => *ticket,
+        };
         if let Some((_, held)) = state.recording.get_mut(&ticket) {
             held.push(change);
             return;
         }
-        drop(state);
-        self.emit(change);
+        let _ = self.events.send(SessionEvent::Position(change));
+    }
+
+    /// Reads the orders and positions in the background (as an API call would), announcing what
+    /// changed.
+    fn refresh(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(me) = weak.upgrade() else { return };
+            let _op = me.ops.lock().await;
+            if let Err(e) = me.read_positions().await {
+                debug!(account_id = me.writer.account_id, error = %e, "reading FIX positions after a report failed");
+            }
+        });
     }
 
     /// Records entry order `e`, placed by another, in the ledger (fenced: only the owner does),
@@ -444,25 +447,31 @@ impl Shared {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(me) = weak.upgrade() else { return };
-            if let Err(err) = ledger::record_entry(&me.pool, &me.writer, &e).await {
-                warn!(account_id = me.writer.account_id, cl_ord_id = %e.cl_ord_id, error = %crate::db::describe(&err), "recording an entry order placed by another failed; the next read of the orders records it");
-            }
-            let held = {
-                let mut state = me.state();
-                match state.recording.get_mut(&ticket) {
-                    Some(slot) if slot.0 > 1 => {
-                        slot.0 -= 1;
-                        Vec::new()
-                    }
-                    _ => state
+            // Not recorded (the database failed): nothing is announced of the order (the next
+            // read of the orders records it, and what the master publishes then is what a later
+            // owner can resolve). Recorded, or not this node's to record: announced.
+            let recorded = match ledger::record_entry(&me.pool, &me.writer, &e).await {
+                Ok(_) => true,
+                Err(err) => {
+                    warn!(account_id = me.writer.account_id, cl_ord_id = %e.cl_ord_id, error = %crate::db::describe(&err), "recording an entry order placed by another failed: not announced; the next read of the orders records it");
+                    false
+                }
+            };
+            let mut state = me.state();
+            match state.recording.get_mut(&ticket) {
+                Some(slot) if slot.0 > 1 => slot.0 -= 1,
+                _ => {
+                    let held = state
                         .recording
                         .remove(&ticket)
                         .map(|slot| slot.1)
-                        .unwrap_or_default(),
+                        .unwrap_or_default();
+                    if recorded {
+                        for change in held {
+                            let _ = me.events.send(SessionEvent::Position(change));
+                        }
+                    }
                 }
-            };
-            for change in held {
-                me.emit(change);
             }
         });
     }
@@ -474,11 +483,6 @@ impl Shared {
             p.ticket = *t;
         }
         p
-    }
-
-    fn shown_closed(&self, mut c: ClosedPosition) -> ClosedPosition {
-        c.position = self.shown(c.position);
-        c
     }
 
     /// The venue's position id (PosMaintRptID) of the copy engine's `ticket`.
@@ -600,7 +604,21 @@ impl Shared {
                 if state.subscription.as_deref() == Some(req.as_str()) {
                     drop(state);
                     if let Some(p) = self.position_of_report(&m) {
-                        self.apply_report(p);
+                        // A position never seen while entry orders rest may be one's fill, whose
+                        // report may come later or never: read with the orders first, so that it
+                        // shows under the order's ticket.
+                        let unseen = {
+                            let state = self.state();
+                            p.volume > 0.0
+                                && !state.entries.is_empty()
+                                && !state.positions.contains_key(&p.ticket)
+                                && !state.aliases.contains_key(&p.ticket)
+                        };
+                        if unseen {
+                            self.refresh();
+                        } else {
+                            self.apply_report(p);
+                        }
                     }
                 }
             }
@@ -652,13 +670,14 @@ impl Shared {
             if let Some(req) = m.get(584) {
                 let req = req.to_string();
                 if let Some(c) = state.mass_requests.get_mut(&req) {
-                    let total = m.integer(911).unwrap_or(0).max(0) as usize;
+                    // TotNumReports (911) may be absent: LastRptRequested (912) ends the list.
+                    let total = m.integer(911).map(|t| t.max(0) as usize);
                     let last = m.get(912) == Some("Y");
-                    c.expected = Some(total);
-                    if total > 0 {
+                    c.expected = total.or(c.expected);
+                    if total != Some(0) && m.get(11).is_some_and(|c| c != "NONE") {
                         c.reports.push(m);
                     }
-                    if (last || c.reports.len() >= total)
+                    if (last || c.expected.is_some_and(|n| c.reports.len() >= n))
                         && let Some(mut c) = state.mass_requests.remove(&req)
                         && let Some(done) = c.done.take()
                     {
@@ -740,7 +759,7 @@ impl Shared {
                     (OrderEnd::Cancelled, "canceled")
                 };
                 info!(account_id = self.writer.account_id, cl_ord_id = %entry, ticket, how, "a FIX entry order ended at the venue");
-                self.emit_order(ticket, PositionChange::OrderGone { ticket, end });
+                self.emit(PositionChange::OrderGone { ticket, end });
                 let (pool, account) = (self.pool.clone(), self.writer.account_id);
                 tokio::spawn(async move {
                     let _ =
@@ -847,10 +866,18 @@ impl Shared {
                     open_time_ms: crate::wall_clock::unix_ms(),
                 };
                 state.positions.insert(position_id, p.clone());
-                let ticket = entry.as_ref().map(|e| {
-                    e.ticket
-                        .unwrap_or_else(|| order_ticket(m.get(37).unwrap_or("")))
-                });
+                if entry.is_some() && m.get(39) == Some("1") {
+                    warn!(account_id = self.writer.account_id, cl_ord_id = %cl, position_id, "an entry order filled in part: the rest is not followed (its fill, if any, is another position)");
+                }
+                // One position per order ticket: a second position from the same order (the
+                // rest of a partial fill) shows as itself.
+                let ticket = entry
+                    .as_ref()
+                    .map(|e| {
+                        e.ticket
+                            .unwrap_or_else(|| order_ticket(m.get(37).unwrap_or("")))
+                    })
+                    .filter(|t| !state.aliases.values().any(|a| a == t));
                 if let Some(ticket) = ticket {
                     state.entry_positions.insert(position_id, (magic, comment));
                     state.aliases.insert(position_id, ticket);
@@ -859,13 +886,10 @@ impl Shared {
                 if let Some(ticket) = ticket {
                     // The position is the order's ticket from now on (as at MT4/MT5 servers).
                     info!(account_id = self.writer.account_id, cl_ord_id = %cl, ticket, position_id, price, "a FIX entry order filled");
-                    self.emit_order(
+                    self.emit(PositionChange::OrderGone {
                         ticket,
-                        PositionChange::OrderGone {
-                            ticket,
-                            end: OrderEnd::Filled { position: ticket },
-                        },
-                    );
+                        end: OrderEnd::Filled { position: ticket },
+                    });
                     let (pool, account) = (self.pool.clone(), self.writer.account_id);
                     let (symbol, side) = (symbol.to_string(), side_text(side));
                     tokio::spawn(async move {
@@ -881,10 +905,7 @@ impl Shared {
                         }
                     });
                 }
-                match ticket {
-                    Some(t) => self.emit_order(t, PositionChange::Opened { position: p }),
-                    None => self.emit(PositionChange::Opened { position: p }),
-                }
+                self.emit(PositionChange::Opened { position: p });
             }
         }
     }
@@ -1488,7 +1509,7 @@ impl Shared {
             .iter()
             .filter(|e| e.state == "sent")
         {
-            self.settle_entry(e).await?;
+            self.settle_entry(e, false).await?;
         }
         for order in open.iter().filter(|o| o.kind == "sl" || o.kind == "tp") {
             let report = self.order_status(order).await?;
@@ -1751,7 +1772,9 @@ impl Shared {
     /// ledger then holds. A working order the venue no longer knows by its ClOrdID (a venue that
     /// forgets ClOrdIDs at a trading-day roll) is taken to rest still: cancelling it is then
     /// refused as unknown, and nothing is ever copied at market for it.
-    async fn settle_entry(&self, e: &Entry) -> Result<Option<Entry>, BrokerError> {
+    /// `listed`: the venue's list of resting orders (OrderMassStatusRequest) was read just now
+    /// and does not show it.
+    async fn settle_entry(&self, e: &Entry, listed: bool) -> Result<Option<Entry>, BrokerError> {
         let account = self.writer.account_id;
         let report = self.order_status(&e.as_order()).await?;
         let status = report.get(39).unwrap_or("");
@@ -1791,11 +1814,31 @@ impl Shared {
             "5" => ended("replaced").await,
             "4" => ended("canceled").await,
             "C" => ended("expired").await,
+            // Placed by another, unknown by its ClOrdID and not among the resting orders: gone
+            // (its fill, if any, is an unmarked position like any of the master's trades).
+            _ if unknown && e.state == "working" && listed && e.comment.is_empty() => {
+                info!(account_id = account, cl_ord_id = %e.cl_ord_id, "an entry order placed by another is gone from the venue");
+                ended("canceled").await
+            }
             _ if unknown && e.state == "working" => {
                 warn!(account_id = account, cl_ord_id = %e.cl_ord_id, "the venue no longer knows a working entry order by its ClOrdID: taken to rest still");
                 Ok(Some(e.clone()))
             }
             _ => {
+                // Sent, its answer lost, and now unknown by its ClOrdID: resting, if the venue's
+                // list of resting orders shows it.
+                if unknown
+                    && !listed
+                    && let Some(reports) = self.venue_orders().await?
+                    && let Some(l) = reports
+                        .iter()
+                        .filter(|r| resting_report(r))
+                        .filter_map(entry_of_report)
+                        .find(|l| l.cl_ord_id == e.cl_ord_id)
+                {
+                    let ticket = l.ticket.unwrap_or_default();
+                    return self.in_force(e, ticket).await.map(Some);
+                }
                 if unknown && let Some((position, price)) = self.adopt(&e.as_order()).await? {
                     let ticket = e.ticket.unwrap_or(position);
                     self.record_entry_fill(e, position, ticket, price).await?;
@@ -1906,9 +1949,16 @@ impl Shared {
             }
             Ok(Ok(Err(why))) => Err(unavailable(why)),
             Ok(Err(_)) => Err(unavailable("the FIX connection dropped")),
-            Err(_) => Err(unavailable(
-                "no answer to an OrderMassStatusRequest in time",
-            )),
+            Err(_) => {
+                // A venue that ignores the request (no reject, no answer) is not asked again in
+                // this session.
+                warn!(
+                    account_id = self.writer.account_id,
+                    "no answer to an OrderMassStatusRequest in time: pending orders are the ones this adapter placed, for this session"
+                );
+                self.state().mass_unsupported = true;
+                Ok(None)
+            }
         }
     }
 
@@ -1918,10 +1968,14 @@ impl Shared {
     /// one by one how they ended (filled: the position is recorded under the order's ticket).
     async fn read_orders(&self) -> Result<Vec<PendingOrder>, BrokerError> {
         let venue = self.venue_orders().await?;
+        // Resting entry orders, less any whose fill this session has seen meanwhile.
+        let filled: HashSet<i64> = self.state().aliases.values().copied().collect();
         let listed: HashMap<String, Entry> = venue
             .iter()
             .flatten()
+            .filter(|r| resting_report(r))
             .filter_map(entry_of_report)
+            .filter(|e| e.ticket.is_none_or(|t| !filled.contains(&t)))
             .map(|e| (e.cl_ord_id.clone(), e))
             .collect();
         let rows = ledger::entries(&self.pool, self.writer.account_id)
@@ -1938,7 +1992,7 @@ impl Shared {
         for e in &rows {
             let now = match listed.get(&e.cl_ord_id).and_then(|l| l.ticket) {
                 Some(ticket) if venue.is_some() => Some(self.in_force(e, ticket).await?),
-                _ => self.settle_entry(e).await?,
+                _ => self.settle_entry(e, venue.is_some()).await?,
             };
             if let Some(now) = &now {
                 keep(now);
@@ -1950,21 +2004,46 @@ impl Shared {
             .collect();
         others.sort_by(|a, b| a.cl_ord_id.cmp(&b.cl_ord_id));
         for l in others {
-            // Known to the ledger in another state (filled in part, say): not a pending order.
-            if ledger::entry(&self.pool, self.writer.account_id, &l.cl_ord_id)
-                .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?
-                .is_some()
-            {
-                continue;
-            }
-            ledger::record_entry(&self.pool, &self.writer, l)
+            let known = ledger::entry(&self.pool, self.writer.account_id, &l.cl_ord_id)
                 .await
                 .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            let now = match known {
+                None => {
+                    ledger::record_entry(&self.pool, &self.writer, l)
+                        .await
+                        .map_err(|e| unavailable(crate::db::describe(&e)))?;
+                    l.clone()
+                }
+                // Ours, taken for refused (the venue did not know it when asked): it rests.
+                Some(row) if row.state == "rejected" && !row.comment.is_empty() => {
+                    warn!(account_id = self.writer.account_id, cl_ord_id = %row.cl_ord_id, "an entry order taken for refused rests at the venue: in force");
+                    ledger::entry_working(
+                        &self.pool,
+                        self.writer.account_id,
+                        &row.cl_ord_id,
+                        l.ticket.unwrap_or_default(),
+                    )
+                    .await
+                    .map_err(db_unknown)?;
+                    Entry {
+                        ticket: l.ticket,
+                        state: "working".into(),
+                        ..row
+                    }
+                }
+                // The same ClOrdID for another order (another party's ids repeat across days):
+                // shown, not recorded.
+                Some(row) if row.ticket != l.ticket => {
+                    warn!(account_id = self.writer.account_id, cl_ord_id = %row.cl_ord_id, "a resting order reuses a ClOrdID the ledger holds for another order: not recorded");
+                    l.clone()
+                }
+                // Ended in the ledger (filled in part, say): not a pending order.
+                Some(_) => continue,
+            };
             self.state()
                 .entries
-                .insert(l.cl_ord_id.clone(), EntryMark::of(l));
-            keep(l);
+                .insert(now.cl_ord_id.clone(), EntryMark::of(&now));
+            keep(&now);
         }
         Ok(out)
     }
@@ -2331,7 +2410,7 @@ impl TradeApi for SessionApi {
                     break;
                 };
                 let known = if known.state == "sent" {
-                    s.settle_entry(&known).await?;
+                    s.settle_entry(&known, false).await?;
                     ledger::entry(&s.pool, s.writer.account_id, &cl)
                         .await
                         .map_err(|e| unavailable(crate::db::describe(&e)))?
@@ -2431,12 +2510,13 @@ impl TradeApi for SessionApi {
                 .client_order_id
                 .clone()
                 .unwrap_or_else(|| s.id(&format!("{}-amend", s.writer.node_id)));
-            if ledger::entry(&s.pool, account, &cl)
+            let base = cl.clone();
+            while ledger::entry(&s.pool, account, &cl)
                 .await
                 .map_err(|e| unavailable(crate::db::describe(&e)))?
                 .is_some()
             {
-                cl = s.id(&format!("{cl}~"));
+                cl = s.id(&format!("{base}~"));
             }
             let next = Entry {
                 cl_ord_id: cl.clone(),
@@ -2536,6 +2616,43 @@ impl TradeApi for SessionApi {
             let text = report.get(58).unwrap_or("cancel refused").to_string();
             Err(BrokerError::Rejected(refusal_of_cancel(&report, text)))
         })
+    }
+}
+
+/// A mass status line of an order still resting (New, partly filled, pending a change).
+fn resting_report(m: &Fields) -> bool {
+    m.get(39)
+        .is_none_or(|s| matches!(s, "0" | "1" | "A" | "E" | "6"))
+}
+
+/// `change` with its positions under the tickets the copy engine knows them by (`aliases`: an
+/// entry order's fill shows under the order's ticket).
+fn shown_change(aliases: &HashMap<i64, i64>, change: PositionChange) -> PositionChange {
+    let shown = |mut p: Position| {
+        if let Some(t) = aliases.get(&p.ticket) {
+            p.ticket = *t;
+        }
+        p
+    };
+    let shown_closed = |mut c: ClosedPosition| {
+        c.position = shown(c.position);
+        c
+    };
+    match change {
+        PositionChange::Opened { position } => PositionChange::Opened {
+            position: shown(position),
+        },
+        PositionChange::Modified { position } => PositionChange::Modified {
+            position: shown(position),
+        },
+        PositionChange::PartiallyClosed { position, closed } => PositionChange::PartiallyClosed {
+            position: shown(position),
+            closed: shown_closed(closed),
+        },
+        PositionChange::Closed { closed } => PositionChange::Closed {
+            closed: shown_closed(closed),
+        },
+        order => order,
     }
 }
 

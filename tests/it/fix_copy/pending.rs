@@ -569,6 +569,79 @@ async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
     .await
     .unwrap();
     assert_eq!((state.as_str(), ticket), ("filled", Some(order_ticket(id))));
+    // The trader closes it: the copy closes; one copy was ever opened.
+    let at_venue = venue_positions(&v, "m1");
+    super::hand(&v, &format!("close m1 {} 0.3", at_venue[0].0));
+    eventually("f2: the copy closed with the master", WAIT, async || {
+        let positions = tools::positions(&s.addr, "f2").await.ok()?;
+        (!positions.iter().any(|p| p.magic == magic)).then_some(())
+    })
+    .await;
+    let opens = crate::support::broker::journal(&s.dir.path("journal.jsonl"))
+        .iter()
+        .filter(|l| l.login == "f2" && l.action == "open" && l.accepted && l.client != "manual")
+        .count();
+    assert_eq!(opens, 1, "one copy of the master's one trade");
     b.shutdown();
     b.wait().await.unwrap();
+}
+
+/// A FIX master whose venue reports other sessions' trades only as subscribed PositionReports
+/// (no drop copy): its trader's entry order (resting before the node starts, so the first read
+/// lists it) fills, and the position's report comes with no ExecutionReport of the fill. The
+/// position is read with the orders first, so it is published under the order's ticket: the
+/// follower cancels its pending copy and copies the fill once.
+#[tokio::test]
+async fn a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket() {
+    let mut s = CopySetup::with("fix-master-pending-sub", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+    })
+    .await;
+    let v = venue(&s, &["m1"]);
+    assert_eq!(v.control("fault no_drop_copy on"), "ok");
+    let id = super::hand(&v, "place m1 EURUSD buy limit 1.095 0.3");
+    add_account(
+        &mut s.conn,
+        1,
+        "master",
+        &server(&v, "&updates=subscribe"),
+        "m1",
+    )
+    .await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "fx-master-sub", 100, FAST)).await;
+    wait_status(&mut s.conn, 2, "follower: master").await;
+    let marker = format!("mc{}", order_ticket(id));
+    eventually("f2: the pending copy", WAIT, async || {
+        let orders = tools::orders(&s.addr, "f2").await.ok()?;
+        orders.iter().any(|o| o.comment == marker).then_some(())
+    })
+    .await;
+    tools::set_price(&s.addr, "EURUSD", 1.0951).await.unwrap();
+    assert_eq!(v.control("quote EURUSD 1.09490 1.09500"), "ok 1");
+    let copies = eventually("f2: the fill copied at market", WAIT, async || {
+        let orders = tools::orders(&s.addr, "f2").await.ok()?;
+        let positions = tools::positions(&s.addr, "f2").await.ok()?;
+        let copies: Vec<_> = positions.into_iter().filter(|p| p.magic == magic).collect();
+        (!orders.iter().any(|o| o.comment == marker) && !copies.is_empty()).then_some(copies)
+    })
+    .await;
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(copies[0].comment, marker, "the copy of the order's ticket");
+    let at_venue = venue_positions(&v, "m1");
+    super::hand(&v, &format!("close m1 {} 0.3", at_venue[0].0));
+    eventually("f2: the copy closed with the master", WAIT, async || {
+        let positions = tools::positions(&s.addr, "f2").await.ok()?;
+        (!positions.iter().any(|p| p.magic == magic)).then_some(())
+    })
+    .await;
+    let opens = crate::support::broker::journal(&s.dir.path("journal.jsonl"))
+        .iter()
+        .filter(|l| l.login == "f2" && l.action == "open" && l.accepted && l.client != "manual")
+        .count();
+    assert_eq!(opens, 1, "one copy of the master's one trade");
+    node.shutdown();
+    node.wait().await.unwrap();
 }
