@@ -467,14 +467,10 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       journal(who, sub_id(m), was_entry ? "cancel" : "modify", known ? o->second.symbol : "",
               was_entry ? order_number(o->second) : 0, ' ', 0, cl.getValue(), false,
               "no such resting order");
-      FIX44::OrderCancelReject reject(
-          FIX::OrderID(known ? o->second.order_id : "NONE"), cl, orig,
-          FIX::OrdStatus(known ? o->second.status : FIX::OrdStatus_REJECTED),
-          FIX::CxlRejResponseTo(FIX::CxlRejResponseTo_ORDER_CANCEL_REQUEST));
-      reject.set(FIX::CxlRejReason(known ? FIX::CxlRejReason_TOO_LATE_TO_CANCEL
-                                         : FIX::CxlRejReason_UNKNOWN_ORDER));
-      reject.set(FIX::Text(known ? "too late to cancel: the order is not resting"
-                                 : "no such resting order"));
+      FIX44::OrderCancelReject reject = cancel_reject(
+          cl, orig, known ? &o->second : nullptr, FIX::CxlRejResponseTo_ORDER_CANCEL_REQUEST,
+          known ? FIX::CxlRejReason_TOO_LATE_TO_CANCEL : FIX::CxlRejReason_UNKNOWN_ORDER,
+          known ? "too late to cancel: the order is not resting" : "no such resting order");
       g.unlock();
       send(reject, id);
       return;
@@ -524,12 +520,9 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     if (!reason.empty()) {
       journal(who, sub_id(m), "amend", known ? o->second.symbol : "",
               known ? order_number(o->second) : 0, ' ', -1, cl.getValue(), false, reason);
-      FIX44::OrderCancelReject reject(
-          FIX::OrderID(known ? o->second.order_id : "NONE"), cl, orig,
-          FIX::OrdStatus(known ? o->second.status : FIX::OrdStatus_REJECTED),
-          FIX::CxlRejResponseTo(FIX::CxlRejResponseTo_ORDER_CANCEL_REPLACE_REQUEST));
-      reject.set(FIX::CxlRejReason(rej));
-      reject.set(FIX::Text(reason));
+      FIX44::OrderCancelReject reject =
+          cancel_reject(cl, orig, known ? &o->second : nullptr,
+                        FIX::CxlRejResponseTo_ORDER_CANCEL_REPLACE_REQUEST, rej, reason);
       g.unlock();
       send(reject, id);
       return;
@@ -590,15 +583,10 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     auto quote = quotes_.find(symbol);
     if (quote == quotes_.end()) return "error unknown symbol";
     if (!(lots > 0)) return "error lots must be positive";
-    FIX44::NewOrderSingle terms;
-    terms.setField(type == FIX::OrdType_STOP ? 99 : 44, std::to_string(price));
-    if (expire > 0) {
-      terms.setField(59, "6");
-      terms.setField(126, utc_text(expire));
-    }
     double checked = 0;
     long long until = 0;
-    std::string reason = entry_terms(terms, type, side, symbol, checked, until);
+    std::string reason =
+        entry_terms(hand_terms(type, price, expire), type, side, symbol, checked, until);
     if (!reason.empty()) return "error " + reason;
     Account& acc = accounts_[who];
     std::string cl = "manual-" + next_id();
@@ -621,15 +609,10 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     std::string cl = resting_by_order_id(acc, order_id);
     if (cl.empty()) return "error no such resting order";
     Pending next = acc.pending.at(cl);
-    FIX44::NewOrderSingle terms;
-    terms.setField(next.type == FIX::OrdType_STOP ? 99 : 44, std::to_string(price));
-    if (next.expire_ms > 0) {
-      terms.setField(59, "6");
-      terms.setField(126, utc_text(next.expire_ms));
-    }
     double checked = 0;
     long long until = 0;
-    std::string reason = entry_terms(terms, next.type, next.side, next.symbol, checked, until);
+    std::string reason = entry_terms(hand_terms(next.type, price, next.expire_ms), next.type,
+                                     next.side, next.symbol, checked, until);
     if (!reason.empty()) return "error " + reason;
     next.price = price;
     std::string fresh = "manual-" + next_id();
@@ -954,6 +937,21 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
 
   static long order_number(const Order& o) { return std::atol(o.order_id.c_str()); }
 
+  // The refusal of a cancel (F) or cancel/replace (G) of `orig` (`known`: the venue's order, or
+  // null when it has none by that ClOrdID).
+  static FIX44::OrderCancelReject cancel_reject(const FIX::ClOrdID& cl,
+                                                const FIX::OrigClOrdID& orig, const Order* known,
+                                                char response_to, int reason,
+                                                const std::string& text) {
+    FIX44::OrderCancelReject reject(
+        FIX::OrderID(known ? known->order_id : "NONE"), cl, orig,
+        FIX::OrdStatus(known ? known->status : FIX::OrdStatus_REJECTED),
+        FIX::CxlRejResponseTo(response_to));
+    reject.set(FIX::CxlRejReason(reason));
+    reject.set(FIX::Text(text));
+    return reject;
+  }
+
   // The ClOrdID under which entry order `order_id` rests now ("" when none does).
   static std::string resting_by_order_id(Account& acc, const std::string& order_id) {
     for (auto& p : acc.pending)
@@ -970,6 +968,17 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     if (no_drop_copy) return;
     for (auto& s : sessions)
       for (auto& r : reports) send(r, s);
+  }
+
+  // The hand client's entry order terms as a message carries them (price, expiry).
+  static FIX44::NewOrderSingle hand_terms(char type, double price, long long expire) {
+    FIX44::NewOrderSingle terms;
+    terms.setField(type == FIX::OrdType_STOP ? 99 : 44, std::to_string(price));
+    if (expire > 0) {
+      terms.setField(59, "6");
+      terms.setField(126, utc_text(expire));
+    }
+    return terms;
   }
 
   // An entry order's price and expiry from a NewOrderSingle or OrderCancelReplaceRequest; the

@@ -769,6 +769,16 @@ impl Shared {
         }
     }
 
+    /// The contract size of a symbol the venue lists; refused as unknown otherwise.
+    fn listed_contract(&self, symbol: &str) -> Result<f64, BrokerError> {
+        self.contract(symbol).ok_or_else(|| {
+            BrokerError::Rejected(Rejection::new(
+                RejectCode::UnknownSymbol,
+                format!("unknown symbol {symbol} (not in the venue's SecurityList)"),
+            ))
+        })
+    }
+
     fn contract(&self, symbol: &str) -> Option<f64> {
         self.state()
             .symbols
@@ -1376,39 +1386,8 @@ impl Shared {
     /// Cancels a resting order (OrderCancelRequest); gone already counts as cancelled.
     async fn cancel_resting(&self, w: &ledger::Working) -> Result<(), BrokerError> {
         let cl = self.id("cxl");
-        let (tx, rx) = oneshot::channel();
-        self.state().orders.insert(cl.clone(), tx);
-        let side = side_code(side_parse(&w.side));
-        if let Err(e) = self.send(
-            "F",
-            &[
-                (11, cl.clone()),
-                (41, w.cl_ord_id.clone()),
-                (55, w.symbol.clone()),
-                (54, side.to_string()),
-                (38, decimal(w.quantity)),
-                (60, utc_timestamp(crate::wall_clock::unix_ms())),
-            ],
-        ) {
-            self.state().orders.remove(&cl);
-            return Err(e);
-        }
-        match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => {
-                return Err(BrokerError::Unknown(format!(
-                    "cancel of {}: the FIX connection dropped",
-                    w.cl_ord_id
-                )));
-            }
-            Err(_) => {
-                self.state().orders.remove(&cl);
-                return Err(BrokerError::Unknown(format!(
-                    "cancel of {}: no answer in time",
-                    w.cl_ord_id
-                )));
-            }
-        }
+        self.cancel_request(&cl, &w.cl_ord_id, &w.symbol, &w.side, w.quantity)
+            .await?;
         self.state().resting.remove(&w.cl_ord_id);
         ledger::set_state(
             &self.pool,
@@ -1419,6 +1398,44 @@ impl Shared {
         )
         .await
         .map_err(db_unknown)
+    }
+
+    /// Sends an OrderCancelRequest (ClOrdID `cl`) for order `orig` and waits for its answer: the
+    /// cancel's report, or an OrderCancelReject.
+    async fn cancel_request(
+        &self,
+        cl: &str,
+        orig: &str,
+        symbol: &str,
+        side: &str,
+        quantity: f64,
+    ) -> Result<Fields, BrokerError> {
+        let (tx, rx) = oneshot::channel();
+        self.state().orders.insert(cl.to_string(), tx);
+        let body = [
+            (11, cl.to_string()),
+            (41, orig.to_string()),
+            (55, symbol.to_string()),
+            (54, side_code(side_parse(side)).to_string()),
+            (38, decimal(quantity)),
+            (60, utc_timestamp(crate::wall_clock::unix_ms())),
+        ];
+        if let Err(e) = self.send("F", &body) {
+            self.state().orders.remove(cl);
+            return Err(e);
+        }
+        match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
+            Ok(Ok(report)) => Ok(report),
+            Ok(Err(_)) => Err(BrokerError::Unknown(format!(
+                "cancel of {orig}: the FIX connection dropped"
+            ))),
+            Err(_) => {
+                self.state().orders.remove(cl);
+                Err(BrokerError::Unknown(format!(
+                    "cancel of {orig}: no answer in time"
+                )))
+            }
+        }
     }
 
     /// Makes position `ticket`'s resting stop loss and take profit what is asked.
@@ -2251,15 +2268,7 @@ impl TradeApi for SessionApi {
         Box::pin(async move {
             let s = &self.0;
             let _op = s.ops.lock().await;
-            let Some(contract) = s.contract(&order.symbol) else {
-                return Err(BrokerError::Rejected(Rejection::new(
-                    RejectCode::UnknownSymbol,
-                    format!(
-                        "unknown symbol {} (not in the venue's SecurityList)",
-                        order.symbol
-                    ),
-                )));
-            };
+            let contract = s.listed_contract(&order.symbol)?;
             let base = order
                 .client_order_id
                 .clone()
@@ -2386,15 +2395,7 @@ impl TradeApi for SessionApi {
         Box::pin(async move {
             let s = &self.0;
             let _op = s.ops.lock().await;
-            let Some(contract) = s.contract(&order.symbol) else {
-                return Err(BrokerError::Rejected(Rejection::new(
-                    RejectCode::UnknownSymbol,
-                    format!(
-                        "unknown symbol {} (not in the venue's SecurityList)",
-                        order.symbol
-                    ),
-                )));
-            };
+            let contract = s.listed_contract(&order.symbol)?;
             let base = order
                 .client_order_id
                 .clone()
@@ -2570,36 +2571,9 @@ impl TradeApi for SessionApi {
             let e = s.entry_of_ticket(order.ticket).await?;
             // The intent's id, made unique per request (a cancel not confirmed is sent again).
             let cl = s.id(order.client_order_id.as_deref().unwrap_or("cxl"));
-            let (tx, rx) = oneshot::channel();
-            s.state().orders.insert(cl.clone(), tx);
-            let body = [
-                (11, cl.clone()),
-                (41, e.cl_ord_id.clone()),
-                (55, e.symbol.clone()),
-                (54, side_code(side_parse(&e.side)).to_string()),
-                (38, decimal(e.quantity)),
-                (60, utc_timestamp(crate::wall_clock::unix_ms())),
-            ];
-            if let Err(err) = s.send("F", &body) {
-                s.state().orders.remove(&cl);
-                return Err(err);
-            }
-            let report = match tokio::time::timeout(s.endpoint.request_timeout, rx).await {
-                Ok(Ok(report)) => report,
-                Ok(Err(_)) => {
-                    return Err(BrokerError::Unknown(format!(
-                        "cancel of entry order {}: the FIX connection dropped",
-                        e.cl_ord_id
-                    )));
-                }
-                Err(_) => {
-                    s.state().orders.remove(&cl);
-                    return Err(BrokerError::Unknown(format!(
-                        "cancel of entry order {}: no answer in time",
-                        e.cl_ord_id
-                    )));
-                }
-            };
+            let report = s
+                .cancel_request(&cl, &e.cl_ord_id, &e.symbol, &e.side, e.quantity)
+                .await?;
             if report.msg_type() == "8" && report.get(39) == Some("4") {
                 ledger::set_state(
                     &s.pool,

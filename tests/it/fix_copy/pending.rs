@@ -547,13 +547,7 @@ async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
     tools::set_price(&s.addr, "EURUSD", 1.0951).await.unwrap();
     assert_eq!(v.control("quote EURUSD 1.09490 1.09500"), "ok 1");
     let b = start_node(&config(&s.db, "fx-gap-b", 100, FAST)).await;
-    let copies = eventually("f2: the fill copied at market", WAIT, async || {
-        let orders = tools::orders(&s.addr, "f2").await.ok()?;
-        let positions = tools::positions(&s.addr, "f2").await.ok()?;
-        let copies: Vec<_> = positions.into_iter().filter(|p| p.magic == magic).collect();
-        (!orders.iter().any(|o| o.comment == marker) && !copies.is_empty()).then_some(copies)
-    })
-    .await;
+    let copies = fill_copied(&s, magic, &marker).await;
     assert_eq!(copies.len(), 1, "{copies:?}");
     assert_eq!(
         (copies[0].comment.as_str(), copies[0].volume),
@@ -570,18 +564,7 @@ async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
     .unwrap();
     assert_eq!((state.as_str(), ticket), ("filled", Some(order_ticket(id))));
     // The trader closes it: the copy closes; one copy was ever opened.
-    let at_venue = venue_positions(&v, "m1");
-    super::hand(&v, &format!("close m1 {} 0.3", at_venue[0].0));
-    eventually("f2: the copy closed with the master", WAIT, async || {
-        let positions = tools::positions(&s.addr, "f2").await.ok()?;
-        (!positions.iter().any(|p| p.magic == magic)).then_some(())
-    })
-    .await;
-    let opens = crate::support::broker::journal(&s.dir.path("journal.jsonl"))
-        .iter()
-        .filter(|l| l.login == "f2" && l.action == "open" && l.accepted && l.client != "manual")
-        .count();
-    assert_eq!(opens, 1, "one copy of the master's one trade");
+    closed_with_the_master(&s, &v, magic).await;
     b.shutdown();
     b.wait().await.unwrap();
 }
@@ -621,17 +604,35 @@ async fn a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket()
     .await;
     tools::set_price(&s.addr, "EURUSD", 1.0951).await.unwrap();
     assert_eq!(v.control("quote EURUSD 1.09490 1.09500"), "ok 1");
-    let copies = eventually("f2: the fill copied at market", WAIT, async || {
+    let copies = fill_copied(&s, magic, &marker).await;
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(copies[0].comment, marker, "the copy of the order's ticket");
+    closed_with_the_master(&s, &v, magic).await;
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
+/// The copies on bridge follower `f2` under link magic `magic`, once the pending copy marked
+/// `marker` is gone and a copy is open (the master's fill copied at market).
+async fn fill_copied(
+    s: &CopySetup,
+    magic: i64,
+    marker: &str,
+) -> Vec<copier_node::broker::types::Position> {
+    eventually("f2: the fill copied at market", WAIT, async || {
         let orders = tools::orders(&s.addr, "f2").await.ok()?;
         let positions = tools::positions(&s.addr, "f2").await.ok()?;
         let copies: Vec<_> = positions.into_iter().filter(|p| p.magic == magic).collect();
         (!orders.iter().any(|o| o.comment == marker) && !copies.is_empty()).then_some(copies)
     })
-    .await;
-    assert_eq!(copies.len(), 1, "{copies:?}");
-    assert_eq!(copies[0].comment, marker, "the copy of the order's ticket");
-    let at_venue = venue_positions(&v, "m1");
-    super::hand(&v, &format!("close m1 {} 0.3", at_venue[0].0));
+    .await
+}
+
+/// The FIX master `m1`'s trader closes its one position (0.3 lots): `f2`'s copy closes, and the
+/// node opened one copy in all.
+async fn closed_with_the_master(s: &CopySetup, v: &FixVenue, magic: i64) {
+    let at_venue = venue_positions(v, "m1");
+    super::hand(v, &format!("close m1 {} 0.3", at_venue[0].0));
     eventually("f2: the copy closed with the master", WAIT, async || {
         let positions = tools::positions(&s.addr, "f2").await.ok()?;
         (!positions.iter().any(|p| p.magic == magic)).then_some(())
@@ -642,6 +643,4 @@ async fn a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket()
         .filter(|l| l.login == "f2" && l.action == "open" && l.accepted && l.client != "manual")
         .count();
     assert_eq!(opens, 1, "one copy of the master's one trade");
-    node.shutdown();
-    node.wait().await.unwrap();
 }
