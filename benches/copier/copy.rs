@@ -99,7 +99,7 @@ type LegClocks = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
 
 /// The legs of every copy in the ledger of `url` (waiting up to 10 s for `expected` rows: a copy's
 /// row is written just after its acceptance).
-async fn legs(url: &str, expected: usize) -> anyhow::Result<Legs> {
+pub(crate) async fn legs(url: &str, expected: usize) -> anyhow::Result<Legs> {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await?;
     let deadline = Instant::now() + Duration::from_secs(10);

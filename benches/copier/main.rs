@@ -5,7 +5,8 @@
 //!   cargo bench --bench copier                  # the full run: writes BENCHMARKS.md, benchmarks.json
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
-//!                                               #   fix, failover, rebalance, cost, notify, poll, pooler)
+//!                                               #   fix, failover, handoff, rebalance, cost,
+//!                                               #   notify, poll, pooler)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
@@ -16,6 +17,7 @@ mod cycle;
 mod failover;
 mod fix;
 mod floors;
+mod handoff;
 mod nodes;
 mod notify;
 mod poll;
@@ -38,6 +40,7 @@ use cycle::{CycleRow, lease_cycle};
 use failover::{FailoverRow, failover};
 use fix::{FixRow, fix_latency};
 use floors::{floors, machine};
+use handoff::{HandoffRow, handoff};
 use notify::{NotifyRow, notification_path};
 use poll::{PollCostRow, PollRow, poll_latency};
 use pooler::{PoolerRow, pooler};
@@ -60,6 +63,7 @@ pub(crate) struct Report {
     copy: Vec<CopyRow>,
     fix: Vec<FixRow>,
     failover: Vec<FailoverRow>,
+    handoff: Vec<HandoffRow>,
     rebalance: Vec<RebalanceRow>,
     cost: Vec<CostRow>,
     notify: Vec<NotifyRow>,
@@ -160,6 +164,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "failover") {
         failover(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "handoff") {
+        handoff(&options, &pg, &mut report).await?;
     }
     if wanted(&options, "rebalance") {
         rebalance(&options, &pg, &mut report).await?;

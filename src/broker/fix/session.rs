@@ -96,6 +96,8 @@ struct State {
     /// Positions entry orders opened (PosMaintRptID), with the order's ticket the copy engine
     /// knows each by (as MT4/MT5 positions keep their order's ticket).
     aliases: HashMap<i64, i64>,
+    /// A background read of the orders and positions is queued (`refresh`), not started yet.
+    refresh_queued: bool,
     /// Changes of entry orders placed by others, by ticket, held back while the order is being
     /// recorded in the ledger (how many records are under way, and the changes held): a master
     /// publishes an order only once a later owner can ask the venue how it ended.
@@ -424,10 +426,18 @@ impl Shared {
     /// Reads the orders and positions in the background (as an API call would), announcing what
     /// changed.
     fn refresh(self: &Arc<Self>) {
+        {
+            let mut state = self.state();
+            if state.refresh_queued {
+                return;
+            }
+            state.refresh_queued = true;
+        }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(me) = weak.upgrade() else { return };
             let _op = me.ops.lock().await;
+            me.state().refresh_queued = false;
             if let Err(e) = me.read_positions().await {
                 debug!(account_id = me.writer.account_id, error = %e, "reading FIX positions after a report failed");
             }
@@ -447,9 +457,10 @@ impl Shared {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(me) = weak.upgrade() else { return };
-            // Not recorded (the database failed): nothing is announced of the order (the next
-            // read of the orders records it, and what the master publishes then is what a later
-            // owner can resolve). Recorded, or not this node's to record: announced.
+            // Not recorded (the database failed): the order is not announced (the next read of
+            // the orders records it, and what the master publishes then is what a later owner can
+            // resolve); its fill or end, if any came meanwhile, still is. Recorded, or not this
+            // node's to record: announced.
             let recorded = match ledger::record_entry(&me.pool, &me.writer, &e).await {
                 Ok(_) => true,
                 Err(err) => {
@@ -466,8 +477,13 @@ impl Shared {
                         .remove(&ticket)
                         .map(|slot| slot.1)
                         .unwrap_or_default();
-                    if recorded {
-                        for change in held {
+                    for change in held {
+                        let announces_order = matches!(
+                            change,
+                            PositionChange::OrderPlaced { .. }
+                                | PositionChange::OrderChanged { .. }
+                        );
+                        if recorded || !announces_order {
                             let _ = me.events.send(SessionEvent::Position(change));
                         }
                     }
@@ -720,8 +736,11 @@ impl Shared {
             });
         } else if matches!(exec_type, "0" | "5")
             && status == "0"
-            && !state.entries.contains_key(&cl)
             && let Some(e) = entry_of_report(&m)
+            && state
+                .entries
+                .get(&cl)
+                .is_none_or(|k| k.ticket.is_some_and(|t| Some(t) != e.ticket))
         {
             // An entry order another placed (or replaced), as the venue reports it: recorded,
             // then announced.
@@ -1115,20 +1134,31 @@ impl Shared {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let (positions, changes) = self.request_positions().await?;
+            let (mut positions, changes) = self.request_positions().await?;
             // A position not seen before while entry orders rest may be the fill of one whose
             // report never came (a dropped connection, a fill while no node held the account):
-            // their ends are asked first, so that it shows under its order's ticket.
-            let unseen = {
+            // their ends are asked first, so that it shows under its order's ticket. Should
+            // that fail, such positions stay out of this read (a copy later, never a wrong
+            // trade); every other position, and every close, is read as usual.
+            let unseen: HashSet<i64> = {
                 let state = self.state();
-                !state.entries.is_empty()
-                    && positions.iter().any(|p| {
-                        !state.positions.contains_key(&p.ticket)
-                            && !state.aliases.contains_key(&p.ticket)
-                    })
+                if state.entries.is_empty() {
+                    HashSet::new()
+                } else {
+                    positions
+                        .iter()
+                        .map(|p| p.ticket)
+                        .filter(|t| {
+                            !state.positions.contains_key(t) && !state.aliases.contains_key(t)
+                        })
+                        .collect()
+                }
             };
-            if unseen {
-                self.read_orders().await?;
+            if !unseen.is_empty()
+                && let Err(e) = self.read_orders().await
+            {
+                warn!(account_id = self.writer.account_id, positions = ?unseen, error = %e, "reading the entry orders failed: positions never seen are left out of this read until it succeeds");
+                positions.retain(|p| !unseen.contains(&p.ticket));
             }
             let positions = self.mark(positions).await?;
             // A fill applied after the venue answered makes the answer older than the cache:
@@ -1856,6 +1886,18 @@ impl Shared {
                     let ticket = l.ticket.unwrap_or_default();
                     return self.in_force(e, ticket).await.map(Some);
                 }
+                // Unknown, and the venue lists no resting orders: it may rest all the same (a
+                // venue that forgot its ClOrdID); it stays sent, its outcome unknown, rather than
+                // ever be placed a second time.
+                if unknown && e.state == "sent" && self.state().mass_unsupported {
+                    if let Some((position, price)) = self.adopt(&e.as_order()).await? {
+                        let ticket = e.ticket.unwrap_or(position);
+                        self.record_entry_fill(e, position, ticket, price).await?;
+                    } else {
+                        warn!(account_id = account, cl_ord_id = %e.cl_ord_id, "an entry order sent without an answer is unknown to a venue that lists no orders: its outcome stays unknown");
+                    }
+                    return Ok(None);
+                }
                 if unknown && let Some((position, price)) = self.adopt(&e.as_order()).await? {
                     let ticket = e.ticket.unwrap_or(position);
                     self.record_entry_fill(e, position, ticket, price).await?;
@@ -1984,6 +2026,11 @@ impl Shared {
     /// a marker, when first listed), and the ledger's entry orders the venue does not list asked
     /// one by one how they ended (filled: the position is recorded under the order's ticket).
     async fn read_orders(&self) -> Result<Vec<PendingOrder>, BrokerError> {
+        // The ledger before the venue's list: an order recorded in between is then listed, never
+        // taken for gone.
+        let rows = ledger::entries(&self.pool, self.writer.account_id)
+            .await
+            .map_err(|e| unavailable(crate::db::describe(&e)))?;
         let venue = self.venue_orders().await?;
         // Resting entry orders, less any whose fill this session has seen meanwhile.
         let filled: HashSet<i64> = self.state().aliases.values().copied().collect();
@@ -1995,9 +2042,11 @@ impl Shared {
             .filter(|e| e.ticket.is_none_or(|t| !filled.contains(&t)))
             .map(|e| (e.cl_ord_id.clone(), e))
             .collect();
-        let rows = ledger::entries(&self.pool, self.writer.account_id)
-            .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+        // A listed order is a row's when the ClOrdID and (once known) the ticket agree: another
+        // party may use a ClOrdID again for another order.
+        let same = |e: &Entry, l: &Entry| {
+            e.cl_ord_id == l.cl_ord_id && e.ticket.is_none_or(|t| Some(t) == l.ticket)
+        };
         let mut out: Vec<PendingOrder> = Vec::new();
         let mut keep = |now: &Entry| {
             if let Some(p) = self.pending_of(now) {
@@ -2007,8 +2056,10 @@ impl Shared {
             }
         };
         for e in &rows {
-            let now = match listed.get(&e.cl_ord_id).and_then(|l| l.ticket) {
-                Some(ticket) if venue.is_some() => Some(self.in_force(e, ticket).await?),
+            let now = match listed.get(&e.cl_ord_id).filter(|l| same(e, l)) {
+                Some(l) if venue.is_some() => {
+                    Some(self.in_force(e, l.ticket.unwrap_or_default()).await?)
+                }
                 _ => self.settle_entry(e, venue.is_some()).await?,
             };
             if let Some(now) = &now {
@@ -2017,7 +2068,7 @@ impl Shared {
         }
         let mut others: Vec<&Entry> = listed
             .values()
-            .filter(|l| !rows.iter().any(|e| e.cl_ord_id == l.cl_ord_id))
+            .filter(|l| !rows.iter().any(|e| same(e, l)))
             .collect();
         others.sort_by(|a, b| a.cl_ord_id.cmp(&b.cl_ord_id));
         for l in others {
@@ -2030,6 +2081,13 @@ impl Shared {
                         .await
                         .map_err(|e| unavailable(crate::db::describe(&e)))?;
                     l.clone()
+                }
+                // Recorded since the ledger was read (its report came meanwhile): in force.
+                Some(row)
+                    if matches!(row.state.as_str(), "sent" | "working")
+                        && row.ticket.is_none_or(|t| Some(t) == l.ticket) =>
+                {
+                    self.in_force(&row, l.ticket.unwrap_or_default()).await?
                 }
                 // Ours, taken for refused (the venue did not know it when asked): it rests.
                 Some(row) if row.state == "rejected" && !row.comment.is_empty() => {

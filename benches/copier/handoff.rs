@@ -1,0 +1,179 @@
+//! Copy latency across hand-offs: a master trading steadily while its followers change nodes (a
+//! fair-share move as a second node joins; a SIGTERM hand-off), beside the same load with no
+//! hand-off, with the copy ledger's legs of the same copies.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::copy::{Legs, legs};
+use crate::nodes::{Observer, Setup};
+use crate::stats::Stats;
+use crate::{Options, Pg, Report};
+use anyhow::Context;
+use copier_node::broker::client::BridgeClient;
+use copier_node::broker::protocol::Request;
+use copier_node::broker::types::Side;
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// One scenario: every copy of a stream of master opens, timed.
+#[derive(Serialize)]
+pub(crate) struct HandoffRow {
+    pub(crate) scenario: String,
+    pub(crate) followers: usize,
+    /// Follower accounts whose owner changed during the stream.
+    pub(crate) moved: usize,
+    pub(crate) copies: usize,
+    /// Copies that had not arrived 30 s after the last master open.
+    pub(crate) missed: usize,
+    pub(crate) latency: Stats,
+    pub(crate) legs: Legs,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Scenario {
+    Steady,
+    FairShareMove,
+    Sigterm,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Steady => "no hand-off (two nodes)",
+            Scenario::FairShareMove => "fair-share move (a second node joins)",
+            Scenario::Sigterm => "SIGTERM hand-off (one of two nodes stops)",
+        }
+    }
+}
+
+pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Result<()> {
+    let followers = if options.smoke { 4 } else { 20 };
+    let trades = if options.smoke { 10 } else { 60 };
+    let spacing = Duration::from_millis(100);
+    let timing = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
+    let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
+    let mut md = String::from(
+        "| scenario | followers moved | copies (missed) | copy latency p50 / p99 | max | p99 ÷ floor | master fill → event p50 / p99 | event → decided p50 / p99 | decided → accepted p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (i, scenario) in [Scenario::Steady, Scenario::FairShareMove, Scenario::Sigterm]
+        .into_iter()
+        .enumerate()
+    {
+        let mut setup = Setup::new(pg, &format!("bench_handoff_{i}"), 1, followers).await?;
+        let first = setup.spawn_node("ha", timing)?;
+        setup
+            .wait_settled(followers + 1, Duration::from_secs(60))
+            .await?;
+        if scenario != Scenario::FairShareMove {
+            setup.spawn_node("hb", timing)?;
+            setup
+                .wait_settled(followers + 1, Duration::from_secs(60))
+                .await?;
+        }
+        let before = setup.owners().await?;
+        let logins: Vec<String> = (1..=followers).map(|g| format!("f{g}")).collect();
+        let mut observer = Observer::new(&setup.broker.addr.to_string(), &logins).await?;
+        let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+        trader.wait_ready(Duration::from_secs(10)).await?;
+        // A steady stream of master opens; the hand-off starts a fifth of the way in.
+        let mut sent: HashMap<i64, Instant> = HashMap::new();
+        let mut arrivals = Vec::new();
+        for t in 0..trades {
+            if t == trades / 5 {
+                match scenario {
+                    Scenario::Steady => {}
+                    Scenario::FairShareMove => {
+                        setup.spawn_node("hb", timing)?;
+                    }
+                    Scenario::Sigterm => {
+                        let _ = tokio::process::Command::new("kill")
+                            .arg("-TERM")
+                            .arg(first.to_string())
+                            .status()
+                            .await;
+                    }
+                }
+            }
+            let side = if t % 2 == 0 { Side::Buy } else { Side::Sell };
+            let reply = trader
+                .call(Request::hand_open("m1", "EURUSD", side, 0.1))
+                .await?;
+            sent.insert(reply["ticket"].as_i64().context("ticket")?, Instant::now());
+            while let Ok(a) = observer.arrivals.try_recv() {
+                arrivals.push(a);
+            }
+            tokio::time::sleep(spacing).await; // the stream's pace, not a synchronisation
+        }
+        let expected = trades * followers;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let arrived = |arrivals: &[(String, i64, Instant)]| {
+            arrivals
+                .iter()
+                .filter(|(_, t, _)| sent.contains_key(t))
+                .map(|(login, t, _)| (login.clone(), *t))
+                .collect::<HashSet<_>>()
+                .len()
+        };
+        while arrived(&arrivals) < expected {
+            match tokio::time::timeout_at(deadline, observer.arrivals.recv()).await {
+                Ok(Some(a)) => arrivals.push(a),
+                _ => break,
+            }
+        }
+        let mut seen = HashSet::new();
+        let samples: Vec<Duration> = arrivals
+            .iter()
+            .filter_map(|(login, t, at)| {
+                let from = sent.get(t)?;
+                seen.insert((login.clone(), *t))
+                    .then(|| at.saturating_duration_since(*from))
+            })
+            .collect();
+        let after = setup.owners().await?;
+        let moved = before
+            .iter()
+            .filter(|(id, node)| **id >= 1_000_000 && after.get(id) != Some(*node))
+            .count();
+        let s = Stats::of(&samples);
+        let legs = legs(&setup.url, samples.len()).await?;
+        let missed = expected - samples.len();
+        println!(
+            "{}: {} copies ({missed} missed), {moved} followers moved, latency {} (max {:.2} ms)",
+            scenario.name(),
+            samples.len(),
+            s.show(),
+            s.max_ms
+        );
+        let _ = writeln!(
+            md,
+            "| {} | {moved} | {} ({missed}) | {} | {:.2} ms | {:.1}× | {} | {} | {} |",
+            scenario.name(),
+            samples.len(),
+            s.show(),
+            s.max_ms,
+            s.p99_ms / floor,
+            legs.fill_to_event.show(),
+            legs.event_to_decision.show(),
+            legs.decision_to_accept.show()
+        );
+        report.handoff.push(HandoffRow {
+            scenario: scenario.name().to_string(),
+            followers,
+            moved,
+            copies: samples.len(),
+            missed,
+            latency: s,
+            legs,
+        });
+        trader.close();
+        drop(observer);
+        setup.stop().await;
+    }
+    report.markdown.push(format!(
+        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it releases everything; the other claims it on its next cycle). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
+        spacing.as_millis()
+    ));
+    Ok(())
+}
