@@ -208,6 +208,7 @@ pub async fn start(
         };
         let services = Arc::new(NodeServices {
             node_id: node.node_id.clone(),
+            copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
             db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {

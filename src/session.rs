@@ -39,6 +39,8 @@ pub struct NodeServices {
     pub credentials_key: Option<CredentialsKey>,
     /// Period of each follower's background reconcile.
     pub reconcile_every: std::time::Duration,
+    /// Writes the copy ledger's rows in batches.
+    pub copy_ledger: crate::db::copy::ledger::CopyLedgerWriter,
 }
 
 /// Everything an account task may use.

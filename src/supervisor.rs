@@ -555,6 +555,7 @@ mod tests {
             "postgres://nobody@127.0.0.1:1/none".parse().unwrap();
         let services = Arc::new(NodeServices {
             node_id: "n".into(),
+            copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
             db: pool,
             hub: crate::hub::Hub::spawn(
                 options,

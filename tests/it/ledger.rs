@@ -190,3 +190,103 @@ async fn a_ticket_recorded_under_another_master_account_does_not_block_a_copy() 
     s.t.copy_of("f2", magic, ticket, WAIT).await;
     node.shutdown();
 }
+
+/// The node's copy-ledger writer (one statement per batch): copies recorded at once by many followers
+/// are each fenced by their own follower's (node, epoch) and written once.
+#[tokio::test]
+async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_once() {
+    use copier_node::db::copy::ledger::{CopyLedgerWriter, CopyRecord, CopyWrite};
+
+    let db = crate::support::pg::TestDb::new().await;
+    let mut conn = db.conn().await;
+    crate::support::add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    for id in 2..=21 {
+        crate::support::add_account(&mut conn, id, "follower", "broker:1", &format!("f{id}")).await;
+    }
+    // Followers 2..=21 owned by node n1 at epoch 7; follower 21 since at epoch 8 (its old
+    // owner's writes are stale).
+    sqlx::query(
+        "INSERT INTO nodes (node_id, instance_id, platform, capacity, lease_until, started_at,
+                            renewed_at, trust_until, owned)
+         VALUES ('n1', 'n1-1', 'mt5', 1000, now() + interval '1 minute', now(), now(),
+                 now() + interval '1 minute', 20)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = CASE WHEN id = 21 THEN 8 ELSE 7 END, \
+         lease_until = now() + interval '1 minute' WHERE id >= 2",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let writer = CopyLedgerWriter::spawn(copier_node::db::Db::direct(pool));
+    let write = |follower_id: i64, epoch: i64, ticket: i64| CopyWrite {
+        node_id: "n1".into(),
+        follower_id,
+        epoch,
+        record: CopyRecord {
+            server: "broker:1".into(),
+            login: format!("f{follower_id}"),
+            follower_ticket: ticket,
+            link_id: follower_id,
+            master_id: 1,
+            master_ticket: 1000,
+            symbol: "EURUSD".into(),
+            side: "buy".into(),
+            volume: 0.1,
+            requested_price: Some(1.1),
+            filled_price: 1.1001,
+            slippage: None,
+            slippage_bps: None,
+            slippage_points: Some(1.0),
+            master_fill_ms: Some(1),
+            event_committed_ms: Some(2),
+            decided_ms: None,
+            accepted_ms: Some(4),
+            found_by_reconcile: false,
+        },
+    };
+    // 19 followers' copies (ten each), a stale owner's, and one copy twice, all at once.
+    let mut jobs = Vec::new();
+    for f in 2..=20 {
+        for t in 0..10 {
+            jobs.push(write(f, 7, f * 100 + t));
+        }
+    }
+    jobs.push(write(21, 7, 2100));
+    jobs.push(write(2, 7, 200));
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .map(|j| {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.record(j).await })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.unwrap().unwrap());
+    }
+    assert_eq!(results.iter().filter(|r| **r).count(), 190, "{results:?}");
+    assert!(!results[190], "the stale owner's copy is not written");
+    assert!(
+        !results[191],
+        "a copy already recorded is not written again"
+    );
+    let (rows, stale, points): (i64, i64, f64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE follower_id = 21), sum(slippage_points) FROM copy_ledger",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!((rows, stale, points), (190, 0, 190.0));
+    let (master_login, decided): (String, Option<i64>) = sqlx::query_as(
+        "SELECT master_login, decided_ms FROM copy_ledger WHERE follower_id = 5 AND follower_ticket = 503",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!((master_login.as_str(), decided), ("m1", None));
+}

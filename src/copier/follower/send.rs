@@ -446,16 +446,12 @@ impl Follower<'_> {
         let result = self
             .ctx
             .node
-            .db
-            .run(async |conn| {
-                db::copy::ledger::record_copy(
-                    &mut *conn,
-                    &self.ctx.node.node_id,
-                    self.id,
-                    self.ctx.epoch(),
-                    record,
-                )
-                .await
+            .copy_ledger
+            .record(db::copy::ledger::CopyWrite {
+                node_id: self.ctx.node.node_id.clone(),
+                follower_id: self.id,
+                epoch: self.ctx.epoch(),
+                record: record.clone(),
             })
             .await;
         match result {
@@ -464,8 +460,8 @@ impl Follower<'_> {
                 ticket = record.follower_ticket,
                 "copy already in the ledger, or the follower is no longer owned"
             ),
-            Err(e) => {
-                warn!(error = %db::describe(&e), ticket = record.follower_ticket, "recording a copy in the ledger failed; the next reconcile records it")
+            Err(why) => {
+                warn!(error = %why, ticket = record.follower_ticket, "recording a copy in the ledger failed; the next reconcile records it")
             }
         }
     }

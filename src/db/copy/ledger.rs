@@ -29,56 +29,6 @@ pub struct CopyRecord {
     pub found_by_reconcile: bool,
 }
 
-/// Records a copy (once per follower ticket). Fenced by the follower's (node, epoch); false if
-/// that no longer owns the follower (nothing is written).
-pub async fn record_copy(
-    conn: &mut PgConnection,
-    node_id: &str,
-    follower_id: i64,
-    epoch: i64,
-    c: &CopyRecord,
-) -> Result<bool, sqlx::Error> {
-    const SQL: &str = r#"
-INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
-                         requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
-                         event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
-                         server, login, master_server, master_login, slippage_points)
-SELECT a.id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $2, $3, $20, $21,
-       coalesce(m.server, ''), coalesce(m.login, ''), $22
-  FROM trading_accounts a
-  LEFT JOIN trading_accounts m ON m.id = $6
- WHERE a.id = $1 AND a.node_id = $2 AND a.owner_epoch = $3
-   FOR SHARE OF a
-ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
-"#;
-    let done = sqlx::query(SQL)
-        .bind(follower_id)
-        .bind(node_id)
-        .bind(epoch)
-        .bind(c.follower_ticket)
-        .bind(c.link_id)
-        .bind(c.master_id)
-        .bind(c.master_ticket)
-        .bind(&c.symbol)
-        .bind(&c.side)
-        .bind(c.volume)
-        .bind(c.requested_price)
-        .bind(c.filled_price)
-        .bind(c.slippage)
-        .bind(c.slippage_bps)
-        .bind(c.master_fill_ms)
-        .bind(c.event_committed_ms)
-        .bind(c.decided_ms)
-        .bind(c.accepted_ms)
-        .bind(c.found_by_reconcile)
-        .bind(&c.server)
-        .bind(&c.login)
-        .bind(c.slippage_points)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() > 0)
-}
-
 /// Every (link, master ticket, follower ticket) the follower ever held a copy of.
 pub async fn copied(
     conn: &mut PgConnection,
@@ -289,4 +239,170 @@ pub async fn placed(
     .bind(login)
     .fetch_all(conn)
     .await
+}
+
+/// One copy to record, with the writer's ownership of the follower.
+#[derive(Debug, Clone)]
+pub struct CopyWrite {
+    pub node_id: String,
+    pub follower_id: i64,
+    pub epoch: i64,
+    pub record: CopyRecord,
+}
+
+/// Records many copies in one statement, each fenced by its follower's (node, epoch) as the
+/// statement reads the account rows (without locking them: several rows locked in one statement,
+/// in whatever order the join meets them, could deadlock with a lease cycle renewing them; a copy
+/// recorded just as its follower changed owner is a fact about a copy that was made all the
+/// same). Returns, per write, whether its row was written (false: not owned any more, or the
+/// ledger had the copy).
+pub async fn record_copies(
+    conn: &mut PgConnection,
+    writes: &[CopyWrite],
+) -> Result<Vec<bool>, sqlx::Error> {
+    const SQL: &str = r#"
+INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
+                         requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
+                         event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
+                         server, login, master_server, master_login, slippage_points)
+SELECT a.id, r.follower_ticket, r.link_id, r.master_id, r.master_ticket, r.symbol, r.side, r.volume,
+       r.requested_price, r.filled_price, r.slippage, r.slippage_bps, r.master_fill_ms,
+       r.event_committed_ms, r.decided_ms, r.accepted_ms, r.found_by_reconcile, r.node_id, r.owner_epoch,
+       r.server, r.login, coalesce(m.server, ''), coalesce(m.login, ''), r.slippage_points
+  FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+              $7::bigint[], $8::text[], $9::text[], $10::float8[], $11::float8[], $12::float8[],
+              $13::float8[], $14::float8[], $15::bigint[], $16::bigint[], $17::bigint[],
+              $18::bigint[], $19::bool[], $20::text[], $21::text[], $22::float8[])
+       AS r(follower_id, node_id, owner_epoch, follower_ticket, link_id, master_id, master_ticket,
+            symbol, side, volume, requested_price, filled_price, slippage, slippage_bps,
+            master_fill_ms, event_committed_ms, decided_ms, accepted_ms, found_by_reconcile,
+            server, login, slippage_points)
+  JOIN trading_accounts a
+    ON a.id = r.follower_id AND a.node_id = r.node_id AND a.owner_epoch = r.owner_epoch
+  LEFT JOIN trading_accounts m ON m.id = r.master_id
+ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
+RETURNING follower_id, server, login, follower_ticket
+"#;
+    let col = |f: fn(&CopyWrite) -> i64| writes.iter().map(f).collect::<Vec<_>>();
+    let opt =
+        |f: fn(&CopyRecord) -> Option<f64>| writes.iter().map(|w| f(&w.record)).collect::<Vec<_>>();
+    let ms =
+        |f: fn(&CopyRecord) -> Option<i64>| writes.iter().map(|w| f(&w.record)).collect::<Vec<_>>();
+    let text =
+        |f: fn(&CopyWrite) -> &str| writes.iter().map(|w| f(w).to_string()).collect::<Vec<_>>();
+    let rows: Vec<(i64, String, String, i64)> = sqlx::query_as(SQL)
+        .bind(col(|w| w.follower_id))
+        .bind(text(|w| &w.node_id))
+        .bind(col(|w| w.epoch))
+        .bind(col(|w| w.record.follower_ticket))
+        .bind(col(|w| w.record.link_id))
+        .bind(col(|w| w.record.master_id))
+        .bind(col(|w| w.record.master_ticket))
+        .bind(text(|w| &w.record.symbol))
+        .bind(text(|w| &w.record.side))
+        .bind(writes.iter().map(|w| w.record.volume).collect::<Vec<_>>())
+        .bind(opt(|r| r.requested_price))
+        .bind(
+            writes
+                .iter()
+                .map(|w| w.record.filled_price)
+                .collect::<Vec<_>>(),
+        )
+        .bind(opt(|r| r.slippage))
+        .bind(opt(|r| r.slippage_bps))
+        .bind(ms(|r| r.master_fill_ms))
+        .bind(ms(|r| r.event_committed_ms))
+        .bind(ms(|r| r.decided_ms))
+        .bind(ms(|r| r.accepted_ms))
+        .bind(
+            writes
+                .iter()
+                .map(|w| w.record.found_by_reconcile)
+                .collect::<Vec<_>>(),
+        )
+        .bind(text(|w| &w.record.server))
+        .bind(text(|w| &w.record.login))
+        .bind(opt(|r| r.slippage_points))
+        .fetch_all(conn)
+        .await?;
+    let written: std::collections::HashSet<(i64, String, String, i64)> = rows.into_iter().collect();
+    let mut seen = std::collections::HashSet::new();
+    Ok(writes
+        .iter()
+        .map(|w| {
+            let key = (
+                w.follower_id,
+                w.record.server.clone(),
+                w.record.login.clone(),
+                w.record.follower_ticket,
+            );
+            // The same copy twice in one batch: written once, for the first.
+            written.contains(&key) && seen.insert(key)
+        })
+        .collect())
+}
+
+/// A job for [`CopyLedgerWriter`]: a copy, and where its outcome goes.
+type CopyJob = (
+    CopyWrite,
+    tokio::sync::oneshot::Sender<Result<bool, String>>,
+);
+
+/// The node's writer of the copy ledger: the copies its followers record at about the same time
+/// (a master's open copied by many followers at once) are written together, in one statement per
+/// batch, instead of one statement and one pooled connection per copy (which made a thousand
+/// followers' ledger writes compete with their own orders for the database, the pool and the
+/// cores). Each caller still waits for its own row.
+#[derive(Debug, Clone)]
+pub struct CopyLedgerWriter {
+    jobs: tokio::sync::mpsc::UnboundedSender<CopyJob>,
+}
+
+/// The most copies one statement writes.
+const BATCH: usize = 500;
+
+impl CopyLedgerWriter {
+    /// Starts the writer on `db`; it ends when the last handle is dropped.
+    pub fn spawn(db: crate::db::Db) -> CopyLedgerWriter {
+        let (jobs, mut rx) = tokio::sync::mpsc::unbounded_channel::<CopyJob>();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+                let writes: Vec<CopyWrite> = batch.iter().map(|(w, _)| w.clone()).collect();
+                let result = db
+                    .run(async |conn| record_copies(&mut *conn, &writes).await)
+                    .await;
+                match result {
+                    Ok(done) => {
+                        for ((_, reply), written) in batch.into_iter().zip(done) {
+                            let _ = reply.send(Ok(written));
+                        }
+                    }
+                    Err(e) => {
+                        let why = crate::db::describe(&e);
+                        for (_, reply) in batch {
+                            let _ = reply.send(Err(why.clone()));
+                        }
+                    }
+                }
+            }
+        });
+        CopyLedgerWriter { jobs }
+    }
+
+    /// Records a copy; true when its row was written (see [`record_copies`]).
+    pub async fn record(&self, write: CopyWrite) -> Result<bool, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send((write, tx))
+            .map_err(|_| "the copy ledger's writer has stopped".to_string())?;
+        rx.await
+            .map_err(|_| "the copy ledger's writer has stopped".to_string())?
+    }
 }
