@@ -250,15 +250,7 @@ async fn accounts_of_a_dead_node_that_never_published_them_are_still_taken() {
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=10, "mt5").await;
     // "ghost" holds accounts 7..=10 and is live for a few seconds more, but says it owns none.
-    sqlx::query(
-        "INSERT INTO nodes (node_id, instance_id, platform, capacity, lease_until, started_at,
-                            renewed_at, trust_until, owned)
-         VALUES ('ghost', 'ghost-1', 'mt5', 1000, now() + interval '4 s', now(), now(),
-                 now() + interval '4 s', 0)",
-    )
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    crate::support::insert_node(&mut conn, "ghost", "4 s", 0).await;
     sqlx::query(
         "UPDATE trading_accounts SET node_id = 'ghost', lease_until = now() + interval '4 s',
                 owner_epoch = nextval('owner_epoch_seq'), claimed_at = now()

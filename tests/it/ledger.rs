@@ -192,7 +192,8 @@ async fn a_ticket_recorded_under_another_master_account_does_not_block_a_copy() 
 }
 
 /// The node's copy-ledger writer (one statement per batch): copies recorded at once by many followers
-/// are each fenced by their own follower's (node, epoch) and written once.
+/// are each fenced by their own follower's (node, epoch) and written once, and a row the table
+/// refuses fails alone.
 #[tokio::test]
 async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_once() {
     use copier_node::db::copy::ledger::{CopyLedgerWriter, CopyRecord, CopyWrite};
@@ -205,15 +206,7 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
     }
     // Followers 2..=21 owned by node n1 at epoch 7; follower 21 since at epoch 8 (its old
     // owner's writes are stale).
-    sqlx::query(
-        "INSERT INTO nodes (node_id, instance_id, platform, capacity, lease_until, started_at,
-                            renewed_at, trust_until, owned)
-         VALUES ('n1', 'n1-1', 'mt5', 1000, now() + interval '1 minute', now(), now(),
-                 now() + interval '1 minute', 20)",
-    )
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 20).await;
     sqlx::query(
         "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = CASE WHEN id = 21 THEN 8 ELSE 7 END, \
          lease_until = now() + interval '1 minute' WHERE id >= 2",
@@ -258,6 +251,10 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
     }
     jobs.push(write(21, 7, 2100));
     jobs.push(write(2, 7, 200));
+    // A row the table refuses (its side): it fails alone, whatever batch it lands in.
+    let mut bad = write(3, 7, 399);
+    bad.record.side = "up".into();
+    jobs.push(bad);
     let handles: Vec<_> = jobs
         .into_iter()
         .map(|j| {
@@ -267,8 +264,11 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
         .collect();
     let mut results = Vec::new();
     for h in handles {
-        results.push(h.await.unwrap().unwrap());
+        results.push(h.await.unwrap());
     }
+    let refused = results.pop().expect("the bad row's outcome");
+    assert!(refused.is_err(), "{refused:?}");
+    let results: Vec<bool> = results.into_iter().map(Result::unwrap).collect();
     assert_eq!(results.iter().filter(|r| **r).count(), 190, "{results:?}");
     assert!(!results[190], "the stale owner's copy is not written");
     assert!(

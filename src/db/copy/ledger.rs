@@ -250,12 +250,13 @@ pub struct CopyWrite {
     pub record: CopyRecord,
 }
 
-/// Records many copies in one statement, each fenced by its follower's (node, epoch) as the
-/// statement reads the account rows (without locking them: several rows locked in one statement,
-/// in whatever order the join meets them, could deadlock with a lease cycle renewing them; a copy
-/// recorded just as its follower changed owner is a fact about a copy that was made all the
-/// same). Returns, per write, whether its row was written (false: not owned any more, or the
-/// ledger had the copy).
+/// Records many copies in one statement, each fenced by its follower's (node, epoch): the
+/// statement locks the account rows `FOR KEY SHARE`, so a claim (which takes its rows `FOR
+/// UPDATE SKIP LOCKED`) cannot take a follower while its copy is being recorded, and a changed
+/// row is checked again on its latest version; the lease cycle's renewals (no key update) never
+/// wait for it, so several rows locked in whatever order the join meets them cannot deadlock
+/// with a cycle. Returns, per write, whether its row was written (false: not owned any more, or
+/// the ledger had the copy).
 pub async fn record_copies(
     conn: &mut PgConnection,
     writes: &[CopyWrite],
@@ -280,8 +281,9 @@ SELECT a.id, r.follower_ticket, r.link_id, r.master_id, r.master_ticket, r.symbo
   JOIN trading_accounts a
     ON a.id = r.follower_id AND a.node_id = r.node_id AND a.owner_epoch = r.owner_epoch
   LEFT JOIN trading_accounts m ON m.id = r.master_id
+   FOR KEY SHARE OF a
 ON CONFLICT (follower_id, server, login, follower_ticket) DO NOTHING
-RETURNING follower_id, server, login, follower_ticket
+RETURNING follower_id, server, login, follower_ticket, owner_epoch
 "#;
     let col = |f: fn(&CopyWrite) -> i64| writes.iter().map(f).collect::<Vec<_>>();
     let opt =
@@ -290,7 +292,7 @@ RETURNING follower_id, server, login, follower_ticket
         |f: fn(&CopyRecord) -> Option<i64>| writes.iter().map(|w| f(&w.record)).collect::<Vec<_>>();
     let text =
         |f: fn(&CopyWrite) -> &str| writes.iter().map(|w| f(w).to_string()).collect::<Vec<_>>();
-    let rows: Vec<(i64, String, String, i64)> = sqlx::query_as(SQL)
+    let rows: Vec<(i64, String, String, i64, i64)> = sqlx::query_as(SQL)
         .bind(col(|w| w.follower_id))
         .bind(text(|w| &w.node_id))
         .bind(col(|w| w.epoch))
@@ -325,7 +327,8 @@ RETURNING follower_id, server, login, follower_ticket
         .bind(opt(|r| r.slippage_points))
         .fetch_all(conn)
         .await?;
-    let written: std::collections::HashSet<(i64, String, String, i64)> = rows.into_iter().collect();
+    let written: std::collections::HashSet<(i64, String, String, i64, i64)> =
+        rows.into_iter().collect();
     let mut seen = std::collections::HashSet::new();
     Ok(writes
         .iter()
@@ -335,6 +338,7 @@ RETURNING follower_id, server, login, follower_ticket
                 w.record.server.clone(),
                 w.record.login.clone(),
                 w.record.follower_ticket,
+                w.epoch,
             );
             // The same copy twice in one batch: written once, for the first.
             written.contains(&key) && seen.insert(key)
@@ -384,10 +388,17 @@ impl CopyLedgerWriter {
                             let _ = reply.send(Ok(written));
                         }
                     }
-                    Err(e) => {
-                        let why = crate::db::describe(&e);
-                        for (_, reply) in batch {
-                            let _ = reply.send(Err(why.clone()));
+                    // One row can fail a batch (its account deleted meanwhile, a lock wait past
+                    // the timeout): each is tried on its own, so the others are written.
+                    Err(_) => {
+                        for (write, reply) in batch {
+                            let one = std::slice::from_ref(&write);
+                            let result = db
+                                .run(async |conn| record_copies(&mut *conn, one).await)
+                                .await
+                                .map(|done| done.first().copied().unwrap_or(false))
+                                .map_err(|e| crate::db::describe(&e));
+                            let _ = reply.send(result);
                         }
                     }
                 }

@@ -263,6 +263,22 @@ pub async fn claimed_after(conn: &mut PgConnection, node_id: &str, lease: &str) 
 }
 
 /// Inserts one account.
+/// A node row (member of the `mt5` platform) live for `live` more, saying it owns `owned`.
+pub async fn insert_node(conn: &mut PgConnection, node_id: &str, live: &str, owned: i32) {
+    sqlx::query(
+        "INSERT INTO nodes (node_id, instance_id, platform, capacity, lease_until, started_at,
+                            renewed_at, trust_until, owned)
+         VALUES ($1, $1 || '-1', 'mt5', 1000, now() + $2::interval, now(), now(),
+                 now() + $2::interval, $3)",
+    )
+    .bind(node_id)
+    .bind(live)
+    .bind(owned)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
 pub async fn add_account(conn: &mut PgConnection, id: i64, role: &str, server: &str, login: &str) {
     sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) VALUES ($1, 'mt5', $2, $3, $4)")
         .bind(id)
