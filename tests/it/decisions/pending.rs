@@ -2,7 +2,7 @@
 //! another whose clock runs two hours ahead (`--utc-offset +02:00`), both without fence check or
 //! deduplication. Judged from the follower broker's orders, positions and journal.
 
-use copier_node::broker::types::{PendingKind, PendingOrder, PlaceOrder, Side};
+use copier_node::broker::types::{PendingKind, PendingOrder, Side};
 use copier_node::sim_broker::server::{ServeOptions, SimBroker};
 use copier_node::sim_broker::tools::{self, HandOrder};
 
@@ -61,20 +61,7 @@ impl Sides {
         price: f64,
         expiry_ms: Option<i64>,
     ) -> i64 {
-        tools::trade(
-            &self.fx.addr,
-            "m1",
-            HandOrder::Place(PlaceOrder {
-                // Stops on the side the order's direction needs.
-                sl: Some(if side == Side::Buy { 1.08 } else { 1.12 }),
-                tp: Some(if side == Side::Buy { 1.12 } else { 1.08 }),
-                expiry_ms,
-                ..crate::support::pending_order("EURUSD", side, kind, price, 0.4)
-            }),
-        )
-        .await
-        .unwrap()
-        .expect("a placed order's ticket")
+        crate::support::place_master_order(&self.fx.addr, side, kind, price, expiry_ms).await
     }
 
     /// The pending copy of master order `ticket` on `login`, once `ok` holds for it.

@@ -2,7 +2,7 @@
 //! hours ahead of UTC, followers on the QuickFIX venue (a FIX venue's clock is UTC), where the
 //! pending copies are entry orders. Judged from the venue's resting orders, positions and journal.
 
-use copier_node::broker::types::{PendingKind, PlaceOrder, Side};
+use copier_node::broker::types::{PendingKind, Side};
 use copier_node::sim_broker::tools::{self, HandOrder};
 
 use super::{
@@ -80,19 +80,7 @@ async fn place(
     price: f64,
     expiry_ms: Option<i64>,
 ) -> i64 {
-    tools::trade(
-        &s.addr,
-        "m1",
-        HandOrder::Place(PlaceOrder {
-            sl: Some(if side == Side::Buy { 1.08 } else { 1.12 }),
-            tp: Some(if side == Side::Buy { 1.12 } else { 1.08 }),
-            expiry_ms,
-            ..crate::support::pending_order("EURUSD", side, kind, price, 0.4)
-        }),
-    )
-    .await
-    .unwrap()
-    .expect("a placed order's ticket")
+    crate::support::place_master_order(&s.addr, side, kind, price, expiry_ms).await
 }
 
 fn lots_close(a: f64, b: f64) -> bool {

@@ -315,6 +315,30 @@ impl Default for LinkSpec {
 }
 
 /// A hand pending order: no stops, good till cancelled, no magic or comment.
+/// Master `m1` on the simulated broker at `addr` places a pending order of 0.4 lots on EURUSD,
+/// with stops on the side its direction needs; its ticket.
+pub async fn place_master_order(
+    addr: &str,
+    side: Side,
+    kind: copier_node::broker::types::PendingKind,
+    price: f64,
+    expiry_ms: Option<i64>,
+) -> i64 {
+    tools::trade(
+        addr,
+        "m1",
+        HandOrder::Place(copier_node::broker::types::PlaceOrder {
+            sl: Some(if side == Side::Buy { 1.08 } else { 1.12 }),
+            tp: Some(if side == Side::Buy { 1.12 } else { 1.08 }),
+            expiry_ms,
+            ..pending_order("EURUSD", side, kind, price, 0.4)
+        }),
+    )
+    .await
+    .unwrap()
+    .expect("a placed order's ticket")
+}
+
 pub fn pending_order(
     symbol: &str,
     side: Side,
