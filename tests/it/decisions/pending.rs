@@ -185,19 +185,7 @@ async fn pending_orders_are_copied_amended_filled_and_cancelled_under_one_marker
     );
 
     // The master moves its order and makes it good till cancelled: the copies follow.
-    tools::trade(
-        &m_addr,
-        "m1",
-        HandOrder::Amend {
-            ticket: t,
-            price: 1.093,
-            sl: Some(1.08),
-            tp: Some(1.12),
-            expiry_ms: None,
-        },
-    )
-    .await
-    .unwrap();
+    crate::support::amend_master_order(&m_addr, t).await;
     for login in ["f2", "f3"] {
         s.pending_copy(login, t, "amended to the master's price, no expiry", |o| {
             o.price == 1.093 && o.expiry_ms.is_none()

@@ -155,19 +155,7 @@ async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_
 
     // The master moves its order and makes it good till cancelled: a cancel/replace at the
     // venue, which keeps the order (its OrderID).
-    tools::trade(
-        &s.addr,
-        "m1",
-        HandOrder::Amend {
-            ticket: t,
-            price: 1.093,
-            sl: Some(1.08),
-            tp: Some(1.12),
-            expiry_ms: None,
-        },
-    )
-    .await
-    .unwrap();
+    crate::support::amend_master_order(&s.addr, t).await;
     for (login, first) in [("f1", &f1[0]), ("f2", &f2[0])] {
         let now = wait_orders(&v, login, "replaced at the master's price", |o| {
             o.len() == 1 && o[0].price == 1.093 && o[0].expiry_ms == 0

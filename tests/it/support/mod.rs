@@ -339,6 +339,24 @@ pub async fn place_master_order(
     .expect("a placed order's ticket")
 }
 
+/// Master `m1` on the simulated broker at `addr` moves its pending order `ticket` to 1.093 and
+/// makes it good till cancelled (its stops as [`place_master_order`] set them for a buy).
+pub async fn amend_master_order(addr: &str, ticket: i64) {
+    tools::trade(
+        addr,
+        "m1",
+        HandOrder::Amend {
+            ticket,
+            price: 1.093,
+            sl: Some(1.08),
+            tp: Some(1.12),
+            expiry_ms: None,
+        },
+    )
+    .await
+    .unwrap();
+}
+
 pub fn pending_order(
     symbol: &str,
     side: Side,
