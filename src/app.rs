@@ -209,6 +209,7 @@ pub async fn start(
         let services = Arc::new(NodeServices {
             node_id: node.node_id.clone(),
             copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
+            master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
             db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {

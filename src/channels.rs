@@ -7,7 +7,7 @@
 //! | --- | --- | --- |
 //! | [`RELEASED`] | a node's release or departure ([`crate::db::lease`]) | `<platform> <node_id>` |
 //! | [`ACCOUNTS`] | triggers on `copy_links` and on `trading_accounts`' connection columns (migrations 5, 6) | the account's id |
-//! | [`master`]`(id)` | a master's fenced publish ([`crate::db::copy::publish`]) | a [`MasterNotice`] as JSON |
+//! | [`master`]`(id)` | a master's fenced publish ([`crate::db::copy::publish_many`]: many masters' NOTIFYs may share a commit, one per event) | a [`MasterNotice`] as JSON |
 
 use crate::model::events::MasterNotice;
 

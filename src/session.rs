@@ -41,6 +41,8 @@ pub struct NodeServices {
     pub reconcile_every: std::time::Duration,
     /// Writes the copy ledger's rows in batches.
     pub copy_ledger: crate::db::copy::ledger::CopyLedgerWriter,
+    /// Publishes the masters' events in batches.
+    pub master_publisher: crate::db::copy::MasterPublisher,
 }
 
 /// Everything an account task may use.

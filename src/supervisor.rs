@@ -556,6 +556,7 @@ mod tests {
         let services = Arc::new(NodeServices {
             node_id: "n".into(),
             copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
+            master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
             db: pool,
             hub: crate::hub::Hub::spawn(
                 options,

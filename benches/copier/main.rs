@@ -1,12 +1,12 @@
 //! copier-node benchmarks: copy latency (over the bridge and over FIX), lease-cycle cost, claim storms, failover and handoff,
-//! cost per account, the notification path, events without LISTEN and the cycle through PgBouncer, each beside a floor
+//! cost per account, the notification path, events per database, events without LISTEN and the cycle through PgBouncer, each beside a floor
 //! measured in the same run.
 //!
 //!   cargo bench --bench copier                  # the full run: writes BENCHMARKS.md, benchmarks.json
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
 //!                                               #   fix, failover, handoff, rebalance, cost,
-//!                                               #   notify, poll, pooler)
+//!                                               #   notify, events, poll, pooler)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
@@ -14,6 +14,7 @@
 mod copy;
 mod cost;
 mod cycle;
+mod events;
 mod failover;
 mod fix;
 mod floors;
@@ -37,6 +38,7 @@ use serde::Serialize;
 use copy::{CopyRow, copy_latency};
 use cost::{CostRow, cost_per_account};
 use cycle::{CycleRow, lease_cycle};
+use events::{EventsRow, events};
 use failover::{FailoverRow, failover};
 use fix::{FixRow, fix_latency};
 use floors::{floors, machine};
@@ -67,6 +69,7 @@ pub(crate) struct Report {
     rebalance: Vec<RebalanceRow>,
     cost: Vec<CostRow>,
     notify: Vec<NotifyRow>,
+    events: Vec<EventsRow>,
     poll: Vec<PollRow>,
     poll_cost: Vec<PollCostRow>,
     pooler: Vec<PoolerRow>,
@@ -176,6 +179,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "notify") {
         notification_path(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "events") {
+        events(&options, &pg, &mut report).await?;
     }
     if wanted(&options, "poll") {
         poll_latency(&options, &pg, &mut report).await?;

@@ -410,23 +410,14 @@ impl Master<'_> {
         let seq = self.seq + 1;
         let positions: Vec<MasterPosition> = self.view.values().cloned().collect();
         let orders: Vec<MasterOrder> = self.orders.values().cloned().collect();
-        let result = self
-            .ctx
-            .node
-            .db
-            .run(async |conn| {
-                db::copy::publish(
-                    &mut *conn,
-                    &self.ctx.node.node_id,
-                    self.id,
-                    epoch,
-                    seq,
-                    (&positions, &orders),
-                    &event,
-                )
-                .await
-            })
-            .await;
+        let write = db::copy::PublishWrite::new(
+            &self.ctx.node.node_id,
+            self.id,
+            (epoch, seq),
+            (&positions, &orders),
+            &event,
+        );
+        let result = self.ctx.node.master_publisher.publish(write).await;
         match result {
             Ok(Published::Stored(stored, stored_orders)) => {
                 debug!(seq, kind = event.kind(), "master event published");
@@ -456,7 +447,7 @@ impl Master<'_> {
             Ok(Published::Refused) => self.refused(epoch, seq).await,
             Err(e) => {
                 // Committed or not, we cannot tell: re-read before publishing again (as a snapshot).
-                warn!(error = %db::describe(&e), seq, kind = event.kind(), "publishing a master event failed; will publish a snapshot");
+                warn!(error = %e, seq, kind = event.kind(), "publishing a master event failed; will publish a snapshot");
                 self.dirty = true;
                 self.reload_seq().await;
                 Ok(())

@@ -4,6 +4,7 @@
 //! Statements are plain `sqlx::query` with runtime binding; every statement is exercised by the
 //! integration tests against a real PostgreSQL.
 
+pub mod batch;
 pub mod cluster;
 pub mod copy;
 pub mod credentials;

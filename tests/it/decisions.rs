@@ -757,6 +757,110 @@ async fn a_stale_owners_publish_decision_and_base_writes_are_refused_without_a_n
     node.wait().await.unwrap();
 }
 
+/// The node's master publisher (one statement and one commit per batch): events published at
+/// once by many masters are each fenced by their own master's (node, epoch), stored only if their
+/// (epoch, seq) follows, announced on their own channel only if stored, and share commits; the
+/// same master twice in one batch is published in turn.
+#[tokio::test]
+async fn events_published_at_once_by_many_masters_are_each_fenced_and_announced_once() {
+    use copier_node::db::copy::{MasterPublisher, PublishWrite, Published};
+    use sqlx::postgres::PgListener;
+
+    let db = crate::support::pg::TestDb::new().await;
+    let mut conn = db.conn().await;
+    for id in 1..=20 {
+        crate::support::add_account(&mut conn, id, "master", "broker:1", &format!("m{id}")).await;
+    }
+    // Masters owned by node n1 at epoch 7; master 20 since at epoch 8 (its old owner is stale);
+    // master 19 has published up to (7, 5).
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 20).await;
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = CASE WHEN id = 20 THEN 8 ELSE 7 END, \
+         lease_until = now() + interval '1 minute'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO master_state (master_id, epoch, seq, positions, orders, updated_at, timeline) \
+         VALUES (19, 7, 5, '[]', '[]', now(), copier_timeline())",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let mut listener = PgListener::connect(&db.url).await.unwrap();
+    let channels: Vec<String> = (1..=20).map(|m| format!("copier_master_{m}")).collect();
+    listener
+        .listen_all(channels.iter().map(String::as_str))
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let publisher = MasterPublisher::spawn(copier_node::db::Db::direct(pool));
+    let write = |master: i64, epoch: i64, seq: i64| {
+        let positions = [master_position(master * 100, 0.1)];
+        let event = MasterEvent::Open {
+            position: positions[0].clone(),
+        };
+        PublishWrite::new("n1", master, (epoch, seq), (&positions, &[]), &event)
+    };
+    // Masters 1..=18 publish seq 1; 19 skips a seq, then publishes the next; 20's stale owner
+    // publishes; master 1's event twice.
+    let mut jobs: Vec<PublishWrite> = (1..=18).map(|m| write(m, 7, 1)).collect();
+    jobs.push(write(19, 7, 7));
+    jobs.push(write(19, 7, 6));
+    jobs.push(write(20, 7, 1));
+    jobs.push(write(1, 7, 1));
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .map(|j| {
+            let publisher = publisher.clone();
+            tokio::spawn(async move { publisher.publish(j).await })
+        })
+        .collect();
+    let mut stored = Vec::new();
+    for h in handles {
+        stored.push(matches!(h.await.unwrap().unwrap(), Published::Stored(..)));
+    }
+    let mut expected = vec![true; 18];
+    expected.extend([false, true, false, false]);
+    assert_eq!(stored, expected);
+    // One notice per stored event, on its master's channel, with its (epoch, seq).
+    let mut notices = Vec::new();
+    while notices.len() < 19 {
+        let n = tokio::time::timeout(WAIT, listener.recv())
+            .await
+            .expect("a notice per stored event")
+            .unwrap();
+        let notice: MasterNotice = serde_json::from_str(n.payload()).unwrap();
+        assert_eq!(n.channel(), format!("copier_master_{}", notice.master));
+        notices.push((notice.master, notice.epoch, notice.seq));
+    }
+    notices.sort();
+    let mut want: Vec<(i64, i64, i64)> = (1..=18).map(|m| (m, 7, 1)).collect();
+    want.push((19, 7, 6));
+    assert_eq!(notices, want);
+    // And nothing else: a last event on master 1's channel is the next one received.
+    sqlx::query("SELECT pg_notify('copier_master_1', '{}')")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let last = tokio::time::timeout(WAIT, listener.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.payload(), "{}", "no notice for a refused event");
+    let (states, commits): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT updated_at) FROM master_state")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(states, 19);
+    assert!(
+        commits < states,
+        "events published at once share commits: {commits} commits for {states} events"
+    );
+}
+
 /// A link row whose settings do not parse is reported with its id on the follower's status and
 /// ignored; the follower's other links copy. A role outside master/follower cannot be stored.
 #[tokio::test]

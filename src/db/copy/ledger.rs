@@ -346,21 +346,13 @@ RETURNING follower_id, server, login, follower_ticket, owner_epoch
         .collect())
 }
 
-/// A job for [`CopyLedgerWriter`]: a copy, and where its outcome goes.
-type CopyJob = (
-    CopyWrite,
-    tokio::sync::oneshot::Sender<Result<bool, String>>,
-);
-
 /// The node's writer of the copy ledger: the copies its followers record at about the same time
 /// (a master's open copied by many followers at once) are written together, in one statement per
-/// batch, instead of one statement and one pooled connection per copy (which made a thousand
-/// followers' ledger writes compete with their own orders for the database, the pool and the
-/// cores). Each caller still waits for its own row.
+/// batch ([`crate::db::batch`]), instead of one statement and one pooled connection per copy
+/// (which made a thousand followers' ledger writes compete with their own orders for the
+/// database, the pool and the cores). Each caller still waits for its own row.
 #[derive(Debug, Clone)]
-pub struct CopyLedgerWriter {
-    jobs: tokio::sync::mpsc::UnboundedSender<CopyJob>,
-}
+pub struct CopyLedgerWriter(crate::db::batch::BatchWriter<CopyWrite, bool>);
 
 /// The most copies one statement writes.
 const BATCH: usize = 500;
@@ -368,52 +360,16 @@ const BATCH: usize = 500;
 impl CopyLedgerWriter {
     /// Starts the writer on `db`; it ends when the last handle is dropped.
     pub fn spawn(db: crate::db::Db) -> CopyLedgerWriter {
-        let (jobs, mut rx) = tokio::sync::mpsc::unbounded_channel::<CopyJob>();
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < BATCH {
-                    match rx.try_recv() {
-                        Ok(job) => batch.push(job),
-                        Err(_) => break,
-                    }
-                }
-                let writes: Vec<CopyWrite> = batch.iter().map(|(w, _)| w.clone()).collect();
-                let result = db
-                    .run(async |conn| record_copies(&mut *conn, &writes).await)
-                    .await;
-                match result {
-                    Ok(done) => {
-                        for ((_, reply), written) in batch.into_iter().zip(done) {
-                            let _ = reply.send(Ok(written));
-                        }
-                    }
-                    // One row can fail a batch (its account deleted meanwhile, a lock wait past
-                    // the timeout): each is tried on its own, so the others are written.
-                    Err(_) => {
-                        for (write, reply) in batch {
-                            let one = std::slice::from_ref(&write);
-                            let result = db
-                                .run(async |conn| record_copies(&mut *conn, one).await)
-                                .await
-                                .map(|done| done.first().copied().unwrap_or(false))
-                                .map_err(|e| crate::db::describe(&e));
-                            let _ = reply.send(result);
-                        }
-                    }
-                }
-            }
-        });
-        CopyLedgerWriter { jobs }
+        CopyLedgerWriter(crate::db::batch::BatchWriter::spawn(
+            db,
+            "copy ledger",
+            BATCH,
+            |conn, writes| Box::pin(record_copies(conn, writes)),
+        ))
     }
 
     /// Records a copy; true when its row was written (see [`record_copies`]).
     pub async fn record(&self, write: CopyWrite) -> Result<bool, String> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.jobs
-            .send((write, tx))
-            .map_err(|_| "the copy ledger's writer has stopped".to_string())?;
-        rx.await
-            .map_err(|_| "the copy ledger's writer has stopped".to_string())?
+        self.0.write(write).await
     }
 }

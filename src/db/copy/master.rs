@@ -80,10 +80,10 @@ pub enum Published {
     Refused,
 }
 
-/// Publishes one event of master `master_id` as (epoch, seq) with the snapshot after it, in one
-/// statement: lock and match the master's row (node, epoch), stamp positions first recorded now
-/// with the database's clock, store the snapshot if (epoch, seq) follows what is stored (a higher
-/// epoch, or the next seq of the same epoch), and NOTIFY from that result.
+/// Publishes one event of master `master_id` as (epoch, seq) with the snapshot after it: lock and
+/// match the master's row (node, epoch), stamp positions first recorded now with the database's
+/// clock, store the snapshot if (epoch, seq) follows what is stored (a higher epoch, or the next
+/// seq of the same epoch), and NOTIFY from that result ([`publish_many`] of one).
 pub async fn publish(
     conn: &mut PgConnection,
     node_id: &str,
@@ -93,77 +93,217 @@ pub async fn publish(
     (positions, orders): (&[MasterPosition], &[MasterOrder]),
     event: &MasterEvent,
 ) -> Result<Published, sqlx::Error> {
+    let write = PublishWrite::new(node_id, master_id, (epoch, seq), (positions, orders), event);
+    let mut done = publish_many(conn, std::slice::from_ref(&write)).await?;
+    Ok(done.pop().unwrap_or(Published::Refused))
+}
+
+/// One master event to publish, serialised: see [`publish_many`].
+#[derive(Debug, Clone)]
+pub struct PublishWrite {
+    pub node_id: String,
+    pub master_id: i64,
+    pub epoch: i64,
+    pub seq: i64,
+    positions: String,
+    orders: String,
+    notice: String,
+}
+
+impl PublishWrite {
+    /// Master `master_id`'s `event` as (epoch, seq), with its positions and orders after it.
+    pub fn new(
+        node_id: &str,
+        master_id: i64,
+        (epoch, seq): (i64, i64),
+        (positions, orders): (&[MasterPosition], &[MasterOrder]),
+        event: &MasterEvent,
+    ) -> PublishWrite {
+        let notice = MasterNotice {
+            master: master_id,
+            epoch,
+            seq,
+            event: event.clone(),
+        };
+        PublishWrite {
+            node_id: node_id.to_string(),
+            master_id,
+            epoch,
+            seq,
+            positions: serde_json::to_string(positions).expect("positions serialise"),
+            orders: serde_json::to_string(orders).expect("orders serialise"),
+            notice: serde_json::to_string(&notice).expect("notices serialise"),
+        }
+    }
+}
+
+/// Publishes many masters' events in one statement and one commit, each as [`publish`] does
+/// alone: fenced by its own master's (node, epoch), stored only if its (epoch, seq) follows what
+/// is stored, announced on its master's channel only if stored. PostgreSQL serialises commits
+/// that carry a NOTIFY on one lock, so the events a database can announce a second are bounded by
+/// such commits a second: one commit for many events raises that ceiling (the node's
+/// [`MasterPublisher`] gathers them). The account rows are locked `FOR KEY SHARE` (as the copy
+/// ledger's batch: a claim, `FOR UPDATE SKIP LOCKED`, cannot take a master while its event is
+/// being published, and a changed row is checked again on its latest version; renewals never
+/// wait, so rows locked in any order cannot deadlock with a lease cycle). A master twice in one
+/// batch (a master task stopped and started again while its last event was queued) is published
+/// in turn: the writes go in rounds, a master's n-th write in the n-th, one statement each. One
+/// outcome per write, in order.
+pub async fn publish_many(
+    conn: &mut PgConnection,
+    writes: &[PublishWrite],
+) -> Result<Vec<Published>, sqlx::Error> {
+    let mut seen = std::collections::HashMap::new();
+    let round_of: Vec<usize> = writes
+        .iter()
+        .map(|w| {
+            let n = seen.entry(w.master_id).or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect();
+    let mut outcomes: Vec<Option<Published>> = vec![None; writes.len()];
+    for round in 0..round_of.iter().max().map_or(0, |m| m + 1) {
+        let at: Vec<usize> = (0..writes.len())
+            .filter(|i| round_of[*i] == round)
+            .collect();
+        let these: Vec<&PublishWrite> = at.iter().map(|i| &writes[*i]).collect();
+        for (i, outcome) in at.into_iter().zip(publish_round(&mut *conn, &these).await?) {
+            outcomes[i] = Some(outcome);
+        }
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(Published::Refused))
+        .collect())
+}
+
+/// One statement of [`publish_many`]: writes of distinct masters.
+async fn publish_round(
+    conn: &mut PgConnection,
+    writes: &[&PublishWrite],
+) -> Result<Vec<Published>, sqlx::Error> {
     const SQL: &str = r#"
-WITH owner AS (
-    SELECT id FROM trading_accounts
-     WHERE id = $1 AND node_id = $2 AND owner_epoch = $3
-       FOR SHARE
+WITH r AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::text[],
+                         $6::text[], $7::text[], $8::text[])
+           AS r(master_id, node_id, epoch, seq, positions, orders, channel, notice)
+),
+owner AS (
+    SELECT r.* FROM r JOIN trading_accounts a
+        ON a.id = r.master_id AND a.node_id = r.node_id AND a.owner_epoch = r.epoch
+       FOR KEY SHARE OF a
 ),
 clock AS (
     SELECT (extract(epoch FROM now()) * 1000)::bigint AS now_ms
 ),
 stamped AS (
-    SELECT coalesce(jsonb_agg(
-               CASE WHEN coalesce(p -> 'first_seen_ms', 'null'::jsonb) = 'null'::jsonb
-                    THEN p || jsonb_build_object('first_seen_ms', clock.now_ms)
-                    ELSE p END
-               ORDER BY (p ->> 'ticket')::bigint), '[]'::jsonb) AS positions
-      FROM jsonb_array_elements($5::jsonb) p, clock
-),
-stamped_orders AS (
-    SELECT coalesce(jsonb_agg(
-               CASE WHEN coalesce(o -> 'first_seen_ms', 'null'::jsonb) = 'null'::jsonb
-                    THEN o || jsonb_build_object('first_seen_ms', clock.now_ms)
-                    ELSE o END
-               ORDER BY (o ->> 'ticket')::bigint), '[]'::jsonb) AS orders
-      FROM jsonb_array_elements($8::jsonb) o, clock
+    SELECT o.master_id, o.epoch, o.seq, o.channel, o.notice,
+           (SELECT coalesce(jsonb_agg(
+                       CASE WHEN coalesce(p -> 'first_seen_ms', 'null'::jsonb) = 'null'::jsonb
+                            THEN p || jsonb_build_object('first_seen_ms', clock.now_ms)
+                            ELSE p END
+                       ORDER BY (p ->> 'ticket')::bigint), '[]'::jsonb)
+              FROM jsonb_array_elements(o.positions::jsonb) p) AS positions,
+           (SELECT coalesce(jsonb_agg(
+                       CASE WHEN coalesce(x -> 'first_seen_ms', 'null'::jsonb) = 'null'::jsonb
+                            THEN x || jsonb_build_object('first_seen_ms', clock.now_ms)
+                            ELSE x END
+                       ORDER BY (x ->> 'ticket')::bigint), '[]'::jsonb)
+              FROM jsonb_array_elements(o.orders::jsonb) x) AS orders
+      FROM owner o, clock
 ),
 stored AS (
     INSERT INTO master_state AS s (master_id, epoch, seq, positions, orders, updated_at, timeline)
-    SELECT $1, $3, $4, stamped.positions, stamped_orders.orders, now(), copier_timeline()
-      FROM owner, stamped, stamped_orders
+    SELECT master_id, epoch, seq, positions, orders, now(), copier_timeline() FROM stamped
     ON CONFLICT (master_id) DO UPDATE
        SET epoch = excluded.epoch, seq = excluded.seq,
            positions = excluded.positions, orders = excluded.orders,
            updated_at = excluded.updated_at, timeline = excluded.timeline
      WHERE s.epoch < excluded.epoch OR (s.epoch = excluded.epoch AND s.seq = excluded.seq - 1)
-    RETURNING s.positions, s.orders
+    RETURNING s.master_id, s.epoch, s.seq, s.positions, s.orders
 )
-SELECT stored.positions::text AS positions, stored.orders::text AS orders,
-       pg_notify($6, CASE WHEN $7::jsonb ->> 'kind' = 'open'
-                          THEN jsonb_set($7::jsonb, '{position,first_seen_ms}', to_jsonb(clock.now_ms))
-                          WHEN $7::jsonb ->> 'kind' = 'order_set'
-                               AND coalesce($7::jsonb #> '{order,first_seen_ms}', 'null'::jsonb) = 'null'::jsonb
-                          THEN jsonb_set($7::jsonb, '{order,first_seen_ms}', to_jsonb(clock.now_ms))
-                          ELSE $7::jsonb END::text) AS notified
-  FROM stored, clock
+SELECT stored.master_id, stored.epoch, stored.seq,
+       stored.positions::text AS positions, stored.orders::text AS orders,
+       pg_notify(t.channel,
+                 CASE WHEN t.notice::jsonb ->> 'kind' = 'open'
+                      THEN jsonb_set(t.notice::jsonb, '{position,first_seen_ms}', to_jsonb(clock.now_ms))
+                      WHEN t.notice::jsonb ->> 'kind' = 'order_set'
+                           AND coalesce(t.notice::jsonb #> '{order,first_seen_ms}', 'null'::jsonb) = 'null'::jsonb
+                      THEN jsonb_set(t.notice::jsonb, '{order,first_seen_ms}', to_jsonb(clock.now_ms))
+                      ELSE t.notice::jsonb END::text) AS notified
+  FROM stored
+  JOIN stamped t ON (t.master_id, t.epoch, t.seq) = (stored.master_id, stored.epoch, stored.seq), clock
 "#;
-    let notice = MasterNotice {
-        master: master_id,
-        epoch,
-        seq,
-        event: event.clone(),
-    };
-    let row = sqlx::query(SQL)
-        .bind(master_id)
-        .bind(node_id)
-        .bind(epoch)
-        .bind(seq)
-        .bind(serde_json::to_string(positions).expect("positions serialise"))
-        .bind(channels::master(master_id))
-        .bind(serde_json::to_string(&notice).expect("notices serialise"))
-        .bind(serde_json::to_string(orders).expect("orders serialise"))
-        .fetch_optional(conn)
+    let text =
+        |f: fn(&PublishWrite) -> &str| writes.iter().map(|w| f(w).to_string()).collect::<Vec<_>>();
+    let rows = sqlx::query(SQL)
+        .bind(writes.iter().map(|w| w.master_id).collect::<Vec<_>>())
+        .bind(text(|w| &w.node_id))
+        .bind(writes.iter().map(|w| w.epoch).collect::<Vec<_>>())
+        .bind(writes.iter().map(|w| w.seq).collect::<Vec<_>>())
+        .bind(text(|w| &w.positions))
+        .bind(text(|w| &w.orders))
+        .bind(
+            writes
+                .iter()
+                .map(|w| channels::master(w.master_id))
+                .collect::<Vec<_>>(),
+        )
+        .bind(text(|w| &w.notice))
+        .fetch_all(conn)
         .await?;
-    match row {
-        None => Ok(Published::Refused),
-        Some(r) => {
-            let decode = |column: &str| -> Result<String, sqlx::Error> { r.try_get(column) };
-            let positions = serde_json::from_str(&decode("positions")?)
-                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-            let orders = serde_json::from_str(&decode("orders")?)
-                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-            Ok(Published::Stored(positions, orders))
-        }
+    let decode = |e: serde_json::Error| sqlx::Error::Decode(Box::new(e));
+    let mut stored = std::collections::HashMap::new();
+    for r in rows {
+        let key: (i64, i64, i64) = (
+            r.try_get("master_id")?,
+            r.try_get("epoch")?,
+            r.try_get("seq")?,
+        );
+        let positions: String = r.try_get("positions")?;
+        let orders: String = r.try_get("orders")?;
+        stored.insert(
+            key,
+            Published::Stored(
+                serde_json::from_str(&positions).map_err(decode)?,
+                serde_json::from_str(&orders).map_err(decode)?,
+            ),
+        );
+    }
+    Ok(writes
+        .iter()
+        .map(|w| {
+            stored
+                .remove(&(w.master_id, w.epoch, w.seq))
+                .unwrap_or(Published::Refused)
+        })
+        .collect())
+}
+
+/// The node's publisher of master events: the events its masters publish at about the same time
+/// go out in one statement and one commit per batch ([`publish_many`]); each master still waits
+/// for its own outcome, and publishes its next event only after it.
+#[derive(Debug, Clone)]
+pub struct MasterPublisher(crate::db::batch::BatchWriter<PublishWrite, Published>);
+
+/// The most events one statement publishes.
+const BATCH: usize = 200;
+
+impl MasterPublisher {
+    /// Starts the publisher on `db`; it ends when the last handle is dropped.
+    pub fn spawn(db: crate::db::Db) -> MasterPublisher {
+        MasterPublisher(crate::db::batch::BatchWriter::spawn(
+            db,
+            "master event",
+            BATCH,
+            |conn, writes| Box::pin(publish_many(conn, writes)),
+        ))
+    }
+
+    /// Publishes one event with whatever else is queued (see [`publish_many`]); an error when the
+    /// database's reply was lost (whether it committed is then unknown).
+    pub async fn publish(&self, write: PublishWrite) -> Result<Published, String> {
+        self.0.write(write).await
     }
 }

@@ -2,10 +2,11 @@
 //! links ([`links`]), the master's fenced publication ([`master`]) and the follower's fenced
 //! records ([`decisions`]).
 //!
-//! Fenced writes to tables other than `trading_accounts` lock the account row `FOR SHARE` and
-//! match `node_id = $me AND owner_epoch = $epoch` in the same statement: under READ COMMITTED a
-//! concurrent claim either waits for this statement or is seen by it, so a node that lost the
-//! account writes nothing.
+//! Fenced writes to tables other than `trading_accounts` lock the account row `FOR SHARE` (the
+//! batched ones, the copy ledger's and the masters' events, `FOR KEY SHARE`: renewals never wait
+//! for them) and match `node_id = $me AND owner_epoch = $epoch` in the same statement: under READ
+//! COMMITTED a concurrent claim (`FOR UPDATE SKIP LOCKED`) either skips the row while this
+//! statement holds it or is seen by it, so a node that lost the account writes nothing.
 
 pub mod accounts;
 pub mod decisions;
@@ -19,5 +20,7 @@ pub use decisions::{load_bases, load_decided, record_base, record_decision};
 pub use links::{
     RemovedLink, follower_max_open_copies, forget_removed_link, load_links, removed_links,
 };
-pub use master::{MasterState, Published, master_state, publish};
+pub use master::{
+    MasterPublisher, MasterState, PublishWrite, Published, master_state, publish, publish_many,
+};
 pub use risk::{Saved, load_risk_limits, save_risk_state};

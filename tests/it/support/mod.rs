@@ -262,7 +262,6 @@ pub async fn claimed_after(conn: &mut PgConnection, node_id: &str, lease: &str) 
     .unwrap()
 }
 
-/// Inserts one account.
 /// A node row (member of the `mt5` platform) live for `live` more, saying it owns `owned`.
 pub async fn insert_node(conn: &mut PgConnection, node_id: &str, live: &str, owned: i32) {
     sqlx::query(
@@ -279,6 +278,7 @@ pub async fn insert_node(conn: &mut PgConnection, node_id: &str, live: &str, own
     .unwrap();
 }
 
+/// Inserts one account.
 pub async fn add_account(conn: &mut PgConnection, id: i64, role: &str, server: &str, login: &str) {
     sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) VALUES ($1, 'mt5', $2, $3, $4)")
         .bind(id)
