@@ -352,13 +352,31 @@ pub async fn admin_connect(url: &Secret) -> Result<sqlx::PgConnection, AdminConn
         .map_err(|e| AdminConnectError::Unreachable(describe(&e)))
 }
 
+/// How long a pooled connection may sit idle and still be handed out without a ping.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// The pool for a node's non-cycle work (publications, reconcile reads, status writes,
-/// releases); connects lazily. The cycle has a connection of its own.
+/// releases); connects lazily. The cycle has a connection of its own. A connection idle for
+/// [`PING_AFTER_IDLE`] or longer is pinged before it is handed out (a dead one is closed and
+/// another taken: after a restart or failover, stale connections are found before use); one
+/// in steady use is not, so a burst of work (a thousand followers' copies, a hundred masters'
+/// events) costs no extra round trip per unit. A connection that broke since its last use
+/// fails that one unit of work, which closes it ([`Db::run`]); callers treat such an error as
+/// any database error (whether it committed is unknown).
 pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration, session: Session) -> PgPool {
     PgPoolOptions::new()
         .max_connections(8)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .after_connect(move |conn, _meta| {
             Box::pin(async move { open_session(conn, &session).await })
         })

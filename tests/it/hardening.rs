@@ -219,3 +219,55 @@ async fn a_failing_database_at_shutdown_does_not_hang_the_exit() {
     )
     .await;
 }
+
+/// The node's pool pings a connection that sat idle (a second or more) before handing it out,
+/// and only then: one whose server process was terminated meanwhile (a restart, a failover, an
+/// idle timeout) is replaced, and the unit of work runs on a live one.
+#[tokio::test]
+async fn a_pooled_connection_killed_while_idle_is_replaced_before_use() {
+    use copier_node::db::{self, Db, Session, SessionBounds};
+
+    let test_db = crate::support::TestDb::new().await;
+    let session = Session::direct(SessionBounds::for_fence(Duration::from_secs(15)));
+    let url =
+        crate::support::config_url(&test_db.url, "idle-ping", 1, crate::support::FAST).database_url;
+    let options = db::node_options(&url, "idle-ping", session).unwrap();
+    let pool = Db::new(
+        db::node_pool(options, Duration::from_secs(10), session),
+        session,
+    );
+    let backend = async |pool: &Db| {
+        pool.run(async |c| {
+            sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+                .fetch_one(c)
+                .await
+        })
+        .await
+    };
+    let pid = backend(&pool).await.unwrap();
+    let mut admin = test_db.conn().await;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        if alive == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "backend {pid} still running");
+        tokio::task::yield_now().await;
+    }
+    // Idle past the pool's threshold: the condition under test, not a synchronisation.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let again = backend(&pool)
+        .await
+        .expect("the dead connection is replaced before use");
+    assert_ne!(again, pid);
+}
