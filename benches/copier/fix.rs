@@ -140,3 +140,142 @@ pub(crate) async fn fix_latency(
     ));
     Ok(())
 }
+
+#[derive(Serialize)]
+pub(crate) struct FixHandoffRow {
+    pub(crate) protocol: &'static str,
+    pub(crate) followers: usize,
+    /// From the SIGTERM to the last follower's copy filled (the venue's journal clock).
+    pub(crate) served_again: Stats,
+}
+
+/// A SIGTERM hand-off over FIX beside the bridge, in the same run: one master and ten followers
+/// on two nodes; the node that started first is stopped and the master opens a position at once;
+/// the time from the signal to the last follower's copy at the venue (its journal, by the
+/// machine's clock).
+pub(crate) async fn fix_handoff(
+    options: &Options,
+    pg: &Pg,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let runs = if options.smoke { 1 } else { 5 };
+    let followers = 10;
+    let mut md = String::from(
+        "| protocol | followers | until served again p50 / p99 (runs) | max |\n|---|---:|---:|---:|\n",
+    );
+    for protocol in ["bridge", "fix"] {
+        let mut samples = Vec::new();
+        for run in 0..runs {
+            let mut setup = Setup::new(
+                pg,
+                &format!("bench_fix_handoff_{protocol}_{run}"),
+                1,
+                followers,
+            )
+            .await?;
+            let logins: Vec<String> = std::iter::once("m1".to_string())
+                .chain((1..=followers).map(|g| format!("f{g}")))
+                .collect();
+            let venue = (protocol == "fix").then(|| {
+                let accounts: Vec<VenueAccount> = logins
+                    .iter()
+                    .map(|login| VenueAccount {
+                        login: login.as_str(),
+                        password: "",
+                    })
+                    .collect();
+                FixVenue::start(&setup.dir, &accounts)
+            });
+            let journal_path = match &venue {
+                Some(v) => {
+                    let mut c = PgConnection::connect(&setup.url).await?;
+                    sqlx::query("UPDATE trading_accounts SET server = $1")
+                        .bind(format!("fix://127.0.0.1:{}?target={}", v.port, v.comp_id))
+                        .execute(&mut c)
+                        .await?;
+                    c.close().await?;
+                    v.journal.clone()
+                }
+                None => setup.dir.join("journal.jsonl"),
+            };
+            let timing = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
+            let first = setup.spawn_node("ha", timing)?;
+            setup
+                .wait_settled(followers + 1, Duration::from_secs(120))
+                .await?;
+            setup.spawn_node("hb", timing)?;
+            setup
+                .wait_settled(followers + 1, Duration::from_secs(120))
+                .await?;
+            let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+            trader.wait_ready(Duration::from_secs(10)).await?;
+            let signalled_ms = copier_node::wall_clock::unix_ms();
+            let _ = tokio::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(first.to_string())
+                .status()
+                .await;
+            let ticket = match &venue {
+                Some(v) => {
+                    let reply = v.control("open m1 EURUSD buy 0.1");
+                    reply
+                        .strip_prefix("ok ")
+                        .and_then(|t| t.parse().ok())
+                        .with_context(|| format!("the venue's hand open: {reply}"))?
+                }
+                None => trader
+                    .call(Request::hand_open("m1", "EURUSD", Side::Buy, 0.1))
+                    .await?["ticket"]
+                    .as_i64()
+                    .context("ticket")?,
+            };
+            let intent = format!("-m{ticket}-open");
+            let last = wait_journal(&journal_path, "every follower's copy", |lines| {
+                let copies: Vec<i64> = (1..=followers)
+                    .filter_map(|g| {
+                        let login = format!("f{g}");
+                        lines
+                            .iter()
+                            .find(|l| {
+                                l.login == login
+                                    && l.action == "open"
+                                    && l.accepted
+                                    && l.client_order_id
+                                        .as_deref()
+                                        .is_some_and(|c| c.contains(&intent))
+                            })
+                            .map(|l| l.ts_ms)
+                    })
+                    .collect();
+                (copies.len() == followers).then(|| copies.into_iter().max())
+            })
+            .await?
+            .context("no copies")?;
+            samples.push(Duration::from_millis((last - signalled_ms).max(0) as u64));
+            trader.close();
+            drop(venue);
+            setup.stop().await;
+        }
+        let s = Stats::of(&samples);
+        println!(
+            "SIGTERM hand-off over {protocol}: served again after {}",
+            s.show()
+        );
+        let _ = writeln!(
+            md,
+            "| {protocol} | {followers} | {} ({}) | {:.0} ms |",
+            s.show(),
+            s.runs,
+            s.max_ms
+        );
+        report.fix_handoff.push(FixHandoffRow {
+            protocol,
+            followers,
+            served_again: s,
+        });
+    }
+    report.markdown.push(format!(
+        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM and the master opens a position at once; the time from the signal to the last follower's copy, by the broker's journal (millisecond clock). Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time, so the new owner cannot log on before the old one has logged out: its logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the new owner's login is one round trip; no second login is made ahead of the release either (see the README).\n\n{md}"
+    ));
+    Ok(())
+}

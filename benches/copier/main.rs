@@ -40,7 +40,7 @@ use cost::{CostRow, cost_per_account};
 use cycle::{CycleRow, lease_cycle};
 use events::{EventsRow, events};
 use failover::{FailoverRow, failover};
-use fix::{FixRow, fix_latency};
+use fix::{FixHandoffRow, FixRow, fix_handoff, fix_latency};
 use floors::{floors, machine};
 use handoff::{HandoffRow, handoff};
 use notify::{NotifyRow, notification_path};
@@ -64,6 +64,7 @@ pub(crate) struct Report {
     storm: Vec<StormRow>,
     copy: Vec<CopyRow>,
     fix: Vec<FixRow>,
+    fix_handoff: Vec<FixHandoffRow>,
     failover: Vec<FailoverRow>,
     handoff: Vec<HandoffRow>,
     rebalance: Vec<RebalanceRow>,
@@ -164,6 +165,7 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "fix") {
         fix_latency(&options, &pg, &mut report).await?;
+        fix_handoff(&options, &pg, &mut report).await?;
     }
     if wanted(&options, "failover") {
         failover(&options, &pg, &mut report).await?;
