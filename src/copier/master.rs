@@ -424,19 +424,7 @@ impl Master<'_> {
                 self.ctx.node.metrics.events_published.inc();
                 self.seq = seq;
                 self.dirty = false;
-                self.published = stored.into_iter().map(|p| (p.ticket, p)).collect();
-                // First-seen times are the database's: take them from what was stored.
-                for (t, p) in &self.published {
-                    if let Some(v) = self.view.get_mut(t) {
-                        v.first_seen_ms = p.first_seen_ms;
-                    }
-                }
-                self.published_orders = stored_orders.into_iter().map(|o| (o.ticket, o)).collect();
-                for (t, o) in &self.published_orders {
-                    if let Some(v) = self.orders.get_mut(t) {
-                        v.first_seen_ms = o.first_seen_ms;
-                    }
-                }
+                self.adopt_stored(stored, stored_orders);
                 self.ctx.set_status(format!(
                     "master: published epoch {epoch} seq {seq} ({} open positions, {} pending orders)",
                     self.published.len(),
@@ -504,8 +492,26 @@ impl Master<'_> {
             && state.epoch == self.ctx.epoch()
         {
             self.seq = state.seq;
-            self.published = state.positions.into_iter().map(|p| (p.ticket, p)).collect();
-            self.published_orders = state.orders.into_iter().map(|o| (o.ticket, o)).collect();
+            // A publish whose reply was lost may have stored (and announced) first-seen times:
+            // the next snapshot keeps them rather than stamping the positions again.
+            self.adopt_stored(state.positions, state.orders);
+        }
+    }
+
+    /// Takes what the database stored as published, and its first-seen times (the database's
+    /// clock, stamped once) into the view.
+    fn adopt_stored(&mut self, positions: Vec<MasterPosition>, orders: Vec<MasterOrder>) {
+        self.published = positions.into_iter().map(|p| (p.ticket, p)).collect();
+        for (t, p) in &self.published {
+            if let Some(v) = self.view.get_mut(t) {
+                v.first_seen_ms = p.first_seen_ms;
+            }
+        }
+        self.published_orders = orders.into_iter().map(|o| (o.ticket, o)).collect();
+        for (t, o) in &self.published_orders {
+            if let Some(v) = self.orders.get_mut(t) {
+                v.first_seen_ms = o.first_seen_ms;
+            }
         }
     }
 }

@@ -4,9 +4,11 @@
 //! connection each. Each caller still waits for its own outcome.
 //!
 //! There is no window: the writer takes whatever is queued when it is free, so a lone write goes
-//! at once and a burst gathers behind the statement in flight. A batch that fails (one row's
-//! account deleted meanwhile, a lock wait past the timeout, two writes of one key) is written
-//! again one job at a time, so one bad row costs no other its write.
+//! at once and a burst gathers behind the statement in flight. A batch the database refuses (one
+//! row's account deleted meanwhile, a lock wait past the timeout, a row a constraint rejects) is
+//! written again one job at a time, so one bad row costs no other its write; a batch lost with its
+//! connection (or never sent: the pool timed out) fails every job at once, as unknown (it may have
+//! committed: callers re-read, as after any database error).
 
 use sqlx::PgConnection;
 use tokio::sync::{mpsc, oneshot};
@@ -59,6 +61,14 @@ where
                     Ok(done) if done.len() == writes.len() => {
                         for (reply, outcome) in replies.into_iter().zip(done) {
                             let _ = reply.send(Ok(outcome));
+                        }
+                    }
+                    // The database itself failed (a lost connection, a pool timeout): every job's
+                    // outcome is unknown, and trying each alone would only wait out each in turn.
+                    Err(e) if !matches!(e, sqlx::Error::Database(_)) => {
+                        let why = crate::db::describe(&e);
+                        for reply in replies {
+                            let _ = reply.send(Err(why.clone()));
                         }
                     }
                     _ => {

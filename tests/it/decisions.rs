@@ -757,6 +757,58 @@ async fn a_stale_owners_publish_decision_and_base_writes_are_refused_without_a_n
     node.wait().await.unwrap();
 }
 
+/// A publish the database stored but whose outcome the master's session never learnt (here: its
+/// next seq found already stored, as after a lost reply) is followed by a snapshot that keeps the
+/// stored first-seen time: a position is never stamped twice (a later stamp would make followers
+/// read it as younger than it is, past a link's delay limits).
+#[tokio::test]
+async fn a_snapshot_after_a_lost_publish_reply_keeps_the_stored_first_seen_time() {
+    let mut fx = fixture("dec-first-seen-kept", Broker::Unprotected, |_| {}).await;
+    fx.accounts(vec![LinkSpec::default()]).await;
+    let node = fx.node("a", 2).await;
+    let (epoch, seq): (i64, i64) =
+        sqlx::query_as("SELECT epoch, seq FROM master_state WHERE master_id = 1")
+            .fetch_one(&mut fx.conn)
+            .await
+            .unwrap();
+    // The master's next publish as if committed with its reply lost: the position the broker is
+    // about to open (its first ticket), first seen long ago.
+    const SEEN: i64 = 1_700_000_000_000;
+    let mut position = master_position(1_000_001, 0.4);
+    position.first_seen_ms = Some(SEEN);
+    publish_by_hand(&mut fx.conn, epoch, seq + 1, &[position], None).await;
+    let ticket = fx.open(0.4).await;
+    assert_eq!(ticket, 1_000_001, "the broker's first ticket");
+    // The session's own publish of seq + 1 is refused: it re-reads, then publishes a snapshot.
+    let conn = &mut fx.conn;
+    eventually(
+        "the master's snapshot after the stored seq",
+        WAIT,
+        async || {
+            let stored: i64 =
+                sqlx::query_scalar("SELECT seq FROM master_state WHERE master_id = 1")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+            (stored > seq + 1).then_some(())
+        },
+    )
+    .await;
+    let stored: Option<i64> = sqlx::query_scalar(
+        "SELECT (positions -> 0 ->> 'first_seen_ms')::bigint FROM master_state WHERE master_id = 1",
+    )
+    .fetch_one(&mut fx.conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored,
+        Some(SEEN),
+        "the snapshot kept the stored first-seen time"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+}
+
 /// The node's master publisher (one statement and one commit per batch): events published at
 /// once by many masters are each fenced by their own master's (node, epoch), stored only if their
 /// (epoch, seq) follows, announced on their own channel only if stored, and share commits; the

@@ -147,8 +147,8 @@ impl PublishWrite {
 /// being published, and a changed row is checked again on its latest version; renewals never
 /// wait, so rows locked in any order cannot deadlock with a lease cycle). A master twice in one
 /// batch (a master task stopped and started again while its last event was queued) is published
-/// in turn: the writes go in rounds, a master's n-th write in the n-th, one statement each. One
-/// outcome per write, in order.
+/// in turn: the writes go in rounds, a master's n-th write in the n-th, one statement each, all in
+/// one transaction. One outcome per write, in order.
 pub async fn publish_many(
     conn: &mut PgConnection,
     writes: &[PublishWrite],
@@ -162,8 +162,31 @@ pub async fn publish_many(
             *n - 1
         })
         .collect();
+    let rounds = round_of.iter().max().map_or(0, |m| m + 1);
+    let outcomes = if rounds > 1 {
+        // Several rounds commit together (all or none), as one statement does.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let outcomes = publish_rounds(&mut tx, writes, &round_of, rounds).await?;
+        tx.commit().await?;
+        outcomes
+    } else {
+        publish_rounds(conn, writes, &round_of, rounds).await?
+    };
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(Published::Refused))
+        .collect())
+}
+
+/// The rounds of [`publish_many`], in order: an outcome per write.
+async fn publish_rounds(
+    conn: &mut PgConnection,
+    writes: &[PublishWrite],
+    round_of: &[usize],
+    rounds: usize,
+) -> Result<Vec<Option<Published>>, sqlx::Error> {
     let mut outcomes: Vec<Option<Published>> = vec![None; writes.len()];
-    for round in 0..round_of.iter().max().map_or(0, |m| m + 1) {
+    for round in 0..rounds {
         let at: Vec<usize> = (0..writes.len())
             .filter(|i| round_of[*i] == round)
             .collect();
@@ -172,10 +195,7 @@ pub async fn publish_many(
             outcomes[i] = Some(outcome);
         }
     }
-    Ok(outcomes
-        .into_iter()
-        .map(|o| o.unwrap_or(Published::Refused))
-        .collect())
+    Ok(outcomes)
 }
 
 /// One statement of [`publish_many`]: writes of distinct masters.

@@ -6,7 +6,10 @@
 //! batched ones, the copy ledger's and the masters' events, `FOR KEY SHARE`: renewals never wait
 //! for them) and match `node_id = $me AND owner_epoch = $epoch` in the same statement: under READ
 //! COMMITTED a concurrent claim (`FOR UPDATE SKIP LOCKED`) either skips the row while this
-//! statement holds it or is seen by it, so a node that lost the account writes nothing.
+//! statement holds it or is seen by it, so a node that lost the account to another writes
+//! nothing. (Under `FOR KEY SHARE` the owner's own renewal, release or re-epoch does not wait for
+//! a batch in flight: its rows may commit just after, fenced by the epoch they were written
+//! under; a newer epoch's (epoch, seq) and the ledger's keys keep them from overwriting it.)
 
 pub mod accounts;
 pub mod decisions;
