@@ -30,7 +30,8 @@ use crate::model::events::MasterNotice;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Signal {
     /// A master event, with the instant it arrived at the node (copy latency counts from it).
-    Notice(MasterNotice, tokio::time::Instant),
+    /// Shared by every follower of the master (one decode, no copy per follower).
+    Notice(std::sync::Arc<MasterNotice>, tokio::time::Instant),
     /// The account's row (server, login, role, credentials) or, for a follower, its copy links
     /// changed: re-read them.
     AccountChanged,
@@ -485,8 +486,9 @@ fn dispatch(
         }
         Ok(Notice::Master(notice)) => {
             if let Some(senders) = subs.by_master.get(&notice.master) {
+                let (notice, received) = (std::sync::Arc::new(notice), tokio::time::Instant::now());
                 for s in senders.values() {
-                    let _ = s.send(Signal::Notice(notice.clone(), tokio::time::Instant::now()));
+                    let _ = s.send(Signal::Notice(notice.clone(), received));
                 }
             }
         }

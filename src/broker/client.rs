@@ -440,7 +440,7 @@ async fn read_loop(inner: std::sync::Weak<Inner>, read: tokio::net::tcp::OwnedRe
             Ok(_) => {}
         }
         let Some(inner) = inner.upgrade() else { return };
-        let frame: ServerFrame = match serde_json::from_str(line.trim_end()) {
+        let frame = match ServerFrame::parse(line.trim_end()) {
             Ok(f) => f,
             Err(e) => {
                 warn!(broker = %inner.addr, error = %e, "unreadable line from the broker; ignored");

@@ -165,6 +165,21 @@ pub enum ServerFrame {
     Event(EventFrame),
 }
 
+impl ServerFrame {
+    /// Parses one line. A reply as the server writes it (`id` first) is parsed straight into
+    /// its type: the untagged enum would buffer the whole line and try the variants in turn, and
+    /// a follower's copy brings a reply and an event each. Anything else, or a reply that does
+    /// not parse so, goes through the enum.
+    pub fn parse(line: &str) -> Result<ServerFrame, serde_json::Error> {
+        if line.starts_with(r#"{"id":"#)
+            && let Ok(reply) = serde_json::from_str::<ReplyFrame>(line)
+        {
+            return Ok(ServerFrame::Reply(reply));
+        }
+        serde_json::from_str(line)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplyFrame {
     pub id: u64,
@@ -286,10 +301,23 @@ mod tests {
 
     #[test]
     fn server_frames_tell_replies_from_events() {
-        let reply: ServerFrame = serde_json::from_str(
+        let reply = ServerFrame::parse(
             r#"{"id":3,"ok":false,"error":{"kind":"rejected","reason":"stale fence"}}"#,
         )
         .unwrap();
+        // The same reply with its fields in another order, through the enum.
+        assert_eq!(
+            ServerFrame::parse(
+                r#"{"ok":false,"error":{"kind":"rejected","reason":"stale fence"},"id":3}"#
+            )
+            .unwrap(),
+            reply
+        );
+        let ok = ServerFrame::parse(r#"{"id":4,"ok":true,"result":{"ticket":9}}"#).unwrap();
+        let ServerFrame::Reply(ok) = ok else {
+            panic!("{ok:?}")
+        };
+        assert_eq!(ok.result.unwrap()["ticket"], 9);
         assert!(matches!(
             reply,
             ServerFrame::Reply(ReplyFrame {
@@ -298,7 +326,7 @@ mod tests {
                 ..
             })
         ));
-        let event: ServerFrame = serde_json::from_str(
+        let event = ServerFrame::parse(
             r#"{"event":"position","login":"9","change":"opened","position":{"ticket":5,"symbol":"EURUSD","side":"sell","volume":1.0,"open_price":1.1,"sl":null,"tp":null,"magic":0,"comment":"","open_time_ms":1}}"#,
         )
         .unwrap();

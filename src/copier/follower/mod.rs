@@ -598,7 +598,7 @@ impl Follower<'_> {
         }
     }
 
-    async fn on_notice(&mut self, n: MasterNotice, received: Instant) {
+    async fn on_notice(&mut self, n: std::sync::Arc<MasterNotice>, received: Instant) {
         let Some(view) = self.masters.get(&n.master) else {
             if self.links.iter().any(|l| l.master_id == n.master) {
                 self.reconcile_master(n.master, "event before the first reconcile")
