@@ -40,33 +40,7 @@ pub(crate) async fn fix_latency(
     );
     for protocol in ["bridge", "fix"] {
         let mut setup = Setup::new(pg, &format!("bench_fix_{protocol}"), 1, 1).await?;
-        let venue = (protocol == "fix").then(|| {
-            FixVenue::start(
-                &setup.dir,
-                &[
-                    VenueAccount {
-                        login: "m1",
-                        password: "",
-                    },
-                    VenueAccount {
-                        login: "f1",
-                        password: "",
-                    },
-                ],
-            )
-        });
-        let journal_path = match &venue {
-            Some(v) => {
-                let mut c = PgConnection::connect(&setup.url).await?;
-                sqlx::query("UPDATE trading_accounts SET server = $1")
-                    .bind(format!("fix://127.0.0.1:{}?target={}", v.port, v.comp_id))
-                    .execute(&mut c)
-                    .await?;
-                c.close().await?;
-                v.journal.clone()
-            }
-            None => setup.dir.join("journal.jsonl"),
-        };
+        let (venue, journal_path) = on_broker(&setup, protocol, &["m1", "f1"]).await?;
         setup.spawn_node("x0", ["--lease", "10s", "--fence", "3s", "--cycle", "2s"])?;
         setup.wait_settled(2, Duration::from_secs(120)).await?;
         let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
@@ -74,21 +48,7 @@ pub(crate) async fn fix_latency(
         let mut samples = Vec::new();
         for i in 0..trades {
             let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
-            let ticket = match &venue {
-                Some(v) => {
-                    let side = if side == Side::Buy { "buy" } else { "sell" };
-                    let reply = v.control(&format!("open m1 EURUSD {side} 0.1"));
-                    reply
-                        .strip_prefix("ok ")
-                        .and_then(|t| t.parse().ok())
-                        .with_context(|| format!("the venue's hand open: {reply}"))?
-                }
-                None => trader
-                    .call(Request::hand_open("m1", "EURUSD", side, 0.1))
-                    .await?["ticket"]
-                    .as_i64()
-                    .context("ticket")?,
-            };
+            let ticket = hand_open(venue.as_ref(), &trader, side).await?;
             let (master, copy) =
                 wait_journal(&journal_path, "the copy", |l| fills(l, ticket)).await?;
             samples.push(Duration::from_millis((copy - master).max(0) as u64));
@@ -176,28 +136,8 @@ pub(crate) async fn fix_handoff(
             let logins: Vec<String> = std::iter::once("m1".to_string())
                 .chain((1..=followers).map(|g| format!("f{g}")))
                 .collect();
-            let venue = (protocol == "fix").then(|| {
-                let accounts: Vec<VenueAccount> = logins
-                    .iter()
-                    .map(|login| VenueAccount {
-                        login: login.as_str(),
-                        password: "",
-                    })
-                    .collect();
-                FixVenue::start(&setup.dir, &accounts)
-            });
-            let journal_path = match &venue {
-                Some(v) => {
-                    let mut c = PgConnection::connect(&setup.url).await?;
-                    sqlx::query("UPDATE trading_accounts SET server = $1")
-                        .bind(format!("fix://127.0.0.1:{}?target={}", v.port, v.comp_id))
-                        .execute(&mut c)
-                        .await?;
-                    c.close().await?;
-                    v.journal.clone()
-                }
-                None => setup.dir.join("journal.jsonl"),
-            };
+            let logins: Vec<&str> = logins.iter().map(String::as_str).collect();
+            let (venue, journal_path) = on_broker(&setup, protocol, &logins).await?;
             let timing = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
             let first = setup.spawn_node("ha", timing)?;
             setup
@@ -215,20 +155,7 @@ pub(crate) async fn fix_handoff(
                 .arg(first.to_string())
                 .status()
                 .await;
-            let ticket = match &venue {
-                Some(v) => {
-                    let reply = v.control("open m1 EURUSD buy 0.1");
-                    reply
-                        .strip_prefix("ok ")
-                        .and_then(|t| t.parse().ok())
-                        .with_context(|| format!("the venue's hand open: {reply}"))?
-                }
-                None => trader
-                    .call(Request::hand_open("m1", "EURUSD", Side::Buy, 0.1))
-                    .await?["ticket"]
-                    .as_i64()
-                    .context("ticket")?,
-            };
+            let ticket = hand_open(venue.as_ref(), &trader, Side::Buy).await?;
             let intent = format!("-m{ticket}-open");
             let last = wait_journal(&journal_path, "every follower's copy", |lines| {
                 let copies: Vec<i64> = (1..=followers)
@@ -278,4 +205,59 @@ pub(crate) async fn fix_handoff(
         "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM and the master opens a position at once; the time from the signal to the last follower's copy, by the broker's journal (millisecond clock). Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time, so the new owner cannot log on before the old one has logged out: its logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the new owner's login is one round trip; no second login is made ahead of the release either (see the README).\n\n{md}"
     ));
     Ok(())
+}
+
+/// Puts `setup`'s accounts on the protocol's broker: the simulated one (`bridge`), or a QuickFIX
+/// test venue started here for `logins` (`fix`), the accounts pointed at it. Returns the venue
+/// (it stops when dropped) and the journal that times the trades.
+async fn on_broker(
+    setup: &Setup,
+    protocol: &str,
+    logins: &[&str],
+) -> anyhow::Result<(Option<FixVenue>, std::path::PathBuf)> {
+    if protocol != "fix" {
+        return Ok((None, setup.dir.join("journal.jsonl")));
+    }
+    let accounts: Vec<VenueAccount> = logins
+        .iter()
+        .map(|login| VenueAccount {
+            login,
+            password: "",
+        })
+        .collect();
+    let venue = FixVenue::start(&setup.dir, &accounts);
+    let mut c = PgConnection::connect(&setup.url).await?;
+    sqlx::query("UPDATE trading_accounts SET server = $1")
+        .bind(format!(
+            "fix://127.0.0.1:{}?target={}",
+            venue.port, venue.comp_id
+        ))
+        .execute(&mut c)
+        .await?;
+    c.close().await?;
+    let journal = venue.journal.clone();
+    Ok((Some(venue), journal))
+}
+
+/// The master's (`m1`) market order of 0.1 EURUSD placed by hand at its broker: its ticket.
+async fn hand_open(
+    venue: Option<&FixVenue>,
+    trader: &BridgeClient,
+    side: Side,
+) -> anyhow::Result<i64> {
+    match venue {
+        Some(v) => {
+            let side = if side == Side::Buy { "buy" } else { "sell" };
+            let reply = v.control(&format!("open m1 EURUSD {side} 0.1"));
+            reply
+                .strip_prefix("ok ")
+                .and_then(|t| t.parse().ok())
+                .with_context(|| format!("the venue's hand open: {reply}"))
+        }
+        None => trader
+            .call(Request::hand_open("m1", "EURUSD", side, 0.1))
+            .await?["ticket"]
+            .as_i64()
+            .context("ticket"),
+    }
 }
