@@ -29,35 +29,53 @@ pub(crate) struct CopyRow {
     /// there are nodes, with no copier in the way; time until each reply, and until the last.
     pub(crate) orders_floor: Stats,
     pub(crate) orders_floor_last: Stats,
+    /// The median over trades of the last follower served ÷ the floor round run right after it.
+    pub(crate) paired_ratio_p50: f64,
 }
 
 /// The floor for `n` copies: `n` market orders for `n` accounts sent at once, spread over
 /// `connections` bridge connections to the same broker (as the nodes' own connections carry
-/// them), `rounds` times; returns (every order's time to its reply, the last reply's per round).
-async fn orders_floor(
-    broker: &str,
+/// them). A round runs right after each measured trade, so the two are compared under the same
+/// load of the machine.
+struct OrdersFloor {
+    clients: Vec<BridgeClient>,
     n: usize,
-    connections: usize,
     rounds: usize,
-) -> anyhow::Result<(Stats, Stats)> {
-    let mut clients = Vec::new();
-    for c in 0..connections {
-        let client = BridgeClient::connect(broker.to_string(), format!("floor{c}"));
-        client.wait_ready(Duration::from_secs(10)).await?;
-        clients.push(client);
+    /// Every order's time to its reply.
+    each: Vec<Duration>,
+    /// The last reply's, per round.
+    last: Vec<Duration>,
+}
+
+impl OrdersFloor {
+    async fn connect(broker: &str, n: usize, connections: usize) -> anyhow::Result<OrdersFloor> {
+        let mut clients = Vec::new();
+        for c in 0..connections {
+            let client = BridgeClient::connect(broker.to_string(), format!("floor{c}"));
+            client.wait_ready(Duration::from_secs(10)).await?;
+            clients.push(client);
+        }
+        Ok(OrdersFloor {
+            clients,
+            n,
+            rounds: 0,
+            each: Vec::new(),
+            last: Vec::new(),
+        })
     }
-    let mut each = Vec::new();
-    let mut last = Vec::new();
-    for round in 0..rounds {
+
+    /// One round: the time to its last reply.
+    async fn round(&mut self) -> anyhow::Result<Duration> {
         let start = Instant::now();
+        let side = if self.rounds.is_multiple_of(2) {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
+        self.rounds += 1;
         let mut sends = tokio::task::JoinSet::new();
-        for i in 0..n {
-            let client = clients[i % connections].clone();
-            let side = if round % 2 == 0 {
-                Side::Buy
-            } else {
-                Side::Sell
-            };
+        for i in 0..self.n {
+            let client = self.clients[i % self.clients.len()].clone();
             sends.spawn(async move {
                 let mut order = Request::hand_open(&format!("x{i}"), "EURUSD", side, 0.1);
                 if let Request::Open { fence, .. } = &mut order {
@@ -70,15 +88,18 @@ async fn orders_floor(
         while let Some(done) = sends.join_next().await {
             let took = done??;
             slowest = slowest.max(took);
-            each.push(took);
+            self.each.push(took);
         }
-        last.push(slowest);
-        tokio::time::sleep(Duration::from_millis(200)).await; // spacing, as between the copies' trades
+        self.last.push(slowest);
+        Ok(slowest)
     }
-    for c in clients {
-        c.close();
+
+    fn close(self) -> (Stats, Stats) {
+        for c in self.clients {
+            c.close();
+        }
+        (Stats::of(&self.each), Stats::of(&self.last))
     }
-    Ok((Stats::of(&each), Stats::of(&last)))
 }
 
 /// A copy's legs as the copy ledger records them (each clock at millisecond resolution): the
@@ -159,7 +180,7 @@ pub(crate) async fn copy_latency(
         "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut floor_md = String::from(
-        "| followers | nodes | N orders at once: each p50 / p99 | the last p50 / max | last follower served p50 | ÷ the last order's p50 | ÷ (the last order's p50 + the master's leg) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| followers | nodes | N orders at once: each p50 / p99 | the last p50 / max | last follower served p50 | ÷ the last order's p50 | per trade, ÷ its own round (p50) | ÷ (the last order's p50 + the master's leg) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut legs_md = String::from(
         "| followers | nodes | copies | master fill → event committed p50 / p99 | event → follower decided p50 / p99 | decided → broker accepted p50 / p99 |\n|---:|---:|---:|---:|---:|---:|\n",
@@ -183,8 +204,12 @@ pub(crate) async fn copy_latency(
         let mut observer = Observer::new(&setup.broker.addr.to_string(), &logins).await?;
         let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
         trader.wait_ready(Duration::from_secs(10)).await?;
+        let mut floor_rounds =
+            OrdersFloor::connect(&setup.broker.addr.to_string(), followers, nodes).await?;
         let mut samples = Vec::new();
         let mut last = Vec::new();
+        // Per trade: its last follower served over the floor round right after it.
+        let mut paired = Vec::new();
         for i in 0..trades {
             let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
             let request = Request::hand_open("m1", "EURUSD", side, 0.1);
@@ -205,6 +230,7 @@ pub(crate) async fn copy_latency(
                     }
                 }
             }
+            let served = *last.last().expect("every follower served");
             // Close it again, so positions stay few; the closes are not measured.
             trader
                 .call(Request::Close {
@@ -216,6 +242,9 @@ pub(crate) async fn copy_latency(
                 })
                 .await?;
             tokio::time::sleep(Duration::from_millis(200)).await; // spacing between measured trades
+            // The floor's round, on the machine as this trade found it (its closes done).
+            let floor_round = floor_rounds.round().await?;
+            paired.push(served.as_secs_f64() / floor_round.as_secs_f64().max(1e-6));
         }
         let s = Stats::of(&samples);
         let l = Stats::of(&last);
@@ -237,8 +266,9 @@ pub(crate) async fn copy_latency(
             s.p99_ms / floor
         );
         let legs = legs(&setup.url, followers * trades).await?;
-        let (floor_each, floor_last) =
-            orders_floor(&setup.broker.addr.to_string(), followers, nodes, trades).await?;
+        let (floor_each, floor_last) = floor_rounds.close();
+        paired.sort_by(|a, b| a.total_cmp(b));
+        let paired_p50 = paired[(paired.len() - 1) / 2];
         println!(
             "orders floor {followers} orders over {nodes} connections: each {}, last {} (copies: last follower {:.2} ms p50)",
             floor_each.show(),
@@ -254,7 +284,7 @@ pub(crate) async fn copy_latency(
         };
         let _ = writeln!(
             floor_md,
-            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {:.2} ms | {:.1}× | {with_leg} |",
+            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {:.2} ms | {:.1}× | {paired_p50:.1}× | {with_leg} |",
             floor_each.show(),
             floor_last.p50_ms,
             floor_last.max_ms,
@@ -279,13 +309,14 @@ pub(crate) async fn copy_latency(
             legs,
             orders_floor: floor_each,
             orders_floor_last: floor_last,
+            paired_ratio_p50: paired_p50,
         });
         trader.close();
         drop(observer);
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, after each row: as many market orders as the row has followers, sent at once for as many accounts over as many bridge connections to the same broker as the row has nodes (each node has one per server), with no copier in the way, {trades} rounds: the time to each reply, and to the last one. The last follower served divided by the last order's reply says how far the copies are from what the broker connections allow. That floor leaves out the master's leg, which no copy can skip: the master's fill reaching its session, published and announced to the followers' node. The last column adds it, measured in the same run as the one-follower row's copy less its one order ({:.2} ms).\n\n{floor_md}",
+        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, one round after each measured trade (after the 200 ms that follow it, in which its master position and the copies are closed): as many market orders as the row has followers, sent at once for as many accounts over as many bridge connections to the same broker as the row has nodes (each node has one per server), with no copier in the way, {trades} rounds: the time to each reply, and to the last one. The last follower served divided by the last order's reply says how far the copies are from what the broker connections allow; the paired column divides each trade's last follower served by the round after it (the machine as that trade found it), and takes the median. That floor leaves out the master's leg, which no copy can skip: the master's fill reaching its session, published and announced to the followers' node. The last column adds it, measured in the same run as the one-follower row's copy less its one order ({:.2} ms).\n\n{floor_md}",
         report.floors["notify_delivery"].p50_ms,
         report.floors["broker_round_trip"].p50_ms,
         master_leg.unwrap_or(f64::NAN)

@@ -117,7 +117,11 @@ pub(crate) async fn events(options: &Options, pg: &Pg, report: &mut Report) -> a
             row.delivery.show()
         );
         let what = if path == Path::BareNotify {
-            format!("| {} | {masters} publishers | – |", path.name())
+            format!(
+                "| {} | – | {masters} connection{} |",
+                path.name(),
+                if masters == 1 { "" } else { "s" }
+            )
         } else {
             format!("| {} | {masters} | {nodes} |", path.name())
         };
