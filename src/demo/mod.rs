@@ -256,7 +256,13 @@ pub(crate) async fn run(
                 }
             }
             _ = show_tick.tick() => {
-                let owners = owners(&mut conn).await.unwrap_or_default();
+                let owners = match owners(&mut conn).await {
+                    Ok(owners) => owners,
+                    Err(e) => {
+                        say(&format!("reading the owners failed: {}", db::describe(&e)));
+                        Default::default()
+                    }
+                };
                 let journal = read_journal(&dir.join("journal.jsonl"));
                 let stats = Stats::from(&journal, &moves, move_started);
                 say(&format!(
@@ -330,6 +336,12 @@ pub(crate) async fn run(
     ));
     say("stopping: SIGTERM to every node, then removing everything");
     stop_nodes(&mut scratch.nodes).await;
+    if missed_copies + missed_closes > 0 {
+        say("the nodes' last warnings and errors (their logs are removed next):");
+        for line in log_warnings(&dir, scratch.nodes.len(), 30) {
+            say(&line);
+        }
+    }
     let _ = conn.close().await;
     trader.close();
     broker.stop().await;
@@ -392,6 +404,6 @@ fn plural(n: usize, what: &str) -> String {
 }
 
 use check::{describe_owners, final_check, owners, trade};
-use setup::{connect, seed, spawn_node, start_database, stop_nodes};
+use setup::{connect, log_warnings, seed, spawn_node, start_database, stop_nodes};
 use stats::read_journal;
 pub(crate) use stats::{Latency, Stats};

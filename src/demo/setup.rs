@@ -140,6 +140,25 @@ pub(super) fn spawn_node(
         .context("starting a node process")
 }
 
+/// The last `most` warnings and errors of each node's log (`node-<i>.log` in `dir`), each line
+/// prefixed with its node: what the demo shows when its final check finds a miss, before it
+/// removes everything.
+pub(super) fn log_warnings(dir: &Path, nodes: usize, most: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 1..=nodes {
+        let Ok(text) = std::fs::read_to_string(dir.join(format!("node-{i}.log"))) else {
+            continue;
+        };
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        let from = lines.len().saturating_sub(most);
+        out.extend(lines[from..].iter().map(|l| format!("demo-n{i}: {l}")));
+    }
+    out
+}
+
 /// SIGTERM to every running node (a clean hand-off), then waits up to 15 s for each; a node
 /// still running then is killed.
 pub(super) async fn stop_nodes(nodes: &mut [Option<Child>]) {
@@ -159,5 +178,39 @@ pub(super) async fn stop_nodes(nodes: &mut [Option<Child>]) {
         {
             let _ = child.start_kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_check_shows_each_nodes_last_warnings_and_errors() {
+        let dir = std::env::temp_dir().join(format!("copier-demo-logs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("node-1.log"),
+            "2026-12-01T08:00:00Z  INFO copier_node: started\n\
+             2026-12-01T08:00:01Z  WARN copier_node: first\n\
+             2026-12-01T08:00:02Z ERROR copier_node: second\n\
+             2026-12-01T08:00:03Z  WARN copier_node: third\n",
+        )
+        .unwrap();
+        // Node 2 never wrote a log; node 3 only information.
+        std::fs::write(
+            dir.join("node-3.log"),
+            "2026-12-01T08:00:00Z  INFO copier_node: fine\n",
+        )
+        .unwrap();
+        let lines = log_warnings(&dir, 3, 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            lines,
+            [
+                "demo-n1: 2026-12-01T08:00:02Z ERROR copier_node: second",
+                "demo-n1: 2026-12-01T08:00:03Z  WARN copier_node: third",
+            ]
+        );
     }
 }
