@@ -271,7 +271,7 @@ async fn run(
                             .map_err(|e| e.to_string())?
                             .pop()
                             .unwrap_or(Published::Refused),
-                        Path::Batched => publisher.publish(write).await?,
+                        Path::Batched => publisher.write(write).await?,
                     };
                     if path != Path::BareNotify && outcome == Published::Refused {
                         return Err(format!("master {m}'s event {seq} was refused"));

@@ -417,7 +417,7 @@ impl Master<'_> {
             (&positions, &orders),
             &event,
         );
-        let result = self.ctx.node.master_publisher.publish(write).await;
+        let result = self.ctx.node.master_publisher.write(write).await;
         match result {
             Ok(Published::Stored(stored, stored_orders)) => {
                 debug!(seq, kind = event.kind(), "master event published");

@@ -16,47 +16,54 @@ use tokio::sync::{mpsc, oneshot};
 use crate::broker::BoxFuture;
 use crate::db::Db;
 
-/// Writes a batch on a connection: one outcome per job, in the jobs' order.
-pub type WriteBatch<J, O> =
-    for<'a> fn(&'a mut PgConnection, &'a [J]) -> BoxFuture<'a, Result<Vec<O>, sqlx::Error>>;
+/// A kind of write a [`BatchWriter`] gathers: how a batch of them is written, and what each
+/// one's outcome is.
+pub trait Batched: Sized + Send + Sync + 'static {
+    type Outcome: Send + 'static;
+    /// What the writer writes (named in its errors).
+    const WHAT: &'static str;
+    /// The most writes one statement carries.
+    const MAX: usize;
+    /// Writes a batch on a connection: one outcome per write, in the writes' order.
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        writes: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>>;
+}
 
-type Job<J, O> = (J, oneshot::Sender<Result<O, String>>);
+type Job<J> = (J, oneshot::Sender<Result<<J as Batched>::Outcome, String>>);
 
 /// The handle callers write through; the writer ends when the last handle is dropped.
 #[derive(Debug)]
-pub struct BatchWriter<J, O> {
-    jobs: mpsc::UnboundedSender<Job<J, O>>,
-    what: &'static str,
+pub struct BatchWriter<J: Batched> {
+    jobs: mpsc::UnboundedSender<Job<J>>,
 }
 
-impl<J, O> Clone for BatchWriter<J, O> {
+impl<J: Batched> Clone for BatchWriter<J> {
     fn clone(&self) -> Self {
         BatchWriter {
             jobs: self.jobs.clone(),
-            what: self.what,
         }
     }
 }
 
-impl<J, O> BatchWriter<J, O>
-where
-    J: Send + Sync + 'static,
-    O: Send + 'static,
-{
-    /// Starts a writer of `what` (named in its errors) on `db`, at most `max` jobs a statement.
-    pub fn spawn(db: Db, what: &'static str, max: usize, write: WriteBatch<J, O>) -> Self {
-        let (jobs, mut rx) = mpsc::unbounded_channel::<Job<J, O>>();
+impl<J: Batched> BatchWriter<J> {
+    /// Starts a writer on `db`.
+    pub fn spawn(db: Db) -> Self {
+        let (jobs, mut rx) = mpsc::unbounded_channel::<Job<J>>();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
-                while batch.len() < max {
+                while batch.len() < J::MAX {
                     match rx.try_recv() {
                         Ok(job) => batch.push(job),
                         Err(_) => break,
                     }
                 }
                 let (writes, replies): (Vec<J>, Vec<_>) = batch.into_iter().unzip();
-                let result = db.run(async |conn| write(conn, &writes).await).await;
+                let result = db
+                    .run(async |conn| J::write_batch(conn, &writes).await)
+                    .await;
                 match result {
                     Ok(done) if done.len() == writes.len() => {
                         for (reply, outcome) in replies.into_iter().zip(done) {
@@ -75,11 +82,11 @@ where
                         for (job, reply) in writes.iter().zip(replies) {
                             let one = std::slice::from_ref(job);
                             let result = db
-                                .run(async |conn| write(conn, one).await)
+                                .run(async |conn| J::write_batch(conn, one).await)
                                 .await
                                 .map_err(|e| crate::db::describe(&e))
                                 .and_then(|mut done| {
-                                    done.pop().ok_or_else(|| format!("{what}: no outcome"))
+                                    done.pop().ok_or_else(|| format!("{}: no outcome", J::WHAT))
                                 });
                             let _ = reply.send(result);
                         }
@@ -87,14 +94,14 @@ where
                 }
             }
         });
-        BatchWriter { jobs, what }
+        BatchWriter { jobs }
     }
 
     /// Writes `job` with whatever else is queued; its own outcome, or the database's error
     /// (whether it committed is then unknown).
-    pub async fn write(&self, job: J) -> Result<O, String> {
+    pub async fn write(&self, job: J) -> Result<J::Outcome, String> {
         let (tx, rx) = oneshot::channel();
-        let stopped = || format!("the {} writer has stopped", self.what);
+        let stopped = || format!("the {} writer has stopped", J::WHAT);
         self.jobs.send((job, tx)).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }

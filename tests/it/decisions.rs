@@ -862,17 +862,11 @@ async fn events_published_at_once_by_many_masters_are_each_fenced_and_announced_
     jobs.push(write(19, 7, 6));
     jobs.push(write(20, 7, 1));
     jobs.push(write(1, 7, 1));
-    let handles: Vec<_> = jobs
+    let stored: Vec<bool> = crate::support::write_at_once(&publisher, jobs)
+        .await
         .into_iter()
-        .map(|j| {
-            let publisher = publisher.clone();
-            tokio::spawn(async move { publisher.publish(j).await })
-        })
+        .map(|r| matches!(r.unwrap(), Published::Stored(..)))
         .collect();
-    let mut stored = Vec::new();
-    for h in handles {
-        stored.push(matches!(h.await.unwrap().unwrap(), Published::Stored(..)));
-    }
     let mut expected = vec![true; 18];
     expected.extend([false, true, false, false]);
     assert_eq!(stored, expected);

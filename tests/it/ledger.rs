@@ -255,17 +255,7 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
     let mut bad = write(3, 7, 399);
     bad.record.side = "up".into();
     jobs.push(bad);
-    let handles: Vec<_> = jobs
-        .into_iter()
-        .map(|j| {
-            let writer = writer.clone();
-            tokio::spawn(async move { writer.record(j).await })
-        })
-        .collect();
-    let mut results = Vec::new();
-    for h in handles {
-        results.push(h.await.unwrap());
-    }
+    let mut results = crate::support::write_at_once(&writer, jobs).await;
     let refused = results.pop().expect("the bad row's outcome");
     assert!(refused.is_err(), "{refused:?}");
     let results: Vec<bool> = results.into_iter().map(Result::unwrap).collect();

@@ -447,7 +447,7 @@ impl Follower<'_> {
             .ctx
             .node
             .copy_ledger
-            .record(db::copy::ledger::CopyWrite {
+            .write(db::copy::ledger::CopyWrite {
                 node_id: self.ctx.node.node_id.clone(),
                 follower_id: self.id,
                 epoch: self.ctx.epoch(),

@@ -350,26 +350,18 @@ RETURNING follower_id, server, login, follower_ticket, owner_epoch
 /// (a master's open copied by many followers at once) are written together, in one statement per
 /// batch ([`crate::db::batch`]), instead of one statement and one pooled connection per copy
 /// (which made a thousand followers' ledger writes compete with their own orders for the
-/// database, the pool and the cores). Each caller still waits for its own row.
-#[derive(Debug, Clone)]
-pub struct CopyLedgerWriter(crate::db::batch::BatchWriter<CopyWrite, bool>);
+/// database, the pool and the cores). Each caller still waits for its own row: true when it was
+/// written (see [`record_copies`]).
+pub type CopyLedgerWriter = crate::db::batch::BatchWriter<CopyWrite>;
 
-/// The most copies one statement writes.
-const BATCH: usize = 500;
-
-impl CopyLedgerWriter {
-    /// Starts the writer on `db`; it ends when the last handle is dropped.
-    pub fn spawn(db: crate::db::Db) -> CopyLedgerWriter {
-        CopyLedgerWriter(crate::db::batch::BatchWriter::spawn(
-            db,
-            "copy ledger",
-            BATCH,
-            |conn, writes| Box::pin(record_copies(conn, writes)),
-        ))
-    }
-
-    /// Records a copy; true when its row was written (see [`record_copies`]).
-    pub async fn record(&self, write: CopyWrite) -> Result<bool, String> {
-        self.0.write(write).await
+impl crate::db::batch::Batched for CopyWrite {
+    type Outcome = bool;
+    const WHAT: &'static str = "copy ledger";
+    const MAX: usize = 500;
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        writes: &'a [CopyWrite],
+    ) -> crate::broker::BoxFuture<'a, Result<Vec<bool>, sqlx::Error>> {
+        Box::pin(record_copies(conn, writes))
     }
 }

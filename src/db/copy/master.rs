@@ -303,27 +303,18 @@ SELECT stored.master_id, stored.epoch, stored.seq,
 
 /// The node's publisher of master events: the events its masters publish at about the same time
 /// go out in one statement and one commit per batch ([`publish_many`]); each master still waits
-/// for its own outcome, and publishes its next event only after it.
-#[derive(Debug, Clone)]
-pub struct MasterPublisher(crate::db::batch::BatchWriter<PublishWrite, Published>);
+/// for its own outcome (an error when the database's reply was lost: whether it committed is then
+/// unknown), and publishes its next event only after it.
+pub type MasterPublisher = crate::db::batch::BatchWriter<PublishWrite>;
 
-/// The most events one statement publishes.
-const BATCH: usize = 200;
-
-impl MasterPublisher {
-    /// Starts the publisher on `db`; it ends when the last handle is dropped.
-    pub fn spawn(db: crate::db::Db) -> MasterPublisher {
-        MasterPublisher(crate::db::batch::BatchWriter::spawn(
-            db,
-            "master event",
-            BATCH,
-            |conn, writes| Box::pin(publish_many(conn, writes)),
-        ))
-    }
-
-    /// Publishes one event with whatever else is queued (see [`publish_many`]); an error when the
-    /// database's reply was lost (whether it committed is then unknown).
-    pub async fn publish(&self, write: PublishWrite) -> Result<Published, String> {
-        self.0.write(write).await
+impl crate::db::batch::Batched for PublishWrite {
+    type Outcome = Published;
+    const WHAT: &'static str = "master event";
+    const MAX: usize = 200;
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        writes: &'a [PublishWrite],
+    ) -> crate::broker::BoxFuture<'a, Result<Vec<Published>, sqlx::Error>> {
+        Box::pin(publish_many(conn, writes))
     }
 }

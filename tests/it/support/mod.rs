@@ -495,3 +495,23 @@ impl Trader {
         .await
     }
 }
+
+/// Hands every job to a node's batch writer at once (each from its own task, as account tasks
+/// do) and returns their outcomes in the jobs' order.
+pub async fn write_at_once<J: copier_node::db::batch::Batched>(
+    writer: &copier_node::db::batch::BatchWriter<J>,
+    jobs: Vec<J>,
+) -> Vec<Result<J::Outcome, String>> {
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .map(|j| {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.write(j).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
