@@ -219,6 +219,15 @@ pub async fn start(
             metrics: metrics.clone(),
             credentials_key: config.credentials_key.clone(),
             reconcile_every: config.reconcile_every,
+            // Offers need LISTEN: without it no answer (nor offer) arrives.
+            handoffs: crate::handoff::Handoffs::new(
+                node.node_id.clone(),
+                if config.events_poll.is_some() {
+                    Duration::ZERO
+                } else {
+                    config.handoff_prepare
+                },
+            ),
         });
         let shared = NodeShared {
             services: services.clone(),
@@ -228,6 +237,13 @@ pub async fn start(
             sessions: background.child_token(),
         };
         let background_tasks = TaskTracker::new();
+        if config.events_poll.is_none() {
+            // Prepares logins for the accounts peers offer this node (a node shutting down
+            // prepares nothing).
+            background_tasks.spawn(
+                crate::handoff::serve(services.clone(), shutdown.child_token()).in_current_span(),
+            );
+        }
         background_tasks.spawn(
             forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone())
                 .in_current_span(),

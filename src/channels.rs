@@ -7,6 +7,7 @@
 //! | --- | --- | --- |
 //! | [`RELEASED`] | a node's release or departure ([`crate::db::lease`]) | `<platform> <node_id>` |
 //! | [`ACCOUNTS`] | triggers on `copy_links` and on `trading_accounts`' connection columns (migrations 5, 6) | the account's id |
+//! | [`HANDOFF`] | a node handing an account off for fair share, and the receiver answering ([`crate::handoff`]) | a [`Handoff`] as JSON (an offer, or the receiver's answer; announces, grants nothing) |
 //! | [`master`]`(id)` | a master's fenced publish ([`crate::db::copy::publish_many`]: many masters' NOTIFYs may share a commit, one per event) | a [`MasterNotice`] as JSON |
 
 use crate::model::events::MasterNotice;
@@ -16,6 +17,29 @@ pub const RELEASED: &str = "copier_released";
 
 /// An account's links or its connection row changed: its session re-reads them.
 pub const ACCOUNTS: &str = "copier_links";
+
+/// Prepared hand-offs: an old owner offers an account to the node it expects to claim it, and
+/// that node answers once its login is ready (nothing here grants anything: the release and the
+/// claim stay as they are).
+pub const HANDOFF: &str = "copier_handoff";
+
+/// A [`HANDOFF`] notice (its payload is this as JSON).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Handoff {
+    /// `true`: the receiver's answer; `false`: the old owner's offer.
+    pub ready: bool,
+    pub account_id: i64,
+    /// The old owner.
+    pub from: String,
+    /// The node expected to claim it.
+    pub to: String,
+}
+
+impl Handoff {
+    pub fn payload(&self) -> String {
+        serde_json::to_string(self).expect("hand-off notices serialise")
+    }
+}
 
 /// The channel of master `master_id`'s events.
 pub fn master(master_id: i64) -> String {
@@ -28,6 +52,7 @@ pub enum Notice {
     Released { platform: String, node_id: String },
     AccountChanged(i64),
     Master(MasterNotice),
+    Handoff(Handoff),
 }
 
 /// The [`RELEASED`] payload the SQL builds (`platform || ' ' || node_id`).
@@ -51,6 +76,9 @@ pub fn decode(channel: &str, payload: &str) -> Result<Notice, String> {
             .parse()
             .map(Notice::AccountChanged)
             .map_err(|_| format!("expected an account id, got {payload:?}")),
+        HANDOFF => serde_json::from_str(payload)
+            .map(Notice::Handoff)
+            .map_err(|e| format!("not a hand-off notice: {e}")),
         other if other.starts_with("copier_master_") => serde_json::from_str(payload)
             .map(Notice::Master)
             .map_err(|e| format!("not a master notice: {e}")),
@@ -89,6 +117,17 @@ mod tests {
         ] {
             assert!(decode(channel, payload).is_err(), "{channel} {payload}");
         }
+        let offer = Handoff {
+            ready: false,
+            account_id: 5,
+            from: "node a".into(),
+            to: "b".into(),
+        };
+        assert_eq!(
+            decode(HANDOFF, &offer.payload()),
+            Ok(Notice::Handoff(offer))
+        );
+        assert!(decode(HANDOFF, "offer 5 a b").is_err());
         assert_eq!(master(12), "copier_master_12");
     }
 }

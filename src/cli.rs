@@ -465,6 +465,14 @@ pub struct ServeArgs {
     /// servers deduplicate nothing).
     #[arg(long)]
     pub no_dedupe: bool,
+    /// Answer `fence` requests as a bridge that predates them (`invalid`, and not listed in
+    /// `hello`): nodes then hand accounts off without preparing the new owner's login.
+    #[arg(long)]
+    pub no_fence_request: bool,
+    /// How long each login takes before it is answered, e.g. `300ms` (a real trade server's
+    /// login takes hundreds of milliseconds); other requests are not held up by it.
+    #[arg(long, value_name = "DURATION", default_value = "0s")]
+    pub login_delay: String,
     /// Send each reply before the position updates it caused (the bridge protocol allows either
     /// order; by default updates go first).
     #[arg(long)]
@@ -656,6 +664,10 @@ pub struct RunArgs {
     /// Fair share: hand off at most this fraction of the share per cycle (default 0.1).
     #[arg(long)]
     pub rebalance_step: Option<String>,
+    /// Fair share: how long an account handed off keeps copying here while the receiving node
+    /// logs in ahead of the release (default 1s; 0s: no preparation).
+    #[arg(long, value_name = "DURATION")]
+    pub handoff_prepare: Option<String>,
     /// How often each follower reconciles with its masters regardless of events, repairing a lost
     /// last event (default 180s).
     #[arg(long, value_name = "DURATION")]
@@ -686,6 +698,7 @@ impl RunArgs {
             ("database_pooler", self.database_pooler.clone()),
             ("rebalance_margin", self.rebalance_margin.clone()),
             ("rebalance_step", self.rebalance_step.clone()),
+            ("handoff_prepare", self.handoff_prepare.clone()),
             ("reconcile_every", self.reconcile_every.clone()),
             ("credentials_key_file", self.credentials_key_file.clone()),
         ]);

@@ -27,6 +27,7 @@ pub const KEYS: &[&str] = &[
     "database_pooler",
     "rebalance_margin",
     "rebalance_step",
+    "handoff_prepare",
     "reconcile_every",
     "credentials_key",
     "credentials_key_file",
@@ -148,6 +149,9 @@ pub struct Config {
     pub rebalance_margin: f64,
     /// Fair share: hand off at most this fraction of the share per cycle (at least one).
     pub rebalance_step: f64,
+    /// Fair share: how long an account handed off keeps copying on this node while the
+    /// receiving node logs in ahead (zero: no preparation; not with `events_poll`).
+    pub handoff_prepare: Duration,
     /// How often each follower reconciles regardless of events (repairs a lost last event).
     pub reconcile_every: Duration,
     /// Decrypts broker credentials (`None`: accounts with credentials get an error status).
@@ -374,6 +378,15 @@ impl Layers {
         };
         let rebalance_margin = p.take(self.parse("rebalance_margin", "0.1", fraction));
         let rebalance_step = p.take(self.parse("rebalance_step", "0.1", fraction));
+        let handoff_prepare = p.take(self.parse("handoff_prepare", "1s", |v| {
+            parse_duration(v).and_then(|d| {
+                if d <= Duration::from_secs(10) {
+                    Ok(d)
+                } else {
+                    Err("the rule is handoff_prepare <= 10s (0s: hand off without preparing the receiver)".to_string())
+                }
+            })
+        }));
         let events_poll = p.take(self.parse("events_poll", "off", |v| {
             if v == "off" {
                 return Ok(None);
@@ -440,6 +453,7 @@ impl Layers {
             database_pooler: database_pooler.expect("no problems"),
             rebalance_margin: rebalance_margin.expect("no problems"),
             rebalance_step: rebalance_step.expect("no problems"),
+            handoff_prepare: handoff_prepare.expect("no problems"),
             reconcile_every: reconcile_every.expect("no problems"),
             credentials_key: credentials_key.expect("no problems"),
         })

@@ -44,6 +44,8 @@ pub enum Signal {
     /// Events without LISTEN: the master's published (epoch, seq) moved since the last poll;
     /// reconcile with its snapshot.
     MasterChanged(i64),
+    /// A prepared hand-off's offer to this node, or the answer to this node's offer.
+    Handoff(crate::channels::Handoff),
 }
 
 /// What a subscription is for.
@@ -53,6 +55,9 @@ pub enum Topic {
     Master(i64),
     /// An account's row or link changes (one channel for all, always listened to).
     Account(i64),
+    /// Hand-off offers to this node and answers to its offers (always listened to; never
+    /// announced without LISTEN).
+    Handoffs,
 }
 
 enum Command {
@@ -205,6 +210,8 @@ type Senders = HashMap<u64, mpsc::UnboundedSender<Signal>>;
 struct Subscribers {
     by_master: HashMap<i64, Senders>,
     by_account: HashMap<i64, Senders>,
+    /// [`Topic::Handoffs`] (under key 0).
+    handoffs: HashMap<i64, Senders>,
     /// Subscriptions waiting for their LISTEN to be confirmed.
     waiting: Vec<oneshot::Sender<()>>,
 }
@@ -214,6 +221,7 @@ impl Subscribers {
         match topic {
             Topic::Master(m) => (&mut self.by_master, m),
             Topic::Account(f) => (&mut self.by_account, f),
+            Topic::Handoffs => (&mut self.handoffs, 0),
         }
     }
 
@@ -492,6 +500,13 @@ fn dispatch(
                 }
             }
         }
+        Ok(Notice::Handoff(h)) => {
+            if (h.ready && h.from == node_id) || (!h.ready && h.to == node_id) {
+                for s in subs.handoffs.values().flat_map(|m| m.values()) {
+                    let _ = s.send(Signal::Handoff(h.clone()));
+                }
+            }
+        }
         Err(e) => {
             warn!(channel = channel_name, payload, error = %e, "unreadable notice ignored (a re-read or reconcile repairs what it carried)")
         }
@@ -509,6 +524,7 @@ async fn connect(
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(channels::RELEASED).await?;
     listener.listen(channels::ACCOUNTS).await?;
+    listener.listen(channels::HANDOFF).await?;
     let mut listening = HashSet::new();
     for m in masters {
         listener.listen(&channels::master(m)).await?;

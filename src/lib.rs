@@ -20,6 +20,7 @@
 //! | [`trust`], [`gate`] | the pure trust computation, and the per-(account, epoch) gate every order passes |
 //! | [`node_state`] | the node as the lease loop publishes it to health, metrics and tests |
 //! | [`supervisor`] | one task per owned (account, epoch): start on claim, stop on loss, release after stop |
+//! | [`handoff`] | prepared fair-share hand-offs: the offer, the receiver's login ahead of the claim, the fence raise |
 //! | [`account`], [`session`] | the account task, and the context it and the copy engine's sessions act through (gate, epoch, fenced writes, broker login) |
 //! | [`model`] | the copy engine's data (master positions, markers, events, links), shared by copier, db and hub |
 //! | [`copier`] | the copy engine: master sessions publish events, follower sessions apply and reconcile; pure copy rules |
@@ -83,6 +84,7 @@ pub mod db;
 pub(crate) mod demo;
 pub(crate) mod failpoints;
 pub(crate) mod gate;
+pub mod handoff;
 pub(crate) mod http;
 pub mod hub;
 pub mod lease;

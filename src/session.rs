@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::broker::types::{
     AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
@@ -43,6 +43,8 @@ pub struct NodeServices {
     pub copy_ledger: crate::db::copy::ledger::CopyLedgerWriter,
     /// Publishes the masters' events in batches.
     pub master_publisher: crate::db::copy::MasterPublisher,
+    /// Prepared hand-offs: this node's offers and the logins prepared for it.
+    pub handoffs: crate::handoff::Handoffs,
 }
 
 /// Everything an account task may use.
@@ -88,6 +90,29 @@ impl AccountContext {
             .map(|stored| credentials::decrypt(self.node.credentials_key.as_ref(), stored))
             .transpose()
             .with_context(|| format!("account {} cannot log in to {}", row.id, row.server))?;
+        if let Some(ready) = self
+            .node
+            .handoffs
+            .take(self.account_id, &row.server, &row.login)
+        {
+            // A login prepared for this hand-off (under way or done): raise its fence to this
+            // epoch. The claim has committed, so the old owner's release has too.
+            let prepared = tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(None),
+                p = ready => p.ok().flatten(),
+            };
+            if let Some(prepared) = prepared {
+                match prepared.raise(self.epoch()).await {
+                    Ok(session) => {
+                        info!(server = %row.server, login = %row.login, "logged in ahead of the claim (prepared hand-off): fence raised to this epoch");
+                        return Ok(Some(counted(session, &self.node.metrics)));
+                    }
+                    Err(e) => {
+                        warn!(server = %row.server, login = %row.login, error = %e, "raising the prepared login's fence failed; logging in as usual");
+                    }
+                }
+            }
+        }
         let client = self.node.brokers.broker(&row.server);
         let account = AccountLogin {
             login: row.login.clone(),

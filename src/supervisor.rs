@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::account::{self, AccountContext, NodeServices};
 use crate::db;
@@ -72,6 +72,19 @@ pub trait Host {
     fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &Self::Session);
     /// Asks a session to stop; it reports [`Event::Exited`] once its work in flight is done.
     fn cancel(&mut self, session: &Self::Session);
+    /// Hands a running session's account off to `to` (fair share): the host may keep the
+    /// session copying behind its open `gate` while `to` prepares, then closes the gate and
+    /// stops the session as [`Host::cancel`] does. By default: at once.
+    fn hand_off(
+        &mut self,
+        _account_id: i64,
+        gate: &Arc<AccountGate>,
+        session: &Self::Session,
+        _to: Option<&str>,
+    ) {
+        gate.close();
+        self.cancel(session);
+    }
     /// Releases (account, epoch) (fenced, announced to peers); reports [`Event::Released`].
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str);
     /// Reports [`Event::Restart`] for (account, epoch) after `delay`.
@@ -129,6 +142,35 @@ impl Host for NodeHost {
 
     fn cancel(&mut self, session: &CancellationToken) {
         session.cancel();
+    }
+
+    fn hand_off(
+        &mut self,
+        account_id: i64,
+        gate: &Arc<AccountGate>,
+        session: &CancellationToken,
+        to: Option<&str>,
+    ) {
+        let services = self.shared.services.clone();
+        let (Some(to), false) = (to, services.handoffs.wait().is_zero()) else {
+            gate.close();
+            session.cancel();
+            return;
+        };
+        let (gate, session, to) = (gate.clone(), session.clone(), to.to_string());
+        self.shared.tracker.spawn(
+            async move {
+                // The session copies on, behind its gate, until the receiver is ready.
+                let answered = crate::handoff::offer(&services, account_id, &to, &session).await;
+                gate.close();
+                session.cancel();
+                debug!(
+                    account_id,
+                    to, answered, "hand-off offer over: gate closed, session stopping"
+                );
+            }
+            .in_current_span(),
+        );
     }
 
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
@@ -194,10 +236,14 @@ struct Active<S> {
 }
 
 #[derive(Debug)]
-struct Stopping {
+struct Stopping<S> {
     /// Release the row once the task has returned, with this status text.
     release: Option<&'static str>,
     since: Instant,
+    /// Closed already, unless the session is handed off and still copying until its receiver
+    /// is ready: then a shutdown or a lost row closes it.
+    gate: Arc<AccountGate>,
+    session: S,
 }
 
 /// Owns the account tasks of one node.
@@ -205,7 +251,7 @@ struct Stopping {
 pub struct Supervisor<H: Host = NodeHost> {
     host: H,
     active: HashMap<i64, Active<H::Session>>,
-    stopping: HashMap<(i64, i64), Stopping>,
+    stopping: HashMap<(i64, i64), Stopping<H::Session>>,
     releasing: HashSet<(i64, i64)>,
     shutting_down: bool,
 }
@@ -258,6 +304,14 @@ impl<H: Host> Supervisor<H> {
                 "account lost: no longer owned by this node; closing its gate and stopping its session"
             );
             self.stop(id, None);
+        }
+        // A session handed off and still copying for its receiver: its row gone, its gate
+        // closes now.
+        for ((id, _), stop) in &self.stopping {
+            if !seen.contains(id) && !stop.gate.is_closed() {
+                stop.gate.close();
+                self.host.cancel(&stop.session);
+            }
         }
         for row in owned {
             let key = (row.id, row.epoch);
@@ -392,12 +446,17 @@ impl<H: Host> Supervisor<H> {
         for id in ids {
             self.stop(id, None);
         }
+        // Sessions handed off and still copying for their receivers stop too.
+        for stop in self.stopping.values() {
+            stop.gate.close();
+            self.host.cancel(&stop.session);
+        }
     }
 
     /// Hands off `n` accounts, oldest-claimed first (fair share): each is stopped (gate closed,
     /// work in flight finished) and then released and announced, so an under-share peer claims it
     /// and its new session reconciles. Returns the accounts chosen.
-    pub fn rebalance(&mut self, n: usize) -> Vec<i64> {
+    pub fn rebalance(&mut self, n: usize, to: &[String]) -> Vec<i64> {
         let mut candidates: Vec<(i64, i64)> = self
             .active
             .iter()
@@ -405,12 +464,13 @@ impl<H: Host> Supervisor<H> {
             .collect();
         candidates.sort_unstable();
         let chosen: Vec<i64> = candidates.into_iter().take(n).map(|(_, id)| id).collect();
-        for id in &chosen {
+        for (i, id) in chosen.iter().enumerate() {
+            let to = to.get(i).map(String::as_str);
             info!(
                 account_id = *id,
-                "handing the account off to rebalance (fair share)"
+                to, "handing the account off to rebalance (fair share)"
             );
-            self.stop(*id, Some("released: rebalanced"));
+            self.hand_off(*id, to);
         }
         chosen
     }
@@ -439,6 +499,12 @@ impl<H: Host> Supervisor<H> {
             .map(|a| a.epoch)
             .chain(self.stopping.keys().map(|(_, e)| *e))
             .collect()
+    }
+
+    /// Sessions asked to stop whose rows are not released yet (a hand-off waiting for its
+    /// receiver among them).
+    pub fn stopping(&self) -> usize {
+        self.stopping.len()
     }
 
     /// Accounts with a live session: id -> epoch.
@@ -480,6 +546,26 @@ impl<H: Host> Supervisor<H> {
         };
         a.gate.close();
         self.host.cancel(&a.session);
+        self.stopped(account_id, a, release);
+    }
+
+    /// Hands the account off (fair share) to `to`, released as rebalanced once its task has
+    /// returned: the host may keep the session copying until `to` is ready (see
+    /// [`Host::hand_off`]).
+    fn hand_off(&mut self, account_id: i64, to: Option<&str>) {
+        let Some(a) = self.active.remove(&account_id) else {
+            return;
+        };
+        if a.parked {
+            a.gate.close();
+            self.host.cancel(&a.session);
+        } else {
+            self.host.hand_off(account_id, &a.gate, &a.session, to);
+        }
+        self.stopped(account_id, a, Some("released: rebalanced"));
+    }
+
+    fn stopped(&mut self, account_id: i64, a: Active<H::Session>, release: Option<&'static str>) {
         if a.parked {
             // No task is running: nothing in flight to wait for.
             if let Some(status) = release {
@@ -492,6 +578,8 @@ impl<H: Host> Supervisor<H> {
             Stopping {
                 release,
                 since: self.host.now(),
+                gate: a.gate,
+                session: a.session,
             },
         );
     }
@@ -570,6 +658,7 @@ mod tests {
             metrics: Arc::new(crate::metrics::Metrics::new()),
             credentials_key: None,
             reconcile_every: Duration::from_secs(180),
+            handoffs: crate::handoff::Handoffs::new("n", Duration::ZERO),
         });
         let shared = NodeShared {
             services,
@@ -600,7 +689,7 @@ mod tests {
             now + Duration::from_secs(2),
         );
         let first = sup.gate(1).unwrap();
-        assert_eq!(sup.rebalance(2), vec![1, 2]);
+        assert_eq!(sup.rebalance(2, &[]), vec![1, 2]);
         assert!(first.is_closed());
         assert_eq!(sup.owned(), BTreeMap::from([(3, 13)]));
     }

@@ -10,7 +10,7 @@
 //! every session in again with its fence, and tells each session it reconnected.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,16 +22,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::protocol::{
-    HelloResult, HistoryResult, LoginResult, OrderResult, OrdersResult, PROTOCOL_VERSION,
-    PositionsResult, ReplyFrame, Request, RequestFrame, ServerFrame, SymbolsResult,
+    FEATURE_FENCE, HelloResult, HistoryResult, LoginResult, OrderResult, OrdersResult,
+    PROTOCOL_VERSION, PositionsResult, ReplyFrame, Request, RequestFrame, ServerFrame,
+    SymbolsResult,
 };
 use super::types::{
     AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
     OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, SymbolSpec,
 };
 use super::{
-    AccountLogin, BoxFuture, Broker, BrokerError, RejectCode, Rejection, Session, SessionEvent,
-    TradeApi,
+    AccountLogin, BoxFuture, Broker, BrokerError, PreparedLogin, RejectCode, Rejection, Session,
+    SessionEvent, TradeApi,
 };
 
 /// How long a request waits for its reply before its outcome is called unknown.
@@ -71,6 +72,8 @@ struct Inner {
     next_id: AtomicU64,
     next_session: AtomicU64,
     state: Mutex<State>,
+    /// The bridge's `hello` listed the `fence` request.
+    fence_request: AtomicBool,
     ready: watch::Sender<bool>,
     cancel: CancellationToken,
 }
@@ -115,6 +118,7 @@ impl BridgeClient {
             next_id: AtomicU64::new(1),
             next_session: AtomicU64::new(1),
             state: Mutex::new(State::default()),
+            fence_request: AtomicBool::new(false),
             ready,
             cancel: CancellationToken::new(),
         });
@@ -185,25 +189,7 @@ impl Broker for BridgeClient {
                     )
                     .await?,
             )?;
-            let (tx, rx) = mpsc::unbounded_channel();
-            let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
-            {
-                let mut state = self.inner.state.lock().expect("bridge state");
-                state.sessions.insert(
-                    id,
-                    SessionEntry {
-                        login: account.login.clone(),
-                        password: account.password.clone(),
-                        fence: account.fence,
-                        events: tx,
-                    },
-                );
-                state
-                    .by_login
-                    .entry(account.login.clone())
-                    .or_default()
-                    .push(id);
-            }
+            let (id, events) = self.inner.register(account, account.fence);
             let api = Arc::new(SessionApi {
                 inner: self.inner.clone(),
                 id,
@@ -212,7 +198,104 @@ impl Broker for BridgeClient {
             });
             Ok(Session {
                 api,
-                events: rx,
+                events,
+                account: result.account,
+            })
+        })
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        account: &'a AccountLogin,
+    ) -> BoxFuture<'a, Result<Box<dyn PreparedLogin>, BrokerError>> {
+        Box::pin(async move {
+            self.wait_ready(self.inner.request_timeout).await?;
+            if !self.inner.fence_request.load(Ordering::Relaxed) {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::InvalidRequest,
+                    format!(
+                        "the bridge at {} does not take `fence` requests (not in its hello)",
+                        self.inner.addr
+                    ),
+                )));
+            }
+            // No fence: the old owner's orders still pass. A reconnect logs in again the same
+            // way until the fence is raised.
+            let _: LoginResult = decode(
+                self.inner
+                    .call(
+                        Request::Login {
+                            login: account.login.clone(),
+                            password: account.password.as_ref().map(|p| p.expose().to_string()),
+                            fence: None,
+                        },
+                        false,
+                    )
+                    .await?,
+            )?;
+            let (id, events) = self.inner.register(account, None);
+            Ok(Box::new(PreparedBridge {
+                inner: self.inner.clone(),
+                id: Some(id),
+                login: account.login.clone(),
+                events: Some(events),
+            }) as Box<dyn PreparedLogin>)
+        })
+    }
+}
+
+/// A login of [`Broker::prepare`]: registered with no fence until raised.
+struct PreparedBridge {
+    inner: Arc<Inner>,
+    /// `None` once handed to the raised session.
+    id: Option<u64>,
+    login: String,
+    events: Option<mpsc::UnboundedReceiver<SessionEvent>>,
+}
+
+impl Drop for PreparedBridge {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.inner.end_session(id, &self.login);
+        }
+    }
+}
+
+impl PreparedLogin for PreparedBridge {
+    fn raise(mut self: Box<Self>, fence: i64) -> BoxFuture<'static, Result<Session, BrokerError>> {
+        Box::pin(async move {
+            let result: LoginResult = decode(
+                self.inner
+                    .call(
+                        Request::Fence {
+                            login: self.login.clone(),
+                            fence,
+                        },
+                        false,
+                    )
+                    .await?,
+            )?;
+            let id = self.id.take().expect("raised once");
+            if let Some(s) = self
+                .inner
+                .state
+                .lock()
+                .expect("bridge state")
+                .sessions
+                .get_mut(&id)
+            {
+                // A reconnect logs the session in again with the raised fence.
+                s.fence = Some(fence);
+            }
+            let api = Arc::new(SessionApi {
+                inner: self.inner.clone(),
+                id,
+                login: self.login.clone(),
+                fence: Some(fence),
+            });
+            Ok(Session {
+                api,
+                events: self.events.take().expect("raised once"),
                 account: result.account,
             })
         })
@@ -220,6 +303,60 @@ impl Broker for BridgeClient {
 }
 
 impl Inner {
+    /// Registers a logged-in session (for its events and for logging in again after a
+    /// reconnect, with `fence`).
+    fn register(
+        &self,
+        account: &AccountLogin,
+        fence: Option<i64>,
+    ) -> (u64, mpsc::UnboundedReceiver<SessionEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state.lock().expect("bridge state");
+        state.sessions.insert(
+            id,
+            SessionEntry {
+                login: account.login.clone(),
+                password: account.password.clone(),
+                fence,
+                events: tx,
+            },
+        );
+        state
+            .by_login
+            .entry(account.login.clone())
+            .or_default()
+            .push(id);
+        (id, rx)
+    }
+
+    /// Forgets a session; logs its login out when no other session of this connection uses it.
+    fn end_session(&self, session: u64, login: &str) {
+        let mut state = self.state.lock().expect("bridge state");
+        state.sessions.remove(&session);
+        let still_used = match state.by_login.get_mut(login) {
+            Some(ids) => {
+                ids.retain(|id| *id != session);
+                !ids.is_empty()
+            }
+            None => false,
+        };
+        if !still_used {
+            state.by_login.remove(login);
+        }
+        if !still_used && let Some(writer) = &state.writer {
+            // Best effort; the reply is ignored.
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let frame = RequestFrame {
+                id,
+                request: Request::Logout {
+                    login: login.to_string(),
+                },
+            };
+            let _ = writer.send(serde_json::to_string(&frame).expect("requests serialise"));
+        }
+    }
+
     /// Sends a request; `internal` requests (hello, re-logins) may go before the connection is
     /// ready.
     async fn call(
@@ -374,7 +511,11 @@ async fn serve_connection(
                 )
                 .await?,
         )?;
-        debug!(broker = %client.addr, server = %hello.server, "connected");
+        debug!(broker = %client.addr, server = %hello.server, features = ?hello.features, "connected");
+        client.fence_request.store(
+            hello.features.iter().any(|f| f == FEATURE_FENCE),
+            Ordering::Relaxed,
+        );
         // Log every session in again, lowest fence first, so a newer owner's fence wins.
         let mut sessions: Vec<(u64, String, Option<crate::secret::Secret>, Option<i64>)> = client
             .state
@@ -479,29 +620,7 @@ struct SessionApi {
 
 impl Drop for SessionApi {
     fn drop(&mut self) {
-        let mut state = self.inner.state.lock().expect("bridge state");
-        state.sessions.remove(&self.id);
-        let still_used = match state.by_login.get_mut(&self.login) {
-            Some(ids) => {
-                ids.retain(|id| *id != self.id);
-                !ids.is_empty()
-            }
-            None => false,
-        };
-        if !still_used {
-            state.by_login.remove(&self.login);
-        }
-        if !still_used && let Some(writer) = &state.writer {
-            // Best effort; the reply is ignored.
-            let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-            let frame = RequestFrame {
-                id,
-                request: Request::Logout {
-                    login: self.login.clone(),
-                },
-            };
-            let _ = writer.send(serde_json::to_string(&frame).expect("requests serialise"));
-        }
+        self.inner.end_session(self.id, &self.login);
     }
 }
 

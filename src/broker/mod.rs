@@ -194,10 +194,36 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// A login made ahead of a hand-off by the account's next owner: logged in without a fence (so
+/// the old owner's orders still pass), its position changes queued, and no way to send an order
+/// until [`PreparedLogin::raise`]. Dropping it logs out.
+pub trait PreparedLogin: Send {
+    /// Raises the login's fence to `fence` (the new owner's epoch, once its claim committed) and
+    /// returns the session; every order of it carries that fence. Once this returns, the
+    /// server refuses every order with an older fence (where it checks fences).
+    fn raise(self: Box<Self>, fence: i64) -> BoxFuture<'static, Result<Session, BrokerError>>;
+}
+
 /// A trade server the node can log accounts in to.
 pub trait Broker: Send + Sync {
     fn login<'a>(
         &'a self,
         account: &'a AccountLogin,
     ) -> BoxFuture<'a, Result<Session, BrokerError>>;
+
+    /// Logs `account` in ahead of a hand-off, without raising its fence (`account.fence` is
+    /// ignored). Refused with [`RejectCode::InvalidRequest`] by a broker that cannot: over FIX
+    /// one logon per session identity leaves no room for a second, and a bridge whose `hello`
+    /// does not list `fence` could not raise it later.
+    fn prepare<'a>(
+        &'a self,
+        _account: &'a AccountLogin,
+    ) -> BoxFuture<'a, Result<Box<dyn PreparedLogin>, BrokerError>> {
+        Box::pin(async {
+            Err(BrokerError::Rejected(Rejection::new(
+                RejectCode::InvalidRequest,
+                "this broker cannot log an account in ahead of a hand-off",
+            )))
+        })
+    }
 }

@@ -37,6 +37,15 @@ pub enum Request {
         password: Option<String>,
         fence: Option<i64>,
     },
+    /// Raises the login's fence to `fence` on a connection where the login is logged in (a
+    /// prepared hand-off: logged in with no fence while the old owner still trades, raised once
+    /// the account is claimed). Refused below the highest fence held; once acknowledged, every
+    /// order with an older fence is refused. Only bridges whose `hello` lists the `fence`
+    /// feature take it.
+    Fence {
+        login: String,
+        fence: i64,
+    },
     /// Ends this connection's subscription to the login.
     Logout {
         login: String,
@@ -251,7 +260,13 @@ pub struct SymbolsResult {
 pub struct HelloResult {
     pub server: String,
     pub protocol: u32,
+    /// Optional requests this bridge takes (absent from bridges that predate the list): `fence`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
+
+/// The `hello` feature of bridges that take the `fence` request.
+pub const FEATURE_FENCE: &str = "fence";
 
 #[cfg(test)]
 mod tests {

@@ -60,6 +60,9 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 } else {
                     args.symbol_suffix
                 },
+                login_delay: parse_duration(&args.login_delay)
+                    .map_err(|e| CommandError::usage(format!("invalid --login-delay: {e}")))?,
+                fence_request: !args.no_fence_request,
             };
             let server = SimBroker::start(options).await?;
             stop.await;

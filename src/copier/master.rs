@@ -133,7 +133,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                     m.dirty = true;
                     m.reload_seq().await;
                 }
-                Some(Signal::Notice(..) | Signal::MasterChanged(_)) => {}
+                Some(Signal::Notice(..) | Signal::MasterChanged(_) | Signal::Handoff(_)) => {}
                 None => bail!("the notification hub stopped"),
             },
             _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,

@@ -383,6 +383,18 @@ SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || $1) FROM (SELECT DISTI
         .collect()
 }
 
+/// Announces a prepared hand-off's offer or answer on [`crate::channels::HANDOFF`] (its payload
+/// from [`crate::channels::Handoff::payload`]). Grants nothing: the release and the claim are
+/// unchanged.
+pub async fn announce_handoff(conn: &mut PgConnection, payload: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(crate::channels::HANDOFF)
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// What leaving the cluster did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaveOutcome {

@@ -305,7 +305,10 @@ impl<H: Host> Core<H> {
                     capacity: p.capacity,
                 }),
         );
+        // Accounts still stopping (a hand-off waiting for its receiver, a release in flight)
+        // are nobody else's yet: counted, or the total would shrink and the share with it.
         let total = owned as u64
+            + self.supervisor.stopping() as u64
             + outcome
                 .peers
                 .iter()
@@ -350,7 +353,26 @@ impl<H: Host> Core<H> {
         if n == 0 {
             return 0;
         }
-        let moved = self.supervisor.rebalance(n as usize);
+        // Who is expected to claim each account: the trusted peers furthest below their
+        // shares, one account at a time (the receivers prepare their logins meanwhile).
+        let mut deficits: Vec<(i64, &str)> = outcome
+            .peers
+            .iter()
+            .filter(|p| p.trusted)
+            .map(|p| {
+                let share = shares.get(&p.node_id).copied().unwrap_or(0);
+                (i64::from(share) - i64::from(p.owned), p.node_id.as_str())
+            })
+            .collect();
+        let mut receivers = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let Some(best) = deficits.iter_mut().filter(|d| d.0 > 0).max_by_key(|d| d.0) else {
+                break;
+            };
+            best.0 -= 1;
+            receivers.push(best.1.to_string());
+        }
+        let moved = self.supervisor.rebalance(n as usize, &receivers);
         if !moved.is_empty() {
             self.last_handoff = Some(now);
         }

@@ -505,6 +505,43 @@ impl Book {
         }
     }
 
+    /// `fence`: raises the fence of a login already logged in on the caller's connection (a
+    /// prepared hand-off's new owner, once it has claimed the account). Journaled as a `login`
+    /// line with the new fence, so the journal shows every raise the same way whichever request
+    /// made it.
+    pub fn raise_fence(
+        &mut self,
+        client: &str,
+        login: &str,
+        fence: i64,
+        now_ms: i64,
+    ) -> Effects<LoginResult> {
+        let mut records = Vec::new();
+        let mut entry = JournalEntry::new(now_ms, login, client, "login");
+        entry.fence = Some(fence);
+        let result = (|| {
+            if !self.accounts.contains_key(login) {
+                return Err(format!("unknown login {login}"));
+            }
+            self.fence(login, Some(fence), &mut records)?;
+            let account = AccountInfo {
+                server_time_ms: Some(self.server_ms(now_ms)),
+                ..self.info(login).expect("account exists")
+            };
+            Ok(LoginResult {
+                account,
+                fence: self.accounts[login].fence,
+            })
+        })();
+        entry.finish(&result);
+        Effects {
+            result,
+            journal: Some(entry),
+            events: Vec::new(),
+            records,
+        }
+    }
+
     /// A market order to open a position.
     pub fn open(
         &mut self,

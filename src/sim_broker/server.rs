@@ -25,8 +25,8 @@ use super::market::Sessions;
 use super::store::Store;
 use crate::broker::RejectCode;
 use crate::broker::protocol::{
-    ErrorBody, EventFrame, HelloResult, HistoryResult, OrdersResult, PROTOCOL_VERSION,
-    PositionsResult, ReplyFrame, Request, RequestFrame, SymbolsResult,
+    ErrorBody, EventFrame, FEATURE_FENCE, HelloResult, HistoryResult, OrdersResult,
+    PROTOCOL_VERSION, PositionsResult, ReplyFrame, Request, RequestFrame, SymbolsResult,
 };
 use crate::broker::types::{AccountInfo, Currency};
 use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
@@ -66,6 +66,13 @@ pub struct ServeOptions {
     /// How far the server's clock runs from UTC: the server time it shows, and the clock its
     /// pending orders' expiries are on.
     pub clock_offset_ms: i64,
+    /// How long a `login` takes before it is answered (and takes effect), as a real trade
+    /// server's login takes hundreds of milliseconds; other requests on the connection are not
+    /// held up by it.
+    pub login_delay: Duration,
+    /// Take the `fence` request and list it in `hello` (on by default; off: a bridge that
+    /// predates it, answering `invalid`).
+    pub fence_request: bool,
 }
 
 impl ServeOptions {
@@ -85,6 +92,8 @@ impl ServeOptions {
             currencies: HashMap::new(),
             sessions: HashMap::new(),
             clock_offset_ms: 0,
+            login_delay: Duration::ZERO,
+            fence_request: true,
         }
     }
 }
@@ -103,6 +112,8 @@ struct Core {
 struct Shared {
     core: Mutex<Core>,
     next_conn: AtomicU64,
+    login_delay: Duration,
+    fence_request: bool,
 }
 
 /// A running server.
@@ -152,6 +163,8 @@ impl SimBroker {
                 deferred: Vec::new(),
             }),
             next_conn: AtomicU64::new(1),
+            login_delay: options.login_delay,
+            fence_request: options.fence_request,
         });
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(listener, shared, options.price_walk, shutdown.clone()));
@@ -277,7 +290,7 @@ async fn connection(
     let mut conn = Conn {
         id,
         client: None,
-        subscriptions: HashSet::new(),
+        subscriptions: Arc::new(Mutex::new(HashSet::new())),
         tx: tx.clone(),
     };
     let mut line = String::new();
@@ -298,6 +311,21 @@ async fn connection(
                 if line.trim().is_empty() {
                     continue;
                 }
+                if !shared.login_delay.is_zero()
+                    && conn.client.is_some()
+                    && line.contains(r#""op":"login""#)
+                {
+                    // A slow login: answered (and in effect) after the delay, while the
+                    // connection's other requests go on.
+                    let (shared, mut conn, line) =
+                        (shared.clone(), conn.clone(), line.trim_end().to_string());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(shared.login_delay).await;
+                        let reply = handle(&shared, &mut conn, &line);
+                        let _ = conn.tx.send(reply);
+                    });
+                    continue;
+                }
                 let reply = handle(&shared, &mut conn, line.trim_end());
                 if tx.send(reply).is_err() {
                     break;
@@ -316,7 +344,7 @@ async fn connection(
     }
     {
         let mut core = shared.core.lock().expect("sim-broker state lock");
-        for login in &conn.subscriptions {
+        for login in conn.subscriptions.lock().expect("subscriptions").iter() {
             if let Some(subs) = core.subscribers.get_mut(login) {
                 subs.remove(&id);
             }
@@ -327,10 +355,12 @@ async fn connection(
     writer.abort();
 }
 
+#[derive(Clone)]
 struct Conn {
     id: u64,
     client: Option<String>,
-    subscriptions: HashSet<String>,
+    /// Logins this connection is subscribed to (shared with its delayed logins).
+    subscriptions: Arc<Mutex<HashSet<String>>>,
     tx: mpsc::UnboundedSender<String>,
 }
 
@@ -365,6 +395,11 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 &HelloResult {
                     server: format!("copier-node sim-broker {}", env!("CARGO_PKG_VERSION")),
                     protocol: PROTOCOL_VERSION,
+                    features: if shared.fence_request {
+                        vec![FEATURE_FENCE.to_string()]
+                    } else {
+                        Vec::new()
+                    },
                 },
             );
         }
@@ -390,15 +425,39 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                     .entry(login.clone())
                     .or_default()
                     .insert(conn.id, conn.tx.clone());
-                conn.subscriptions.insert(login);
+                conn.subscriptions
+                    .lock()
+                    .expect("subscriptions")
+                    .insert(login);
             }
             reply
+        }
+        Request::Fence { .. } if !shared.fence_request => {
+            invalid(id, "unknown op fence (this bridge predates it)")
+        }
+        Request::Fence { login, fence } => {
+            if !conn
+                .subscriptions
+                .lock()
+                .expect("subscriptions")
+                .contains(&login)
+            {
+                return rejected(
+                    id,
+                    &format!("login {login} is not logged in on this connection"),
+                );
+            }
+            let effects = core.book.raise_fence(&client, &login, fence, now);
+            commit(&mut core, id, effects)
         }
         Request::Logout { login } => {
             if let Some(subs) = core.subscribers.get_mut(&login) {
                 subs.remove(&conn.id);
             }
-            conn.subscriptions.remove(&login);
+            conn.subscriptions
+                .lock()
+                .expect("subscriptions")
+                .remove(&login);
             ok(id, &serde_json::json!({}))
         }
         Request::Positions { login } => match core.book.account(&login) {

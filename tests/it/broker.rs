@@ -751,3 +751,137 @@ async fn sessions_of_one_login_on_one_connection_each_get_its_changes_until_drop
     assert!(other.events.try_recv().is_err(), "only m2's own change");
     assert!(b.events.try_recv().is_err(), "nothing of m2's");
 }
+
+/// A prepared hand-off at the broker, with the fence check on: the new owner's login ahead of its
+/// claim raises nothing (the old owner's orders still pass), the `fence` request raises the
+/// fence (journaled as a `login` line; from then on the old owner's orders are refused), a lower
+/// raise is refused, the raised session trades with its fence, and a prepared login dropped
+/// unraised ends. A bridge that predates `fence` refuses to prepare.
+#[tokio::test]
+async fn a_prepared_login_raises_nothing_until_its_fence_request() {
+    let dir = Scratch::new("broker-prepared");
+    let server = start_sim(&dir).await;
+    let old = BridgeClient::connect(server.addr.to_string(), "node-old");
+    let new = BridgeClient::connect(server.addr.to_string(), "node-new");
+    let o = old.login(&account("4004", Some(5))).await.unwrap();
+    o.api.open(buy("EURUSD", 0.1, Some("o1"))).await.unwrap();
+
+    // Logged in ahead of the claim (the fence asked for is ignored: a prepared login has none).
+    let prepared = new.prepare(&account("4004", Some(6))).await.unwrap();
+    o.api
+        .open(buy("EURUSD", 0.1, Some("o2")))
+        .await
+        .expect("the old owner still trades while the new one prepares");
+
+    // A raise below the fence held is refused and changes nothing.
+    let low = new.prepare(&account("4004", None)).await.unwrap();
+    let err = low.raise(4).await.err().expect("a lower raise is refused");
+    assert!(
+        matches!(&err, BrokerError::Rejected(r) if r.code == RejectCode::StaleFence),
+        "{err:?}"
+    );
+    o.api.open(buy("EURUSD", 0.1, Some("o3"))).await.unwrap();
+
+    // The claim raises the fence: the old owner is fenced out from then on.
+    let mut raised = prepared.raise(6).await.unwrap();
+    let err = o
+        .api
+        .open(buy("EURUSD", 0.1, Some("o4")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, BrokerError::Rejected(r) if r.code == RejectCode::StaleFence),
+        "{err:?}"
+    );
+    raised
+        .api
+        .open(buy("EURUSD", 0.1, Some("n1")))
+        .await
+        .unwrap();
+    // Its position stream is the session's (subscribed since the prepared login).
+    let event = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match raised.events.recv().await {
+                Some(SessionEvent::Position(PositionChange::Opened { position }))
+                    if position.comment == "mc42" =>
+                {
+                    break position;
+                }
+                Some(_) => continue,
+                None => panic!("stream ended"),
+            }
+        }
+    })
+    .await
+    .expect("the raised session hears its account's changes");
+    assert_eq!(event.symbol, "EURUSD");
+
+    let lines = journal(&dir.path("journal.jsonl"));
+    let by = |client: &str| -> Vec<(String, Option<i64>, bool)> {
+        lines
+            .iter()
+            .filter(|l| l.client == client)
+            .map(|l| (l.action.clone(), l.fence, l.accepted))
+            .collect()
+    };
+    let open = |fence: i64, accepted: bool| ("open".to_string(), Some(fence), accepted);
+    let login = |fence: Option<i64>, accepted: bool| ("login".to_string(), fence, accepted);
+    assert_eq!(
+        by("node-old"),
+        vec![
+            login(Some(5), true),
+            open(5, true),
+            open(5, true),
+            open(5, true),
+            open(5, false)
+        ]
+    );
+    assert_eq!(
+        by("node-new"),
+        vec![
+            login(None, true),
+            login(None, true),
+            login(Some(4), false),
+            login(Some(6), true),
+            open(6, true),
+        ]
+    );
+
+    // A prepared login dropped unraised ends its session (as the refused one did): only the
+    // raised one is left.
+    let spare = new.prepare(&account("4004", None)).await.unwrap();
+    assert_eq!(new.session_count(), 2);
+    drop(spare);
+    let since = tokio::time::Instant::now();
+    while new.session_count() != 1 {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "never logged out"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.stop().await;
+
+    // A bridge without the `fence` request: no preparation, the usual login still works.
+    let dir = Scratch::new("broker-prepared-old-bridge");
+    let server = SimBroker::start(ServeOptions {
+        fence_request: false,
+        ..ServeOptions::new("127.0.0.1:0", dir.path("journal.jsonl"))
+    })
+    .await
+    .unwrap();
+    let client = BridgeClient::connect(server.addr.to_string(), "node-x");
+    let err = client.prepare(&account("5005", None)).await.err().unwrap();
+    assert!(
+        matches!(&err, BrokerError::Rejected(r) if r.code == RejectCode::InvalidRequest),
+        "{err:?}"
+    );
+    client.login(&account("5005", Some(1))).await.unwrap();
+    assert!(
+        journal(&dir.path("journal.jsonl"))
+            .iter()
+            .all(|l| l.fence == Some(1)),
+        "nothing was logged in without a fence"
+    );
+    server.stop().await;
+}

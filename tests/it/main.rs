@@ -11,6 +11,7 @@ mod failover;
 mod faults;
 mod fix_copy;
 mod fix_venue;
+mod handoff;
 mod hardening;
 mod lease_sql;
 mod ledger;

@@ -222,6 +222,8 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
                     f.reconcile_all("the database failed over (its last commits may be lost)").await;
                 }
                 Some(Signal::MasterChanged(m)) => f.reconcile_master(m, "the master published (polled)").await,
+                // Not subscribed to hand-offs.
+                Some(Signal::Handoff(_)) => {}
                 None => bail!("the notification hub stopped"),
             },
             _ = tokio::time::sleep_until(retry_at), if f.owed && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,
