@@ -775,7 +775,7 @@ async fn a_prepared_login_raises_nothing_until_its_fence_request() {
 
     // A raise below the fence held is refused and changes nothing.
     let low = new.prepare(&account("4004", None)).await.unwrap();
-    let err = low.raise(4).await.err().expect("a lower raise is refused");
+    let err = low.raise(4).await.expect_err("a lower raise is refused");
     assert!(
         matches!(&err, BrokerError::Rejected(r) if r.code == RejectCode::StaleFence),
         "{err:?}"
