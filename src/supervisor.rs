@@ -448,8 +448,10 @@ impl<H: Host> Supervisor<H> {
         }
         // Sessions handed off and still copying for their receivers stop too.
         for stop in self.stopping.values() {
-            stop.gate.close();
-            self.host.cancel(&stop.session);
+            if !stop.gate.is_closed() {
+                stop.gate.close();
+                self.host.cancel(&stop.session);
+            }
         }
     }
 

@@ -36,7 +36,13 @@ enum Scenario {
     Steady,
     FairShareMove,
     Sigterm,
+    /// A fair-share move with a broker whose login takes [`SLOW_LOGIN`]: the receiver logs in
+    /// ahead of the release (prepared), or only after its claim (`--handoff-prepare 0s`).
+    SlowLoginMove { prepared: bool },
 }
+
+/// The slow broker login of the [`Scenario::SlowLoginMove`] rows.
+const SLOW_LOGIN: Duration = Duration::from_millis(300);
 
 impl Scenario {
     fn name(self) -> &'static str {
@@ -44,7 +50,20 @@ impl Scenario {
             Scenario::Steady => "no hand-off (two nodes)",
             Scenario::FairShareMove => "fair-share move (a second node joins)",
             Scenario::Sigterm => "SIGTERM hand-off (one of two nodes stops)",
+            Scenario::SlowLoginMove { prepared: true } => {
+                "fair-share move, 300 ms broker login, prepared (default)"
+            }
+            Scenario::SlowLoginMove { prepared: false } => {
+                "fair-share move, 300 ms broker login, not prepared (`handoff_prepare = 0s`)"
+            }
         }
+    }
+
+    fn moves(self) -> bool {
+        matches!(
+            self,
+            Scenario::FairShareMove | Scenario::SlowLoginMove { .. }
+        )
     }
 }
 
@@ -57,17 +76,33 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
     let mut md = String::from(
         "| scenario | followers moved | copies (missed) | copy latency p50 / p99 | max | p99 ÷ floor | master fill → event p50 / p99 | event → decided p50 / p99 | decided → accepted p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (i, scenario) in [Scenario::Steady, Scenario::FairShareMove, Scenario::Sigterm]
-        .into_iter()
-        .enumerate()
+    for (i, scenario) in [
+        Scenario::Steady,
+        Scenario::FairShareMove,
+        Scenario::Sigterm,
+        Scenario::SlowLoginMove { prepared: true },
+        Scenario::SlowLoginMove { prepared: false },
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let mut setup = Setup::new(pg, &format!("bench_handoff_{i}"), 1, followers).await?;
-        let first = setup.spawn_node("ha", timing)?;
+        let mut setup = Setup::with_broker(pg, &format!("bench_handoff_{i}"), 1, followers, |o| {
+            if let Scenario::SlowLoginMove { .. } = scenario {
+                o.login_delay = SLOW_LOGIN;
+            }
+        })
+        .await?;
+        let mut timing = timing.to_vec();
+        if scenario == (Scenario::SlowLoginMove { prepared: false }) {
+            timing.extend(["--handoff-prepare", "0s"]);
+        }
+        let timing = timing.as_slice();
+        let first = setup.spawn_node("ha", timing.iter().copied())?;
         setup
             .wait_settled(followers + 1, Duration::from_secs(60))
             .await?;
-        if scenario != Scenario::FairShareMove {
-            setup.spawn_node("hb", timing)?;
+        if !scenario.moves() {
+            setup.spawn_node("hb", timing.iter().copied())?;
             setup
                 .wait_settled(followers + 1, Duration::from_secs(60))
                 .await?;
@@ -84,8 +119,8 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
             if t == trades / 5 {
                 match scenario {
                     Scenario::Steady => {}
-                    Scenario::FairShareMove => {
-                        setup.spawn_node("hb", timing)?;
+                    Scenario::FairShareMove | Scenario::SlowLoginMove { .. } => {
+                        setup.spawn_node("hb", timing.iter().copied())?;
                     }
                     Scenario::Sigterm => {
                         let _ = tokio::process::Command::new("kill")
@@ -172,8 +207,9 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it releases everything; the other claims it on its next cycle). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
-        spacing.as_millis()
+        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it releases everything; the other claims it on its next cycle). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last two rows repeat the fair-share move with a broker whose every login takes {} ms (`sim-broker --login-delay`, as a real trade server's login takes hundreds of milliseconds): prepared (the default: the old owner offers each account to the newcomer and copies on until the newcomer has logged in without a fence, then releases; the newcomer raises the fence after its claim), and not prepared (`--handoff-prepare 0s`: the newcomer logs in after its claim). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
+        spacing.as_millis(),
+        SLOW_LOGIN.as_millis()
     ));
     Ok(())
 }

@@ -31,12 +31,24 @@ impl Setup {
         masters: usize,
         followers_per_master: usize,
     ) -> anyhow::Result<Setup> {
+        Self::with_broker(pg, name, masters, followers_per_master, |_| {}).await
+    }
+
+    /// As [`Setup::new`], with the simulated broker's options tuned first.
+    pub(crate) async fn with_broker(
+        pg: &Pg,
+        name: &str,
+        masters: usize,
+        followers_per_master: usize,
+        tune: impl FnOnce(&mut ServeOptions),
+    ) -> anyhow::Result<Setup> {
         let url = pg.database(name).await?;
         let dir = std::env::temp_dir().join(format!("copier-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let broker =
-            SimBroker::start(ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"))).await?;
+        let mut options = ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"));
+        tune(&mut options);
+        let broker = SimBroker::start(options).await?;
         let mut conn = PgConnection::connect(&url).await?;
         let server = broker.addr.to_string();
         sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) SELECT g, 'mt5', 'master', $2, 'm' || g FROM generate_series(1, $1) g")
