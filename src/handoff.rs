@@ -243,9 +243,17 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
                 login_ms,
                 "hand-off offered: logged in ahead of the claim (no fence: nothing can be sent until the claim raises it)"
             );
+            node.metrics
+                .handoff_logins
+                .with_label_values(&["prepared"])
+                .inc();
             let _ = done.send(Some(login));
         }
         Err(e) => {
+            node.metrics
+                .handoff_logins
+                .with_label_values(&["failed"])
+                .inc();
             info!(account_id, from = %offer.from, error = %format!("{e:#}"), "hand-off offered: not prepared; the account logs in as usual when claimed");
             handoffs
                 .prepared
@@ -276,6 +284,10 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         .is_some_and(|e| e.generation == generation)
     {
         prepared.remove(&account_id);
+        node.metrics
+            .handoff_logins
+            .with_label_values(&["unused"])
+            .inc();
         info!(
             account_id,
             "prepared login not claimed here in time: logged out"

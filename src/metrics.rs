@@ -19,6 +19,10 @@ const MS_BUCKETS: &[f64] = &[
 pub(crate) const ACTIONS: &[&str] = &["open", "close", "modify"];
 pub(crate) const RESULTS: &[&str] = &["accepted", "rejected", "unknown", "unavailable"];
 
+/// Outcomes in `copier_handoff_logins_total`: a login prepared for an offered account, raised at
+/// this node's claim, logged out unclaimed, or not made (or not raised) for an error.
+pub(crate) const HANDOFF_OUTCOMES: &[&str] = &["prepared", "raised", "unused", "failed"];
+
 /// The legs of a copy's latency in `copier_copy_leg_seconds`.
 pub(crate) const LEGS: &[&str] = &[
     "master_fill_to_event",
@@ -39,6 +43,7 @@ pub struct Metrics {
     pub copy_latency: Histogram,
     pub events_published: IntCounter,
     pub rebalance_moves: IntCounter,
+    pub handoff_logins: IntCounterVec,
     pub target_accounts: IntGauge,
     pub copies_skipped: IntCounter,
     pub db_synchronous: IntGauge,
@@ -115,6 +120,17 @@ impl Metrics {
             "Accounts this node handed off to reach its fair share",
         )
         .expect("valid metric");
+        let handoff_logins = IntCounterVec::new(
+            Opts::new(
+                "copier_handoff_logins_total",
+                "Logins prepared for accounts peers offered this node, by outcome (prepared, raised at the claim, unused, failed)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        for outcome in HANDOFF_OUTCOMES {
+            handoff_logins.with_label_values(&[outcome]);
+        }
         let target_accounts = IntGauge::new(
             "copier_target_accounts",
             "This node's fair share of its platform's accounts",
@@ -191,6 +207,7 @@ impl Metrics {
             Box::new(copy_latency.clone()),
             Box::new(events_published.clone()),
             Box::new(rebalance_moves.clone()),
+            Box::new(handoff_logins.clone()),
             Box::new(target_accounts.clone()),
             Box::new(copies_skipped.clone()),
             Box::new(db_synchronous.clone()),
@@ -216,6 +233,7 @@ impl Metrics {
             copy_latency,
             events_published,
             rebalance_moves,
+            handoff_logins,
             target_accounts,
             copies_skipped,
             db_synchronous,

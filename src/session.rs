@@ -104,10 +104,20 @@ impl AccountContext {
             if let Some(prepared) = prepared {
                 match prepared.raise(self.epoch()).await {
                     Ok(session) => {
+                        self.node
+                            .metrics
+                            .handoff_logins
+                            .with_label_values(&["raised"])
+                            .inc();
                         info!(server = %row.server, login = %row.login, "logged in ahead of the claim (prepared hand-off): fence raised to this epoch");
                         return Ok(Some(counted(session, &self.node.metrics)));
                     }
                     Err(e) => {
+                        self.node
+                            .metrics
+                            .handoff_logins
+                            .with_label_values(&["failed"])
+                            .inc();
                         warn!(server = %row.server, login = %row.login, error = %e, "raising the prepared login's fence failed; logging in as usual");
                     }
                 }

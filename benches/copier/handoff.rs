@@ -38,7 +38,9 @@ enum Scenario {
     Sigterm,
     /// A fair-share move with a broker whose login takes [`SLOW_LOGIN`]: the receiver logs in
     /// ahead of the release (prepared), or only after its claim (`--handoff-prepare 0s`).
-    SlowLoginMove { prepared: bool },
+    SlowLoginMove {
+        prepared: bool,
+    },
 }
 
 /// The slow broker login of the [`Scenario::SlowLoginMove`] rows.

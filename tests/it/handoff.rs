@@ -10,6 +10,7 @@ use sqlx::postgres::PgListener;
 
 use crate::support::broker::journal;
 use crate::support::fixture::CopySetup;
+use crate::support::http::{get, sample};
 use crate::support::{
     FAST, LinkSpec, add_account, add_link, config, eventually, start_node, wait_state,
 };
@@ -206,6 +207,18 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
                 _ => {}
             }
         }
+    }
+    // b's metrics count the same: three prepared logins raised at its claims.
+    let (_, metrics) = get(b.http_addr, "/metrics").await;
+    for (outcome, n) in [("prepared", 3.0), ("raised", 3.0), ("failed", 0.0)] {
+        assert_eq!(
+            sample(
+                &metrics,
+                &format!("copier_handoff_logins_total{{outcome=\"{outcome}\"}}")
+            ),
+            n,
+            "{outcome}"
+        );
     }
     for n in [a, b] {
         n.shutdown();
