@@ -38,6 +38,9 @@ use crate::session::NodeServices;
 /// How long a prepared login waits for its account's claim before it is logged out.
 pub const KEPT: Duration = Duration::from_secs(10);
 
+/// The most logins a node holds prepared at once (offers beyond it are answered unprepared).
+const MAX_PREPARED: usize = 256;
+
 /// The longest a prepared login may take (a slower broker gets no preparation).
 const PREPARE_WITHIN: Duration = Duration::from_secs(10);
 
@@ -140,6 +143,7 @@ pub async fn offer(
             if let Signal::Handoff(h) = signal
                 && h.ready
                 && h.account_id == account_id
+                && h.to == to
             {
                 return Some(());
             }
@@ -200,6 +204,10 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         if shutdown.is_cancelled() {
             anyhow::bail!("this node is shutting down");
         }
+        let held = handoffs.prepared.lock().expect("prepared logins").len();
+        if held >= MAX_PREPARED {
+            anyhow::bail!("{held} logins already prepared (at most {MAX_PREPARED})");
+        }
         let row = node
             .db
             .run(async |c| db::copy::load_account(c, account_id).await)
@@ -255,11 +263,14 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
                 .with_label_values(&["failed"])
                 .inc();
             info!(account_id, from = %offer.from, error = %format!("{e:#}"), "hand-off offered: not prepared; the account logs in as usual when claimed");
-            handoffs
-                .prepared
-                .lock()
-                .expect("prepared logins")
-                .remove(&account_id);
+            let mut prepared = handoffs.prepared.lock().expect("prepared logins");
+            if prepared
+                .get(&account_id)
+                .is_some_and(|e| e.generation == generation)
+            {
+                prepared.remove(&account_id);
+            }
+            drop(prepared);
             let _ = done.send(None);
         }
     }

@@ -305,12 +305,36 @@ impl<H: Host> Supervisor<H> {
             );
             self.stop(id, None);
         }
-        // A session handed off and still copying for its receiver: its row gone, its gate
-        // closes now.
-        for ((id, _), stop) in &self.stopping {
-            if !seen.contains(id) && !stop.gate.is_closed() {
-                stop.gate.close();
-                self.host.cancel(&stop.session);
+        // A session handed off and still copying for its receiver (its gate open): renewed
+        // with its row at the same epoch, as a live session is; stopped at once when the row is
+        // gone, at another epoch, disabled, or the node is shutting down.
+        let rows: HashMap<i64, &OwnedRow> = owned.iter().map(|r| (r.id, r)).collect();
+        for ((id, epoch), stop) in &mut self.stopping {
+            if stop.gate.is_closed() {
+                continue;
+            }
+            match rows.get(id) {
+                Some(row) if row.epoch == *epoch && row.wanted && !self.shutting_down => {
+                    stop.gate.renew(acknowledged, deadline);
+                }
+                row => {
+                    if row.is_some_and(|r| r.epoch == *epoch && !r.wanted) {
+                        info!(
+                            account_id = *id,
+                            epoch = *epoch,
+                            "account disabled or moved to another platform while handed off: closing its gate"
+                        );
+                        stop.release = Some("released: disabled");
+                    } else {
+                        warn!(
+                            account_id = *id,
+                            epoch = *epoch,
+                            "account lost while handed off: closing its gate and stopping its session"
+                        );
+                    }
+                    stop.gate.close();
+                    self.host.cancel(&stop.session);
+                }
             }
         }
         for row in owned {
@@ -422,6 +446,20 @@ impl<H: Host> Supervisor<H> {
                 self.releasing.remove(&(account_id, epoch));
             }
             Event::Lost(Lost { account_id, epoch }) => {
+                if let Some(stop) = self
+                    .stopping
+                    .get(&(account_id, epoch))
+                    .filter(|s| !s.gate.is_closed())
+                {
+                    warn!(
+                        account_id,
+                        epoch,
+                        "account lost while handed off: a fenced write matched no row; closing its gate"
+                    );
+                    stop.gate.close();
+                    self.host.cancel(&stop.session);
+                    return;
+                }
                 if self
                     .active
                     .get(&account_id)
@@ -503,10 +541,13 @@ impl<H: Host> Supervisor<H> {
             .collect()
     }
 
-    /// Sessions asked to stop whose rows are not released yet (a hand-off waiting for its
-    /// receiver among them).
-    pub fn stopping(&self) -> usize {
-        self.stopping.len()
+    /// Sessions handed off and still copying until their receivers are ready (gates open):
+    /// still this node's, counted with its accounts for fair share.
+    pub fn handing_off(&self) -> usize {
+        self.stopping
+            .values()
+            .filter(|s| !s.gate.is_closed())
+            .count()
     }
 
     /// Accounts with a live session: id -> epoch.
@@ -514,9 +555,18 @@ impl<H: Host> Supervisor<H> {
         self.active.iter().map(|(id, a)| (*id, a.epoch)).collect()
     }
 
-    /// The gate of an account's current epoch, if it has one.
+    /// The gate of an account's current epoch, if it has one: its live session's, or a
+    /// handed-off session's still copying until its receiver is ready.
     pub fn gate(&self, account_id: i64) -> Option<Arc<AccountGate>> {
-        self.active.get(&account_id).map(|a| a.gate.clone())
+        self.active
+            .get(&account_id)
+            .map(|a| a.gate.clone())
+            .or_else(|| {
+                self.stopping
+                    .iter()
+                    .find(|((id, _), s)| *id == account_id && !s.gate.is_closed())
+                    .map(|(_, s)| s.gate.clone())
+            })
     }
 
     fn start(&mut self, account_id: i64, epoch: i64, claimed_ms: i64, deadline: Instant) {
@@ -628,6 +678,12 @@ mod tests {
 
     /// A supervisor whose database is never reached (the pool connects lazily to nowhere).
     fn supervisor() -> (Supervisor, mpsc::UnboundedReceiver<Event>) {
+        supervisor_offering(Duration::ZERO)
+    }
+
+    /// As [`supervisor`], its fair-share hand-offs waiting up to `wait` for a receiver (none
+    /// answers: the database is never reached).
+    fn supervisor_offering(wait: Duration) -> (Supervisor, mpsc::UnboundedReceiver<Event>) {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .acquire_timeout(Duration::from_millis(50))
             .connect_lazy("postgres://nobody@127.0.0.1:1/none")
@@ -660,7 +716,7 @@ mod tests {
             metrics: Arc::new(crate::metrics::Metrics::new()),
             credentials_key: None,
             reconcile_every: Duration::from_secs(180),
-            handoffs: crate::handoff::Handoffs::new("n", Duration::ZERO),
+            handoffs: crate::handoff::Handoffs::new("n", wait),
         });
         let shared = NodeShared {
             services,
@@ -722,6 +778,62 @@ mod tests {
         assert!(new.holds());
         assert!(sup.gate(2).is_none());
         assert_eq!(sup.owned(), BTreeMap::from([(1, 12)]));
+    }
+
+    /// A session handed off for fair share copies on behind its open gate while its receiver
+    /// prepares: renewed with its row like a live one, and closed at once by whatever would have
+    /// stopped a live one (its row lost or disabled, a fenced write matching nothing, a
+    /// shutdown), never left open by them.
+    #[tokio::test]
+    async fn a_handed_off_session_copies_on_until_anything_would_stop_it() {
+        let now = Instant::now();
+        let at = |s: u64| now + Duration::from_secs(s);
+        let handed_off = |sup: &mut Supervisor| {
+            sup.apply(
+                &[row(1, 10, true), row(2, 11, true), row(3, 12, true)],
+                now,
+                at(2),
+            );
+            let gates: Vec<Arc<AccountGate>> = (1..=3).map(|id| sup.gate(id).unwrap()).collect();
+            let to = vec!["b".to_string(); 3];
+            assert_eq!(sup.rebalance(3, &to), vec![1, 2, 3]);
+            assert!(gates.iter().all(|g| g.holds()), "still copying");
+            assert_eq!(sup.handing_off(), 3);
+            assert!(sup.owned().is_empty());
+            gates
+        };
+        let (mut sup, _rx) = supervisor_offering(Duration::from_secs(60));
+        let gates = handed_off(&mut sup);
+        // A renewal at the same epoch extends them (no lapse while the receiver logs in); a
+        // row disabled, or gone, closes its gate.
+        sup.apply(&[row(1, 10, true), row(2, 11, false)], now, at(5));
+        assert_eq!(gates[0].deadline(), Some(at(5)));
+        assert!(gates[1].is_closed() && gates[2].is_closed());
+        assert_eq!(sup.stopping[&(2, 11)].release, Some("released: disabled"));
+        assert_eq!(sup.handing_off(), 1);
+        assert_eq!(sup.gate(1).map(|g| g.epoch()), Some(10));
+        // Re-claimed at a new epoch (its lease had expired): the old gate closes.
+        sup.apply(&[row(1, 13, true)], now, at(6));
+        assert!(gates[0].is_closed());
+        assert_eq!(sup.gate(1).map(|g| g.epoch()), Some(13));
+
+        let (mut sup, _rx) = supervisor_offering(Duration::from_secs(60));
+        let gates = handed_off(&mut sup);
+        sup.handle(Event::Lost(Lost {
+            account_id: 1,
+            epoch: 10,
+        }));
+        assert!(gates[0].is_closed() && gates[1].holds());
+        sup.begin_shutdown();
+        assert!(gates.iter().all(|g| g.is_closed()));
+        assert_eq!(sup.handing_off(), 0);
+
+        // Without a wait the gates close at once, as before.
+        let (mut sup, _rx) = supervisor();
+        sup.apply(&[row(1, 10, true)], now, at(2));
+        let gate = sup.gate(1).unwrap();
+        sup.rebalance(1, &["b".to_string()]);
+        assert!(gate.is_closed());
     }
 
     #[tokio::test]

@@ -276,6 +276,11 @@ impl PreparedLogin for PreparedBridge {
                     .await?,
             )?;
             let id = self.id.take().expect("raised once");
+            // What the stream carried while prepared (position changes, a reconnect) is older
+            // than the reads the session starts with: dropped, as a fresh login would not have
+            // heard it.
+            let mut events = self.events.take().expect("raised once");
+            while events.try_recv().is_ok() {}
             if let Some(s) = self
                 .inner
                 .state
@@ -295,7 +300,7 @@ impl PreparedLogin for PreparedBridge {
             });
             Ok(Session {
                 api,
-                events: self.events.take().expect("raised once"),
+                events,
                 account: result.account,
             })
         })

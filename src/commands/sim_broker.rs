@@ -1,5 +1,7 @@
 //! `copier-node sim-broker`: the simulated trade server and its hand tools.
 
+use std::time::Duration;
+
 use super::CommandError;
 use crate::broker::types::{PendingKind, PlaceOrder};
 use crate::cli::{SimBrokerCommand, TradeAction};
@@ -61,6 +63,13 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                     args.symbol_suffix
                 },
                 login_delay: parse_duration(&args.login_delay)
+                    .and_then(|d| {
+                        if d <= Duration::from_secs(5) {
+                            Ok(d)
+                        } else {
+                            Err("at most 5s (clients give a request 10 s)".to_string())
+                        }
+                    })
                     .map_err(|e| CommandError::usage(format!("invalid --login-delay: {e}")))?,
                 fence_request: !args.no_fence_request,
             };

@@ -140,7 +140,8 @@ impl<H: Host> Core<H> {
                 .target
                 .map_or(self.node.capacity, |t| t.min(self.node.capacity)),
             claim: self.draining.is_none(),
-            owned: owned.len() as u32,
+            // Published for the peers' shares, hand-offs still waiting included.
+            owned: (owned.len() + self.supervisor.handing_off()) as u32,
         }
     }
 
@@ -305,10 +306,10 @@ impl<H: Host> Core<H> {
                     capacity: p.capacity,
                 }),
         );
-        // Accounts still stopping (a hand-off waiting for its receiver, a release in flight)
-        // are nobody else's yet: counted, or the total would shrink and the share with it.
+        // Hand-offs waiting for their receivers are nobody else's yet: counted (as this node
+        // publishes them), or the total would shrink and every share with it.
         let total = owned as u64
-            + self.supervisor.stopping() as u64
+            + self.supervisor.handing_off() as u64
             + outcome
                 .peers
                 .iter()

@@ -47,6 +47,8 @@ type Us = u64;
 
 const MS: Us = 1_000;
 const SEC: Us = 1_000_000;
+/// The longest a handed-off session copies on before it stops (`handoff_prepare`'s default).
+const HAND_OFF_WAIT: Us = SEC;
 
 /// How a schedule runs.
 #[derive(Debug, Clone)]
@@ -266,6 +268,13 @@ enum Effect {
         epoch: i64,
         rebalance: bool,
     },
+    /// A fair-share hand-off: the session copies on behind its open gate until its receiver is
+    /// ready (a random wait), then stops.
+    HandOff {
+        account: i64,
+        epoch: i64,
+        gate: Arc<AccountGate>,
+    },
     RestartLater,
 }
 
@@ -310,6 +319,20 @@ impl Host for SimHost {
         });
     }
 
+    fn hand_off(
+        &mut self,
+        account: i64,
+        gate: &Arc<AccountGate>,
+        session: &(i64, i64),
+        _to: Option<&str>,
+    ) {
+        self.effects.push(Effect::HandOff {
+            account,
+            epoch: session.1,
+            gate: gate.clone(),
+        });
+    }
+
     fn release(&mut self, account: i64, epoch: i64, status: &'static str) {
         self.effects.push(Effect::Release {
             account,
@@ -343,6 +366,9 @@ enum Ev {
     Timeout(u64),
     /// A session's work in flight has ended after it was asked to stop.
     Exited(i64, i64),
+    /// A handed-off session's receiver is ready (or the wait ran out): its gate closes and it
+    /// stops, unless something closed it first.
+    HandedOff(i64, i64, Arc<AccountGate>),
     /// A release statement reaches the database (sent by the node's incarnation given).
     ReleaseExec(i64, i64, u64),
     /// Its reply arrives.
@@ -1087,6 +1113,13 @@ impl World {
                     }
                 }
             }
+            Ev::HandedOff(account, epoch, gate) => {
+                if !gate.is_closed() {
+                    gate.close();
+                    let at = self.now + self.rng.u64(0..=200 * MS);
+                    self.push(at, i, Ev::Exited(account, epoch));
+                }
+            }
             Ev::Exited(account, epoch) => {
                 let now = self.local(i, self.now);
                 let core = self.nodes[i].core.as_mut().expect("running");
@@ -1313,11 +1346,25 @@ impl World {
                     }
                 }
                 Effect::Cancel { account, epoch } => {
+                    // A hand-off's decision time stays the decision's (its session may be
+                    // stopped later, by a shutdown or a lost row).
+                    self.nodes[i]
+                        .cancelled_at
+                        .entry((account, epoch))
+                        .or_insert(self.now);
+                    let at = self.now + self.rng.u64(0..=200 * MS);
+                    self.push(at, i, Ev::Exited(account, epoch));
+                }
+                Effect::HandOff {
+                    account,
+                    epoch,
+                    gate,
+                } => {
                     self.nodes[i]
                         .cancelled_at
                         .insert((account, epoch), self.now);
-                    let at = self.now + self.rng.u64(0..=200 * MS);
-                    self.push(at, i, Ev::Exited(account, epoch));
+                    let at = self.now + self.rng.u64(0..=HAND_OFF_WAIT);
+                    self.push(at, i, Ev::HandedOff(account, epoch, gate));
                 }
                 Effect::Release {
                     account,
@@ -1443,25 +1490,30 @@ impl World {
         // A node's period is on its own clock: in true time, longer when its clock runs slow.
         let period = (period as f64 / self.nodes[i].rate) as Us;
         let node = &mut self.nodes[i];
-        match node.handoffs.last_mut() {
-            Some((at, n)) if *at == decided => {
-                *n += 1;
-                if *n > step {
-                    let n = *n;
-                    return Err(self.fail(
-                        "hand-offs",
-                        format!("n{i} handed off {n} accounts at once (step {step})"),
-                    ));
-                }
-            }
-            Some((at, _)) if decided < *at + period - MS.min(period) => {
-                let gap = (decided - *at) as f64 / SEC as f64;
+        // Releases of one batch may come in any order and after later batches' (a hand-off
+        // waits for its receiver): each is matched to its batch by decision time.
+        let near = period - MS.min(period);
+        if let Some((_, n)) = node.handoffs.iter_mut().find(|(at, _)| *at == decided) {
+            *n += 1;
+            if *n > step {
+                let n = *n;
                 return Err(self.fail(
                     "hand-offs",
-                    format!("n{i} handed off again {gap:.3}s after its last hand-off"),
+                    format!("n{i} handed off {n} accounts at once (step {step})"),
                 ));
             }
-            _ => node.handoffs.push((decided, 1)),
+        } else if let Some((at, _)) = node
+            .handoffs
+            .iter()
+            .find(|(at, _)| at.abs_diff(decided) < near)
+        {
+            let gap = at.abs_diff(decided) as f64 / SEC as f64;
+            return Err(self.fail(
+                "hand-offs",
+                format!("n{i} handed off twice {gap:.3}s apart"),
+            ));
+        } else {
+            node.handoffs.push((decided, 1));
         }
         Ok(())
     }

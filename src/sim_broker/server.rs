@@ -294,6 +294,8 @@ async fn connection(
         tx: tx.clone(),
     };
     let mut line = String::new();
+    // Cancelled when this connection ends or the server stops (its delayed logins end with it).
+    let closed = shutdown.child_token();
     loop {
         line.clear();
         let mut limited = (&mut reader).take(MAX_LINE as u64 + 1);
@@ -313,14 +315,20 @@ async fn connection(
                 }
                 if !shared.login_delay.is_zero()
                     && conn.client.is_some()
-                    && line.contains(r#""op":"login""#)
+                    && serde_json::from_str::<RequestFrame>(line.trim_end())
+                        .is_ok_and(|f| matches!(f.request, Request::Login { .. }))
                 {
                     // A slow login: answered (and in effect) after the delay, while the
-                    // connection's other requests go on.
+                    // connection's other requests go on; dropped with the connection or the
+                    // server.
                     let (shared, mut conn, line) =
                         (shared.clone(), conn.clone(), line.trim_end().to_string());
+                    let closed = closed.clone();
                     tokio::spawn(async move {
-                        tokio::time::sleep(shared.login_delay).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep(shared.login_delay) => {}
+                            _ = closed.cancelled() => return,
+                        }
                         let reply = handle(&shared, &mut conn, &line);
                         let _ = conn.tx.send(reply);
                     });
@@ -342,6 +350,7 @@ async fn connection(
             }
         }
     }
+    closed.cancel();
     {
         let mut core = shared.core.lock().expect("sim-broker state lock");
         for login in conn.subscriptions.lock().expect("subscriptions").iter() {
