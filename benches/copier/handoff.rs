@@ -41,6 +41,8 @@ enum Scenario {
     SlowLoginMove {
         prepared: bool,
     },
+    /// A SIGTERM hand-off with that broker (never prepared: every gate closes at once).
+    SlowLoginSigterm,
 }
 
 /// The slow broker login of the [`Scenario::SlowLoginMove`] rows.
@@ -58,6 +60,7 @@ impl Scenario {
             Scenario::SlowLoginMove { prepared: false } => {
                 "fair-share move, 300 ms broker login, not prepared (`handoff_prepare = 0s`)"
             }
+            Scenario::SlowLoginSigterm => "SIGTERM hand-off, 300 ms broker login (not prepared)",
         }
     }
 
@@ -84,12 +87,16 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         Scenario::Sigterm,
         Scenario::SlowLoginMove { prepared: true },
         Scenario::SlowLoginMove { prepared: false },
+        Scenario::SlowLoginSigterm,
     ]
     .into_iter()
     .enumerate()
     {
         let mut setup = Setup::with_broker(pg, &format!("bench_handoff_{i}"), 1, followers, |o| {
-            if let Scenario::SlowLoginMove { .. } = scenario {
+            if matches!(
+                scenario,
+                Scenario::SlowLoginMove { .. } | Scenario::SlowLoginSigterm
+            ) {
                 o.login_delay = SLOW_LOGIN;
             }
         })
@@ -124,7 +131,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
                     Scenario::FairShareMove | Scenario::SlowLoginMove { .. } => {
                         setup.spawn_node("hb", timing.iter().copied())?;
                     }
-                    Scenario::Sigterm => {
+                    Scenario::Sigterm | Scenario::SlowLoginSigterm => {
                         let _ = tokio::process::Command::new("kill")
                             .arg("-TERM")
                             .arg(first.to_string())
@@ -209,7 +216,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it releases everything; the other claims it on its next cycle). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last two rows repeat the fair-share move with a broker whose every login takes {} ms (`sim-broker --login-delay`, as a real trade server's login takes hundreds of milliseconds): prepared (the default: the old owner offers each account to the newcomer and copies on until the newcomer has logged in without a fence, then releases; the newcomer raises the fence after its claim), and not prepared (`--handoff-prepare 0s`: the newcomer logs in after its claim). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
+        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it releases everything; the other claims it on its next cycle). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last three rows use a broker whose every login takes {} ms (`sim-broker --login-delay`, as a real trade server's login takes hundreds of milliseconds): the fair-share move prepared (the default: the old owner offers each account to the newcomer and copies on until the newcomer has logged in without a fence, then releases; the newcomer raises the fence after its claim), not prepared (`--handoff-prepare 0s`: the newcomer logs in after its claim), and a SIGTERM hand-off, which is never prepared (every gate closes at once). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
         spacing.as_millis(),
         SLOW_LOGIN.as_millis()
     ));
