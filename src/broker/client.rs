@@ -177,18 +177,7 @@ impl Broker for BridgeClient {
     ) -> BoxFuture<'a, Result<Session, BrokerError>> {
         Box::pin(async move {
             self.wait_ready(self.inner.request_timeout).await?;
-            let result: LoginResult = decode(
-                self.inner
-                    .call(
-                        Request::Login {
-                            login: account.login.clone(),
-                            password: account.password.as_ref().map(|p| p.expose().to_string()),
-                            fence: account.fence,
-                        },
-                        false,
-                    )
-                    .await?,
-            )?;
+            let result = self.inner.login(account, account.fence).await?;
             let (id, events) = self.inner.register(account, account.fence);
             let api = Arc::new(SessionApi {
                 inner: self.inner.clone(),
@@ -221,18 +210,7 @@ impl Broker for BridgeClient {
             }
             // No fence: the old owner's orders still pass. A reconnect logs in again the same
             // way until the fence is raised.
-            let _: LoginResult = decode(
-                self.inner
-                    .call(
-                        Request::Login {
-                            login: account.login.clone(),
-                            password: account.password.as_ref().map(|p| p.expose().to_string()),
-                            fence: None,
-                        },
-                        false,
-                    )
-                    .await?,
-            )?;
+            self.inner.login(account, None).await?;
             let (id, events) = self.inner.register(account, None);
             Ok(Box::new(PreparedBridge {
                 inner: self.inner.clone(),
@@ -308,6 +286,25 @@ impl PreparedLogin for PreparedBridge {
 }
 
 impl Inner {
+    /// Logs `account` in with `fence` (its own is not used: a prepared login sends none).
+    async fn login(
+        &self,
+        account: &AccountLogin,
+        fence: Option<i64>,
+    ) -> Result<LoginResult, BrokerError> {
+        decode(
+            self.call(
+                Request::Login {
+                    login: account.login.clone(),
+                    password: account.password.as_ref().map(|p| p.expose().to_string()),
+                    fence,
+                },
+                false,
+            )
+            .await?,
+        )
+    }
+
     /// Registers a logged-in session (for its events and for logging in again after a
     /// reconnect, with `fence`).
     fn register(

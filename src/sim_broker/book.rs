@@ -485,16 +485,7 @@ impl Book {
                 return Err("invalid credentials".to_string());
             }
             self.fence(login, fence, &mut records)?;
-            // The login's account figures carry the server's clock, as `account` answers do:
-            // a session knows its server's offset from the start.
-            let account = AccountInfo {
-                server_time_ms: Some(self.server_ms(now_ms)),
-                ..self.info(login).expect("account exists")
-            };
-            Ok(LoginResult {
-                account,
-                fence: self.accounts[login].fence,
-            })
+            Ok(self.logged_in(login, now_ms))
         })();
         entry.finish(&result);
         Effects {
@@ -502,6 +493,19 @@ impl Book {
             journal: Some(entry),
             events: Vec::new(),
             records,
+        }
+    }
+
+    /// A login's (or a raise's) answer: the account figures with the server's clock, as
+    /// `account` answers carry it (a session knows its server's offset from the start), and
+    /// the fence now held.
+    fn logged_in(&self, login: &str, now_ms: i64) -> LoginResult {
+        LoginResult {
+            account: AccountInfo {
+                server_time_ms: Some(self.server_ms(now_ms)),
+                ..self.info(login).expect("account exists")
+            },
+            fence: self.accounts[login].fence,
         }
     }
 
@@ -524,14 +528,7 @@ impl Book {
                 return Err(format!("unknown login {login}"));
             }
             self.fence(login, Some(fence), &mut records)?;
-            let account = AccountInfo {
-                server_time_ms: Some(self.server_ms(now_ms)),
-                ..self.info(login).expect("account exists")
-            };
-            Ok(LoginResult {
-                account,
-                fence: self.accounts[login].fence,
-            })
+            Ok(self.logged_in(login, now_ms))
         })();
         entry.finish(&result);
         Effects {
