@@ -166,6 +166,17 @@ pub async fn start(
             ),
             session,
         );
+        // Each batch writer's own connection (see `db::writer_pool`).
+        let writer_db = || {
+            db::Db::new(
+                db::writer_pool(
+                    node_options.clone(),
+                    node.lease.saturating_sub(node.fence),
+                    session,
+                ),
+                session,
+            )
+        };
         let (event_tx, event_rx) = mpsc::unbounded_channel::<Event>();
         let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
         let lost_for_tasks = lost_tx.clone();
@@ -206,10 +217,15 @@ pub async fn start(
                 Some(metrics.notify_queue_usage.clone()),
             ),
         };
+        let orders = Arc::new(crate::db::batch::Orders::default());
         let services = Arc::new(NodeServices {
             node_id: node.node_id.clone(),
-            copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
-            master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
+            copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn_giving_way(
+                writer_db(),
+                orders.clone(),
+            ),
+            orders,
+            master_publisher: crate::db::copy::MasterPublisher::spawn(writer_db()),
             db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {

@@ -39,7 +39,9 @@ pub struct NodeServices {
     pub credentials_key: Option<CredentialsKey>,
     /// Period of each follower's background reconcile.
     pub reconcile_every: std::time::Duration,
-    /// Writes the copy ledger's rows in batches.
+    /// The node's orders on their way to a broker (the copy ledger's writer gives way to them).
+    pub orders: Arc<crate::db::batch::Orders>,
+    /// Writes the copy ledger's rows in batches, after the orders in flight.
     pub copy_ledger: crate::db::copy::ledger::CopyLedgerWriter,
     /// Publishes the masters' events in batches.
     pub master_publisher: crate::db::copy::MasterPublisher,

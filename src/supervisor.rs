@@ -701,6 +701,7 @@ mod tests {
             "postgres://nobody@127.0.0.1:1/none".parse().unwrap();
         let services = Arc::new(NodeServices {
             node_id: "n".into(),
+            orders: Arc::default(),
             copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
             master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
             db: pool,

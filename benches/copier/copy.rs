@@ -161,7 +161,9 @@ pub(crate) async fn copy_latency(
     pg: &Pg,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let configs: &[(usize, usize)] = if options.smoke {
+    let configs: &[(usize, usize)] = if let Some(rows) = &options.rows {
+        rows
+    } else if options.smoke {
         &[(1, 1), (10, 2)]
     } else {
         &[
@@ -174,7 +176,7 @@ pub(crate) async fn copy_latency(
             (1000, 4),
         ]
     };
-    let trades = if options.smoke { 3 } else { 20 };
+    let trades = options.trades.unwrap_or(if options.smoke { 3 } else { 20 });
     let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
     let mut md = String::from(
         "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -270,10 +272,11 @@ pub(crate) async fn copy_latency(
         paired.sort_by(|a, b| a.total_cmp(b));
         let paired_p50 = paired[(paired.len() - 1) / 2];
         println!(
-            "orders floor {followers} orders over {nodes} connections: each {}, last {} (copies: last follower {:.2} ms p50)",
+            "orders floor {followers} orders over {nodes} connections: each {}, last {} (copies: last follower {:.2} ms p50, {:.2}x; paired {paired_p50:.2}x)",
             floor_each.show(),
             floor_last.show(),
-            l.p50_ms
+            l.p50_ms,
+            l.p50_ms / floor_last.p50_ms
         );
         let with_leg = match master_leg {
             None => {

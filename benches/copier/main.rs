@@ -54,6 +54,11 @@ pub(crate) struct Options {
     smoke: bool,
     only: Option<String>,
     out: PathBuf,
+    /// `--rows 100x1,1000x1`: the copy section's (followers, nodes) rows only, for quick runs
+    /// while working on the fan-out (with `--only copy`).
+    rows: Option<Vec<(usize, usize)>>,
+    /// `--trades N`: the copy section's master opens per row.
+    trades: Option<usize>,
 }
 
 #[derive(Default, Serialize)]
@@ -98,7 +103,25 @@ fn main() {
             root.clone()
         }
     });
-    let options = Options { smoke, only, out };
+    let rows = value("--rows").map(|r| {
+        r.split(',')
+            .map(|row| {
+                let (f, n) = row.split_once('x').expect("--rows: FOLLOWERSxNODES,...");
+                (
+                    f.parse().expect("--rows: followers"),
+                    n.parse().expect("--rows: nodes"),
+                )
+            })
+            .collect()
+    });
+    let trades = value("--trades").map(|t| t.parse().expect("--trades: a count"));
+    let options = Options {
+        smoke,
+        only,
+        out,
+        rows,
+        trades,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

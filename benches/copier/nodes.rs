@@ -82,7 +82,10 @@ impl Setup {
         timing: impl IntoIterator<Item = &'a str>,
     ) -> anyhow::Result<u32> {
         let log = std::fs::File::create(self.dir.join(format!("{id}.log")))?;
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_copier-node"))
+        // `COPIER_BENCH_NODE`: another build of the node (an A/B run against this one).
+        let binary = std::env::var_os("COPIER_BENCH_NODE")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_copier-node").into());
+        let child = tokio::process::Command::new(binary)
             .args([
                 "run",
                 "--platform",

@@ -185,7 +185,51 @@ impl ServerFrame {
         {
             return Ok(ServerFrame::Reply(reply));
         }
+        if line.starts_with(r#"{"event":"#)
+            && let Ok(line) = serde_json::from_str::<EventLine>(line)
+            && let Some(event) = line.into_frame()
+        {
+            return Ok(ServerFrame::Event(event));
+        }
         serde_json::from_str(line)
+    }
+}
+
+/// A position event read in one pass: [`EventFrame`]'s flattened, tagged change would buffer
+/// the line twice over (the untagged frame, then the tag), and every copy brings its node an
+/// event. The kinds whose body is a position, a closed position or a pending order; anything
+/// else (`order_gone`, a kind this node does not know, a body missing) goes through the enum.
+#[derive(Deserialize)]
+struct EventLine {
+    event: String,
+    login: String,
+    change: String,
+    #[serde(default)]
+    position: Option<Position>,
+    #[serde(default)]
+    closed: Option<ClosedPosition>,
+    #[serde(default)]
+    order: Option<PendingOrder>,
+}
+
+impl EventLine {
+    fn into_frame(self) -> Option<EventFrame> {
+        let change = match (self.change.as_str(), self.position, self.closed, self.order) {
+            ("opened", Some(position), None, None) => PositionChange::Opened { position },
+            ("modified", Some(position), None, None) => PositionChange::Modified { position },
+            ("partially_closed", Some(position), Some(closed), None) => {
+                PositionChange::PartiallyClosed { position, closed }
+            }
+            ("closed", None, Some(closed), None) => PositionChange::Closed { closed },
+            ("order_placed", None, None, Some(order)) => PositionChange::OrderPlaced { order },
+            ("order_changed", None, None, Some(order)) => PositionChange::OrderChanged { order },
+            _ => return None,
+        };
+        Some(EventFrame {
+            event: self.event,
+            login: self.login,
+            change,
+        })
     }
 }
 
@@ -381,6 +425,89 @@ mod tests {
         let back: serde_json::Value = serde_json::to_value(&frame).unwrap();
         assert_eq!(back["price"], 1.09);
         assert_eq!(back["op"], "place");
+    }
+
+    /// The one-pass parse reads every change kind exactly as the enum does (and hands what it
+    /// does not take, `order_gone`, to the enum).
+    #[test]
+    fn events_read_in_one_pass_as_the_enum_reads_them() {
+        use crate::broker::types::{ClosedBy, OrderEnd, PendingKind};
+        let position = Position {
+            ticket: 5,
+            symbol: "EURUSD".into(),
+            side: Side::Sell,
+            volume: 1.0,
+            open_price: 1.1,
+            sl: Some(1.2),
+            tp: None,
+            magic: 7,
+            comment: "mc3".into(),
+            open_time_ms: 1,
+        };
+        let closed = ClosedPosition {
+            position: position.clone(),
+            close_price: 1.09,
+            close_time_ms: 2,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.4,
+            profit: 6.0,
+        };
+        let order = PendingOrder {
+            ticket: 8,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: PendingKind::Stop,
+            price: 1.2,
+            volume: 0.5,
+            sl: None,
+            tp: None,
+            expiry_ms: Some(9),
+            magic: 3,
+            comment: "mc1".into(),
+            placed_ms: 1,
+        };
+        for change in [
+            PositionChange::Opened {
+                position: position.clone(),
+            },
+            PositionChange::Modified {
+                position: position.clone(),
+            },
+            PositionChange::PartiallyClosed {
+                position,
+                closed: closed.clone(),
+            },
+            PositionChange::Closed { closed },
+            PositionChange::OrderPlaced {
+                order: order.clone(),
+            },
+            PositionChange::OrderChanged { order },
+            PositionChange::OrderGone {
+                ticket: 8,
+                end: OrderEnd::Cancelled,
+            },
+        ] {
+            let frame = EventFrame {
+                event: "position".into(),
+                login: "9".into(),
+                change,
+            };
+            let line = serde_json::to_string(&frame).unwrap();
+            let one_pass = serde_json::from_str::<EventLine>(&line)
+                .ok()
+                .and_then(EventLine::into_frame);
+            if matches!(frame.change, PositionChange::OrderGone { .. }) {
+                assert!(one_pass.is_none(), "order_gone goes through the enum");
+            } else {
+                assert_eq!(one_pass.as_ref(), Some(&frame), "{line}");
+            }
+            let through_enum: ServerFrame = serde_json::from_str(&line).unwrap();
+            assert_eq!(ServerFrame::parse(&line).unwrap(), through_enum, "{line}");
+            assert_eq!(through_enum, ServerFrame::Event(frame));
+        }
+        // A body that does not fit its kind is the enum's to refuse, as before.
+        let odd = r#"{"event":"position","login":"9","change":"opened"}"#;
+        assert!(ServerFrame::parse(odd).is_err());
     }
 
     #[test]

@@ -1,23 +1,33 @@
 //! A node-level batching writer: the writes many account tasks make at about the same time (a
 //! master's open copied by a thousand followers, a hundred masters publishing at once) go to the
 //! database together, one statement per batch, instead of one statement, one commit and one pooled
-//! connection each. Each caller still waits for its own outcome.
+//! connection each. Each caller still gets its own outcome.
 //!
 //! There is no window: the writer takes whatever is queued when it is free, so a lone write goes
-//! at once and a burst gathers behind the statement in flight. A batch the database refuses (one
-//! row's account deleted meanwhile, a lock wait past the timeout, a row a constraint rejects) is
-//! written again one job at a time, so one bad row costs no other its write; a batch lost with its
-//! connection (or never sent: the pool timed out) fails every job at once, as unknown (it may have
-//! committed: callers re-read, as after any database error).
+//! at once and a burst gathers behind the statement in flight. A writer may give way to orders
+//! ([`Orders`]): the copy ledger's writer waits, at most [`GIVE_WAY`], while any order of the
+//! node is on its way to a broker, so a thousand followers' ledger rows are written after their
+//! orders rather than between them. A batch the database refuses (one row's account deleted
+//! meanwhile, a lock wait past the timeout, a row a constraint rejects) is written again one job
+//! at a time, so one bad row costs no other its write; a batch lost with its connection (or never
+//! sent: the pool timed out) fails every job at once, as unknown (it may have committed: callers
+//! re-read, as after any database error).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use sqlx::PgConnection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tracing::debug;
 
 use crate::broker::BoxFuture;
 use crate::db::Db;
 
 /// A kind of write a [`BatchWriter`] gathers: how a batch of them is written, and what each
-/// one's outcome is.
+/// one's outcome is. A write must be safe to repeat: a batch whose connection was lost is
+/// written once more on a new connection.
 pub trait Batched: Sized + Send + Sync + 'static {
     type Outcome: Send + 'static;
     /// What the writer writes (named in its errors).
@@ -31,7 +41,63 @@ pub trait Batched: Sized + Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>>;
 }
 
-type Job<J> = (J, oneshot::Sender<Result<<J as Batched>::Outcome, String>>);
+/// The longest a writer that gives way to orders waits for them before it writes anyway (a node
+/// always busy still writes its ledger at least this often).
+pub const GIVE_WAY: Duration = Duration::from_millis(50);
+
+/// The node's orders on their way to a broker: counted by [`Orders::sending`] for as long as an
+/// order waits for its broker's answer, so a writer can give way to them.
+#[derive(Debug, Default)]
+pub struct Orders {
+    in_flight: AtomicUsize,
+    none_left: Notify,
+}
+
+/// One order on its way ([`Orders::sending`]); the count drops when it is dropped.
+#[derive(Debug)]
+pub struct Sending(Arc<Orders>);
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none_left.notify_waiters();
+        }
+    }
+}
+
+impl Orders {
+    /// An order starts its way to the broker; it is counted until the returned guard drops.
+    pub fn sending(self: &Arc<Self>) -> Sending {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Sending(self.clone())
+    }
+
+    /// Orders on their way now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Returns once no order is on its way, or after `at_most`; true when none was left.
+    pub async fn settled(&self, at_most: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + at_most;
+        loop {
+            let none_left = self.none_left.notified();
+            tokio::pin!(none_left);
+            // Registered before the count is read: a last order finishing in between still wakes.
+            none_left.as_mut().enable();
+            if self.in_flight() == 0 {
+                return true;
+            }
+            tokio::select! {
+                _ = &mut none_left => {}
+                _ = tokio::time::sleep_until(deadline) => return self.in_flight() == 0,
+            }
+        }
+    }
+}
+
+type Reply<J> = oneshot::Sender<Result<<J as Batched>::Outcome, String>>;
+type Job<J> = (J, Reply<J>);
 
 /// The handle callers write through; the writer ends when the last handle is dropped.
 #[derive(Debug)]
@@ -47,62 +113,193 @@ impl<J: Batched> Clone for BatchWriter<J> {
     }
 }
 
-impl<J: Batched> BatchWriter<J> {
-    /// Starts a writer on `db`.
-    pub fn spawn(db: Db) -> Self {
-        let (jobs, mut rx) = mpsc::unbounded_channel::<Job<J>>();
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < J::MAX {
-                    match rx.try_recv() {
-                        Ok(job) => batch.push(job),
-                        Err(_) => break,
-                    }
-                }
-                let (writes, replies): (Vec<J>, Vec<_>) = batch.into_iter().unzip();
-                let result = db
-                    .run(async |conn| J::write_batch(conn, &writes).await)
-                    .await;
-                match result {
-                    Ok(done) if done.len() == writes.len() => {
-                        for (reply, outcome) in replies.into_iter().zip(done) {
-                            let _ = reply.send(Ok(outcome));
-                        }
-                    }
-                    // The database itself failed (a lost connection, a pool timeout): every job's
-                    // outcome is unknown, and trying each alone would only wait out each in turn.
-                    Err(e) if !matches!(e, sqlx::Error::Database(_)) => {
-                        let why = crate::db::describe(&e);
-                        for reply in replies {
-                            let _ = reply.send(Err(why.clone()));
-                        }
-                    }
-                    _ => {
-                        for (job, reply) in writes.iter().zip(replies) {
-                            let one = std::slice::from_ref(job);
-                            let result = db
-                                .run(async |conn| J::write_batch(conn, one).await)
-                                .await
-                                .map_err(|e| crate::db::describe(&e))
-                                .and_then(|mut done| {
-                                    done.pop().ok_or_else(|| format!("{}: no outcome", J::WHAT))
-                                });
-                            let _ = reply.send(result);
-                        }
-                    }
-                }
+/// A write handed to the writer ([`BatchWriter::submit`]): its outcome when awaited.
+#[derive(Debug)]
+pub struct Submitted<O> {
+    what: &'static str,
+    reply: Option<oneshot::Receiver<Result<O, String>>>,
+}
+
+impl<O> Submitted<O> {
+    /// The outcome if it is known already (the write finished), without waiting.
+    pub fn try_outcome(&mut self) -> Option<Result<O, String>> {
+        let reply = self.reply.as_mut()?;
+        match reply.try_recv() {
+            Ok(outcome) => {
+                self.reply = None;
+                Some(outcome)
             }
-        });
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => {
+                self.reply = None;
+                Some(Err(format!("the {} writer has stopped", self.what)))
+            }
+        }
+    }
+
+    /// Waits for the outcome.
+    pub async fn outcome(mut self) -> Result<O, String> {
+        let what = self.what;
+        match self.reply.take() {
+            Some(reply) => reply
+                .await
+                .unwrap_or_else(|_| Err(format!("the {what} writer has stopped"))),
+            None => Err(format!("the {what} write's outcome was taken already")),
+        }
+    }
+}
+
+impl<J: Batched> BatchWriter<J> {
+    /// Starts a writer on `db` (a connection of its own: [`crate::db::writer_pool`]). Idle, it
+    /// pings that connection every [`crate::db::KEEPALIVE`], so a write never waits for the
+    /// pool's ping of an idle connection and one that died meanwhile is replaced before a write
+    /// needs it.
+    pub fn spawn(db: Db) -> Self {
+        Self::start(db, None)
+    }
+
+    /// As [`BatchWriter::spawn`], giving way to `orders`: a batch waits, at most [`GIVE_WAY`],
+    /// until no order is on its way to a broker, and then takes everything queued meanwhile.
+    pub fn spawn_giving_way(db: Db, orders: Arc<Orders>) -> Self {
+        Self::start(db, Some(orders))
+    }
+
+    fn start(db: Db, orders: Option<Arc<Orders>>) -> Self {
+        let (jobs, rx) = mpsc::unbounded_channel::<Job<J>>();
+        tokio::spawn(run(db, rx, orders));
         BatchWriter { jobs }
     }
 
-    /// Writes `job` with whatever else is queued; its own outcome, or the database's error
-    /// (whether it committed is then unknown).
-    pub async fn write(&self, job: J) -> Result<J::Outcome, String> {
+    /// Hands `job` to the writer now (it goes with whatever else is queued); its outcome, or the
+    /// database's error (whether it committed is then unknown), when the returned handle is
+    /// awaited.
+    pub fn submit(&self, job: J) -> Submitted<J::Outcome> {
         let (tx, rx) = oneshot::channel();
-        let stopped = || format!("the {} writer has stopped", J::WHAT);
-        self.jobs.send((job, tx)).map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        // A stopped writer drops the job with its reply: the handle then says so.
+        let _ = self.jobs.send((job, tx));
+        Submitted {
+            what: J::WHAT,
+            reply: Some(rx),
+        }
+    }
+
+    /// Writes `job` with whatever else is queued and waits for its own outcome.
+    pub fn write(&self, job: J) -> impl Future<Output = Result<J::Outcome, String>> + use<J> {
+        self.submit(job).outcome()
+    }
+}
+
+async fn run<J: Batched>(
+    db: Db,
+    mut rx: mpsc::UnboundedReceiver<Job<J>>,
+    orders: Option<Arc<Orders>>,
+) {
+    loop {
+        let first = match tokio::time::timeout(crate::db::KEEPALIVE, rx.recv()).await {
+            Ok(Some(first)) => first,
+            Ok(None) => return,
+            Err(_) => {
+                if let Err(e) = db
+                    .run(async |conn| sqlx::Connection::ping(conn).await)
+                    .await
+                {
+                    debug!(what = J::WHAT, error = %crate::db::describe(&e), "the writer's idle connection failed its ping; it is replaced");
+                }
+                continue;
+            }
+        };
+        if let Some(orders) = &orders {
+            orders.settled(GIVE_WAY).await;
+        }
+        let mut batch = vec![first];
+        while batch.len() < J::MAX {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let (writes, replies): (Vec<J>, Vec<_>) = batch.into_iter().unzip();
+        let mut result = db
+            .run(async |conn| J::write_batch(conn, &writes).await)
+            .await;
+        if result.as_ref().is_err_and(connection_lost) {
+            // The writer's one connection died since its last use (a database restart): it was
+            // closed, and the batch goes again once on a new one. Both kinds of write are safe
+            // to repeat (a ledger row already in is kept; an event already stored is refused as
+            // out of sequence, and its master re-reads).
+            debug!(
+                what = J::WHAT,
+                "the writer's connection was lost; writing the batch again on a new one"
+            );
+            result = db
+                .run(async |conn| J::write_batch(conn, &writes).await)
+                .await;
+        }
+        match result {
+            Ok(done) if done.len() == writes.len() => {
+                for (reply, outcome) in replies.into_iter().zip(done) {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            // The database itself failed (a lost connection, a pool timeout): every job's
+            // outcome is unknown, and trying each alone would only wait out each in turn.
+            Err(e) if !matches!(e, sqlx::Error::Database(_)) => {
+                let why = crate::db::describe(&e);
+                for reply in replies {
+                    let _ = reply.send(Err(why.clone()));
+                }
+            }
+            _ => {
+                for (job, reply) in writes.iter().zip(replies) {
+                    let one = std::slice::from_ref(job);
+                    let result = db
+                        .run(async |conn| J::write_batch(conn, one).await)
+                        .await
+                        .map_err(|e| crate::db::describe(&e))
+                        .and_then(|mut done| {
+                            done.pop().ok_or_else(|| format!("{}: no outcome", J::WHAT))
+                        });
+                    let _ = reply.send(result);
+                }
+            }
+        }
+    }
+}
+
+/// The connection itself failed (not the statement, not the pool's wait for a connection).
+fn connection_lost(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn settled_waits_for_the_last_order_or_the_bound() {
+        let orders = Arc::new(Orders::default());
+        assert!(
+            orders.settled(Duration::from_millis(5)).await,
+            "none in flight"
+        );
+        let one = orders.sending();
+        let two = orders.sending();
+        assert_eq!(orders.in_flight(), 2);
+        // Still in flight at the bound.
+        assert!(!orders.settled(Duration::from_millis(5)).await);
+        let waiter = {
+            let orders = orders.clone();
+            tokio::spawn(async move { orders.settled(Duration::from_secs(3600)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(one);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one order is still on its way");
+        drop(two);
+        assert!(waiter.await.unwrap(), "woken when the last order finished");
+        assert_eq!(orders.in_flight(), 0);
     }
 }

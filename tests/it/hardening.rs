@@ -271,3 +271,101 @@ async fn a_pooled_connection_killed_while_idle_is_replaced_before_use() {
         .expect("the dead connection is replaced before use");
     assert_ne!(again, pid);
 }
+
+/// A batch writer's own connection (the master publisher's, the copy ledger's) cut between two
+/// writes, as a database restart does: the next batch still lands, written again on a new
+/// connection, and the writer's connection runs its statements with generic plans.
+#[tokio::test]
+async fn a_batch_writer_whose_connection_was_cut_writes_its_next_batch_anyway() {
+    use copier_node::db::copy::ledger::{CopyLedgerWriter, CopyRecord, CopyWrite};
+    use copier_node::db::{self, Db, Session, SessionBounds};
+
+    let test_db = TestDb::new().await;
+    let mut conn = test_db.conn().await;
+    crate::support::add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    crate::support::add_account(&mut conn, 2, "follower", "broker:1", "f2").await;
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 2).await;
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = 7, lease_until = now() + interval '1 minute' WHERE id = 2",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let proxy = ChaosProxy::start(test_db.server_addr()).await;
+    let session = Session::direct(SessionBounds::for_fence(Duration::from_secs(15)));
+    let url = config_url(&test_db.url_via(proxy.port), "writer-cut", 1, FAST).database_url;
+    let options = db::node_options(&url, "writer-cut", session).unwrap();
+    let writer_db = Db::new(
+        db::writer_pool(options, Duration::from_secs(10), session),
+        session,
+    );
+    let mode: String = writer_db
+        .run(async |c| {
+            sqlx::query_scalar("SELECT current_setting('plan_cache_mode')")
+                .fetch_one(c)
+                .await
+        })
+        .await
+        .unwrap();
+    assert_eq!(mode, "force_generic_plan");
+    let writer = CopyLedgerWriter::spawn(writer_db);
+    let write = |ticket: i64| CopyWrite {
+        node_id: "n1".into(),
+        follower_id: 2,
+        epoch: 7,
+        record: CopyRecord {
+            server: "broker:1".into(),
+            login: "f2".into(),
+            follower_ticket: ticket,
+            link_id: 1,
+            master_id: 1,
+            master_ticket: ticket,
+            symbol: "EURUSD".into(),
+            side: "buy".into(),
+            volume: 0.1,
+            requested_price: None,
+            filled_price: 1.1,
+            slippage: None,
+            slippage_bps: None,
+            slippage_points: None,
+            master_fill_ms: None,
+            event_committed_ms: None,
+            decided_ms: None,
+            accepted_ms: None,
+            found_by_reconcile: false,
+        },
+    };
+    assert_eq!(writer.write(write(1)).await, Ok(true));
+    let backend: i32 = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'copier-node writer-cut'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    proxy.cut();
+    // The cut has reached the server: the writer's backend is gone (its client side is dead).
+    eventually(
+        "the writer's backend to end",
+        Duration::from_secs(10),
+        async || {
+            let left: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(backend)
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        writer.write(write(2)).await,
+        Ok(true),
+        "the batch after the cut is written on a new connection"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM copy_ledger")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2);
+}

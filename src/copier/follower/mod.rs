@@ -111,6 +111,9 @@ struct Follower<'a> {
     retry: crate::retry::Retry,
     retry_at: Instant,
     copies_sent: u64,
+    /// Ledger rows handed to the node's writer whose outcome is not looked at yet (by the copy's
+    /// ticket).
+    ledger: Vec<(i64, crate::db::batch::Submitted<bool>)>,
     /// Pending copies whose fill the stream announced, until their position's update arrives.
     fills: HashSet<i64>,
 }
@@ -171,8 +174,23 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         retry: crate::retry::FOLLOWER_RECONCILE.start(),
         retry_at: Instant::now(),
         copies_sent: 0,
+        ledger: Vec::new(),
         fills: HashSet::new(),
     };
+    let ended = serve(&mut f, &mut session, row, &mut signals).await;
+    // The session's ledger rows are in before it ends (and so before the account is released).
+    f.flush_ledger().await;
+    ended
+}
+
+/// The session's work from its first reconcile until it ends.
+async fn serve(
+    f: &mut Follower<'_>,
+    session: &mut crate::broker::Session,
+    row: &AccountRow,
+    signals: &mut mpsc::UnboundedReceiver<Signal>,
+) -> anyhow::Result<Ended> {
+    let ctx = f.ctx;
     f.report_funds().await;
     if !f.reload_links().await {
         return Ok(Ended::Stopped);
@@ -250,6 +268,8 @@ impl Follower<'_> {
     /// broker keeps), and records the copies of master `m` a read shows that have no row yet
     /// (an order whose reply was lost, found by its marker).
     async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) -> bool {
+        // This session's own rows first, so the read below sees them.
+        self.flush_ledger().await;
         let copied = self
             .ctx
             .node
@@ -303,7 +323,7 @@ impl Follower<'_> {
                     None,
                     None,
                 );
-                self.record_copy(&record).await;
+                self.record_copy(&record);
             }
         }
         true

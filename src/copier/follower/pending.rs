@@ -57,7 +57,10 @@ impl Follower<'_> {
         }
         // Once sent, never placed again by this session, whatever the outcome.
         self.index.placing(key);
-        let result = self.api.place(order.clone()).await;
+        let result = {
+            let _sending = self.ctx.node.orders.sending();
+            self.api.place(order.clone()).await
+        };
         match &result {
             Ok(ticket) => {
                 info!(link_id = link.id, master_ticket, ticket, symbol = %order.symbol, side = ?order.side, kind = ?order.kind, price = order.price, volume = order.volume, expiry_ms = ?order.expiry_ms, "pending copy placed");
@@ -98,7 +101,10 @@ impl Follower<'_> {
     ) -> Result<(), BrokerError> {
         let ticket = order.ticket;
         let set = (order.price, order.sl, order.tp, order.expiry_ms);
-        let result = self.api.amend(order).await;
+        let result = {
+            let _sending = self.ctx.node.orders.sending();
+            self.api.amend(order).await
+        };
         match &result {
             Ok(()) => {
                 info!(
@@ -156,7 +162,10 @@ impl Follower<'_> {
     ) -> Result<(), BrokerError> {
         let key = (link.magic, master_ticket);
         let ticket = order.ticket;
-        let result = self.api.cancel(order).await;
+        let result = {
+            let _sending = self.ctx.node.orders.sending();
+            self.api.cancel(order).await
+        };
         match &result {
             Ok(()) => {
                 info!(
@@ -295,7 +304,7 @@ impl Follower<'_> {
             None,
             Some(crate::wall_clock::unix_ms()),
         );
-        self.record_copy(&record).await;
+        self.record_copy(&record);
     }
 
     /// Forgets a place that put nothing on the book (its record too), so it may be sent again.

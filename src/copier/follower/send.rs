@@ -76,7 +76,10 @@ impl Follower<'_> {
         );
         let (kind, result) = match action {
             Action::Open { order, base, .. } => {
-                let result = self.api.open(order.clone()).await;
+                let result = {
+                    let _sending = self.ctx.node.orders.sending();
+                    self.api.open(order.clone()).await
+                };
                 match &result {
                     Ok(fill) => {
                         self.copies_sent += 1;
@@ -93,7 +96,7 @@ impl Follower<'_> {
                             Some(decided_ms),
                             Some(crate::wall_clock::unix_ms()),
                         );
-                        self.record_copy(&record).await;
+                        self.record_copy(&record);
                         if let Some(master_volume) = base {
                             self.record_base(link, master_ticket, fill.ticket, master_volume)
                                 .await;
@@ -173,7 +176,10 @@ impl Follower<'_> {
                     tp,
                     client_order_id: Some(client_order_id),
                 };
-                let result = self.api.modify(order).await;
+                let result = {
+                    let _sending = self.ctx.node.orders.sending();
+                    self.api.modify(order).await
+                };
                 match &result {
                     Ok(()) => {
                         info!(
@@ -260,7 +266,10 @@ impl Follower<'_> {
         reason: &str,
     ) -> Result<(), BrokerError> {
         let ticket = order.ticket;
-        let result = self.api.close(order).await;
+        let result = {
+            let _sending = self.ctx.node.orders.sending();
+            self.api.close(order).await
+        };
         match &result {
             Ok(fill) => {
                 info!(
@@ -318,7 +327,11 @@ impl Follower<'_> {
             tp,
             client_order_id: Some(intent::stops(link.id, master_ticket, ticket, (0, 0))),
         };
-        match self.api.modify(modify).await {
+        let result = {
+            let _sending = self.ctx.node.orders.sending();
+            self.api.modify(modify).await
+        };
+        match result {
             Ok(()) => {
                 info!(
                     link_id = link.id,
@@ -407,15 +420,19 @@ impl Follower<'_> {
         }
     }
 
-    /// Writes a copy to the ledger (fenced) and observes its latency legs.
-    pub(super) async fn record_copy(&mut self, record: &CopyRecord) {
+    /// Hands a copy to the ledger's writer (fenced) and observes its latency legs. The session
+    /// goes on meanwhile (the writer gives way to the node's orders in flight): the outcome is
+    /// looked at later ([`Self::ledger_written`]), and every write is waited for before the
+    /// ledger is read and before the session ends, so its row is in before the account can be
+    /// released.
+    pub(super) fn record_copy(&mut self, record: &CopyRecord) {
         // Slippage in points of the follower's symbol, when its broker gives the point size.
         let point = self
             .specs
             .get(&record.symbol)
             .map(|s| s.point)
             .filter(|p| p.is_finite() && *p > 0.0);
-        let record = &CopyRecord {
+        let record = CopyRecord {
             server: self.server.clone(),
             login: self.login.clone(),
             slippage_points: record
@@ -443,27 +460,40 @@ impl Follower<'_> {
                 metrics.copy_leg(leg, (to - from).max(0) as f64 / 1000.0);
             }
         }
-        let result = self
+        let ticket = record.follower_ticket;
+        let submitted = self
             .ctx
             .node
             .copy_ledger
-            .write(db::copy::ledger::CopyWrite {
+            .submit(db::copy::ledger::CopyWrite {
                 node_id: self.ctx.node.node_id.clone(),
                 follower_id: self.id,
                 epoch: self.ctx.epoch(),
-                record: record.clone(),
-            })
-            .await;
-        match result {
-            Ok(true) => {}
-            Ok(false) => debug!(
-                ticket = record.follower_ticket,
-                "copy already in the ledger, or the follower is no longer owned"
-            ),
-            Err(why) => {
-                warn!(error = %why, ticket = record.follower_ticket, "recording a copy in the ledger failed; the next reconcile records it")
-            }
+                record,
+            });
+        self.ledger.push((ticket, submitted));
+        // What finished meanwhile is looked at now (a long session keeps no list of them).
+        self.ledger_written();
+    }
+
+    /// Waits for every ledger write of the session still under way (before the ledger is read,
+    /// and before the session ends).
+    pub(super) async fn flush_ledger(&mut self) {
+        for (ticket, submitted) in std::mem::take(&mut self.ledger) {
+            ledger_outcome(ticket, submitted.outcome().await);
         }
+    }
+
+    /// Takes the outcomes of the ledger writes that have finished (logged, and forgotten).
+    fn ledger_written(&mut self) {
+        self.ledger
+            .retain_mut(|(ticket, submitted)| match submitted.try_outcome() {
+                Some(outcome) => {
+                    ledger_outcome(*ticket, outcome);
+                    false
+                }
+                None => true,
+            });
     }
 
     async fn record_base(
@@ -494,6 +524,20 @@ impl Follower<'_> {
             .await;
         if let Err(e) = result {
             warn!(error = %db::describe(&e), copy_ticket, "recording a late copy's base volume failed; later trims scale against the master's open volume");
+        }
+    }
+}
+
+/// Logs what became of a copy's ledger row.
+fn ledger_outcome(ticket: i64, outcome: Result<bool, String>) {
+    match outcome {
+        Ok(true) => {}
+        Ok(false) => debug!(
+            ticket,
+            "copy already in the ledger, or the follower is no longer owned"
+        ),
+        Err(why) => {
+            warn!(error = %why, ticket, "recording a copy in the ledger failed; the next reconcile records it")
         }
     }
 }
