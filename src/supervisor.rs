@@ -72,9 +72,9 @@ pub trait Host {
     fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &Self::Session);
     /// Asks a session to stop; it reports [`Event::Exited`] once its work in flight is done.
     fn cancel(&mut self, session: &Self::Session);
-    /// Hands a running session's account off to `to` (fair share): the host may keep the
-    /// session copying behind its open `gate` while `to` prepares, then closes the gate and
-    /// stops the session as [`Host::cancel`] does. By default: at once.
+    /// Hands a running session's account off to `to` (fair share, or a shutdown): the host may
+    /// keep the session copying behind its open `gate` while `to` prepares, then closes the gate
+    /// and stops the session as [`Host::cancel`] does. By default: at once.
     fn hand_off(
         &mut self,
         _account_id: i64,
@@ -84,6 +84,11 @@ pub trait Host {
     ) {
         gate.close();
         self.cancel(session);
+    }
+    /// The longest a handed-off session may copy on for its receiver ([`Host::hand_off`]).
+    /// Zero by default (no waiting).
+    fn handoff_wait(&self) -> Duration {
+        Duration::ZERO
     }
     /// Releases (account, epoch) (fenced, announced to peers); reports [`Event::Released`].
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str);
@@ -171,6 +176,10 @@ impl Host for NodeHost {
             }
             .in_current_span(),
         );
+    }
+
+    fn handoff_wait(&self) -> Duration {
+        self.shared.services.handoffs.wait()
     }
 
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
@@ -306,15 +315,15 @@ impl<H: Host> Supervisor<H> {
             self.stop(id, None);
         }
         // A session handed off and still copying for its receiver (its gate open): renewed
-        // with its row at the same epoch, as a live session is; stopped at once when the row is
-        // gone, at another epoch, disabled, or the node is shutting down.
+        // with its row at the same epoch, as a live session is (a shutdown's hand-offs too);
+        // stopped at once when the row is gone, at another epoch, or disabled.
         let rows: HashMap<i64, &OwnedRow> = owned.iter().map(|r| (r.id, r)).collect();
         for ((id, epoch), stop) in &mut self.stopping {
             if stop.gate.is_closed() {
                 continue;
             }
             match rows.get(id) {
-                Some(row) if row.epoch == *epoch && row.wanted && !self.shutting_down => {
+                Some(row) if row.epoch == *epoch && row.wanted => {
                     stop.gate.renew(acknowledged, deadline);
                 }
                 row => {
@@ -493,6 +502,39 @@ impl<H: Host> Supervisor<H> {
         }
     }
 
+    /// Starts a shutdown that hands accounts to the peers that can take them: the account the
+    /// i-th oldest claimed goes to `receivers[i]` as a fair-share move does ([`Host::hand_off`]:
+    /// copying on behind its open gate until the receiver is ready, then stopped and released on
+    /// its own); the accounts without a receiver stop now (released when the node leaves).
+    /// Sessions handed off before, still copying for their receivers, go on until they are.
+    pub fn begin_shutdown_handing_off(&mut self, receivers: &[String]) {
+        self.shutting_down = true;
+        let mut ids: Vec<(i64, i64)> = self
+            .active
+            .iter()
+            .map(|(id, a)| (a.claimed_ms, *id))
+            .collect();
+        ids.sort_unstable();
+        for (i, (_, id)) in ids.into_iter().enumerate() {
+            match receivers.get(i) {
+                Some(to) => {
+                    info!(
+                        account_id = id,
+                        to = to.as_str(),
+                        "handing the account off (shutdown)"
+                    );
+                    self.hand_off(id, Some(to), "released: shutdown");
+                }
+                None => self.stop(id, None),
+            }
+        }
+    }
+
+    /// The longest a handed-off session copies on for its receiver.
+    pub fn handoff_wait(&self) -> Duration {
+        self.host.handoff_wait()
+    }
+
     /// Hands off `n` accounts, oldest-claimed first (fair share): each is stopped (gate closed,
     /// work in flight finished) and then released and announced, so an under-share peer claims it
     /// and its new session reconciles. Returns the accounts chosen.
@@ -510,7 +552,7 @@ impl<H: Host> Supervisor<H> {
                 account_id = *id,
                 to, "handing the account off to rebalance (fair share)"
             );
-            self.hand_off(*id, to);
+            self.hand_off(*id, to, "released: rebalanced");
         }
         chosen
     }
@@ -601,10 +643,9 @@ impl<H: Host> Supervisor<H> {
         self.stopped(account_id, a, release);
     }
 
-    /// Hands the account off (fair share) to `to`, released as rebalanced once its task has
-    /// returned: the host may keep the session copying until `to` is ready (see
-    /// [`Host::hand_off`]).
-    fn hand_off(&mut self, account_id: i64, to: Option<&str>) {
+    /// Hands the account off to `to`, released with `release` once its task has returned: the
+    /// host may keep the session copying until `to` is ready (see [`Host::hand_off`]).
+    fn hand_off(&mut self, account_id: i64, to: Option<&str>, release: &'static str) {
         let Some(a) = self.active.remove(&account_id) else {
             return;
         };
@@ -614,7 +655,7 @@ impl<H: Host> Supervisor<H> {
         } else {
             self.host.hand_off(account_id, &a.gate, &a.session, to);
         }
-        self.stopped(account_id, a, Some("released: rebalanced"));
+        self.stopped(account_id, a, Some(release));
     }
 
     fn stopped(&mut self, account_id: i64, a: Active<H::Session>, release: Option<&'static str>) {
@@ -904,6 +945,59 @@ mod tests {
         // A later cycle during shutdown starts nothing new.
         sup.apply(&[row(3, 13, true)], now, now + Duration::from_secs(2));
         assert!(sup.gate(3).is_none());
+    }
+
+    /// A shutdown with receivers: each account with one copies on behind its open gate (renewed
+    /// with its row, as the node's cycles go on while it drains) and is released on its own once
+    /// stopped; the rest close at once and wait for the node's leave.
+    #[tokio::test]
+    async fn a_shutdown_hands_off_what_peers_can_take_and_closes_the_rest() {
+        let now = Instant::now();
+        let at = |s: u64| now + Duration::from_secs(s);
+        let (mut sup, _rx) = supervisor_offering(Duration::from_secs(60));
+        sup.apply(
+            &[row(1, 10, true), row(2, 11, true), row(3, 12, true)],
+            now,
+            at(2),
+        );
+        let gates: Vec<Arc<AccountGate>> = (1..=3).map(|id| sup.gate(id).unwrap()).collect();
+        sup.begin_shutdown_handing_off(&["b".to_string(), "c".to_string()]);
+        assert!(
+            gates[0].holds() && gates[1].holds(),
+            "handed off: still copying"
+        );
+        assert!(gates[2].is_closed(), "no receiver: closed at once");
+        assert_eq!(sup.handing_off(), 2);
+        assert_eq!(sup.stopping[&(1, 10)].release, Some("released: shutdown"));
+        assert_eq!(
+            sup.stopping[&(3, 12)].release,
+            None,
+            "released when the node leaves"
+        );
+        // A cycle while draining renews the handed-off gates and starts nothing new.
+        sup.apply(
+            &[
+                row(1, 10, true),
+                row(2, 11, true),
+                row(3, 12, true),
+                row(4, 13, true),
+            ],
+            now,
+            at(5),
+        );
+        assert_eq!(gates[0].deadline(), Some(at(5)));
+        assert!(sup.gate(4).is_none());
+        // Their sessions stop once the receivers are ready: each released on its own.
+        sup.handle(Event::Exited {
+            account_id: 1,
+            epoch: 10,
+            error: None,
+        });
+        assert!(sup.releasing.contains(&(1, 10)));
+        // A second, immediate shutdown (the node id taken over) closes what still copies.
+        sup.begin_shutdown();
+        assert!(gates[1].is_closed());
+        assert_eq!(sup.handing_off(), 0);
     }
 
     #[test]

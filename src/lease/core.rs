@@ -56,6 +56,10 @@ pub struct Core<H: Host> {
     database_seen: bool,
     /// Until when claims wait (a grace after a database failover).
     grace_until: Option<Instant>,
+    /// The peers and the claimable rows the last confirmed cycle saw (who can receive this
+    /// node's accounts when it shuts down).
+    peers: Vec<crate::db::lease::Peer>,
+    free: u64,
 }
 
 /// What the next cycle asks of the database, fixed at its `t0`.
@@ -100,6 +104,8 @@ impl<H: Host> Core<H> {
             timeline: None,
             database_seen: false,
             grace_until: None,
+            peers: Vec::new(),
+            free: 0,
         }
     }
 
@@ -160,7 +166,13 @@ impl<H: Host> Core<H> {
             platform: &self.node.platform,
             capacity: self.node.capacity,
             claim_limit: p.claim_limit,
-            trust: self.node.lease.saturating_sub(self.node.fence),
+            // A node shutting down publishes no trust: its peers leave it out of their fair
+            // shares, so the accounts it releases one by one have room to go at once.
+            trust: if self.draining.is_some() {
+                Duration::ZERO
+            } else {
+                self.node.lease.saturating_sub(self.node.fence)
+            },
             owned: p.owned,
             lease: self.node.lease,
             held: &self.held,
@@ -214,6 +226,8 @@ impl<H: Host> Core<H> {
         self.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
         self.watch_database(&outcome.database, acknowledged);
         self.metrics.accounts_claimable.set(outcome.free as i64);
+        self.peers = outcome.peers.clone();
+        self.free = outcome.free;
         // Nobody can claim during a grace: handing accounts off would only leave them unowned.
         let moved = if outcome.database.grace.is_zero() {
             self.rebalance(outcome, acknowledged)
@@ -497,15 +511,69 @@ impl<H: Host> Core<H> {
         self.publish(|_| {});
     }
 
-    /// A shutdown was requested at `now`: every gate closes, every session is asked to stop.
-    pub fn begin_shutdown(&mut self, now: Instant) {
+    /// A shutdown was requested at `now` (L2). Each account a trusted peer can take is handed
+    /// off to it as a fair-share move is: offered, copying on behind its open gate until that
+    /// peer has logged in ahead (at most `handoff_prepare`), then its gate closes, its orders in
+    /// flight finish and it is released, one account at a time; the rest stop at once and are
+    /// released when the node leaves. True when a cycle should run now: it publishes that this
+    /// node no longer counts for fair share, so the peers have room for what it releases.
+    pub fn begin_shutdown(&mut self, now: Instant) -> bool {
+        let receivers = if self.supervisor.handoff_wait().is_zero() {
+            Vec::new()
+        } else {
+            self.shutdown_receivers()
+        };
+        let offered = receivers.len();
         info!(
             accounts = self.supervisor.owned().len(),
-            "shutdown requested: closing every gate, stopping account sessions, then releasing"
+            offered,
+            "shutdown requested: handing accounts to the peers that can take them (copying on until each receiver has logged in), closing the other gates at once, then releasing"
         );
-        self.supervisor.begin_shutdown();
-        self.draining = Some(now + SHUTDOWN_GRACE);
+        self.supervisor.begin_shutdown_handing_off(&receivers);
+        self.draining = Some(now + SHUTDOWN_GRACE + self.supervisor.handoff_wait());
         self.publish(|s| s.phase = Phase::Draining);
+        offered > 0
+    }
+
+    /// Who takes this node's accounts when it leaves, one receiver per account in the order
+    /// the supervisor hands them off: the trusted peers' fair shares without this node, each
+    /// peer receiving up to what it lacks of its share (none when nobody is trusted).
+    fn shutdown_receivers(&self) -> Vec<String> {
+        let owned = self.supervisor.owned().len() as u64 + self.supervisor.handing_off() as u64;
+        let trusted: Vec<&crate::db::lease::Peer> =
+            self.peers.iter().filter(|p| p.trusted).collect();
+        let members: Vec<balance::Member> = trusted
+            .iter()
+            .map(|p| balance::Member {
+                node_id: p.node_id.clone(),
+                capacity: p.capacity,
+            })
+            .collect();
+        let total = owned
+            + self
+                .peers
+                .iter()
+                .filter(|p| p.live)
+                .map(|p| p.owned as u64)
+                .sum::<u64>()
+            + self.free;
+        let shares = balance::shares(&members, total);
+        let mut deficits: Vec<(i64, &str)> = trusted
+            .iter()
+            .map(|p| {
+                let share = shares.get(&p.node_id).copied().unwrap_or(0);
+                (i64::from(share) - i64::from(p.owned), p.node_id.as_str())
+            })
+            .collect();
+        let mut receivers = Vec::new();
+        for _ in 0..owned {
+            let Some(best) = deficits.iter_mut().filter(|d| d.0 > 0).max_by_key(|d| d.0) else {
+                break;
+            };
+            best.0 -= 1;
+            receivers.push(best.1.to_string());
+        }
+        receivers
     }
 
     /// An event from a session, a release or the status writer.

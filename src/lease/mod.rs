@@ -111,7 +111,10 @@ impl LeaseLoop {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if draining.is_none() => {
-                    core.begin_shutdown(Instant::now());
+                    if core.begin_shutdown(Instant::now()) {
+                        // Tell the peers now that this node leaves their fair shares.
+                        next = Instant::now();
+                    }
                 }
                 Some(event) = events.recv() => core.handle(event),
                 _ = sleep_until(lapse_at.unwrap_or(far)), if lapse_at.is_some() => {

@@ -333,6 +333,10 @@ impl Host for SimHost {
         });
     }
 
+    fn handoff_wait(&self) -> Duration {
+        Duration::from_micros(HAND_OFF_WAIT)
+    }
+
     fn release(&mut self, account: i64, epoch: i64, status: &'static str) {
         self.effects.push(Effect::Release {
             account,
@@ -1221,13 +1225,17 @@ impl World {
                     return Ok(());
                 }
                 core.supervisor.host_mut().now = now;
-                core.begin_shutdown(now);
+                let cycle_now = core.begin_shutdown(now);
                 let grace_end = core.draining().expect("draining");
                 self.nodes[i].leaving = true;
                 self.note(|_| format!("n{i} shutting down"));
                 self.effects(i)?;
                 let at = self.true_time(i, grace_end);
                 self.push(at, i, Ev::DrainTimeout);
+                if cycle_now {
+                    // As the node does: its next cycle publishes that it left the fair shares.
+                    self.cycle_at(i, self.now);
+                }
                 self.maybe_leave(i);
             }
             Ev::DrainTimeout => self.leave(i),

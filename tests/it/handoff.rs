@@ -27,60 +27,24 @@ const LOGIN_DELAY: Duration = Duration::from_secs(2);
 /// no trade is copied twice.
 #[tokio::test]
 async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
-    let CopySetup {
-        db,
-        dir,
-        broker,
-        addr,
-        t,
-        mut conn,
-    } = CopySetup::with("handoff-prepared", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-        o.login_delay = LOGIN_DELAY;
-    })
-    .await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    for id in 2..=7 {
-        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
-        add_link(&mut conn, 1, id, LinkSpec::default()).await;
-    }
-    // Everything on a; then b joins and fair share moves three accounts to it (7 = 4 + 3).
-    let mut a_config = config(&db, "a", 100, FAST);
-    a_config.handoff_prepare = Duration::from_secs(10);
-    let a = start_node(&a_config).await;
-    wait_state(&a.state, "a owns every account", WAIT, |s| {
-        s.owned.len() == 7
-    })
-    .await;
-    eventually("follower sessions to reconcile", WAIT, async || {
-        let ready: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM trading_accounts WHERE id BETWEEN 2 AND 7 AND status LIKE 'follower: master%'",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        (ready == 6).then_some(())
-    })
-    .await;
+    let (
+        CopySetup {
+            db,
+            dir,
+            broker,
+            t,
+            mut conn,
+            ..
+        },
+        a,
+    ) = seven_accounts_on_a("handoff-prepared").await;
     let first = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
 
     let mut offers = PgListener::connect(&db.url).await.unwrap();
     offers.listen("copier_handoff").await.unwrap();
     let b = start_node(&config(&db, "b", 100, FAST)).await;
     // The first follower offered to b: trade at once, while b logs in (LOGIN_DELAY).
-    let offered: i64 = tokio::time::timeout(WAIT, async {
-        loop {
-            let n = offers.recv().await.unwrap();
-            let v: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
-            let id = v["account_id"].as_i64().unwrap();
-            if v["ready"] == false && v["from"] == "a" && v["to"] == "b" && id != 1 {
-                break id;
-            }
-        }
-    })
-    .await
-    .expect("a offers a follower to b");
+    let offered = first_offer(&mut offers, "a", "b").await;
     let during = t.open("m1", "GBPUSD", Side::Sell, 0.5, None, None).await;
     let offered_login = format!("f{offered}");
 
@@ -92,57 +56,12 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
     .await;
     t.close("m1", first, None).await;
     t.close("m1", during, None).await;
-    let opens_and_closes = |lines: &[copier_node::sim_broker::journal::JournalEntry]| {
-        let mut per: HashMap<(String, String), usize> = HashMap::new();
-        for l in lines
-            .iter()
-            .filter(|l| l.accepted && l.client != "manual" && l.action != "login")
-        {
-            *per.entry((l.login.clone(), l.action.clone())).or_default() += 1;
-        }
-        per
-    };
-    // Both trades opened and closed on all six followers.
-    eventually("every copy closed", WAIT, async || {
-        let per = opens_and_closes(&journal(&dir.path("journal.jsonl")));
-        (2..=7)
-            .all(|id| {
-                let login = format!("f{id}");
-                per.get(&(login.clone(), "open".into())) >= Some(&2)
-                    && per.get(&(login, "close".into())) >= Some(&2)
-            })
-            .then_some(())
-    })
-    .await;
-
-    let lines = journal(&dir.path("journal.jsonl"));
-    // S2: one accepted open per follower and master position (the copy's comment names it).
-    let mut copies: HashMap<(&str, Option<&str>), usize> = HashMap::new();
-    for l in lines
-        .iter()
-        .filter(|l| l.accepted && l.action == "open" && l.client != "manual")
-    {
-        *copies
-            .entry((l.login.as_str(), l.comment.as_deref()))
-            .or_default() += 1;
-    }
-    assert!(copies.values().all(|n| *n == 1), "copied twice: {copies:?}");
-    assert_eq!(copies.len(), 12, "{copies:?}");
+    let lines = copied_once_each(&dir, 2).await;
 
     // The trade made after the offer was copied to the offered follower by a, its old owner.
-    let during_copy = lines
-        .iter()
-        .find(|l| {
-            l.login == offered_login
-                && l.action == "open"
-                && l.accepted
-                && l.comment
-                    .as_deref()
-                    .is_some_and(|c| c.contains(&during.to_string()))
-        })
-        .expect("the trade made during the preparation was copied");
     assert_eq!(
-        during_copy.client, "a",
+        copied_by(&lines, &offered_login, during),
+        "a",
         "the old owner copies while the receiver prepares"
     );
 
@@ -181,32 +100,7 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
         "b logged in exactly the accounts it took"
     );
     for login in &moved {
-        let of: Vec<(usize, &copier_node::sim_broker::journal::JournalEntry)> = lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| &l.login == login)
-            .collect();
-        let b_logins: Vec<Option<i64>> = of
-            .iter()
-            .filter(|(_, l)| l.client == "b" && l.action == "login")
-            .map(|(_, l)| l.fence)
-            .collect();
-        assert!(
-            b_logins.len() == 2 && b_logins[0].is_none() && b_logins[1].is_some(),
-            "{login}: b's logins {b_logins:?} (expected a prepared login, then its raise)"
-        );
-        let raise = of
-            .iter()
-            .find(|(_, l)| l.client == "b" && l.action == "login" && l.fence.is_some())
-            .map(|(i, _)| *i)
-            .unwrap();
-        for (i, l) in of.iter().filter(|(_, l)| l.action != "login") {
-            match l.client.as_str() {
-                "a" => assert!(*i < raise, "{login}: a sent after b's raise: {l:?}"),
-                "b" => assert!(*i > raise, "{login}: b sent before its raise: {l:?}"),
-                _ => {}
-            }
-        }
+        assert_prepared_then_raised(&lines, login, "a", "b");
     }
     // b's metrics count the same: three prepared logins raised at its claims.
     let (_, metrics) = get(b.http_addr, "/metrics").await;
@@ -225,4 +119,240 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
         n.wait().await.unwrap();
     }
     broker.stop().await;
+}
+
+/// A SIGTERM hand-off, prepared: the stopping node offers each account to the peer that will
+/// take it and keeps copying behind its open gates (a trade made after the first offer is copied
+/// by it) until that peer has logged in ahead; only then does it close the gate, finish, release
+/// and leave. The peer raises each prepared login's fence (no second login): every order of the
+/// stopping node precedes that raise in the journal and every order of the peer follows it, and
+/// nothing is copied twice, with the broker's fence check and dedupe off.
+#[tokio::test]
+async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies() {
+    let (
+        CopySetup {
+            db,
+            dir,
+            broker,
+            t,
+            mut conn,
+            ..
+        },
+        a,
+    ) = seven_accounts_on_a("handoff-sigterm").await;
+    // b joins and takes its fair share first (the move tested above).
+    let b = start_node(&config(&db, "b", 100, FAST)).await;
+    wait_state(&b.state, "b holds its share", WAIT, |s| s.owned.len() == 3).await;
+    eventually("a's hand-offs to finish", WAIT, async || {
+        (a.state.borrow().owned.len() == 4).then_some(())
+    })
+    .await;
+    let held_by_a: Vec<String> = sqlx::query_scalar(
+        "SELECT CASE WHEN id = 1 THEN 'm1' ELSE 'f' || id END FROM trading_accounts WHERE node_id = 'a'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(held_by_a.len(), 4, "{held_by_a:?}");
+    let first = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    eventually("the first trade copied everywhere", WAIT, async || {
+        let lines = journal(&dir.path("journal.jsonl"));
+        let copied = lines
+            .iter()
+            .filter(|l| l.accepted && l.action == "open" && l.client != "manual")
+            .filter(|l| l.comment.as_deref() == Some(format!("mc{first}").as_str()))
+            .count();
+        (copied == 6).then_some(())
+    })
+    .await;
+
+    let mut offers = PgListener::connect(&db.url).await.unwrap();
+    offers.listen("copier_handoff").await.unwrap();
+    a.shutdown();
+    // The first follower a offers to b as it stops: trade at once, while b logs in.
+    let offered = first_offer(&mut offers, "a", "b").await;
+    let during = t.open("m1", "GBPUSD", Side::Sell, 0.5, None, None).await;
+    let offered_login = format!("f{offered}");
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    t.close("m1", first, None).await;
+    t.close("m1", during, None).await;
+    let lines = copied_once_each(&dir, 2).await;
+    assert!(held_by_a.contains(&offered_login), "{held_by_a:?}");
+    assert_eq!(
+        copied_by(&lines, &offered_login, during),
+        "a",
+        "the stopping node copies while the receiver prepares"
+    );
+    for login in &held_by_a {
+        assert_prepared_then_raised(&lines, login, "a", "b");
+    }
+    // b raised a prepared login at each of its claims: three at the move, four at the stop.
+    let (_, metrics) = get(b.http_addr, "/metrics").await;
+    assert_eq!(
+        sample(&metrics, "copier_handoff_logins_total{outcome=\"raised\"}"),
+        7.0
+    );
+    b.shutdown();
+    b.wait().await.unwrap();
+    broker.stop().await;
+}
+
+/// `login` moved from `old` to `new` by a prepared hand-off, judged from the journal: `new`
+/// logged it in twice, first without a fence (the prepared login) and then with one (the raise),
+/// every order of `old` precedes that raise and every order of `new` follows it.
+fn assert_prepared_then_raised(
+    lines: &[copier_node::sim_broker::journal::JournalEntry],
+    login: &str,
+    old: &str,
+    new: &str,
+) {
+    let of: Vec<(usize, &copier_node::sim_broker::journal::JournalEntry)> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.login == login)
+        .collect();
+    let new_logins: Vec<Option<i64>> = of
+        .iter()
+        .filter(|(_, l)| l.client == new && l.action == "login")
+        .map(|(_, l)| l.fence)
+        .collect();
+    assert!(
+        new_logins.len() == 2 && new_logins[0].is_none() && new_logins[1].is_some(),
+        "{login}: {new}'s logins {new_logins:?} (expected a prepared login, then its raise)"
+    );
+    let raise = of
+        .iter()
+        .find(|(_, l)| l.client == new && l.action == "login" && l.fence.is_some())
+        .map(|(i, _)| *i)
+        .unwrap();
+    for (i, l) in of.iter().filter(|(_, l)| l.action != "login") {
+        if l.client == old {
+            assert!(*i < raise, "{login}: {old} sent after {new}'s raise: {l:?}");
+        } else if l.client == new {
+            assert!(*i > raise, "{login}: {new} sent before its raise: {l:?}");
+        }
+    }
+}
+
+/// A master and six followers (fence check and dedupe off, a slow login), all owned by node a
+/// (`handoff_prepare` 10 s), every follower's session reconciled.
+async fn seven_accounts_on_a(name: &str) -> (CopySetup, copier_node::app::NodeHandle) {
+    let mut setup = CopySetup::with(name, |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.login_delay = LOGIN_DELAY;
+    })
+    .await;
+    let (conn, addr) = (&mut setup.conn, setup.addr.clone());
+    add_account(conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(conn, id, "follower", &addr, &format!("f{id}")).await;
+        add_link(conn, 1, id, LinkSpec::default()).await;
+    }
+    let mut a_config = config(&setup.db, "a", 100, FAST);
+    a_config.handoff_prepare = Duration::from_secs(10);
+    let a = start_node(&a_config).await;
+    wait_state(&a.state, "a owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    followers_reconciled(conn).await;
+    (setup, a)
+}
+
+/// Waits until every follower's session has reconciled with its master.
+async fn followers_reconciled(conn: &mut sqlx::PgConnection) {
+    eventually("follower sessions to reconcile", WAIT, async || {
+        let ready: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM trading_accounts WHERE id BETWEEN 2 AND 7 AND status LIKE 'follower: master%'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        (ready == 6).then_some(())
+    })
+    .await;
+}
+
+/// The first follower `from` offers to `to` on `copier_handoff`.
+async fn first_offer(offers: &mut PgListener, from: &str, to: &str) -> i64 {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let n = offers.recv().await.unwrap();
+            let v: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
+            let id = v["account_id"].as_i64().unwrap();
+            if v["ready"] == false && v["from"] == from && v["to"] == to && id != 1 {
+                break id;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{from} offers a follower to {to}"))
+}
+
+/// Waits until each of the six followers opened and closed `trades` copies, then checks S2 from
+/// the journal (one accepted open per follower and master position, the copy's comment naming
+/// it: `trades` per follower); returns the journal.
+async fn copied_once_each(
+    dir: &crate::support::broker::Scratch,
+    trades: usize,
+) -> Vec<copier_node::sim_broker::journal::JournalEntry> {
+    let opens_and_closes = |lines: &[copier_node::sim_broker::journal::JournalEntry]| {
+        let mut per: HashMap<(String, String), usize> = HashMap::new();
+        for l in lines
+            .iter()
+            .filter(|l| l.accepted && l.client != "manual" && l.action != "login")
+        {
+            *per.entry((l.login.clone(), l.action.clone())).or_default() += 1;
+        }
+        per
+    };
+    eventually("every copy closed", WAIT, async || {
+        let per = opens_and_closes(&journal(&dir.path("journal.jsonl")));
+        (2..=7)
+            .all(|id| {
+                let login = format!("f{id}");
+                per.get(&(login.clone(), "open".into())) >= Some(&trades)
+                    && per.get(&(login, "close".into())) >= Some(&trades)
+            })
+            .then_some(())
+    })
+    .await;
+    let lines = journal(&dir.path("journal.jsonl"));
+    let mut copies: HashMap<(&str, Option<&str>), usize> = HashMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| l.accepted && l.action == "open" && l.client != "manual")
+    {
+        *copies
+            .entry((l.login.as_str(), l.comment.as_deref()))
+            .or_default() += 1;
+    }
+    assert!(copies.values().all(|n| *n == 1), "copied twice: {copies:?}");
+    assert_eq!(copies.len(), 6 * trades, "{copies:?}");
+    lines
+}
+
+/// Which node's client opened `login`'s copy of master ticket `ticket`.
+fn copied_by<'a>(
+    lines: &'a [copier_node::sim_broker::journal::JournalEntry],
+    login: &str,
+    ticket: i64,
+) -> &'a str {
+    lines
+        .iter()
+        .find(|l| {
+            l.login == login
+                && l.action == "open"
+                && l.accepted
+                && l.comment
+                    .as_deref()
+                    .is_some_and(|c| c.contains(&ticket.to_string()))
+        })
+        .map(|l| l.client.as_str())
+        .unwrap_or_else(|| panic!("{login} has no copy of {ticket}"))
 }
