@@ -1,4 +1,4 @@
-//! Prepared hand-offs (fair share): the receiving node logs the account in ahead of the release,
+//! Prepared hand-offs (fair share, and a shutdown's): the receiving node logs the account in ahead of the release,
 //! while the old owner still copies, so the new owner's first order waits for a fence raise and
 //! its reads instead of a whole broker login (hundreds of milliseconds on a real trade server).
 //!
@@ -15,8 +15,9 @@
 //!
 //! What keeps two owners from both sending is unchanged: R can send nothing before its claim
 //! (the prepared login is not a [`crate::broker::Session`] until raised), and its claim cannot
-//! commit before O's release. SIGTERM hand-offs are not prepared: the node closes every gate at
-//! once (L2), and its drain is milliseconds, all a preparation could overlap.
+//! commit before O's release. A SIGTERM hand-off is prepared the same way, one offer per account
+//! to the peer that will take it ([`crate::lease::Core::begin_shutdown`]); each account's gate
+//! closes once its receiver answered, and it is released on its own.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

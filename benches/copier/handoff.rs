@@ -41,8 +41,11 @@ enum Scenario {
     SlowLoginMove {
         prepared: bool,
     },
-    /// A SIGTERM hand-off with that broker (never prepared: every gate closes at once).
-    SlowLoginSigterm,
+    /// A SIGTERM hand-off with that broker, prepared (each account copies on at the stopping
+    /// node until its receiver has logged in ahead) or not (every gate closes at once).
+    SlowLoginSigterm {
+        prepared: bool,
+    },
 }
 
 /// The slow broker login of the [`Scenario::SlowLoginMove`] rows.
@@ -60,7 +63,12 @@ impl Scenario {
             Scenario::SlowLoginMove { prepared: false } => {
                 "fair-share move, 300 ms broker login, not prepared (`handoff_prepare = 0s`)"
             }
-            Scenario::SlowLoginSigterm => "SIGTERM hand-off, 300 ms broker login (not prepared)",
+            Scenario::SlowLoginSigterm { prepared: true } => {
+                "SIGTERM hand-off, 300 ms broker login, prepared (default)"
+            }
+            Scenario::SlowLoginSigterm { prepared: false } => {
+                "SIGTERM hand-off, 300 ms broker login, not prepared (`handoff_prepare = 0s`)"
+            }
         }
     }
 
@@ -87,7 +95,8 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         Scenario::Sigterm,
         Scenario::SlowLoginMove { prepared: true },
         Scenario::SlowLoginMove { prepared: false },
-        Scenario::SlowLoginSigterm,
+        Scenario::SlowLoginSigterm { prepared: true },
+        Scenario::SlowLoginSigterm { prepared: false },
     ]
     .into_iter()
     .enumerate()
@@ -95,14 +104,18 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         let mut setup = Setup::with_broker(pg, &format!("bench_handoff_{i}"), 1, followers, |o| {
             if matches!(
                 scenario,
-                Scenario::SlowLoginMove { .. } | Scenario::SlowLoginSigterm
+                Scenario::SlowLoginMove { .. } | Scenario::SlowLoginSigterm { .. }
             ) {
                 o.login_delay = SLOW_LOGIN;
             }
         })
         .await?;
         let mut timing = timing.to_vec();
-        if scenario == (Scenario::SlowLoginMove { prepared: false }) {
+        if matches!(
+            scenario,
+            Scenario::SlowLoginMove { prepared: false }
+                | Scenario::SlowLoginSigterm { prepared: false }
+        ) {
             timing.extend(["--handoff-prepare", "0s"]);
         }
         let timing = timing.as_slice();
@@ -131,7 +144,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
                     Scenario::FairShareMove | Scenario::SlowLoginMove { .. } => {
                         setup.spawn_node("hb", timing.iter().copied())?;
                     }
-                    Scenario::Sigterm | Scenario::SlowLoginSigterm => {
+                    Scenario::Sigterm | Scenario::SlowLoginSigterm { .. } => {
                         let _ = tokio::process::Command::new("kill")
                             .arg("-TERM")
                             .arg(first.to_string())
@@ -216,7 +229,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it releases everything; the other claims it on its next cycle). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last three rows use a broker whose every login takes {} ms (`sim-broker --login-delay`, as a real trade server's login takes hundreds of milliseconds): the fair-share move prepared (the default: the old owner offers each account to the newcomer and copies on until the newcomer has logged in without a fence, then releases; the newcomer raises the fence after its claim), not prepared (`--handoff-prepare 0s`: the newcomer logs in after its claim), and a SIGTERM hand-off, which is never prepared (every gate closes at once). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
+        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share: each moved account is released by its owner once its session has stopped, and claimed by the newcomer on its next cycle), or one of two nodes gets SIGTERM (it hands each account to the other, prepared as below, and releases it; the other claims it at once). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last four rows use a broker whose every login takes {} ms (`sim-broker --login-delay`, as a real trade server's login takes hundreds of milliseconds): the fair-share move and the SIGTERM hand-off, each prepared (the default: the old owner offers each account to the node that will take it and copies on until that node has logged in without a fence, then releases; the receiver raises the fence after its claim) and not prepared (`--handoff-prepare 0s`: the receiver logs in after its claim; on SIGTERM every gate closes at once). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
         spacing.as_millis(),
         SLOW_LOGIN.as_millis()
     ));

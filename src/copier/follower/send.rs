@@ -60,6 +60,12 @@ impl Follower<'_> {
             }
             _ => {}
         }
+        // The ledger rows of this follower's earlier copies are in before its next order: a copy
+        // is never closed here while its row could still be lost (a write fenced out because
+        // the account moved meanwhile), when only the broker's history would tell it was made.
+        if !self.ledger.is_empty() {
+            self.flush_ledger().await;
+        }
         // HoldsLease, right before anything reaches the broker.
         if !self.ctx.gate.holds() {
             warn!(
@@ -421,10 +427,11 @@ impl Follower<'_> {
     }
 
     /// Hands a copy to the ledger's writer (fenced) and observes its latency legs. The session
-    /// goes on meanwhile (the writer gives way to the node's orders in flight): the outcome is
-    /// looked at later ([`Self::ledger_written`]), and every write is waited for before the
-    /// ledger is read and before the session ends, so its row is in before the account can be
-    /// released.
+    /// goes on meanwhile (the writer gives way to the node's orders in flight, so a fan-out's
+    /// rows are written after its orders): the outcome is looked at later
+    /// ([`Self::ledger_written`]), and the write is waited for before this follower's next
+    /// order, before the ledger is read and before the session ends (so the row is in before
+    /// the copy can be closed here and before the account can be released).
     pub(super) fn record_copy(&mut self, record: &CopyRecord) {
         // Slippage in points of the follower's symbol, when its broker gives the point size.
         let point = self
