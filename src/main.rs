@@ -7,11 +7,6 @@ use clap::Parser;
 use copier_node::cli::Cli;
 use copier_node::commands;
 
-// The node allocates per order and per event (requests, replies, position events, notices): glibc's
-// allocator took a fifth of the node's CPU in a profile at 100 followers (BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
