@@ -7,6 +7,10 @@
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
 //!                                               #   fix, failover, handoff, rebalance, cost,
 //!                                               #   notify, events, poll, pooler)
+//!   cargo bench --bench copier -- --only copy --rows 100x1,1000x1 --trades 40
+//!                                               # chosen copy rows (followers x nodes)
+//!   COPIER_BENCH_NODE=/path/to/other/copier-node cargo bench ...
+//!                                               # node processes of another build (A/B runs)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
 //! names), the simulated broker in-process, and node processes of the real binary.
