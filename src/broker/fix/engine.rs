@@ -348,23 +348,76 @@ impl LogCallback for EngineLog {
     }
 }
 
-/// The data dictionary (`dictionary.xml`, built in), written once per process to a file because
-/// QuickFIX reads it from a path.
+/// The data dictionary (`dictionary.xml`, built in), written to a file because QuickFIX reads it
+/// from a path: one file per dictionary version, shared by every process of the machine (a file
+/// per process left one behind at every restart).
 fn dictionary_path() -> Result<String, String> {
     static PATH: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        const XML: &str = include_str!("dictionary.xml");
-        let path = std::env::temp_dir().join(format!(
-            "copier-node-fix44-{}-{}.xml",
-            std::process::id(),
-            XML.len()
-        ));
-        std::fs::write(&path, XML)
-            .map_err(|e| format!("writing the FIX dictionary to {}: {e}", path.display()))?;
-        Ok(path.display().to_string())
+        write_dictionary(&std::env::temp_dir(), include_str!("dictionary.xml"))
+            .map(|path| path.display().to_string())
     })
     .clone()
 }
 
+/// Writes `xml` to `dir` under a name made from its content, unless a file of that name already
+/// holds it: written to a file of this process first and renamed into place, so a process never
+/// reads another's half-written file, and a file of that name with other content is replaced.
+fn write_dictionary(dir: &std::path::Path, xml: &str) -> Result<std::path::PathBuf, String> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    xml.hash(&mut hasher);
+    let name = format!("copier-node-fix44-{:016x}.xml", hasher.finish());
+    let path = dir.join(&name);
+    if std::fs::read(&path).is_ok_and(|held| held == xml.as_bytes()) {
+        return Ok(path);
+    }
+    let partial = dir.join(format!("{name}.{}.partial", std::process::id()));
+    std::fs::write(&partial, xml)
+        .and_then(|()| std::fs::rename(&partial, &path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&partial);
+            format!("writing the FIX dictionary to {}: {e}", path.display())
+        })?;
+    Ok(path)
+}
+
 /// How long [`Engine`] users wait between checks of a condition.
 pub const POLL: Duration = Duration::from_millis(20);
+
+#[cfg(test)]
+mod tests {
+    use super::write_dictionary;
+
+    fn files(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Every process of a build writes the dictionary to the same one file (none left behind
+    /// per process), a damaged copy is replaced, and another version gets a file of its own.
+    #[test]
+    fn the_fix_dictionary_is_one_file_per_version_not_one_per_process() {
+        let dir = std::env::temp_dir().join(format!("copier-dict-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = write_dictionary(&dir, "<fix v1/>").unwrap();
+        let again = write_dictionary(&dir, "<fix v1/>").unwrap();
+        assert_eq!(first, again);
+        let name = first.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(!name.contains(&std::process::id().to_string()), "{name}");
+        assert_eq!(files(&dir).len(), 1, "{:?}", files(&dir));
+        std::fs::write(&first, "<fix v1").unwrap();
+        assert_eq!(write_dictionary(&dir, "<fix v1/>").unwrap(), first);
+        assert_eq!(std::fs::read_to_string(&first).unwrap(), "<fix v1/>");
+        let other = write_dictionary(&dir, "<fix v2/>").unwrap();
+        assert_ne!(other, first);
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "<fix v2/>");
+        assert_eq!(files(&dir).len(), 2, "{:?}", files(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
