@@ -157,10 +157,20 @@ impl Suite {
         let patroni = tokio::task::spawn_blocking(move || Patroni::start(&root, synchronous))
             .await
             .unwrap();
-        let mut conn = sqlx::PgConnection::connect(&patroni.url("postgres"))
-            .await
-            .unwrap();
-        copier_node::db::migrate::apply(&mut conn).await.unwrap();
+        let mut conn = tokio::time::timeout(
+            Duration::from_secs(30),
+            sqlx::PgConnection::connect(&patroni.url("postgres")),
+        )
+        .await
+        .expect("connecting through HAProxy took over 30 s")
+        .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            copier_node::db::migrate::apply(&mut conn),
+        )
+        .await
+        .expect("migrating through HAProxy took over 60 s")
+        .unwrap();
         conn.close().await.unwrap();
         Self::build(name, Database::Patroni { patroni, _dir: dir }, broker_args).await
     }
@@ -347,8 +357,16 @@ impl Suite {
         }
     }
 
+    /// A connection to the suite's database (30 s to connect, so a connect that hangs fails and
+    /// says so instead of stalling the scenario).
     pub async fn conn(&self) -> sqlx::PgConnection {
-        sqlx::PgConnection::connect(&self.url()).await.unwrap()
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            sqlx::PgConnection::connect(&self.url()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{}: connecting to the database took over 30 s", self.name))
+        .unwrap()
     }
 
     /// Two masters (ids 1, 2: the lowest, so a node of capacity 2 started first owns them) with

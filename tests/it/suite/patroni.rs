@@ -19,6 +19,7 @@ use copier_node::wall_clock::unix_ms;
 use tokio::time::Instant;
 
 use super::{Suite, checker};
+use crate::support::deadline::Deadline;
 use crate::support::{Timing, patroni};
 
 /// Lease 60 s, fence 15 s: a node trusts a renewal for 45 s, longer than Patroni takes.
@@ -29,25 +30,34 @@ const PATRONI_TIMING: Timing = Timing {
 };
 const UNPROTECTED: &[&str] = &["--no-fence-check", "--no-dedupe"];
 const WAIT: Duration = Duration::from_secs(120);
+/// One deadline for a whole scenario, below nextest's terminate-after (300 s): a hang fails with
+/// the phase it hung in and every log, instead of a silent kill.
+const SCENARIO: Duration = Duration::from_secs(270);
 
 /// A suite on Patroni with two nodes sharing the accounts, settled and trading; None (and a note)
 /// when Patroni is not installed outside CI.
-async fn two_nodes(name: &str, synchronous: bool) -> Option<Suite> {
+async fn two_nodes(name: &str, synchronous: bool, at: &Deadline) -> Option<Suite> {
     if !patroni::available() {
         return None;
     }
+    at.phase("starting etcd, Patroni and HAProxy");
     let mut s = Suite::on_patroni(name, UNPROTECTED, synchronous).await;
     s.timing = PATRONI_TIMING;
     s.fence_ms = 15_000;
     for id in ["a", "b"] {
+        at.phase(&format!("starting node {id}"));
         s.start_node(id, 100, Vec::new()).await;
+        at.watch(&s.node(id).process.log);
         s.node(id)
             .process
             .wait_for_output("joined the cluster", WAIT)
             .await;
     }
+    at.phase("waiting for ownership to settle");
     s.wait_stable().await;
+    at.phase("waiting for the followers to be ready");
     s.wait_ready().await;
+    at.phase("trading before the fault");
     s.start_trading();
     tokio::time::sleep(Duration::from_secs(3)).await; // the workload before the fault
     Some(s)
@@ -115,16 +125,20 @@ async fn wait_copying_resumed(s: &Suite, since_ms: i64) -> i64 {
 
 /// After the fault: every node notices the new timeline, copying resumes (reported), trading
 /// goes on for a while, then convergence and the journal's verdict.
-async fn finish(s: &mut Suite, fault: &str, since_ms: i64, promoted_ms: u128) {
+async fn finish(s: &mut Suite, fault: &str, since_ms: i64, promoted_ms: u128, at: &Deadline) {
     for id in ["a", "b"] {
+        at.phase(&format!("waiting for node {id} to see the failover"));
         s.node(id)
             .process
             .wait_for_output("database failed over", WAIT)
             .await;
     }
+    at.phase("waiting for copying to resume");
     let resumed = wait_copying_resumed(s, since_ms).await;
     tokio::time::sleep(Duration::from_secs(3)).await; // trading after the fault
+    at.phase("stopping the trade generator");
     let orders = s.stop_trading().await;
+    at.phase("waiting for the followers to converge");
     let converged = s.converged(WAIT).await;
     let lines = checker::load(&s.dir.path("journal.jsonl"));
     let pause = longest_pause(&lines, since_ms);
@@ -133,6 +147,7 @@ async fn finish(s: &mut Suite, fault: &str, since_ms: i64, promoted_ms: u128) {
         s.name,
         converged.as_millis()
     );
+    at.phase("judging the journal");
     s.check(false);
     let reused = checker::epochs_reused(&lines);
     assert!(reused.is_empty(), "{}: {reused:?}", s.name);
@@ -140,16 +155,18 @@ async fn finish(s: &mut Suite, fault: &str, since_ms: i64, promoted_ms: u128) {
 
 #[tokio::test]
 async fn a_patroni_switchover_while_masters_trade_moves_no_account_and_copies_once() {
-    let Some(mut s) = two_nodes("patroni-switchover", false).await else {
+    let at = Deadline::arm("patroni-switchover", SCENARIO);
+    let Some(mut s) = two_nodes("patroni-switchover", false, &at).await else {
         return;
     };
     let before = ownership(&s).await;
     let since_ms = unix_ms();
-    let at = Instant::now();
+    let started = Instant::now();
+    at.phase("patronictl switchover");
     let new = s.patroni().switchover().await;
-    let promoted = at.elapsed().as_millis();
+    let promoted = started.elapsed().as_millis();
     eprintln!("[{}] switched over to {new}", s.name);
-    finish(&mut s, "switchover", since_ms, promoted).await;
+    finish(&mut s, "switchover", since_ms, promoted, &at).await;
     // A switchover loses no commit: every account stays with its owner, at its epoch.
     assert_eq!(
         ownership(&s).await,
@@ -157,6 +174,7 @@ async fn a_patroni_switchover_while_masters_trade_moves_no_account_and_copies_on
         "{}: accounts moved across a switchover",
         s.name
     );
+    at.phase("matching the ledger to the journal");
     s.ledger_matches_journal(WAIT).await;
 }
 
@@ -166,27 +184,31 @@ async fn a_patroni_switchover_while_masters_trade_moves_no_account_and_copies_on
 async fn crash_of_the_primary(
     name: &str,
     synchronous: bool,
+    at: &Deadline,
 ) -> Option<(Suite, Vec<(i64, Option<String>, i64)>)> {
-    let mut s = two_nodes(name, synchronous).await?;
+    let mut s = two_nodes(name, synchronous, at).await?;
     let before = ownership(&s).await;
     let since_ms = unix_ms();
-    let at = Instant::now();
+    let started = Instant::now();
+    at.phase("crashing the primary");
     let dead = s.patroni().crash_leader().await;
+    at.phase("waiting for Patroni to promote the standby");
     let new = s.patroni().wait_promoted(&dead, WAIT).await;
-    let promoted = at.elapsed().as_millis();
+    let promoted = started.elapsed().as_millis();
     eprintln!("[{}] crashed {dead}; Patroni promoted {new}", s.name);
     let mode = if synchronous {
         "crash, synchronous_mode"
     } else {
         "crash, asynchronous"
     };
-    finish(&mut s, mode, since_ms, promoted).await;
+    finish(&mut s, mode, since_ms, promoted, at).await;
     Some((s, before))
 }
 
 #[tokio::test]
 async fn a_crash_of_the_primary_with_synchronous_mode_moves_no_account_and_copies_once() {
-    let Some((s, before)) = crash_of_the_primary("patroni-crash-sync", true).await else {
+    let at = Deadline::arm("patroni-crash-sync", SCENARIO);
+    let Some((s, before)) = crash_of_the_primary("patroni-crash-sync", true, &at).await else {
         return;
     };
     // The synchronous standby had every acknowledged commit: every gate stayed open through the
@@ -197,6 +219,7 @@ async fn a_crash_of_the_primary_with_synchronous_mode_moves_no_account_and_copie
         "{}: accounts moved across a synchronous failover",
         s.name
     );
+    at.phase("matching the ledger to the journal");
     s.ledger_matches_journal(WAIT).await;
 }
 
@@ -204,7 +227,8 @@ async fn a_crash_of_the_primary_with_synchronous_mode_moves_no_account_and_copie
 /// `maximum_lag_on_failover`): the journal's verdict in [`finish`] is what must hold.
 #[tokio::test]
 async fn a_crash_of_the_primary_with_asynchronous_replication_copies_once() {
-    if crash_of_the_primary("patroni-crash-async", false)
+    let at = Deadline::arm("patroni-crash-async", SCENARIO);
+    if crash_of_the_primary("patroni-crash-async", false, &at)
         .await
         .is_none()
     {

@@ -4,6 +4,7 @@
 
 pub mod broker;
 pub mod chaos;
+pub mod deadline;
 pub mod faults;
 pub mod fix;
 pub mod fixture;

@@ -391,7 +391,17 @@ impl Patroni {
             .status()
             .expect("kill");
         if let Some(mut child) = m.patroni.take() {
-            let _ = child.wait();
+            // Reaped without blocking the test's runtime thread (a blocking `wait` there would
+            // stall every deadline of the scenario if the wrapper outlived the kill).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().expect("waiting for patroni").is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{leader}'s patroni (pid {}) still runs 10 s after SIGKILL",
+                    child.id()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         leader
     }
