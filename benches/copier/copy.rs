@@ -29,23 +29,39 @@ pub(crate) struct CopyRow {
     /// there are nodes, with no copier in the way; time until each reply, and until the last.
     pub(crate) orders_floor: Stats,
     pub(crate) orders_floor_last: Stats,
-    /// The median over trades of the last follower served ÷ the floor round run right after it.
+    /// The same orders timed by their `opened` events at an observer, as the copies are: until
+    /// each, and until the last.
+    pub(crate) orders_floor_observed: Stats,
+    pub(crate) orders_floor_observed_last: Stats,
+    /// The median over trades of the last follower served ÷ the floor round run right after it
+    /// (its last order observed).
     pub(crate) paired_ratio_p50: f64,
 }
 
 /// The floor for `n` copies: `n` market orders for `n` accounts sent at once, spread over
 /// `connections` bridge connections to the same broker (as the nodes' own connections carry
 /// them). A round runs right after each measured trade, so the two are compared under the same
-/// load of the machine.
+/// load of the machine. Each order is timed twice: by its reply, and by its `opened` event at an
+/// observer watching every floor account, the instrument that times the copies (whose observed
+/// time includes the broker's event to the observer and the observer's turn; the reply does not).
 struct OrdersFloor {
     clients: Vec<BridgeClient>,
+    observer: Observer,
     n: usize,
     rounds: usize,
     /// Every order's time to its reply.
     each: Vec<Duration>,
     /// The last reply's, per round.
     last: Vec<Duration>,
+    /// Every order's time to its `opened` event at the observer.
+    each_observed: Vec<Duration>,
+    /// The last `opened` event's, per round.
+    last_observed: Vec<Duration>,
 }
+
+/// A floor round's orders carry the copies' marker (`mc<id>`, so their frames are the copies'
+/// size) with ids no master ticket reaches.
+const FLOOR_MARKER: i64 = 1_000_000_000;
 
 impl OrdersFloor {
     async fn connect(broker: &str, n: usize, connections: usize) -> anyhow::Result<OrdersFloor> {
@@ -55,31 +71,38 @@ impl OrdersFloor {
             client.wait_ready(Duration::from_secs(10)).await?;
             clients.push(client);
         }
+        let logins: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
+        let observer = Observer::new(broker, &logins).await?;
         Ok(OrdersFloor {
             clients,
+            observer,
             n,
             rounds: 0,
             each: Vec::new(),
             last: Vec::new(),
+            each_observed: Vec::new(),
+            last_observed: Vec::new(),
         })
     }
 
-    /// One round: the time to its last reply.
+    /// One round: the time to its last `opened` event at the observer.
     async fn round(&mut self) -> anyhow::Result<Duration> {
-        let start = Instant::now();
         let side = if self.rounds.is_multiple_of(2) {
             Side::Buy
         } else {
             Side::Sell
         };
+        let marker = FLOOR_MARKER + self.rounds as i64;
         self.rounds += 1;
+        let start = Instant::now();
         let mut sends = tokio::task::JoinSet::new();
         for i in 0..self.n {
             let client = self.clients[i % self.clients.len()].clone();
             sends.spawn(async move {
                 let mut order = Request::hand_open(&format!("x{i}"), "EURUSD", side, 0.1);
-                if let Request::Open { fence, .. } = &mut order {
+                if let Request::Open { fence, comment, .. } = &mut order {
                     *fence = Some(1);
+                    *comment = format!("mc{marker}");
                 }
                 client.call(order).await.map(|_| start.elapsed())
             });
@@ -91,14 +114,63 @@ impl OrdersFloor {
             self.each.push(took);
         }
         self.last.push(slowest);
-        Ok(slowest)
+        let deadline = start + Duration::from_secs(60);
+        let mut seen = HashSet::new();
+        let mut observed = Duration::ZERO;
+        while seen.len() < self.n {
+            let (login, t, at) = tokio::time::timeout_at(deadline, self.observer.arrivals.recv())
+                .await
+                .context("the floor's orders were not all observed")?
+                .context("the floor's observer ended")?;
+            if t == marker && seen.insert(login) {
+                observed = at.saturating_duration_since(start);
+                self.each_observed.push(observed);
+            }
+        }
+        self.last_observed.push(observed);
+        // Close them again, so the floor accounts' positions stay few (not timed).
+        for i in 0..self.n {
+            let client = self.clients[i % self.clients.len()].clone();
+            sends.spawn(async move {
+                let login = format!("x{i}");
+                let open = client
+                    .call(Request::Positions {
+                        login: login.clone(),
+                    })
+                    .await?;
+                for p in open["positions"].as_array().into_iter().flatten() {
+                    if let Some(ticket) = p["ticket"].as_i64() {
+                        client
+                            .call(Request::Close {
+                                login: login.clone(),
+                                fence: None,
+                                ticket,
+                                volume: None,
+                                client_order_id: None,
+                            })
+                            .await?;
+                    }
+                }
+                Ok(Duration::ZERO)
+            });
+        }
+        while let Some(done) = sends.join_next().await {
+            done??;
+        }
+        Ok(observed)
     }
 
-    fn close(self) -> (Stats, Stats) {
+    /// (each reply, last reply, each observed, last observed).
+    fn close(self) -> (Stats, Stats, Stats, Stats) {
         for c in self.clients {
             c.close();
         }
-        (Stats::of(&self.each), Stats::of(&self.last))
+        (
+            Stats::of(&self.each),
+            Stats::of(&self.last),
+            Stats::of(&self.each_observed),
+            Stats::of(&self.last_observed),
+        )
     }
 }
 
@@ -182,7 +254,7 @@ pub(crate) async fn copy_latency(
         "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut floor_md = String::from(
-        "| followers | nodes | N orders at once: each p50 / p99 | the last p50 / max | last follower served p50 | ÷ the last order's p50 | per trade, ÷ its own round (p50) | ÷ (the last order's p50 + the master's leg) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| followers | nodes | N orders at once, replies: each p50 / p99 | the last p50 / max | observed: each p50 / p99 | the last p50 / max | last follower served p50 | ÷ the last observed p50 | ÷ the last reply p50 | per trade, ÷ its own round (observed, p50) | ÷ (the last observed p50 + the master's leg) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut legs_md = String::from(
         "| followers | nodes | copies | master fill → event committed p50 / p99 | event → follower decided p50 / p99 | decided → broker accepted p50 / p99 |\n|---:|---:|---:|---:|---:|---:|\n",
@@ -268,30 +340,37 @@ pub(crate) async fn copy_latency(
             s.p99_ms / floor
         );
         let legs = legs(&setup.url, followers * trades).await?;
-        let (floor_each, floor_last) = floor_rounds.close();
+        let (floor_each, floor_last, observed_each, observed_last) = floor_rounds.close();
         paired.sort_by(|a, b| a.total_cmp(b));
         let paired_p50 = paired[(paired.len() - 1) / 2];
         println!(
-            "orders floor {followers} orders over {nodes} connections: each {}, last {} (copies: last follower {:.2} ms p50, {:.2}x; paired {paired_p50:.2}x)",
+            "orders floor {followers} orders over {nodes} connections: replies each {}, last {}; observed each {}, last {} (copies: last follower {:.2} ms p50, {:.2}x the last observed, {:.2}x the last reply; paired {paired_p50:.2}x)",
             floor_each.show(),
             floor_last.show(),
+            observed_each.show(),
+            observed_last.show(),
             l.p50_ms,
+            l.p50_ms / observed_last.p50_ms,
             l.p50_ms / floor_last.p50_ms
         );
         let with_leg = match master_leg {
             None => {
-                master_leg = Some((l.p50_ms - floor_last.p50_ms).max(0.0));
+                master_leg = Some((l.p50_ms - observed_last.p50_ms).max(0.0));
                 "(gives the leg)".to_string()
             }
-            Some(leg) => format!("{:.1}×", l.p50_ms / (floor_last.p50_ms + leg)),
+            Some(leg) => format!("{:.1}×", l.p50_ms / (observed_last.p50_ms + leg)),
         };
         let _ = writeln!(
             floor_md,
-            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {:.2} ms | {:.1}× | {paired_p50:.1}× | {with_leg} |",
+            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {} | {:.2} / {:.2} ms | {:.2} ms | {:.1}× | {:.1}× | {paired_p50:.1}× | {with_leg} |",
             floor_each.show(),
             floor_last.p50_ms,
             floor_last.max_ms,
+            observed_each.show(),
+            observed_last.p50_ms,
+            observed_last.max_ms,
             l.p50_ms,
+            l.p50_ms / observed_last.p50_ms,
             l.p50_ms / floor_last.p50_ms
         );
         let _ = writeln!(
@@ -312,6 +391,8 @@ pub(crate) async fn copy_latency(
             legs,
             orders_floor: floor_each,
             orders_floor_last: floor_last,
+            orders_floor_observed: observed_each,
+            orders_floor_observed_last: observed_last,
             paired_ratio_p50: paired_p50,
         });
         trader.close();
@@ -319,7 +400,7 @@ pub(crate) async fn copy_latency(
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, one round after each measured trade (after the 200 ms that follow it, in which its master position and the copies are closed): as many market orders as the row has followers, sent at once for as many accounts over as many bridge connections to the same broker as the row has nodes (each node has one per server), with no copier in the way, {trades} rounds: the time to each reply, and to the last one. The last follower served divided by the last order's reply says how far the copies are from what the broker connections allow; the paired column divides each trade's last follower served by the round after it (the machine as that trade found it), and takes the median. That floor leaves out the master's leg, which no copy can skip: the master's fill reaching its session, published and announced to the followers' node. The last column adds it, measured in the same run as the one-follower row's copy less its one order ({:.2} ms).\n\n{floor_md}",
+        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, one round after each measured trade (after the 200 ms that follow it, in which its master position and the copies are closed): as many market orders as the row has followers, sent at once for as many accounts over as many bridge connections to the same broker as the row has nodes (each node has one per server), with no copier in the way, {trades} rounds. Each order is timed twice: by its reply, and by its `opened` event at an observer watching every floor account, the instrument that times the copies (the event leaves the broker after the reply and waits for the observer's turn, so the observed floor is the like-for-like one). The last follower served divided by the last order observed says how far the copies are from what the broker connections allow (divided by the last reply, as the runs before 2026-12-02 reported it, it also charges the copies for the observer); the paired column divides each trade's last follower served by the round after it (the machine as that trade found it, its last order observed), and takes the median. That floor leaves out the master's leg, which no copy can skip: the master's fill reaching its session, published and announced to the followers' node. The last column adds it, measured in the same run as the one-follower row's copy less its one order observed ({:.2} ms).\n\n{floor_md}",
         report.floors["notify_delivery"].p50_ms,
         report.floors["broker_round_trip"].p50_ms,
         master_leg.unwrap_or(f64::NAN)
