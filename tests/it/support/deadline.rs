@@ -27,8 +27,21 @@ pub struct Deadline {
 }
 
 impl Deadline {
-    /// Arms a deadline of `within` for the scenario `name`.
+    /// Arms a deadline of `within` for the scenario `name`: at expiry the report goes to stderr
+    /// and the test process aborts.
     pub fn arm(name: &str, within: Duration) -> Deadline {
+        Self::arm_with(name, within, |report| {
+            eprintln!("{report}");
+            std::process::abort();
+        })
+    }
+
+    /// As [`Deadline::arm`], with `expired` given the report instead.
+    fn arm_with(
+        name: &str,
+        within: Duration,
+        expired: impl FnOnce(String) + Send + 'static,
+    ) -> Deadline {
         let (disarm, armed) = mpsc::channel::<()>();
         let watched = Arc::new(Mutex::new(Watched {
             phase: "starting".into(),
@@ -38,14 +51,13 @@ impl Deadline {
         std::thread::spawn(move || {
             if let Err(RecvTimeoutError::Timeout) = armed.recv_timeout(within) {
                 let w = w.lock().unwrap_or_else(|e| e.into_inner());
-                eprintln!(
+                expired(format!(
                     "[{n}] DEADLINE: not done within {within:?}; last phase: {}\n{}{}{}",
                     w.phase,
                     scratch_dirs().iter().map(|p| tails(p)).collect::<String>(),
                     w.paths.iter().map(|p| tails(p)).collect::<String>(),
                     process_tree()
-                );
-                std::process::abort();
+                ));
             }
         });
         Deadline {
@@ -131,4 +143,46 @@ fn process_tree() -> String {
         .output()
         .map(|o| format!("--- ps\n{}", String::from_utf8_lossy(&o.stdout)))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_deadline_fires_while_the_runtime_thread_is_blocked_and_reports_phase_and_logs() {
+        let dir = crate::support::broker::Scratch::new("deadline-self-test");
+        let log = dir.path("member.log");
+        std::fs::write(&log, "first line\nthe last words of the member\n").unwrap();
+        let (tx, rx) = mpsc::channel();
+        let at = Deadline::arm_with("self-test", Duration::from_millis(200), move |r| {
+            let _ = tx.send(r);
+        });
+        at.phase("waiting for something that never comes");
+        at.watch(&log);
+        // Blocks this (current-thread) runtime: no timer of its own could fire now.
+        std::thread::sleep(Duration::from_millis(600));
+        let report = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the deadline fired");
+        assert!(
+            report.contains("last phase: waiting for something that never comes"),
+            "{report}"
+        );
+        assert!(report.contains("the last words of the member"), "{report}");
+        assert!(report.contains("--- ps"), "{report}");
+    }
+
+    #[tokio::test]
+    async fn a_disarmed_deadline_stays_silent() {
+        let (tx, rx) = mpsc::channel();
+        let at = Deadline::arm_with("self-test", Duration::from_millis(100), move |r| {
+            let _ = tx.send(r);
+        });
+        drop(at);
+        assert!(
+            rx.recv_timeout(Duration::from_millis(400)).is_err(),
+            "a dropped deadline fired"
+        );
+    }
 }
