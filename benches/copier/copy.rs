@@ -104,14 +104,21 @@ impl OrdersFloor {
                     *fence = Some(1);
                     *comment = format!("mc{marker}");
                 }
-                client.call(order).await.map(|_| start.elapsed())
+                let reply = client.call(order).await?;
+                let took = start.elapsed();
+                let ticket = reply["ticket"]
+                    .as_i64()
+                    .context("the floor order's ticket")?;
+                Ok::<_, anyhow::Error>((client, format!("x{i}"), ticket, took))
             });
         }
         let mut slowest = Duration::ZERO;
+        let mut opened = Vec::with_capacity(self.n);
         while let Some(done) = sends.join_next().await {
-            let took = done??;
+            let (client, login, ticket, took) = done??;
             slowest = slowest.max(took);
             self.each.push(took);
+            opened.push((client, login, ticket));
         }
         self.last.push(slowest);
         let deadline = start + Duration::from_secs(60);
@@ -129,32 +136,21 @@ impl OrdersFloor {
         }
         self.last_observed.push(observed);
         // Close them again, so the floor accounts' positions stay few (not timed).
-        for i in 0..self.n {
-            let client = self.clients[i % self.clients.len()].clone();
-            sends.spawn(async move {
-                let login = format!("x{i}");
-                let open = client
-                    .call(Request::Positions {
-                        login: login.clone(),
+        let mut closes = tokio::task::JoinSet::new();
+        for (client, login, ticket) in opened {
+            closes.spawn(async move {
+                client
+                    .call(Request::Close {
+                        login,
+                        fence: None,
+                        ticket,
+                        volume: None,
+                        client_order_id: None,
                     })
-                    .await?;
-                for p in open["positions"].as_array().into_iter().flatten() {
-                    if let Some(ticket) = p["ticket"].as_i64() {
-                        client
-                            .call(Request::Close {
-                                login: login.clone(),
-                                fence: None,
-                                ticket,
-                                volume: None,
-                                client_order_id: None,
-                            })
-                            .await?;
-                    }
-                }
-                Ok(Duration::ZERO)
+                    .await
             });
         }
-        while let Some(done) = sends.join_next().await {
+        while let Some(done) = closes.join_next().await {
             done??;
         }
         Ok(observed)
