@@ -419,12 +419,14 @@ impl Master<'_> {
         );
         let result = self.ctx.node.master_publisher.write(write).await;
         match result {
-            Ok(Published::Stored(stored, stored_orders)) => {
+            Ok(Published::Stored { first_seen_ms }) => {
                 debug!(seq, kind = event.kind(), "master event published");
                 self.ctx.node.metrics.events_published.inc();
                 self.seq = seq;
                 self.dirty = false;
-                self.adopt_stored(stored, stored_orders);
+                let (mut positions, mut orders) = (positions, orders);
+                db::copy::stamp_first_seen(first_seen_ms, &mut positions, &mut orders);
+                self.adopt_stored(positions, orders);
                 self.ctx.set_status(format!(
                     "master: published epoch {epoch} seq {seq} ({} open positions, {} pending orders)",
                     self.published.len(),

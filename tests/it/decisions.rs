@@ -731,7 +731,7 @@ async fn a_stale_owners_publish_decision_and_base_writes_are_refused_without_a_n
     let r = publish(c, "a", 1, master_epoch, 1, (&positions, &[]), &event)
         .await
         .unwrap();
-    assert!(matches!(r, Published::Stored(..)));
+    assert!(matches!(r, Published::Stored { .. }));
     let first = tokio::time::timeout(WAIT, listener.recv())
         .await
         .unwrap()
@@ -809,6 +809,149 @@ async fn a_snapshot_after_a_lost_publish_reply_keeps_the_stored_first_seen_time(
     node.wait().await.unwrap();
 }
 
+/// A publish stamps what goes out without a first-seen time with the database's clock, once:
+/// the stored snapshot (positions and orders) and the announced open event carry the same stamp,
+/// which the outcome reports; a first-seen time already there is kept; a JSON string holding the
+/// stamp's key text is left as it is; the snapshot is stored in ticket order whatever order it
+/// was handed in. Read from the stored JSON and the NOTIFY payload, not through the product.
+#[tokio::test]
+async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
+    use copier_node::broker::types::PendingKind;
+    use copier_node::copier::MasterOrder;
+    use copier_node::db::copy::{Published, publish, stamp_first_seen};
+    use sqlx::postgres::PgListener;
+
+    let db = crate::support::pg::TestDb::new().await;
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 1).await;
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = 3, lease_until = now() + interval '1 minute'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let mut listener = PgListener::connect(&db.url).await.unwrap();
+    listener.listen("copier_master_1").await.unwrap();
+    const SEEN: i64 = 1_700_000_000_000;
+    let tricky = r#"X"first_seen_ms":null"#;
+    let mut new = master_position(5, 0.1);
+    new.first_seen_ms = None;
+    new.symbol = tricky.into();
+    let known = master_position(7, 0.2);
+    let known = MasterPosition {
+        first_seen_ms: Some(SEEN),
+        ..known
+    };
+    let order = MasterOrder {
+        ticket: 9,
+        symbol: "EURUSD".into(),
+        side: Side::Sell,
+        kind: PendingKind::Limit,
+        price: 1.2,
+        volume: 0.3,
+        sl: None,
+        tp: None,
+        expiry_ms: None,
+        expiry_utc_ms: None,
+        magic: 0,
+        first_seen_ms: None,
+        contract_size: None,
+    };
+    let clock = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    let before: i64 = sqlx::query_scalar(clock)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    // Handed in out of ticket order.
+    let mut positions = vec![known.clone(), new.clone()];
+    let mut orders = vec![order.clone()];
+    let event = MasterEvent::Open {
+        position: new.clone(),
+    };
+    let outcome = publish(&mut conn, "n1", 1, 3, 1, (&positions, &orders), &event)
+        .await
+        .unwrap();
+    let after: i64 = sqlx::query_scalar(clock)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let Published::Stored {
+        first_seen_ms: stamp,
+    } = outcome
+    else {
+        panic!("the owner's publish was refused: {outcome:?}");
+    };
+    assert!(
+        (before..=after).contains(&stamp),
+        "stamped {stamp}, the database's clock read {before}..{after}"
+    );
+    let stored: (i64, Option<i64>, String, i64, Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT (positions -> 0 ->> 'ticket')::bigint, (positions -> 0 ->> 'first_seen_ms')::bigint, \
+                positions -> 0 ->> 'symbol', (positions -> 1 ->> 'ticket')::bigint, \
+                (positions -> 1 ->> 'first_seen_ms')::bigint, (orders -> 0 ->> 'first_seen_ms')::bigint \
+           FROM master_state WHERE master_id = 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored,
+        (
+            5,
+            Some(stamp),
+            tricky.to_string(),
+            7,
+            Some(SEEN),
+            Some(stamp)
+        ),
+        "stored in ticket order; the new position and order stamped, the known one kept, the string untouched"
+    );
+    let notice = tokio::time::timeout(WAIT, listener.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let notice: serde_json::Value = serde_json::from_str(notice.payload()).unwrap();
+    assert_eq!(notice["position"]["first_seen_ms"], stamp, "{notice}");
+    assert_eq!(notice["position"]["symbol"], tricky, "{notice}");
+    // The caller's copy of what was stored, stamped the same way; the next publish stamps nothing.
+    stamp_first_seen(stamp, &mut positions, &mut orders);
+    assert_eq!(
+        (
+            positions[1].first_seen_ms,
+            positions[0].first_seen_ms,
+            orders[0].first_seen_ms
+        ),
+        (Some(stamp), Some(SEEN), Some(stamp))
+    );
+    let c = &mut conn;
+    eventually("the database's clock moves on", WAIT, async || {
+        let now: i64 = sqlx::query_scalar(clock).fetch_one(&mut *c).await.unwrap();
+        (now > stamp).then_some(())
+    })
+    .await;
+    let outcome = publish(
+        &mut conn,
+        "n1",
+        1,
+        3,
+        2,
+        (&positions, &orders),
+        &MasterEvent::Snapshot,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(outcome, Published::Stored { .. }), "{outcome:?}");
+    let again: (Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT (positions -> 0 ->> 'first_seen_ms')::bigint, (orders -> 0 ->> 'first_seen_ms')::bigint \
+           FROM master_state WHERE master_id = 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(again, (Some(stamp), Some(stamp)), "stamped once");
+}
+
 /// The node's master publisher (one statement and one commit per batch): events published at
 /// once by many masters are each fenced by their own master's (node, epoch), stored only if their
 /// (epoch, seq) follows, announced on their own channel only if stored, and share commits; the
@@ -865,7 +1008,7 @@ async fn events_published_at_once_by_many_masters_are_each_fenced_and_announced_
     let stored: Vec<bool> = crate::support::write_at_once(&publisher, jobs)
         .await
         .into_iter()
-        .map(|r| matches!(r.unwrap(), Published::Stored(..)))
+        .map(|r| matches!(r.unwrap(), Published::Stored { .. }))
         .collect();
     let mut expected = vec![true; 18];
     expected.extend([false, true, false, false]);

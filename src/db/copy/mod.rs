@@ -25,5 +25,6 @@ pub use links::{
 };
 pub use master::{
     MasterPublisher, MasterState, PublishWrite, Published, master_state, publish, publish_many,
+    stamp_first_seen,
 };
 pub use risk::{Saved, load_risk_limits, save_risk_state};
