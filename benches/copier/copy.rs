@@ -10,7 +10,8 @@ use crate::{Options, Pg, Report};
 use anyhow::Context;
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::Request;
-use copier_node::broker::types::Side;
+use copier_node::broker::types::{CloseOrder, OpenOrder, Side};
+use copier_node::broker::{AccountLogin, Broker, TradeApi};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -38,14 +39,19 @@ pub(crate) struct CopyRow {
     pub(crate) paired_ratio_p50: f64,
 }
 
-/// The floor for `n` copies: `n` market orders for `n` accounts sent at once, spread over
-/// `connections` bridge connections to the same broker (as the nodes' own connections carry
-/// them). A round runs right after each measured trade, so the two are compared under the same
-/// load of the machine. Each order is timed twice: by its reply, and by its `opened` event at an
-/// observer watching every floor account, the instrument that times the copies (whose observed
-/// time includes the broker's event to the observer and the observer's turn; the reply does not).
+/// The floor for `n` copies: `n` market orders sent at once by `n` account sessions logged in
+/// over `connections` bridge connections to the same broker (as the nodes' follower sessions are
+/// spread over their own connections, one per node), with no copier in the way. A session is the
+/// node's: logged in with a fence, its orders carrying it and a client order id, its position
+/// events coming back to it (a task per session takes them, as the node's follower tasks do), so
+/// the broker does for the floor's orders what it does for the copies. A round runs right after
+/// each measured trade, so the two are compared under the same load of the machine. Each order is
+/// timed twice: by its reply, and by its `opened` event at an observer watching every floor
+/// account, the instrument that times the copies (whose observed time includes the broker's event
+/// to the observer and the observer's turn; the reply does not).
 struct OrdersFloor {
     clients: Vec<BridgeClient>,
+    sessions: Vec<std::sync::Arc<dyn TradeApi>>,
     observer: Observer,
     n: usize,
     rounds: usize,
@@ -73,8 +79,25 @@ impl OrdersFloor {
         }
         let logins: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
         let observer = Observer::new(broker, &logins).await?;
+        let mut sessions = Vec::with_capacity(n);
+        for (i, login) in logins.iter().enumerate() {
+            let session = clients[i % connections]
+                .login(&AccountLogin {
+                    login: login.clone(),
+                    password: None,
+                    fence: Some(1),
+                    account_id: None,
+                })
+                .await?;
+            sessions.push(session.api);
+            // The session's own events, taken as they come (the node's follower task does so);
+            // the stream ends with the session.
+            let mut events = session.events;
+            tokio::spawn(async move { while events.recv().await.is_some() {} });
+        }
         Ok(OrdersFloor {
             clients,
+            sessions,
             observer,
             n,
             rounds: 0,
@@ -96,29 +119,33 @@ impl OrdersFloor {
         self.rounds += 1;
         let start = Instant::now();
         let mut sends = tokio::task::JoinSet::new();
-        for i in 0..self.n {
-            let client = self.clients[i % self.clients.len()].clone();
+        for (i, api) in self.sessions.iter().enumerate() {
+            let api = api.clone();
             sends.spawn(async move {
-                let mut order = Request::hand_open(&format!("x{i}"), "EURUSD", side, 0.1);
-                if let Request::Open { fence, comment, .. } = &mut order {
-                    *fence = Some(1);
-                    *comment = format!("mc{marker}");
-                }
-                let reply = client.call(order).await?;
-                let took = start.elapsed();
-                let ticket = reply["ticket"]
-                    .as_i64()
-                    .context("the floor order's ticket")?;
-                Ok::<_, anyhow::Error>((client, format!("x{i}"), ticket, took))
+                let fill = api
+                    .open(OpenOrder {
+                        symbol: "EURUSD".into(),
+                        side,
+                        volume: 0.1,
+                        sl: None,
+                        tp: None,
+                        magic: 0,
+                        comment: format!("mc{marker}"),
+                        client_order_id: Some(format!("l{i}-m{marker}-open")),
+                        price_limit: None,
+                    })
+                    .await
+                    .context("the floor's order")?;
+                Ok::<_, anyhow::Error>((api, fill.ticket, start.elapsed()))
             });
         }
         let mut slowest = Duration::ZERO;
         let mut opened = Vec::with_capacity(self.n);
         while let Some(done) = sends.join_next().await {
-            let (client, login, ticket, took) = done??;
+            let (api, ticket, took) = done??;
             slowest = slowest.max(took);
             self.each.push(took);
-            opened.push((client, login, ticket));
+            opened.push((api, ticket));
         }
         self.last.push(slowest);
         let deadline = start + Duration::from_secs(60);
@@ -137,17 +164,14 @@ impl OrdersFloor {
         self.last_observed.push(observed);
         // Close them again, so the floor accounts' positions stay few (not timed).
         let mut closes = tokio::task::JoinSet::new();
-        for (client, login, ticket) in opened {
+        for (api, ticket) in opened {
             closes.spawn(async move {
-                client
-                    .call(Request::Close {
-                        login,
-                        fence: None,
-                        ticket,
-                        volume: None,
-                        client_order_id: None,
-                    })
-                    .await
+                api.close(CloseOrder {
+                    ticket,
+                    volume: None,
+                    client_order_id: None,
+                })
+                .await
             });
         }
         while let Some(done) = closes.join_next().await {
@@ -158,6 +182,7 @@ impl OrdersFloor {
 
     /// (each reply, last reply, each observed, last observed).
     fn close(self) -> (Stats, Stats, Stats, Stats) {
+        drop(self.sessions);
         for c in self.clients {
             c.close();
         }
