@@ -5,9 +5,9 @@
 //!
 //! There is no window: the writer takes whatever is queued when it is free, so a lone write goes
 //! at once and a burst gathers behind the statement in flight. A writer may give way to orders
-//! ([`Orders`]): the copy ledger's writer waits, at most [`GIVE_WAY`], while any order of the
-//! node is on its way to a broker, so a thousand followers' ledger rows are written after their
-//! orders rather than between them. A batch the database refuses (one row's account deleted
+//! ([`Orders`]): the copy ledger's writer waits, at most [`GIVE_WAY`], until no order of the
+//! node has been on its way to a broker for [`QUIET`], so a thousand followers' ledger rows are
+//! written after their orders rather than between them. A batch the database refuses (one row's account deleted
 //! meanwhile, a lock wait past the timeout, a row a constraint rejects) is written again one job
 //! at a time, so one bad row costs no other its write; a batch lost with its connection (or never
 //! sent: the pool timed out) fails every job at once, as unknown (it may have committed: callers
@@ -45,11 +45,22 @@ pub trait Batched: Sized + Send + Sync + 'static {
 /// always busy still writes its ledger at least this often).
 pub const GIVE_WAY: Duration = Duration::from_millis(50);
 
+/// How long no order of the node must have been on its way before a writer that gives way writes
+/// (within [`GIVE_WAY`]): a fan-out's orders leave a node as their followers decide, so the count
+/// touches zero between them, and the other nodes' orders of the same master event are still at
+/// the broker when this node's are done. Measured (A/B, 100 followers over 4 nodes on one 2-core
+/// machine): the last follower served 1.70-1.90x the N-orders floor with no quiet period, 1.40-1.46x
+/// with this one. A ledger row lands at most this much later; a follower's next order waits for its
+/// earlier rows, so a close right behind its open waits as much.
+pub const QUIET: Duration = Duration::from_millis(10);
+
 /// The node's orders on their way to a broker: counted by [`Orders::sending`] for as long as an
 /// order waits for its broker's answer, so a writer can give way to them.
 #[derive(Debug, Default)]
 pub struct Orders {
     in_flight: AtomicUsize,
+    /// Orders started, ever: an order that came and went during a quiet period breaks it.
+    started: AtomicUsize,
     none_left: Notify,
 }
 
@@ -68,6 +79,7 @@ impl Drop for Sending {
 impl Orders {
     /// An order starts its way to the broker; it is counted until the returned guard drops.
     pub fn sending(self: &Arc<Self>) -> Sending {
+        self.started.fetch_add(1, Ordering::AcqRel);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         Sending(self.clone())
     }
@@ -75,6 +87,27 @@ impl Orders {
     /// Orders on their way now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Returns once no order has been on its way for `quiet` (none started meanwhile), or after
+    /// `at_most`; true when the quiet held.
+    pub async fn quiet_for(&self, quiet: Duration, at_most: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + at_most;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !self.settled(left).await {
+                return false;
+            }
+            let started = self.started.load(Ordering::Acquire);
+            let until = (tokio::time::Instant::now() + quiet).min(deadline);
+            tokio::time::sleep_until(until).await;
+            if self.in_flight() == 0 && self.started.load(Ordering::Acquire) == started {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+        }
     }
 
     /// Returns once no order is on its way, or after `at_most`; true when none was left.
@@ -159,7 +192,8 @@ impl<J: Batched> BatchWriter<J> {
     }
 
     /// As [`BatchWriter::spawn`], giving way to `orders`: a batch waits, at most [`GIVE_WAY`],
-    /// until no order is on its way to a broker, and then takes everything queued meanwhile.
+    /// until no order has been on its way to a broker for [`QUIET`], and then takes everything
+    /// queued meanwhile.
     pub fn spawn_giving_way(db: Db, orders: Arc<Orders>) -> Self {
         Self::start(db, Some(orders))
     }
@@ -209,7 +243,7 @@ async fn run<J: Batched>(
             }
         };
         if let Some(orders) = &orders {
-            orders.settled(GIVE_WAY).await;
+            orders.quiet_for(QUIET, GIVE_WAY).await;
         }
         let mut batch = vec![first];
         while batch.len() < J::MAX {
@@ -301,5 +335,36 @@ mod tests {
         drop(two);
         assert!(waiter.await.unwrap(), "woken when the last order finished");
         assert_eq!(orders.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn quiet_for_waits_until_no_order_has_been_on_its_way_for_the_period() {
+        let orders = Arc::new(Orders::default());
+        let quiet = Duration::from_millis(10);
+        let start = tokio::time::Instant::now();
+        assert!(orders.quiet_for(quiet, GIVE_WAY).await, "none in flight");
+        assert_eq!(start.elapsed(), quiet, "a full quiet period first");
+        // An order that comes and goes inside the period starts it again.
+        let waiter = {
+            let orders = orders.clone();
+            tokio::spawn(async move {
+                let start = tokio::time::Instant::now();
+                (orders.quiet_for(quiet, GIVE_WAY).await, start.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(orders.sending());
+        let (held, took) = waiter.await.unwrap();
+        assert!(held);
+        assert_eq!(
+            took,
+            Duration::from_millis(20),
+            "the period an order broke, then a whole one"
+        );
+        // Orders all the time: the bound.
+        let _busy = orders.sending();
+        let start = tokio::time::Instant::now();
+        assert!(!orders.quiet_for(quiet, GIVE_WAY).await);
+        assert_eq!(start.elapsed(), GIVE_WAY);
     }
 }
