@@ -49,7 +49,7 @@ pub const GIVE_WAY: Duration = Duration::from_millis(50);
 /// (within [`GIVE_WAY`]): a fan-out's orders leave a node as their followers decide, so the count
 /// touches zero between them, and the other nodes' orders of the same master event are still at
 /// the broker when this node's are done. Measured (A/B, 100 followers over 4 nodes on one 2-core
-/// machine): the last follower served 1.70-1.90x the N-orders floor with no quiet period, 1.40-1.46x
+/// machine): the last follower served 1.70-1.90x the N-orders floor with no quiet period, 1.34-1.46x
 /// with this one. A ledger row lands at most this much later; a follower's next order waits for its
 /// earlier rows, so a close right behind its open waits as much.
 pub const QUIET: Duration = Duration::from_millis(10);
