@@ -60,7 +60,11 @@ async fn concurrent_claims_never_hand_a_row_to_two_claimers() {
         .await
         .unwrap();
 
-    // 32 claimers of capacity 40 race, cycle after cycle, each on its own connection.
+    // 32 claimers of capacity 40 race, cycle after cycle, each on its own connection, under a
+    // lease no race outlasts: a row taken from a claimer whose lease had lapsed would be a
+    // rightful claim, not two owners (with the 3 s lease, a claimer finishing its rounds early
+    // on a loaded machine lost row 1 to one still racing 3 s later, as it should).
+    const RACE_LEASE: Duration = Duration::from_secs(600);
     let mut tasks = Vec::new();
     for n in 0..32 {
         let db_url = db.url.clone();
@@ -70,9 +74,12 @@ async fn concurrent_claims_never_hand_a_row_to_two_claimers() {
             let mut held: Vec<i64> = Vec::new();
             let mut rounds = Vec::new();
             for _ in 0..4 {
-                let out = lease::cycle(&mut conn, &params(&node, "i", 40, &held))
-                    .await
-                    .unwrap();
+                let cycle = CycleParams {
+                    lease: RACE_LEASE,
+                    trust: RACE_LEASE / 2,
+                    ..params(&node, "i", 40, &held)
+                };
+                let out = lease::cycle(&mut conn, &cycle).await.unwrap();
                 assert!(out.member);
                 held = out.owned.iter().map(|r| r.epoch).collect();
                 rounds.push(out.owned);
@@ -81,12 +88,24 @@ async fn concurrent_claims_never_hand_a_row_to_two_claimers() {
         }));
     }
     let mut final_owned: HashMap<i64, String> = HashMap::new();
+    let mut final_epoch: HashMap<i64, i64> = HashMap::new();
+    let mut claimed_by: HashMap<i64, String> = HashMap::new();
     for t in tasks {
         let (node, rounds) = t.await.unwrap();
         for owned in &rounds {
             assert!(owned.len() <= 40, "{node} over capacity: {}", owned.len());
+            // No lease lapses in the race: a row reported by two claimers, in any round, was
+            // handed to both.
+            for row in owned {
+                if let Some(other) = claimed_by.insert(row.id, node.clone())
+                    && other != node
+                {
+                    panic!("row {} handed to both {other} and {node}", row.id);
+                }
+            }
         }
         for row in rounds.last().unwrap() {
+            final_epoch.insert(row.id, row.epoch);
             if let Some(other) = final_owned.insert(row.id, node.clone()) {
                 panic!("row {} handed to both {other} and {node}", row.id);
             }
@@ -99,18 +118,19 @@ async fn concurrent_claims_never_hand_a_row_to_two_claimers() {
         "every enabled mt5 row owned once; no disabled or mt4 row claimed"
     );
     // The database agrees with what the claimers were told.
-    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(
-        "SELECT id, node_id FROM trading_accounts WHERE platform = 'mt5' AND enabled",
+    let rows: Vec<(i64, Option<String>, i64)> = sqlx::query_as(
+        "SELECT id, node_id, owner_epoch FROM trading_accounts WHERE platform = 'mt5' AND enabled",
     )
     .fetch_all(&mut setup)
     .await
     .unwrap();
-    for (id, node) in rows {
+    for (id, node, epoch) in rows {
         assert_eq!(
             node.as_deref(),
             final_owned.get(&id).map(String::as_str),
             "row {id}"
         );
+        assert_eq!(Some(&epoch), final_epoch.get(&id), "row {id}'s epoch");
     }
 }
 
