@@ -170,6 +170,20 @@ impl<O> Submitted<O> {
         }
     }
 
+    /// Waits for the outcome without giving the handle up: cancel-safe (dropped before the
+    /// write finishes, the write stays submitted and this can be awaited again).
+    pub async fn outcome_mut(&mut self) -> Result<O, String> {
+        let what = self.what;
+        let Some(reply) = self.reply.as_mut() else {
+            return Err(format!("the {what} write's outcome was taken already"));
+        };
+        let outcome = reply
+            .await
+            .unwrap_or_else(|_| Err(format!("the {what} writer has stopped")));
+        self.reply = None;
+        outcome
+    }
+
     /// Waits for the outcome.
     pub async fn outcome(mut self) -> Result<O, String> {
         let what = self.what;

@@ -297,7 +297,15 @@ async fn a_restart_after_kill9_waits_out_the_old_membership_then_reclaims_with_n
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=8, "mt5").await;
-    let mut first = NodeProcess::spawn(&db, "n", 100, FAST, &[]);
+    // A 10 s lease: the second process starts and runs its first cycle while the dead one's
+    // membership is still live, however slowly it starts on a loaded machine (with a 3 s lease
+    // a late start would find it expired and join without waiting).
+    let timing = Timing {
+        lease: "10s",
+        fence: "3s",
+        cycle: "1s",
+    };
+    let mut first = NodeProcess::spawn(&db, "n", 100, timing, &[]);
     wait_owned(&mut conn, "n", 8, Duration::from_secs(20)).await;
     first.kill9();
     let before: Vec<(i64, i64)> =
@@ -307,7 +315,7 @@ async fn a_restart_after_kill9_waits_out_the_old_membership_then_reclaims_with_n
             .unwrap();
     let last_lease = last_lease(&mut conn, None).await;
 
-    let mut second = NodeProcess::spawn(&db, "n", 100, FAST, &[]);
+    let mut second = NodeProcess::spawn(&db, "n", 100, timing, &[]);
     second
         .wait_for_output(
             "waiting for its membership to expire",
@@ -315,7 +323,7 @@ async fn a_restart_after_kill9_waits_out_the_old_membership_then_reclaims_with_n
         )
         .await;
     second
-        .wait_for_output("joined the cluster", Duration::from_secs(15))
+        .wait_for_output("joined the cluster", Duration::from_secs(30))
         .await;
     eventually(
         "the restarted node owns all again",

@@ -419,7 +419,9 @@ async fn a_retried_order_after_a_lost_reply_opens_one_position() {
     let client = BridgeClient::with_timeout(
         format!("127.0.0.1:{}", proxy.port),
         "node-l",
-        Duration::from_millis(500),
+        // Long enough for every other request on a loaded machine; only the lost reply waits
+        // it out.
+        Duration::from_secs(2),
     );
     let s = client.login(&account("6006", Some(1))).await.unwrap();
     proxy.set(Mode::HangReplies);

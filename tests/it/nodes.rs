@@ -242,18 +242,24 @@ async fn a_slow_renewal_does_not_extend_trust_beyond_t0_plus_lease_minus_fence()
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     insert_accounts(&mut conn, 1..=2, "mt5").await;
+    // A 10 s fence makes the cycle's lock_timeout 2 s: the held lock (seen, then 250 ms) is
+    // let go well inside it on a loaded machine (with a 2 s fence, 400 ms left ~100 ms of slack,
+    // and a cycle timed out on the lock would be followed by a later one, failing the check).
     let timing = Timing {
-        lease: "6s",
-        fence: "2s",
+        lease: "30s",
+        fence: "10s",
         cycle: "1s",
     };
-    let window = Duration::from_secs(4);
+    let window = Duration::from_secs(20);
     let node = start_node(&config(&db, "a", 100, timing)).await;
     wait_state(&node.state, "a owns both", Duration::from_secs(10), |s| {
         s.owned.len() == 2
     })
     .await;
-    let cycles = node.state.borrow().cycles;
+    let (cycles, failed) = {
+        let s = node.state.borrow();
+        (s.cycles, s.failed_cycles)
+    };
 
     // Hold the node's membership row so its next cycle waits on the lock (below its lock_timeout).
     let mut blocker = db.conn().await;
@@ -284,6 +290,11 @@ async fn a_slow_renewal_does_not_extend_trust_beyond_t0_plus_lease_minus_fence()
         |s| s.cycles > cycles,
     )
     .await;
+    assert_eq!(
+        state.failed_cycles, failed,
+        "the blocked cycle itself completed: {:?}",
+        state.last_error
+    );
     let deadline = state
         .trusted_until
         .expect("trusted after a successful cycle");

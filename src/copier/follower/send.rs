@@ -63,11 +63,11 @@ impl Follower<'_> {
         // The ledger rows of this follower's earlier copies are in before its next order: a copy
         // is never closed here while its row could still be lost (a write fenced out because
         // the account moved meanwhile), when only the broker's history would tell it was made.
-        if !self.ledger.is_empty() {
-            self.flush_ledger().await;
-        }
+        // Waited for while the gate holds: a database that stops answering closes the gate, and
+        // the order is then refused (gated, owed) instead of waiting on the database unseen.
+        let flushed = self.ledger.is_empty() || self.flush_ledger_while_trusted().await;
         // HoldsLease, right before anything reaches the broker.
-        if !self.ctx.gate.holds() {
+        if !flushed || !self.ctx.gate.holds() {
             warn!(
                 link_id = link.id,
                 master_ticket, "gate closed: order not sent (a reconcile runs once trust returns)"
@@ -485,6 +485,33 @@ impl Follower<'_> {
 
     /// Waits for every ledger write of the session still under way (before the ledger is read,
     /// and before the session ends).
+    /// [`Self::flush_ledger`] for as long as the gate holds: true once every earlier row is in,
+    /// false if the gate's trust ran out first (the writes not finished stay submitted and are
+    /// waited for before the next order).
+    async fn flush_ledger_while_trusted(&mut self) -> bool {
+        loop {
+            if !self.ctx.gate.holds() {
+                return false;
+            }
+            let Some(deadline) = self.ctx.gate.deadline() else {
+                return false;
+            };
+            let Some((ticket, submitted)) = self.ledger.first_mut() else {
+                return true;
+            };
+            let ticket = *ticket;
+            let outcome = tokio::select! {
+                outcome = submitted.outcome_mut() => Some(outcome),
+                // Trust runs out: the loop sees whether a renewal moved the deadline meanwhile.
+                _ = tokio::time::sleep_until(deadline) => None,
+            };
+            if let Some(outcome) = outcome {
+                ledger_outcome(ticket, outcome);
+                self.ledger.remove(0);
+            }
+        }
+    }
+
     pub(super) async fn flush_ledger(&mut self) {
         for (ticket, submitted) in std::mem::take(&mut self.ledger) {
             ledger_outcome(ticket, submitted.outcome().await);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Suite, jitter, rounds};
+use crate::support::Timing;
 use crate::support::chaos::Mode;
 
 const CONVERGE: Duration = Duration::from_secs(30);
@@ -18,7 +19,13 @@ const UNPROTECTED: &[&str] = &["--no-fence-check", "--no-dedupe"];
 /// Three equal nodes a, b, c (started in that order) sharing two masters and six followers;
 /// returns once fair share has settled. Every node gets `env` with `{node}` replaced by its id.
 async fn three_nodes(name: &str, broker_args: &[&str], env: Vec<(String, String)>) -> Suite {
-    let mut s = Suite::new(name, broker_args).await;
+    let s = Suite::new(name, broker_args).await;
+    start_three(s, env).await
+}
+
+/// Starts nodes a, b and c (with `s.timing`), each once the one before has joined, and waits
+/// until they are stable and every follower is ready.
+async fn start_three(mut s: Suite, env: Vec<(String, String)>) -> Suite {
     for id in ["a", "b", "c"] {
         let env = env
             .iter()
@@ -409,7 +416,15 @@ async fn the_wall_clock_jumping_changes_nothing() {
             "info,copier_node::lease=debug,sqlx=warn".to_string(),
         ),
     ];
-    let mut s = three_nodes("suite-clock-jump", UNPROTECTED, env).await;
+    // Lease 20 s, fence 5 s: "nothing moved" is the clock's doing, not a stall of a loaded
+    // machine (three nodes, their proxies and the trading on two cores) closing a 2 s trust.
+    let mut s = Suite::new("suite-clock-jump", UNPROTECTED).await;
+    s.timing = Timing {
+        lease: "20s",
+        fence: "5s",
+        cycle: "500ms", // as the suite's: wait_stable's one quiet second is two cycles
+    };
+    let mut s = start_three(s, env).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
     let before = s.owners().await;
     let clock = format!("{}-b", base.display());

@@ -239,14 +239,21 @@ pub async fn wait_owned(conn: &mut PgConnection, node_id: &str, n: usize, within
     .await;
 }
 
-/// The latest `lease_until` of `node_id`'s rows (or of all rows), as text for later comparison
-/// on the database's clock.
+/// The latest lease of `node_id` (or of all rows), as text for later comparison on the
+/// database's clock. A node's is its membership's `lease_until`, which the cycle that renewed
+/// its rows set to the same instant: it stays there after another node claims the rows (read
+/// from the rows, it is gone once a quick claimer has taken them all).
 pub async fn last_lease(conn: &mut PgConnection, node_id: Option<&str>) -> String {
-    sqlx::query_scalar("SELECT max(lease_until)::text FROM trading_accounts WHERE $1::text IS NULL OR node_id = $1")
+    let sql = match node_id {
+        Some(_) => "SELECT lease_until::text FROM nodes WHERE node_id = $1",
+        None => "SELECT max(lease_until)::text FROM trading_accounts WHERE $1::text IS NULL",
+    };
+    let lease: Option<String> = sqlx::query_scalar(sql)
         .bind(node_id)
         .fetch_one(conn)
         .await
-        .unwrap()
+        .unwrap();
+    lease.unwrap_or_else(|| panic!("no lease recorded for {node_id:?}"))
 }
 
 /// (earliest, latest) claim of `node_id`'s rows in milliseconds after `lease` (database clock).
