@@ -55,6 +55,25 @@ async fn exec(conn: &mut PgConnection, sql: &str) {
     sqlx::query(sql).execute(conn).await.unwrap();
 }
 
+/// One cycle of node `long`, claiming nothing, with `lease`: the cluster remembers the longest
+/// lease any node ran with (the grace after a failover covers it).
+async fn run_once_with_lease(conn: &mut PgConnection, lease: Duration) {
+    let long = CycleParams {
+        node_id: "long",
+        instance_id: "long",
+        platform: "mt5",
+        capacity: 1,
+        claim_limit: 1,
+        trust: lease * 3 / 4,
+        owned: 0,
+        lease,
+        held: &[],
+        claim: false,
+        kept: &[],
+    };
+    lease::cycle(conn, &long).await.unwrap();
+}
+
 /// Makes the database look as if it had just failed over: the recorded timeline is an older one.
 async fn stage_failover(conn: &mut PgConnection) {
     let n = sqlx::query(
@@ -302,20 +321,7 @@ async fn status_shows_the_failover_and_the_grace() {
     // A node that ran with a 600 s lease makes the grace 601 s: the two `status` processes
     // below read it while it lasts however slowly they start (a 4 s grace could end first).
     let long_lease = Duration::from_secs(600);
-    let long = CycleParams {
-        node_id: "long",
-        instance_id: "long",
-        platform: "mt5",
-        capacity: 1,
-        claim_limit: 1,
-        trust: long_lease / 2,
-        owned: 0,
-        lease: long_lease,
-        held: &[],
-        claim: false,
-        kept: &[],
-    };
-    lease::cycle(&mut conn, &long).await.unwrap();
+    run_once_with_lease(&mut conn, long_lease).await;
     stage_failover(&mut conn).await;
     assert!(cycle(&mut conn, "b", &[], &[]).await.database.failed_over);
     let url = db.url.clone();
@@ -392,20 +398,7 @@ async fn the_grace_covers_the_longest_lease_any_node_ever_ran_with() {
     insert_accounts(&mut conn, 1..=1, "mt5").await;
     // A node with a 20 s lease ran once; its membership is gone from the new primary (the lost
     // tail, or it was forgotten), but the cluster remembers the lease.
-    let long = CycleParams {
-        node_id: "long",
-        instance_id: "long",
-        platform: "mt5",
-        capacity: 1,
-        claim_limit: 1,
-        trust: Duration::from_secs(15),
-        owned: 0,
-        lease: Duration::from_secs(20),
-        held: &[],
-        claim: false,
-        kept: &[],
-    };
-    lease::cycle(&mut conn, &long).await.unwrap();
+    run_once_with_lease(&mut conn, Duration::from_secs(20)).await;
     exec(&mut conn, "DELETE FROM nodes WHERE node_id = 'long'").await;
     stage_failover(&mut conn).await;
     let out = cycle(&mut conn, "a", &[], &[]).await;

@@ -483,8 +483,6 @@ impl Follower<'_> {
         self.ledger_written();
     }
 
-    /// Waits for every ledger write of the session still under way (before the ledger is read,
-    /// and before the session ends).
     /// [`Self::flush_ledger`] for as long as the gate holds: true once every earlier row is in,
     /// false if the gate's trust ran out first (the writes not finished stay submitted and are
     /// waited for before the next order).
@@ -512,6 +510,8 @@ impl Follower<'_> {
         }
     }
 
+    /// Waits for every ledger write of the session still under way (before the ledger is read,
+    /// and before the session ends).
     pub(super) async fn flush_ledger(&mut self) {
         for (ticket, submitted) in std::mem::take(&mut self.ledger) {
             ledger_outcome(ticket, submitted.outcome().await);
