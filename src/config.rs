@@ -149,8 +149,9 @@ pub struct Config {
     pub rebalance_margin: f64,
     /// Fair share: hand off at most this fraction of the share per cycle (at least one).
     pub rebalance_step: f64,
-    /// Fair share: how long an account handed off keeps copying on this node while the
-    /// receiving node logs in ahead (zero: no preparation; not with `events_poll`).
+    /// Fair-share moves and SIGTERM hand-offs: how long an account handed off keeps copying on
+    /// this node while the receiving node logs in ahead (zero: no preparation; not with
+    /// `events_poll`).
     pub handoff_prepare: Duration,
     /// How often each follower reconciles regardless of events (repairs a lost last event).
     pub reconcile_every: Duration,

@@ -202,7 +202,7 @@ pub(crate) async fn fix_handoff(
         });
     }
     report.markdown.push(format!(
-        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM and the master opens a position at once; the time from the signal to the last follower's copy, by the broker's journal (millisecond clock). Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time, so the new owner cannot log on before the old one has logged out: its logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the new owner's login is one round trip; no second login is made ahead of the release either (see the README).\n\n{md}"
+        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM and the master opens a position at once; the time from the signal to the last follower's copy, by the broker's journal (millisecond clock). Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time, so the new owner cannot log on before the old one has logged out: its logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see the README).\n\n{md}"
     ));
     Ok(())
 }
