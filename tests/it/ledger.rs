@@ -280,3 +280,126 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
     .unwrap();
     assert_eq!((master_login.as_str(), decided), ("m1", None));
 }
+
+/// A follower sends no order while one of its earlier copies has no ledger row yet: a later owner
+/// (or this session after a lost reply) decides from the ledger what was ever copied, so a copy
+/// whose row is still on its way must not be followed by the next order. The ledger's table is
+/// locked (writes wait; reads pass) after the first copy is sent; the master's second trade is
+/// announced meanwhile, and its copy must wait for the lock's release. With the broker's fence
+/// check and dedupe off; judged by the journal's times against the release.
+#[tokio::test]
+async fn no_order_leaves_while_an_earlier_copy_of_the_follower_has_no_ledger_row() {
+    use sqlx::Connection;
+    use sqlx::postgres::PgListener;
+
+    let mut s = CopySetup::with("ledger-before-order", |o| {
+        o.dedupe = false;
+        o.fence_check = false;
+    })
+    .await;
+    let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    // A fence of 20 s: the ledger writer's lock wait may last 4 s (a fifth of it) before the
+    // database gives up, well past how long the lock below is held.
+    let timing = crate::support::Timing {
+        lease: "60s",
+        fence: "20s",
+        cycle: "2s",
+    };
+    let node = start_node(&config(&s.db, "ledger-before-order", 10, timing)).await;
+    wait_ready(&mut s.conn).await;
+    let mut listener = PgListener::connect(&s.db.url).await.unwrap();
+    listener
+        .listen(&copier_node::channels::master(1))
+        .await
+        .unwrap();
+
+    let mut locker = sqlx::PgConnection::connect(&s.db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE copy_ledger IN SHARE MODE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let first = s.t.open("m1", "EURUSD", Side::Buy, 0.1, None, None).await;
+    s.t.copy_of("f2", magic, first, WAIT).await;
+    // The first copy's row is on its way: its insert waits for the lock.
+    eventually(
+        "the first copy's ledger row to wait for the lock",
+        WAIT,
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+             WHERE c.relname = 'copy_ledger' AND NOT l.granted",
+            )
+            .fetch_one(&mut s.conn)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    let second = s.t.open("m1", "GBPUSD", Side::Buy, 0.2, None, None).await;
+    // The second trade is announced (the node hears the same NOTIFY).
+    loop {
+        let n = tokio::time::timeout(WAIT, listener.recv())
+            .await
+            .expect("the second trade announced")
+            .unwrap();
+        let payload: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
+        if names_ticket(&payload, second) {
+            break;
+        }
+    }
+    let journal = s.dir.path("journal.jsonl");
+    let copied = |ticket: i64| {
+        crate::support::broker::journal(&journal)
+            .into_iter()
+            .find(|l| {
+                l.login == "f2"
+                    && l.action == "open"
+                    && l.accepted
+                    && l.comment.as_deref() == Some(&format!("mc{ticket}"))
+            })
+    };
+    // While the first row waits, the second copy must not leave: held until it does (a failure)
+    // or for a second (a quarter of the lock wait the database allows), whichever comes first.
+    let held_until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while tokio::time::Instant::now() < held_until {
+        assert!(
+            copied(second).is_none(),
+            "the second copy was sent while the first copy's ledger row was not written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+    }
+    let released_ms = copier_node::wall_clock::unix_ms();
+    sqlx::raw_sql("COMMIT").execute(&mut locker).await.unwrap();
+    s.t.copy_of("f2", magic, second, WAIT).await;
+    let sent = copied(second).expect("the second copy in the journal");
+    assert!(
+        sent.ts_ms >= released_ms,
+        "the second copy left at {} ms, before the ledger was unlocked at {released_ms} ms",
+        sent.ts_ms
+    );
+    let rows: Vec<i64> = sqlx::query_scalar(
+        "SELECT master_ticket FROM copy_ledger WHERE follower_id = 2 ORDER BY master_ticket",
+    )
+    .fetch_all(&mut s.conn)
+    .await
+    .unwrap();
+    assert!(rows.contains(&first), "the first copy's row: {rows:?}");
+    let opens = crate::support::broker::journal(&journal)
+        .iter()
+        .filter(|l| l.login == "f2" && l.action == "open")
+        .count();
+    assert_eq!(opens, 2, "one order per master trade");
+    node.shutdown();
+}
+
+/// Whether a master notice names `ticket` as a position's ticket anywhere in it.
+fn names_ticket(v: &serde_json::Value, ticket: i64) -> bool {
+    match v {
+        serde_json::Value::Object(m) => m
+            .iter()
+            .any(|(k, v)| (k == "ticket" && v.as_i64() == Some(ticket)) || names_ticket(v, ticket)),
+        serde_json::Value::Array(a) => a.iter().any(|v| names_ticket(v, ticket)),
+        _ => false,
+    }
+}
