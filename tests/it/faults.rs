@@ -620,11 +620,7 @@ async fn a_lost_place_reply_places_once_and_a_bridge_without_orders_copies_the_f
         addr,
         t,
         mut conn,
-    } = CopySetup::with("fault-pending", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-    })
-    .await;
+    } = CopySetup::unprotected("fault-pending").await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     add_account(&mut conn, 2, "follower", &addr, "f2").await;
     add_account(&mut conn, 3, "follower", &addr, "f3").await;

@@ -96,11 +96,7 @@ async fn every_copy_has_its_ledger_row_with_prices_and_latency_legs() {
 /// ledger remembers it was copied. Judged from the journal alone: one open request, ever.
 #[tokio::test]
 async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
-    let mut s = CopySetup::with("ledger-r2", |o| {
-        o.dedupe = false;
-        o.fence_check = false;
-    })
-    .await;
+    let mut s = CopySetup::unprotected("ledger-r2").await;
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
     let start = async |s: &CopySetup, id: &str| {
         let brokers = FaultyBrokers::new(id);
@@ -292,11 +288,7 @@ async fn no_order_leaves_while_an_earlier_copy_of_the_follower_has_no_ledger_row
     use sqlx::Connection;
     use sqlx::postgres::PgListener;
 
-    let mut s = CopySetup::with("ledger-before-order", |o| {
-        o.dedupe = false;
-        o.fence_check = false;
-    })
-    .await;
+    let mut s = CopySetup::unprotected("ledger-before-order").await;
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
     // A fence of 20 s: the ledger writer's lock wait may last 4 s (a fifth of it) before the
     // database gives up, well past how long the lock below is held.

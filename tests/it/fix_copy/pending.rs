@@ -253,11 +253,7 @@ async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_
 /// first the entry order is cancelled and the fill copied at market once, never twice.
 #[tokio::test]
 async fn a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_copies_once() {
-    let mut s = CopySetup::with("fix-pending-lost", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-    })
-    .await;
+    let mut s = CopySetup::unprotected("fix-pending-lost").await;
     let v = venue(&s, &["f1"]);
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     add_account(
@@ -351,11 +347,7 @@ fn order_ticket(order_id: i64) -> i64 {
 /// once; the master's close closes it.
 #[tokio::test]
 async fn a_fix_masters_entry_orders_are_copied_as_pending_orders_and_its_fill_as_the_same_ticket() {
-    let mut s = CopySetup::with("fix-master-pending", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-    })
-    .await;
+    let mut s = CopySetup::unprotected("fix-master-pending").await;
     let v = venue(&s, &["m1"]);
     // One order rests before the node starts: listed by the first read of the master's orders.
     let early = super::hand(&v, "place m1 EURUSD sell limit 1.105 0.1");
@@ -484,11 +476,7 @@ struct PendingOrderView {
 /// new trade).
 #[tokio::test]
 async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
-    let mut s = CopySetup::with("fix-master-pending-gap", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-    })
-    .await;
+    let mut s = CopySetup::unprotected("fix-master-pending-gap").await;
     let v = venue(&s, &["m1"]);
     add_account(&mut s.conn, 1, "master", &server(&v, ""), "m1").await;
     add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
@@ -552,11 +540,7 @@ async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
 /// follower cancels its pending copy and copies the fill once.
 #[tokio::test]
 async fn a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket() {
-    let mut s = CopySetup::with("fix-master-pending-sub", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-    })
-    .await;
+    let mut s = CopySetup::unprotected("fix-master-pending-sub").await;
     let v = venue(&s, &["m1"]);
     assert_eq!(v.control("fault no_drop_copy on"), "ok");
     let id = super::hand(&v, "place m1 EURUSD buy limit 1.095 0.3");

@@ -25,6 +25,16 @@ impl CopySetup {
         Self::with(name, |_| {}).await
     }
 
+    /// With the broker behaving as MT4/MT5 servers do: no fence check, no client-order-id dedupe
+    /// (safety is then judged from the journal alone).
+    pub async fn unprotected(name: &str) -> CopySetup {
+        Self::with(name, |o| {
+            o.fence_check = false;
+            o.dedupe = false;
+        })
+        .await
+    }
+
     /// With the broker's options tuned first.
     pub async fn with(name: &str, tune: impl FnOnce(&mut ServeOptions)) -> CopySetup {
         let db = TestDb::new().await;
