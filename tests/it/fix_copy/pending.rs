@@ -141,12 +141,19 @@ async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_
         ("sell", "stop", 1.095),
         "a buy limit reversed is a sell stop at the same price"
     );
-    let stops: (Option<f64>, Option<f64>) = sqlx::query_as(
-        "SELECT sl, tp FROM fix_orders WHERE account_id = 2 AND kind = 'entry' AND state = 'working'",
-    )
-    .fetch_one(&mut s.conn)
-    .await
-    .unwrap();
+    // The venue lists the order as soon as it rests; the node records it as working once the
+    // venue's acknowledgement reaches it, which may come a moment later.
+    let conn = &mut s.conn;
+    let stops: (Option<f64>, Option<f64>) =
+        eventually("f1's entry order working in the FIX ledger", WAIT, async || {
+            sqlx::query_as(
+                "SELECT sl, tp FROM fix_orders WHERE account_id = 2 AND kind = 'entry' AND state = 'working'",
+            )
+            .fetch_optional(&mut *conn)
+            .await
+            .unwrap()
+        })
+        .await;
     assert_eq!(
         stops,
         (Some(1.08), Some(1.12)),
