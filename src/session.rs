@@ -159,6 +159,14 @@ impl AccountContext {
     }
 }
 
+impl AccountContext {
+    /// Ends a session at its broker before the task goes on (to its release, or to a login from
+    /// a changed row): see [`TradeApi::logout`].
+    pub async fn logout(&self, session: &Session) {
+        session.api.logout().await;
+    }
+}
+
 /// The session with its api counted in `copier_broker_sessions` for as long as it lives (the
 /// last clone of the api dropped is the logout).
 fn counted(session: Session, metrics: &Arc<Metrics>) -> Session {
@@ -219,6 +227,9 @@ impl TradeApi for Counted {
     }
     fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>> {
         self.inner.cancel(order)
+    }
+    fn logout(&self) -> BoxFuture<'_, ()> {
+        self.inner.logout()
     }
 }
 

@@ -176,6 +176,15 @@ pub trait TradeApi: Send + Sync {
     fn place(&self, order: PlaceOrder) -> BoxFuture<'_, Result<i64, BrokerError>>;
     fn amend(&self, order: AmendOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
     fn cancel(&self, order: CancelOrder) -> BoxFuture<'_, Result<(), BrokerError>>;
+    /// Ends the session at the trade server and returns once it has ended there (the adapter
+    /// bounds the wait). The account task calls it before its account is released, so that the
+    /// next owner's login finds the account's session free: a FIX venue takes one logon per
+    /// session identity. Nothing is sent through the api afterwards. The default does nothing:
+    /// a bridge session logs out when its last handle is dropped, and a bridge takes a login
+    /// while another is open.
+    fn logout(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A logged-in account. Dropping every clone of `api` logs it out.

@@ -87,13 +87,18 @@ impl CopyIndex {
         for t in filled {
             self.order_gone(t, true);
         }
-        // Original volumes of copies no longer open are not needed again.
-        self.original.clear();
+        // A copy's opening volume is a fact: the read gives it as what is open plus what its
+        // history says was closed of it, and a later read never lowers what was known (a broker
+        // or ledger that keeps less history would otherwise make the copy look opened smaller,
+        // and every trim would apply the master's ratio again). Those of copies no longer open
+        // are not needed again.
+        let known = std::mem::take(&mut self.original);
         for p in open {
             self.closed.remove(&p.ticket);
-            let original = p.volume + closed_volume.get(&p.ticket).copied().unwrap_or(0.0);
-            self.original
-                .insert(p.ticket, (original * 1e8).round() / 1e8);
+            let read = p.volume + closed_volume.get(&p.ticket).copied().unwrap_or(0.0);
+            let read = (read * 1e8).round() / 1e8;
+            let original = known.get(&p.ticket).map_or(read, |k| k.max(read));
+            self.original.insert(p.ticket, original);
             self.insert(p.clone());
         }
     }
@@ -491,6 +496,24 @@ mod tests {
         assert_eq!(index.original_volume(&a), 0.5);
         assert!(index.ever((77, 11)) && index.copies((77, 11)).is_empty());
         assert!(!index.ever((78, 10)), "per link magic");
+    }
+
+    #[test]
+    fn a_later_read_with_less_history_never_lowers_an_opening_volume() {
+        // Opened at 0.5, trimmed to 0.2: the first read's history says so; a later read whose
+        // history lacks the partial close (a broker that keeps less) still scales from 0.5.
+        let a = copy(1, 10, 0.2);
+        let mut index = CopyIndex::from_read(std::slice::from_ref(&a), &[closed(&a, 0.3, 0.2)]);
+        assert_eq!(index.original_volume(&a), 0.5);
+        index.rebuild(std::slice::from_ref(&a), &[]);
+        assert_eq!(index.original_volume(&a), 0.5);
+        // A copy gone from the read is forgotten; its ticket is never reused.
+        index.rebuild(&[], &[]);
+        assert_eq!(
+            index.original_volume(&a),
+            0.2,
+            "unknown: the current volume"
+        );
     }
 
     #[test]

@@ -61,6 +61,17 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
     let Some(mut session) = ctx.login(row).await? else {
         return Ok(Ended::Stopped);
     };
+    let ended = serve(ctx, row, &mut session).await;
+    ctx.logout(&session).await;
+    ended
+}
+
+/// The logged-in session's work until it ends.
+async fn serve(
+    ctx: &AccountContext,
+    row: &AccountRow,
+    session: &mut crate::broker::Session,
+) -> anyhow::Result<Ended> {
     info!(
         balance = session.account.balance,
         "master logged in; publishing its positions"

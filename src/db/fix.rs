@@ -48,6 +48,9 @@ pub struct FixPosition {
     pub close_price: Option<f64>,
     /// The ticket the copy engine knows it by, when not `position_id` (an entry order's fill).
     pub ticket: Option<i64>,
+    /// Lots when it opened, recorded once (`migrations/0016_fix_opened_volume.sql`); `None`
+    /// before its first sighting or fill is recorded.
+    pub opened_volume: Option<f64>,
 }
 
 /// Who writes: the account and the writer's ownership of it.
@@ -143,17 +146,25 @@ pub async fn unresolved(db: &Db, account_id: i64) -> Result<Vec<FixOrder>, sqlx:
     rows.iter().map(order_of).collect()
 }
 
+/// An order's fill: the position it opened or reduced, its price, and the lots it filled.
+#[derive(Debug, Clone, Copy)]
+pub struct Fill {
+    pub position_id: i64,
+    pub price: f64,
+    pub lots: f64,
+}
+
 /// Completes an order: filled (with the position it opened or reduced) or rejected. A fill of
-/// an opening order also records its position with the order's marker. Not fenced: it records
-/// what the venue reports, which is true whoever reads it.
+/// an opening order also records its position with the order's marker and, once, the lots it
+/// opened with. Not fenced: it records what the venue reports, which is true whoever reads it.
 pub async fn complete_order(
     db: &Db,
     account_id: i64,
     cl_ord_id: &str,
-    outcome: Result<(i64, f64), &str>,
+    outcome: Result<Fill, &str>,
 ) -> Result<(), sqlx::Error> {
     match outcome {
-        Ok((position_id, price)) => {
+        Ok(fill) => {
             db.run(async |c| {
                 sqlx::query(
                 r#"
@@ -161,15 +172,19 @@ WITH o AS (
     UPDATE fix_orders SET state = 'filled', position_id = $3, done_at = now(), reason = NULL
      WHERE account_id = $1 AND cl_ord_id = $2
  RETURNING kind, symbol, side, quantity, magic, comment)
-INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, magic, comment)
-SELECT $1, $3, o.symbol, o.side, 0, $4, o.magic, o.comment FROM o WHERE o.kind IN ('open', 'entry')
-ON CONFLICT (account_id, position_id) DO UPDATE SET magic = EXCLUDED.magic, comment = EXCLUDED.comment
+INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, magic, comment,
+                           opened_volume)
+SELECT $1, $3, o.symbol, o.side, 0, $4, o.magic, o.comment, $5 FROM o WHERE o.kind IN ('open', 'entry')
+ON CONFLICT (account_id, position_id) DO UPDATE
+   SET magic = EXCLUDED.magic, comment = EXCLUDED.comment,
+       opened_volume = COALESCE(fix_positions.opened_volume, EXCLUDED.opened_volume)
 "#,
             )
             .bind(account_id)
             .bind(cl_ord_id)
-            .bind(position_id)
-            .bind(price)
+            .bind(fill.position_id)
+            .bind(fill.price)
+            .bind((fill.lots > 0.0).then_some(fill.lots))
             .execute(c)
                 .await
             })
@@ -267,7 +282,7 @@ pub async fn positions(db: &Db, account_id: i64) -> Result<Vec<FixPosition>, sql
         .run(async |c| {
             sqlx::query(
                 r#"SELECT position_id, symbol, side, volume, open_price, magic, comment, ticket,
-                  (extract(epoch FROM opened_at) * 1000)::bigint AS opened_ms,
+                  opened_volume, (extract(epoch FROM opened_at) * 1000)::bigint AS opened_ms,
                   (extract(epoch FROM closed_at) * 1000)::bigint AS closed_ms, close_price
              FROM fix_positions WHERE account_id = $1 ORDER BY position_id"#,
             )
@@ -290,21 +305,24 @@ pub async fn positions(db: &Db, account_id: i64) -> Result<Vec<FixPosition>, sql
                 closed_ms: r.try_get("closed_ms")?,
                 close_price: r.try_get("close_price")?,
                 ticket: r.try_get("ticket")?,
+                opened_volume: r.try_get("opened_volume")?,
             })
         })
         .collect()
 }
 
-/// Records a position seen open (keeping its marker and first sighting). A position the ledger
-/// has seen closed stays closed: venues never reuse a position id.
+/// Records a position seen open (keeping its marker, first sighting and opening volume: a
+/// position first seen here opened with the volume it shows, unless its fill recorded one). A
+/// position the ledger has seen closed stays closed: venues never reuse a position id.
 pub async fn seen_open(db: &Db, account_id: i64, p: &FixPosition) -> Result<(), sqlx::Error> {
     db.run(async |c| {
         sqlx::query(
             r#"
-INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO fix_positions (account_id, position_id, symbol, side, volume, open_price, opened_volume)
+VALUES ($1, $2, $3, $4, $5, $6, $5)
 ON CONFLICT (account_id, position_id) DO UPDATE
-   SET volume = EXCLUDED.volume, open_price = EXCLUDED.open_price
+   SET volume = EXCLUDED.volume, open_price = EXCLUDED.open_price,
+       opened_volume = COALESCE(fix_positions.opened_volume, EXCLUDED.opened_volume)
 "#,
         )
         .bind(account_id)

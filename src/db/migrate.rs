@@ -88,6 +88,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fix entry orders",
         include_str!("../../migrations/0015_fix_entry_orders.sql"),
     ),
+    (
+        16,
+        "fix opened volume",
+        include_str!("../../migrations/0016_fix_opened_volume.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

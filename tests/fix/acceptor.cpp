@@ -26,7 +26,9 @@
 // client's entry orders reach the account's sessions as reports (New, Replaced, Canceled, the
 // fill), as its trades do. Every request is journaled
 // in the simulated broker's JSON-lines format (entry orders as `place`, `amend`, `cancel`),
-// `client` from SenderSubID (50).
+// `client` from SenderSubID (50); so are Logouts the client sends (`logout`), and Logons that
+// QuickFIX's acceptor refuses because a session of the account is still connected (one logon
+// per account: `login`, accepted false, as a venue that allows one session per account does).
 //
 // The control port takes one command per line and answers one line:
 //   open <login> <symbol> <buy|sell> <lots>      -> ok <ticket>     (the hand client)
@@ -49,6 +51,9 @@
 //     refuse_logon     every Logon is refused
 //     no_drop_copy     the hand client's trades reach sessions only as PositionReports of a
 //                      subscription (no ExecutionReport)
+//     no_ao            RequestForPositions is answered without RequestForPositionsAck: every
+//                      PositionReport carries the count (TotNumReports 727), and "none" is one
+//                      report with PosReqResult 728 = 2 (as cTrader's FIX API answers)
 //   forget <login>                               -> ok (the venue forgets the account's ClOrdIDs,
 //                                                   as after a trading-day roll; resting orders
 //                                                   stay)
@@ -198,6 +203,27 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
   std::atomic<bool> refuse_logon{false};
   std::atomic<bool> gap_after_fill{false};
   std::atomic<bool> no_drop_copy{false};
+  std::atomic<bool> no_ao{false};
+
+  // A Logon QuickFIX dropped because a session of its identity is still connected (its global
+  // log's "Session not found for incoming message"), journaled as a refused login.
+  void refused_logon(const std::string& message) {
+    auto field = [&](const std::string& tag) {
+      std::string key = std::string(1, '\x01') + tag + "=";
+      size_t at = message.find(key);
+      if (at == std::string::npos) return std::string();
+      at += key.size();
+      return message.substr(at, message.find('\x01', at) - at);
+    };
+    if (field("35") != "A") return;
+    std::string who = field("49");
+    bool known = false;
+    for (auto& id : settings_.getSessions())
+      if (login(id) == who) known = true;
+    std::lock_guard<std::mutex> g(mutex_);
+    journal(who, field("50"), "login", "", 0, ' ', 0, "", false,
+            known ? "a session of this account is already logged on" : "unknown session");
+  }
 
   // --- FIX::Application
   void onCreate(const FIX::SessionID&) override {}
@@ -218,6 +244,11 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
       FIX::RejectLogon) override {
     FIX::MsgType type;
     message.getHeader().getField(type);
+    if (type == FIX::MsgType_Logout) {
+      std::lock_guard<std::mutex> g(mutex_);
+      journal(login(id), sub_id(message), "logout", "", 0, ' ', 0, "", true, "");
+      return;
+    }
     if (type != FIX::MsgType_Logon) return;
     std::string user = message.isSetField(553) ? message.getField(553) : "";
     std::string pass = message.isSetField(554) ? message.getField(554) : "";
@@ -429,7 +460,22 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     std::vector<FIX44::PositionReport> reports;
     for (auto& p : acc.positions) reports.push_back(position_report(req.getValue(), p.first, p.second));
     g.unlock();
-    send(ack, id);
+    if (!no_ao) {
+      send(ack, id);
+    } else if (reports.empty()) {
+      FIX44::PositionReport none;
+      none.set(FIX::PosMaintRptID(next_id()));
+      none.set(req);
+      none.set(FIX::PosReqResult(FIX::PosReqResult_NO_POSITIONS_FOUND_THAT_MATCH_CRITERIA));
+      none.setField(FIX::TotalNumPosReports(0));
+      none.set(FIX::ClearingBusinessDate("20261130"));
+      none.set(FIX::SettlPrice(0));
+      none.set(FIX::SettlPriceType(FIX::SettlPriceType_FINAL));
+      none.set(FIX::PriorSettlPrice(0));
+      reports.push_back(none);
+    } else {
+      for (auto& r : reports) r.setField(FIX::TotalNumPosReports(static_cast<int>(reports.size())));
+    }
     for (auto& r : reports) send(r, id);
   }
 
@@ -1280,6 +1326,7 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       else if (name == "refuse_logon") venue.refuse_logon = on;
       else if (name == "gap_after_fill") venue.gap_after_fill = on;
       else if (name == "no_drop_copy") venue.no_drop_copy = on;
+      else if (name == "no_ao") venue.no_ao = on;
       else return "error unknown fault " + name;
       return "ok";
     }
@@ -1362,6 +1409,47 @@ class Control {
   std::string buf_;
 };
 
+// The venue's logs are QuickFIX's files; the acceptor's own events also reach the venue, which
+// journals the Logons QuickFIX refused.
+class VenueLog : public FIX::Log {
+ public:
+  VenueLog(FIX::Log* inner, Venue& venue) : inner_(inner), venue_(venue) {}
+  void clear() override { inner_->clear(); }
+  void backup() override { inner_->backup(); }
+  void onIncoming(const std::string& s) override { inner_->onIncoming(s); }
+  void onOutgoing(const std::string& s) override { inner_->onOutgoing(s); }
+  void onEvent(const std::string& s) override {
+    inner_->onEvent(s);
+    const std::string prefix = "Session not found for incoming message: ";
+    if (s.compare(0, prefix.size(), prefix) == 0) venue_.refused_logon(s.substr(prefix.size()));
+  }
+  FIX::Log* inner() { return inner_; }
+
+ private:
+  FIX::Log* inner_;
+  Venue& venue_;
+};
+
+class VenueLogFactory : public FIX::LogFactory {
+ public:
+  VenueLogFactory(const FIX::SessionSettings& settings, Venue& venue)
+      : files_(settings), venue_(venue) {}
+  FIX::Log* create() override { return new VenueLog(files_.create(), venue_); }
+  FIX::Log* create(const FIX::SessionID& id) override { return files_.create(id); }
+  void destroy(FIX::Log* log) override {
+    if (auto* v = dynamic_cast<VenueLog*>(log)) {
+      files_.destroy(v->inner());
+      delete v;
+    } else {
+      files_.destroy(log);
+    }
+  }
+
+ private:
+  FIX::FileLogFactory files_;
+  Venue& venue_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1373,7 +1461,7 @@ int main(int argc, char** argv) {
     FIX::SessionSettings settings(argv[1]);
     Venue venue(settings, argv[2]);
     FIX::MemoryStoreFactory store;
-    FIX::FileLogFactory logs(settings);
+    VenueLogFactory logs(settings, venue);
     FIX::SocketAcceptor acceptor(venue, store, settings, logs);
     Control control(std::stoi(argv[3]));
     acceptor.poll(0);  // binds the FIX port before anyone is told the venue is ready

@@ -12,6 +12,7 @@ use crate::support::fix::{FixVenue, VenueAccount};
 use crate::support::fixture::CopySetup;
 use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, start_node};
 
+mod handoff;
 mod pending;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -109,8 +110,31 @@ fn lots_close(a: f64, b: f64) -> bool {
 
 #[tokio::test]
 async fn master_trades_copy_over_fix_and_between_protocols() {
+    copy_over_fix(Positions::Acknowledged).await;
+}
+
+/// As above, on a venue that answers RequestForPositions without RequestForPositionsAck (the
+/// reports carry their count, or one report says there are none).
+#[tokio::test]
+async fn master_trades_copy_over_fix_when_positions_come_without_an_ack() {
+    copy_over_fix(Positions::Unacknowledged).await;
+}
+
+/// How the venue answers RequestForPositions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Positions {
+    /// RequestForPositionsAck (AO) first, with the count.
+    Acknowledged,
+    /// PositionReports alone (`fault no_ao`).
+    Unacknowledged,
+}
+
+async fn copy_over_fix(positions: Positions) {
     let mut s = CopySetup::new("fix-copy").await;
     let v = venue(&s, &["m1", "f1", "f2"]);
+    if positions == Positions::Unacknowledged {
+        assert_eq!(v.control("fault no_ao on"), "ok");
+    }
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
     add_account(&mut s.conn, 2, "follower", &fix, "f1").await;

@@ -296,3 +296,94 @@ async fn the_security_list_gives_every_symbol_its_contract_size() {
         ]
     );
 }
+
+/// One logon per account, as venues that allow one session per account: a second Logon while
+/// the first session is connected is dropped (QuickFIX's acceptor) and journaled as refused; a
+/// Logout is journaled, and after it the account logs on again.
+#[tokio::test]
+async fn a_second_logon_while_one_is_open_is_refused_and_a_logout_frees_the_account() {
+    let dir = Scratch::new("fix-one-logon");
+    let v = venue(&dir);
+    let mut first = logged_on(&v, "f1", "pw-f1").await;
+    let mut second = FixClient::connect(v.port, "f1", &v.comp_id).await;
+    second.logon("f1", "pw-f1", "node-b", true).await;
+    assert!(second.closed(WAIT).await, "the second logon is dropped");
+    first.send("5", &[(50, "node-a")], &[]).await;
+    first.expect("5", WAIT).await;
+    assert!(first.closed(WAIT).await);
+    let mut third = FixClient::connect(v.port, "f1", &v.comp_id).await;
+    third.logon("f1", "pw-f1", "node-b", true).await;
+    third.expect("A", WAIT).await;
+    let lines = journal(&v);
+    let seen: Vec<(&str, &str, bool, Option<&str>)> = lines
+        .iter()
+        .filter(|l| l.action == "login" || l.action == "logout")
+        .map(|l| {
+            (
+                l.action.as_str(),
+                l.client.as_str(),
+                l.accepted,
+                l.reason.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("login", "node-a", true, None),
+            (
+                "login",
+                "node-b",
+                false,
+                Some("a session of this account is already logged on")
+            ),
+            ("logout", "node-a", true, None),
+            ("login", "node-b", true, None),
+        ]
+    );
+}
+
+/// With `no_ao`, RequestForPositions is answered by PositionReports alone, each counting them
+/// (TotNumReports 727), and "none" by one report of PosReqResult 2.
+#[tokio::test]
+async fn without_the_ack_position_reports_carry_their_count() {
+    let dir = Scratch::new("fix-no-ao");
+    let v = venue(&dir);
+    assert_eq!(v.control("fault no_ao on"), "ok");
+    let mut c = logged_on(&v, "f1", "pw-f1").await;
+    let ask = async |c: &mut FixClient, req: &str| {
+        c.send(
+            "AN",
+            &[(50, "node-a")],
+            &[
+                (710, req),
+                (724, "0"),
+                (1, "f1"),
+                (581, "1"),
+                (715, "20261130"),
+                (60, "20261130-12:00:00"),
+            ],
+        )
+        .await;
+    };
+    ask(&mut c, "r1").await;
+    let none = c.recv(WAIT).await.expect("an answer");
+    assert_eq!(
+        (none.msg_type(), none.get(710), none.get(728), none.get(727)),
+        ("AP", Some("r1"), Some("2"), Some("0")),
+        "{none:?}"
+    );
+    for lots in ["0.1", "0.2"] {
+        v.control(&format!("open f1 EURUSD buy {lots}"));
+    }
+    ask(&mut c, "r2").await;
+    let mut reports = 0;
+    while reports < 2 {
+        let m = c.recv(WAIT).await.expect("PositionReports");
+        assert_ne!(m.msg_type(), "AO", "no RequestForPositionsAck: {m:?}");
+        if m.msg_type() == "AP" && m.get(710) == Some("r2") {
+            assert_eq!((m.get(728), m.get(727)), (Some("0"), Some("2")), "{m:?}");
+            reports += 1;
+        }
+    }
+}

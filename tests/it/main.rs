@@ -19,6 +19,7 @@ mod manage;
 mod model;
 mod nodes;
 mod operate;
+mod partial_closes;
 mod pooler;
 mod suite;
 mod support;

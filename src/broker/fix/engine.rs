@@ -25,7 +25,7 @@ use quickfix::dictionary_item::{
 use quickfix::{
     Application, ApplicationCallback, ConnectionHandler, Dictionary, FieldMap, FixSocketServerKind,
     Initiator, LogCallback, LogFactory, MemoryMessageStoreFactory, Message, MsgFromAdminError,
-    MsgFromAppError, MsgToAppError, SessionId, SessionSettings,
+    MsgFromAppError, MsgToAppError, SessionContainer, SessionId, SessionSettings,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -62,7 +62,8 @@ pub enum EngineEvent {
     Failed(String),
 }
 
-/// A running session. Dropping it logs out and stops the engine.
+/// A running session. [`Engine::stop`] logs out and waits until the engine is gone; dropping it
+/// logs out and stops the engine without waiting.
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
@@ -70,9 +71,17 @@ pub struct Engine {
     /// True until the engine thread starts stopping; sends hold it, so no message is handed to
     /// a session QuickFIX is tearing down.
     alive: Arc<std::sync::Mutex<bool>>,
-    stop: Option<std::sync::mpsc::Sender<()>>,
+    /// Dropped to tell the engine thread to log out and stop.
+    stop: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// True once the engine thread is done (logged out, stopped, its identity free again).
+    done: tokio::sync::watch::Receiver<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// How long a stopping engine waits for the venue's answer to its Logout before it disconnects
+/// anyway: a venue that answers at all answers within a round trip, and one that does not must
+/// not hold a release (and so the account's next owner) for long.
+pub const LOGOUT: Duration = Duration::from_secs(3);
 
 /// Engines of this process by session identity: QuickFIX keeps one global registry of sessions,
 /// so a second engine for the same identity waits for the first to be gone.
@@ -96,22 +105,24 @@ impl Engine {
         let logged_on = Arc::new(AtomicBool::new(false));
         let alive = Arc::new(std::sync::Mutex::new(true));
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done) = tokio::sync::watch::channel(false);
         let thread_config = config.clone();
         let flag = logged_on.clone();
         let thread_alive = alive.clone();
         let thread = std::thread::Builder::new()
             .name(format!("fix-{}", config.sender_comp_id))
             .spawn(move || {
-                // Frees the identity however the thread ends (a panic included).
-                struct Release(String);
+                // Frees the identity however the thread ends (a panic included), then says so.
+                struct Release(String, tokio::sync::watch::Sender<bool>);
                 impl Drop for Release {
                     fn drop(&mut self) {
                         if let Ok(mut live) = LIVE.lock() {
                             live.retain(|k| *k != self.0);
                         }
+                        let _ = self.1.send(true);
                     }
                 }
-                let _release = Release(key);
+                let _release = Release(key, done_tx);
                 if let Err(e) = run(&thread_config, flag, &thread_alive, events.clone(), stopped) {
                     let _ = events.send(EngineEvent::Failed(e));
                 }
@@ -121,9 +132,26 @@ impl Engine {
             config,
             logged_on,
             alive,
-            stop: Some(stop),
+            stop: std::sync::Mutex::new(Some(stop)),
+            done,
             thread: Some(thread),
         })
+    }
+
+    /// Logs out (a Logout sent and the venue's Logout awaited, at most [`LOGOUT`]) and stops the
+    /// engine; returns once its thread is done, so the venue has seen the session end before the
+    /// caller goes on (a release must not let the next owner's Logon meet a session still open).
+    pub async fn stop(&self) {
+        drop(self.stop.lock().expect("fix engine").take());
+        let mut done = self.done.clone();
+        // Past the Logout's bound, QuickFIX disconnects at once; the margin covers that.
+        let bound = LOGOUT + Duration::from_secs(2);
+        if tokio::time::timeout(bound, done.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            warn!(session = %self.config.identity(), "a FIX session did not stop within {bound:?} of its Logout; going on without it");
+        }
     }
 
     pub fn logged_on(&self) -> bool {
@@ -153,7 +181,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        drop(self.stop.take());
+        drop(self.stop.get_mut().ok().and_then(Option::take));
         // The thread logs out and stops on its own; nobody waits for it here (a drop may run on
         // the async runtime). The registry frees the identity when it is done.
         drop(self.thread.take());
@@ -238,9 +266,30 @@ fn run(
     )
     .map_err(e)?;
     initiator.start().map_err(e)?;
-    // Blocks until the Engine is dropped (its sender with it).
+    // Blocks until the Engine is stopped or dropped (its sender with it).
     let _ = stopped.recv();
     *alive.lock().expect("fix engine") = false;
+    // The Logout, and the venue's answer to it, before the engine stops: QuickFIX's own stop
+    // would log out too, but checks for the answer only once a second.
+    if callbacks.logged_on.load(Ordering::Acquire) {
+        match initiator.session(session) {
+            Ok(mut s) => {
+                if let Err(err) = s.logout() {
+                    warn!(session = %config.identity(), error = %err, "a FIX Logout could not be sent");
+                }
+            }
+            Err(err) => {
+                warn!(session = %config.identity(), error = %err, "a FIX Logout could not be sent")
+            }
+        }
+        let polls = (LOGOUT.as_millis() / POLL.as_millis()) as usize;
+        for _ in 0..polls {
+            if !callbacks.logged_on.load(Ordering::Acquire) {
+                break;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
     if let Err(err) = initiator.stop() {
         warn!(session = %config.identity(), error = %err, "stopping a FIX session failed");
     }

@@ -608,7 +608,28 @@ impl Shared {
                 let mut state = self.state();
                 let changes = state.changes;
                 if let Some(c) = state.positions_requests.get_mut(&req) {
-                    c.reports.push(m);
+                    // Venues that send no RequestForPositionsAck count the reports on each
+                    // (TotNumReports 727), and answer "none" with one report of PosReqResult
+                    // 728 = 2 that holds no position.
+                    match m.integer(728).unwrap_or(0) {
+                        0 => {
+                            if c.expected.is_none() {
+                                c.expected = m.integer(727).map(|n| n.max(0) as usize);
+                            }
+                            c.reports.push(m);
+                        }
+                        2 => c.expected = Some(c.reports.len()),
+                        result => {
+                            let why = m.get(58).unwrap_or("request refused").to_string();
+                            if let Some(done) = c.done.take() {
+                                let _ = done.send(Err(format!(
+                                    "RequestForPositions refused ({result}): {why}"
+                                )));
+                            }
+                            state.positions_requests.remove(&req);
+                            return;
+                        }
+                    }
                     if c.expected.is_some_and(|n| c.reports.len() >= n)
                         && let Some(mut c) = state.positions_requests.remove(&req)
                         && let Some(done) = c.done.take()
@@ -1094,9 +1115,14 @@ impl Shared {
             return Err(e);
         }
         let reports = tokio::time::timeout(self.endpoint.request_timeout, rx).await;
-        self.state().positions_requests.remove(&req);
+        let left = self.state().positions_requests.remove(&req);
         let (reports, changes) = reports
-            .map_err(|_| unavailable("no PositionReports in time"))?
+            .map_err(|_| {
+                unavailable(positions_timeout(
+                    left.as_ref(),
+                    self.endpoint.request_timeout,
+                ))
+            })?
             .map_err(|_| unavailable("the FIX connection dropped"))?
             .map_err(unavailable)?;
         // Every report must map to a position: one that does not (a symbol the SecurityList
@@ -1256,6 +1282,7 @@ impl Shared {
                     closed_ms: None,
                     close_price: None,
                     ticket: None,
+                    opened_volume: None,
                 };
                 ledger::seen_open(&self.pool, self.writer.account_id, &row)
                     .await
@@ -1610,7 +1637,7 @@ impl Shared {
                 order.cl_ord_id
             ))
         };
-        self.record_outcome(&order.cl_ord_id, &outcome).await?;
+        self.record_outcome(order, &outcome).await?;
         Ok(outcome)
     }
 
@@ -1660,19 +1687,30 @@ impl Shared {
     }
 
     /// Records an order's own final report in the ledger; returns it as an outcome.
-    async fn complete(&self, cl: &str, m: &Fields) -> Result<Outcome, BrokerError> {
+    async fn complete(&self, order: &FixOrder, m: &Fields) -> Result<Outcome, BrokerError> {
         let outcome = outcome_of(m);
-        self.record_outcome(cl, &outcome).await?;
+        self.record_outcome(order, &outcome).await?;
         Ok(outcome)
     }
 
-    async fn record_outcome(&self, cl: &str, outcome: &Outcome) -> Result<(), BrokerError> {
+    async fn record_outcome(&self, order: &FixOrder, outcome: &Outcome) -> Result<(), BrokerError> {
         let account = self.writer.account_id;
+        let cl = &order.cl_ord_id;
         match &outcome {
             Outcome::Filled {
-                position, price, ..
+                position,
+                price,
+                units,
             } => {
-                ledger::complete_order(&self.pool, account, cl, Ok((*position, *price)))
+                // The lots filled: an opening order's are the position's opening volume.
+                let fill = ledger::Fill {
+                    position_id: *position,
+                    price: *price,
+                    lots: self
+                        .contract(&order.symbol)
+                        .map_or(0.0, |c| round_lots(units / c)),
+                };
+                ledger::complete_order(&self.pool, account, cl, Ok(fill))
                     .await
                     .map_err(db_unknown)?;
             }
@@ -1797,7 +1835,7 @@ impl Shared {
                 outcome => Ok((cl, outcome, true)),
             };
         }
-        let outcome = self.complete(&cl, &report).await?;
+        let outcome = self.complete(&order, &report).await?;
         Ok((cl, outcome, false))
     }
 
@@ -2198,6 +2236,66 @@ impl Shared {
     }
 }
 
+/// Why a RequestForPositions had no complete answer in time, as the venue behaved: the count
+/// comes from RequestForPositionsAck (AO) or from TotNumReports (727) on the reports.
+fn positions_timeout(c: Option<&Collect>, within: Duration) -> String {
+    match c {
+        Some(Collect {
+            expected: Some(n),
+            reports,
+            ..
+        }) => format!(
+            "{} of {n} PositionReports within {within:?} of RequestForPositions",
+            reports.len()
+        ),
+        Some(Collect { reports, .. }) if !reports.is_empty() => format!(
+            "{} PositionReports without a count within {within:?} of RequestForPositions: the \
+             venue sent no RequestForPositionsAck (AO) and no TotNumReports (727)",
+            reports.len()
+        ),
+        _ => format!(
+            "no answer to RequestForPositions within {within:?}: neither a \
+             RequestForPositionsAck (AO) nor a PositionReport (AP)"
+        ),
+    }
+}
+
+/// A ledger position as history: closed, or (still open) the lots closed of it since it opened
+/// (`opened_volume - volume`, one entry for every partial close so far: the copy engine scales a
+/// trim against a copy's opening volume, which it reads as current plus closed). An open
+/// position nothing was closed of is not history.
+fn history_entry(r: FixPosition) -> Option<ClosedPosition> {
+    let (volume, remaining, close_time_ms) = match r.closed_ms {
+        Some(closed_ms) => (r.volume, 0.0, closed_ms),
+        None => {
+            let closed = round_lots(r.opened_volume? - r.volume);
+            if closed <= 0.0 {
+                return None;
+            }
+            (closed, r.volume, r.opened_ms)
+        }
+    };
+    Some(ClosedPosition {
+        position: Position {
+            ticket: r.ticket.unwrap_or(r.position_id),
+            symbol: r.symbol,
+            side: side_parse(&r.side),
+            volume,
+            open_price: r.open_price,
+            sl: None,
+            tp: None,
+            magic: r.magic,
+            comment: r.comment,
+            open_time_ms: r.opened_ms,
+        },
+        close_price: r.close_price.unwrap_or(r.open_price),
+        close_time_ms,
+        closed_by: ClosedBy::Client,
+        remaining_volume: remaining,
+        profit: 0.0,
+    })
+}
+
 fn closed_of(p: &Position, volume: f64, remaining: f64) -> ClosedPosition {
     ClosedPosition {
         position: Position {
@@ -2269,6 +2367,18 @@ fn outcome_of(m: &Fields) -> Outcome {
 }
 
 impl TradeApi for SessionApi {
+    fn logout(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // Nothing of this session goes out again: the engine logs out and stops.
+            self.0.stop.cancel();
+            self.0.engine.stop().await;
+            info!(
+                account_id = self.0.writer.account_id,
+                "FIX session logged out"
+            );
+        })
+    }
+
     fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
         Box::pin(async move {
             let _op = self.0.ops.lock().await;
@@ -2282,31 +2392,7 @@ impl TradeApi for SessionApi {
             let rows = ledger::positions(&self.0.pool, self.0.writer.account_id)
                 .await
                 .map_err(|e| unavailable(crate::db::describe(&e)))?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|r| {
-                    let closed_ms = r.closed_ms?;
-                    Some(ClosedPosition {
-                        position: Position {
-                            ticket: r.ticket.unwrap_or(r.position_id),
-                            symbol: r.symbol,
-                            side: side_parse(&r.side),
-                            volume: r.volume,
-                            open_price: r.open_price,
-                            sl: None,
-                            tp: None,
-                            magic: r.magic,
-                            comment: r.comment,
-                            open_time_ms: r.opened_ms,
-                        },
-                        close_price: r.close_price.unwrap_or(r.open_price),
-                        close_time_ms: closed_ms,
-                        closed_by: ClosedBy::Client,
-                        remaining_volume: 0.0,
-                        profit: 0.0,
-                    })
-                })
-                .collect())
+            Ok(rows.into_iter().filter_map(history_entry).collect())
         })
     }
 

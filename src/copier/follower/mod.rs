@@ -123,6 +123,17 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
     let Some(mut session) = ctx.login(row).await? else {
         return Ok(Ended::Stopped);
     };
+    let ended = follow(ctx, row, &mut session).await;
+    ctx.logout(&session).await;
+    ended
+}
+
+/// The logged-in session: its state, then its work until it ends.
+async fn follow(
+    ctx: &AccountContext,
+    row: &AccountRow,
+    session: &mut crate::broker::Session,
+) -> anyhow::Result<Ended> {
     info!(
         balance = session.account.balance,
         "follower logged in (fence raised); reconciling before anything else"
@@ -177,7 +188,7 @@ pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended
         ledger: Vec::new(),
         fills: HashSet::new(),
     };
-    let ended = serve(&mut f, &mut session, row, &mut signals).await;
+    let ended = serve(&mut f, session, row, &mut signals).await;
     // The session's ledger rows are in before it ends (and so before the account is released).
     f.flush_ledger().await;
     ended

@@ -167,6 +167,9 @@ impl TradeApi for FaultyApi {
     fn places_orders(&self) -> bool {
         self.inner.places_orders()
     }
+    fn logout(&self) -> BoxFuture<'_, ()> {
+        self.inner.logout()
+    }
     fn orders(&self) -> BoxFuture<'_, Result<Vec<PendingOrder>, BrokerError>> {
         Box::pin(async move {
             if self.faults.no_orders.lock().unwrap().contains(&self.login) {

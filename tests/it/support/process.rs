@@ -147,6 +147,17 @@ impl NodeProcess {
     }
 
     /// Everything the process printed so far.
+    /// One series of the node's `/metrics` (its HTTP address read from its log); `None` until
+    /// the node serves it.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        const SERVING: &str = "serving /healthz, /readyz and /metrics on ";
+        let out = self.output();
+        let at = out.find(SERVING)? + SERVING.len();
+        let addr = out[at..].split_whitespace().next()?.parse().ok()?;
+        let (status, body) = super::http::get(addr, "/metrics").await;
+        (status == 200).then(|| super::http::sample(&body, series))
+    }
+
     pub fn output(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
