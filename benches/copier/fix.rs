@@ -1,17 +1,19 @@
 //! Copy latency over FIX beside the bridge, in the same run: one master and one follower on one
-//! node, the master's trades placed by hand at the venue.
+//! node, the master's trades (opens and partial closes) placed by hand at the venue; and a
+//! SIGTERM hand-off over both, timed by the copies the receiving node sent.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::nodes::Setup;
 use crate::stats::Stats;
-use crate::trades::{copy_closed, fills, wait_journal};
+use crate::trades::{copy_closed, fills, trimmed, wait_journal};
 use crate::{Options, Pg, Report};
 use anyhow::Context;
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::Request;
 use copier_node::broker::types::Side;
+use copier_node::sim_broker::journal::JournalEntry;
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 
@@ -25,6 +27,8 @@ pub(crate) struct FixRow {
     pub(crate) protocol: &'static str,
     pub(crate) trades: usize,
     pub(crate) latency: Stats,
+    /// From the master's partial close to the copy's trim.
+    pub(crate) trim: Stats,
     pub(crate) floor_ms: f64,
 }
 
@@ -36,7 +40,7 @@ pub(crate) async fn fix_latency(
     let trades = if options.smoke { 3 } else { 30 };
     let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
     let mut md = String::from(
-        "| protocol | trades | copy latency p50 | p99 | max | p50 ÷ floor |\n|---|---:|---:|---:|---:|---:|\n",
+        "| protocol | trades | copy latency p50 | p99 | max | p50 ÷ floor | trim latency p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for protocol in ["bridge", "fix"] {
         let mut setup = Setup::new(pg, &format!("bench_fix_{protocol}"), 1, 1).await?;
@@ -46,29 +50,20 @@ pub(crate) async fn fix_latency(
         let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
         trader.wait_ready(Duration::from_secs(10)).await?;
         let mut samples = Vec::new();
+        let mut trims = Vec::new();
         for i in 0..trades {
             let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
             let ticket = hand_open(venue.as_ref(), &trader, side).await?;
             let (master, copy) =
                 wait_journal(&journal_path, "the copy", |l| fills(l, ticket)).await?;
             samples.push(Duration::from_millis((copy - master).max(0) as u64));
-            // Close it again (not measured), and wait for the copy's close.
-            match &venue {
-                Some(v) => {
-                    v.control(&format!("close m1 {ticket} 0.1"));
-                }
-                None => {
-                    trader
-                        .call(Request::Close {
-                            login: "m1".into(),
-                            fence: None,
-                            ticket,
-                            volume: None,
-                            client_order_id: None,
-                        })
-                        .await?;
-                }
-            }
+            // Half of it closed: the copy's trim, timed the same way.
+            hand_close(venue.as_ref(), &trader, ticket, Some(0.1)).await?;
+            let (master, trim) =
+                wait_journal(&journal_path, "the copy's trim", |l| trimmed(l, ticket)).await?;
+            trims.push(Duration::from_millis((trim - master).max(0) as u64));
+            // Closed (not measured), and the copy's close awaited.
+            hand_close(venue.as_ref(), &trader, ticket, None).await?;
             wait_journal(&journal_path, "the copy's close", |lines| {
                 copy_closed(lines, ticket).then_some(())
             })
@@ -76,19 +71,26 @@ pub(crate) async fn fix_latency(
             tokio::time::sleep(Duration::from_millis(100)).await; // spacing between measured trades
         }
         let s = Stats::of(&samples);
-        println!("copy latency over {protocol}: {}", s.show());
+        let t = Stats::of(&trims);
+        println!(
+            "copy latency over {protocol}: {}; trims {}",
+            s.show(),
+            t.show()
+        );
         let _ = writeln!(
             md,
-            "| {protocol} | {trades} | {:.2} ms | {:.2} ms | {:.2} ms | {:.1}× |",
+            "| {protocol} | {trades} | {:.2} ms | {:.2} ms | {:.2} ms | {:.1}× | {} |",
             s.p50_ms,
             s.p99_ms,
             s.max_ms,
-            s.p50_ms / floor
+            s.p50_ms / floor,
+            t.show()
         );
         report.fix.push(FixRow {
             protocol,
             trades,
             latency: s,
+            trim: t,
             floor_ms: floor,
         });
         trader.close();
@@ -96,7 +98,7 @@ pub(crate) async fn fix_latency(
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency over FIX beside the bridge\n\nOne master and one follower on one node, {trades} master opens per protocol: from the master's fill to the copy's fill, both by the venue's own clock (its journal, millisecond resolution). The bridge rows use the simulated broker; the FIX rows the QuickFIX test venue (`tests/fix/acceptor.cpp`), with the master's trades arriving by drop copy and every copy recorded in the FIX ledger before it is sent (one more database round trip than the bridge). Floor, measured in the same run: one NOTIFY delivered after commit plus one broker round trip = {floor:.2} ms.\n\n{md}"
+        "## Copy latency over FIX beside the bridge\n\nOne master and one follower on one node, {trades} master opens per protocol: from the master's fill to the copy's fill, both by the venue's own clock (its journal, millisecond resolution); then the master closes half of each position, and the trim latency runs from the master's partial close to the copy's (the copy's opening volume is recorded once, so no later reconcile trims it again). The bridge rows use the simulated broker; the FIX rows the QuickFIX test venue (`tests/fix/acceptor.cpp`), with the master's trades arriving by drop copy and every copy recorded in the FIX ledger before it is sent (one more database round trip than the bridge). Floor, measured in the same run: one NOTIFY delivered after commit plus one broker round trip = {floor:.2} ms.\n\n{md}"
     ));
     Ok(())
 }
@@ -105,14 +107,50 @@ pub(crate) async fn fix_latency(
 pub(crate) struct FixHandoffRow {
     pub(crate) protocol: &'static str,
     pub(crate) followers: usize,
-    /// From the SIGTERM to the last follower's copy filled (the venue's journal clock).
+    /// From the SIGTERM to the last follower's copy of the first master trade that the receiving
+    /// node copied to every follower (the journal's clock, which names each copy's sender).
     pub(crate) served_again: Stats,
+    /// Every copy of the master trades placed from the signal until then: master fill to copy.
+    pub(crate) copies_meanwhile: Stats,
+    /// How many of those copies the stopping node sent (it copies on while a prepared receiver
+    /// logs in).
+    pub(crate) sent_by_the_stopping_node: usize,
+}
+
+/// The copies of master ticket `ticket` on followers `f1..=fN`, once all are in: (sender, fill
+/// ms) each, and the master's fill ms.
+fn copies_of(
+    lines: &[JournalEntry],
+    ticket: i64,
+    followers: usize,
+) -> Option<(i64, Vec<(String, i64)>)> {
+    let master = lines.iter().find(|l| {
+        l.login == "m1" && l.action == "open" && l.accepted && l.ticket == Some(ticket)
+    })?;
+    let intent = format!("-m{ticket}-open");
+    let copies: Vec<(String, i64)> = (1..=followers)
+        .filter_map(|g| {
+            let login = format!("f{g}");
+            lines
+                .iter()
+                .find(|l| {
+                    l.login == login
+                        && l.action == "open"
+                        && l.accepted
+                        && l.client_order_id
+                            .as_deref()
+                            .is_some_and(|c| c.contains(&intent))
+                })
+                .map(|l| (l.client.clone(), l.ts_ms))
+        })
+        .collect();
+    (copies.len() == followers).then_some((master.ts_ms, copies))
 }
 
 /// A SIGTERM hand-off over FIX beside the bridge, in the same run: one master and ten followers
-/// on two nodes; the node that started first is stopped and the master opens a position at once;
-/// the time from the signal to the last follower's copy at the venue (its journal, by the
-/// machine's clock).
+/// on two nodes; the node that started first is stopped, and from the signal on the master opens
+/// a position, waits for its copies, and opens the next, until the receiving node (the journal
+/// names each copy's sender) has copied one to every follower.
 pub(crate) async fn fix_handoff(
     options: &Options,
     pg: &Pg,
@@ -121,10 +159,12 @@ pub(crate) async fn fix_handoff(
     let runs = if options.smoke { 1 } else { 5 };
     let followers = 10;
     let mut md = String::from(
-        "| protocol | followers | until served again p50 / p99 (runs) | max |\n|---|---:|---:|---:|\n",
+        "| protocol | followers | until the receiver served every follower p50 / p99 (runs) | max | copies meanwhile p50 / p99 (copies) | of them sent by the stopping node |\n|---|---:|---:|---:|---:|---:|\n",
     );
     for protocol in ["bridge", "fix"] {
         let mut samples = Vec::new();
+        let mut meanwhile = Vec::new();
+        let mut by_stopping = 0;
         for run in 0..runs {
             let mut setup = Setup::new(
                 pg,
@@ -155,54 +195,55 @@ pub(crate) async fn fix_handoff(
                 .arg(first.to_string())
                 .status()
                 .await;
-            let ticket = hand_open(venue.as_ref(), &trader, Side::Buy).await?;
-            let intent = format!("-m{ticket}-open");
-            let last = wait_journal(&journal_path, "every follower's copy", |lines| {
-                let copies: Vec<i64> = (1..=followers)
-                    .filter_map(|g| {
-                        let login = format!("f{g}");
-                        lines
-                            .iter()
-                            .find(|l| {
-                                l.login == login
-                                    && l.action == "open"
-                                    && l.accepted
-                                    && l.client_order_id
-                                        .as_deref()
-                                        .is_some_and(|c| c.contains(&intent))
-                            })
-                            .map(|l| l.ts_ms)
-                    })
-                    .collect();
-                (copies.len() == followers).then(|| copies.into_iter().max())
-            })
-            .await?
-            .context("no copies")?;
+            let last = loop {
+                let ticket = hand_open(venue.as_ref(), &trader, Side::Buy).await?;
+                let (master, copies) = wait_journal(&journal_path, "every follower's copy", |l| {
+                    copies_of(l, ticket, followers)
+                })
+                .await?;
+                for (_, ts) in &copies {
+                    meanwhile.push(Duration::from_millis((ts - master).max(0) as u64));
+                }
+                by_stopping += copies.iter().filter(|(c, _)| c == "ha").count();
+                if copies.iter().all(|(c, _)| c == "hb") {
+                    break copies
+                        .iter()
+                        .map(|(_, ts)| *ts)
+                        .max()
+                        .context("no copies")?;
+                }
+            };
             samples.push(Duration::from_millis((last - signalled_ms).max(0) as u64));
             trader.close();
             drop(venue);
             setup.stop().await;
         }
         let s = Stats::of(&samples);
+        let m = Stats::of(&meanwhile);
         println!(
-            "SIGTERM hand-off over {protocol}: served again after {}",
-            s.show()
+            "SIGTERM hand-off over {protocol}: the receiver served every follower after {}; copies meanwhile {}, {by_stopping} sent by the stopping node",
+            s.show(),
+            m.show()
         );
         let _ = writeln!(
             md,
-            "| {protocol} | {followers} | {} ({}) | {:.0} ms |",
+            "| {protocol} | {followers} | {} ({}) | {:.0} ms | {} ({}) | {by_stopping} |",
             s.show(),
             s.runs,
-            s.max_ms
+            s.max_ms,
+            m.show(),
+            m.runs
         );
         report.fix_handoff.push(FixHandoffRow {
             protocol,
             followers,
             served_again: s,
+            copies_meanwhile: m,
+            sent_by_the_stopping_node: by_stopping,
         });
     }
     report.markdown.push(format!(
-        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM and the master opens a position at once; the time from the signal to the last follower's copy, by the broker's journal (millisecond clock). Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time, so the new owner cannot log on before the old one has logged out: its logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see the README).\n\n{md}"
+        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM, and from the signal on the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the receiving node: the time from the signal to that position's last copy, by the broker's journal (millisecond clock; the journal names each copy's sender, so a copy the stopping node sent does not count as served by the receiver). Every copy of those positions is also timed from the master's fill. Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time: the stopping node logs each account out (and waits for the venue's answer) before its release commits, and the new owner's logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see [prepared hand-offs](docs/design/prepared-handoff.md)).\n\n{md}"
     ));
     Ok(())
 }
@@ -239,7 +280,37 @@ async fn on_broker(
     Ok((Some(venue), journal))
 }
 
-/// The master's (`m1`) market order of 0.1 EURUSD placed by hand at its broker: its ticket.
+/// The master's (`m1`) position `ticket` closed by hand at its broker: `volume` lots of it, or
+/// all.
+async fn hand_close(
+    venue: Option<&FixVenue>,
+    trader: &BridgeClient,
+    ticket: i64,
+    volume: Option<f64>,
+) -> anyhow::Result<()> {
+    match venue {
+        Some(v) => {
+            // The venue closes lots given; 1000 lots is more than any test position.
+            let lots = volume.unwrap_or(1000.0);
+            let reply = v.control(&format!("close m1 {ticket} {lots}"));
+            anyhow::ensure!(reply.starts_with("ok"), "the venue's hand close: {reply}");
+        }
+        None => {
+            trader
+                .call(Request::Close {
+                    login: "m1".into(),
+                    fence: None,
+                    ticket,
+                    volume,
+                    client_order_id: None,
+                })
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The master's (`m1`) market order of 0.2 EURUSD placed by hand at its broker: its ticket.
 async fn hand_open(
     venue: Option<&FixVenue>,
     trader: &BridgeClient,
@@ -248,14 +319,14 @@ async fn hand_open(
     match venue {
         Some(v) => {
             let side = if side == Side::Buy { "buy" } else { "sell" };
-            let reply = v.control(&format!("open m1 EURUSD {side} 0.1"));
+            let reply = v.control(&format!("open m1 EURUSD {side} 0.2"));
             reply
                 .strip_prefix("ok ")
                 .and_then(|t| t.parse().ok())
                 .with_context(|| format!("the venue's hand open: {reply}"))
         }
         None => trader
-            .call(Request::hand_open("m1", "EURUSD", side, 0.1))
+            .call(Request::hand_open("m1", "EURUSD", side, 0.2))
             .await?["ticket"]
             .as_i64()
             .context("ticket"),

@@ -26,6 +26,23 @@ pub(crate) fn fills(lines: &[JournalEntry], ticket: i64) -> Option<(i64, i64)> {
     Some((master.ts_ms, copy.ts_ms))
 }
 
+/// The master's partial close of `ticket` and the trim of its copy: their journal times.
+pub(crate) fn trimmed(lines: &[JournalEntry], ticket: i64) -> Option<(i64, i64)> {
+    let master = lines.iter().find(|l| {
+        l.login == "m1" && l.action == "close" && l.accepted && l.ticket == Some(ticket)
+    })?;
+    let intent = format!("-m{ticket}-");
+    let trim = lines.iter().find(|l| {
+        l.login == "f1"
+            && l.action == "close"
+            && l.accepted
+            && l.client_order_id
+                .as_deref()
+                .is_some_and(|c| c.contains(&intent) && c.contains("-trim"))
+    })?;
+    Some((master.ts_ms, trim.ts_ms))
+}
+
 /// Whether the copy of master ticket `ticket` has been closed.
 pub(crate) fn copy_closed(lines: &[JournalEntry], ticket: i64) -> bool {
     let intent = format!("-m{ticket}-");
@@ -35,7 +52,7 @@ pub(crate) fn copy_closed(lines: &[JournalEntry], ticket: i64) -> bool {
             && l.accepted
             && l.client_order_id
                 .as_deref()
-                .is_some_and(|c| c.contains(&intent))
+                .is_some_and(|c| c.contains(&intent) && c.contains("-close"))
     })
 }
 

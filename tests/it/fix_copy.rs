@@ -378,7 +378,7 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     let copies = async |n: usize| {
         wait_venue(&v, "f1", &format!("{n} copies"), |p| p.len() == n).await;
     };
-    hand(&v, "open m1 EURUSD buy 0.1");
+    let first = hand(&v, "open m1 EURUSD buy 0.1");
     copies(1).await;
 
     // kill -9 of the follower's owner.
@@ -394,6 +394,14 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     .await;
     hand(&v, "open m1 EURUSD sell 0.2");
     copies(2).await;
+    // Half of the first master position closed: its copy trimmed once, and no later takeover
+    // trims it again (its opening volume is recorded, not read from its current one).
+    hand(&v, &format!("close m1 {first} 0.05"));
+    let trimmed = |p: &[(i64, String, String, f64)]| {
+        p.iter()
+            .any(|(_, sym, side, lots)| sym == "EURUSD" && side == "buy" && lots_close(*lots, 0.05))
+    };
+    wait_venue(&v, "f1", "the first copy trimmed", |p| trimmed(p)).await;
 
     // A third node joins; then the follower's owner freezes past its lease.
     nodes.push(NodeProcess::spawn(&s.db, "fc", 100, FAST, &[]));
@@ -426,6 +434,7 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     nodes[fidx].wait_for_output("gate closed", WAIT).await;
     hand(&v, "open m1 GBPUSD sell 0.4");
     copies(4).await;
+    assert!(trimmed(&venue_positions(&v, "f1")), "trimmed once, kept");
 
     let lines = venue_journal(&v);
     let orders: Vec<&JournalEntry> = accepted_orders(&lines, "f1");
@@ -441,6 +450,8 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     distinct.sort();
     distinct.dedup();
     assert_eq!(opens.len(), 4, "one open per master trade: {orders:?}");
+    let trims = orders.iter().filter(|l| l.action == "close").count();
+    assert_eq!(trims, 1, "one trim for one partial close: {orders:?}");
     assert_eq!(distinct.len(), 4, "no intent opened twice: {opens:?}");
     // Not even refused by the venue's ClOrdID check: no open request was sent twice at all (a
     // venue that deduplicates nothing would have executed a second one).

@@ -272,7 +272,7 @@ fn run(
     // The Logout, and the venue's answer to it, before the engine stops: QuickFIX's own stop
     // would log out too, but checks for the answer only once a second.
     if callbacks.logged_on.load(Ordering::Acquire) {
-        match initiator.session(session) {
+        match initiator.session(session.clone()) {
             Ok(mut s) => {
                 if let Err(err) = s.logout() {
                     warn!(session = %config.identity(), error = %err, "a FIX Logout could not be sent");
@@ -281,6 +281,16 @@ fn run(
             Err(err) => {
                 warn!(session = %config.identity(), error = %err, "a FIX Logout could not be sent")
             }
+        }
+        // QuickFIX sends the Logout at its next turn: on its one-second timer, or at once when
+        // a message arrives. A TestRequest makes the venue answer (a Heartbeat) at once.
+        let mut probe = Message::new();
+        let sent = probe
+            .with_header_mut(|h| h.set_field(35, "1"))
+            .and_then(|()| probe.set_field(112, "logout"))
+            .and_then(|()| quickfix::send_to_target(probe, &session));
+        if let Err(err) = sent {
+            debug!(session = %config.identity(), error = %err, "a TestRequest ahead of the Logout could not be sent");
         }
         let polls = (LOGOUT.as_millis() / POLL.as_millis()) as usize;
         for _ in 0..polls {

@@ -2894,6 +2894,31 @@ mod tests {
         assert!(entry_of_report(&report(&[(11, "y"), (37, "3"), (40, "1")])).is_none());
     }
 
+    /// A positions read that timed out says what the venue sent: nothing, reports without a
+    /// count (no AO, no TotNumReports), or fewer reports than counted.
+    #[test]
+    fn a_positions_timeout_names_what_the_venue_sent() {
+        let within = Duration::from_secs(5);
+        let collect = |expected: Option<usize>, reports: usize| Collect {
+            expected,
+            reports: vec![report(&[(35, "AP")]); reports],
+            done: None,
+        };
+        let nothing = positions_timeout(Some(&collect(None, 0)), within);
+        assert!(
+            nothing.contains("neither a RequestForPositionsAck (AO) nor a PositionReport"),
+            "{nothing}"
+        );
+        let uncounted = positions_timeout(Some(&collect(None, 2)), within);
+        assert!(
+            uncounted.contains("2 PositionReports without a count")
+                && uncounted.contains("no TotNumReports (727)"),
+            "{uncounted}"
+        );
+        let short = positions_timeout(Some(&collect(Some(3), 1)), within);
+        assert!(short.starts_with("1 of 3 PositionReports"), "{short}");
+    }
+
     #[test]
     fn final_reports_become_outcomes() {
         let filled = report(&[(39, "2"), (14, "20000"), (6, "1.1001"), (721, "77")]);
