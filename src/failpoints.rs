@@ -1,5 +1,5 @@
 //! Fault-injection points for the fault suite, compiled only with the `failpoints` cargo feature
-//! (the README's test command enables it; a release build has none, which CI checks). Each point
+//! (`.ci/run` enables it; a release build has none, which CI checks). Each point
 //! is named by an environment variable holding a file path: while that file exists, a task that
 //! reaches the point waits there: a process frozen at an exact place, on demand.
 

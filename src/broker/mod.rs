@@ -6,7 +6,7 @@
 //! orders (each carrying the fence, and the client order id, magic number and comment the caller
 //! gives), and receives the account's position changes as [`SessionEvent`]s.
 //!
-//! [`client::BridgeClient`] implements it over the bridge protocol (`docs/bridge-protocol.md`);
+//! [`client::BridgeClient`] implements it over the bridge protocol (`docs/design/bridge-protocol.md`);
 //! the simulated broker speaks that protocol, and so can a bridge to a real MT4/MT5 terminal or a
 //! FIX session.
 

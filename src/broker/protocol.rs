@@ -1,5 +1,5 @@
 //! The bridge protocol's frames: one JSON object per line over TCP, in both directions
-//! (docs/bridge-protocol.md is the reference a bridge implements).
+//! (docs/design/bridge-protocol.md is the reference a bridge implements).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,5 @@
 //! What a broker session deals in: positions, closed positions, orders, fills, account figures.
-//! These are also the wire protocol's JSON shapes (docs/bridge-protocol.md).
+//! These are also the wire protocol's JSON shapes (docs/design/bridge-protocol.md).
 
 use serde::{Deserialize, Serialize};
 

@@ -1061,7 +1061,7 @@ async fn removing_a_link_closes_or_leaves_its_copies_as_it_says() {
 
 /// A LISTEN connection waiting out a long backoff (the database was gone a while) reconnects as
 /// soon as the lease loop reports the database back, instead of up to its cap later: after a
-/// failover, copying waits for LISTEN (README, "Patroni and HAProxy").
+/// failover, copying waits for LISTEN (docs/operating.md, "Patroni and HAProxy").
 #[tokio::test]
 async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
     use copier_node::hub::{Hub, Topic};

@@ -11,7 +11,7 @@
 //! Judged from the simulated broker's journal alone, with its fence check and client-id
 //! deduplication off: no duplicate copy, no S1 gap between two senders of one account, no epoch
 //! used by two owners; every follower converges. Each scenario prints the time until copying
-//! resumed after the fault, from the journal (the README's table).
+//! resumed after the fault, from the journal.
 
 use std::time::Duration;
 
