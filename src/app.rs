@@ -236,7 +236,7 @@ pub async fn start(
             credentials_key: config.credentials_key.clone(),
             reconcile_every: config.reconcile_every,
             // Offers need LISTEN: without it no answer (nor offer) arrives.
-            handoffs: crate::handoff::Handoffs::new(
+            handoffs: crate::session::Handoffs::new(
                 node.node_id.clone(),
                 if config.events_poll.is_some() {
                     Duration::ZERO

@@ -33,19 +33,8 @@ pub const KEYS: &[&str] = &[
     "credentials_key_file",
 ];
 
-/// What sits between a node and PostgreSQL (`database_pooler`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pooler {
-    /// Nothing, or a pooler that passes startup options on: the bounds go in the startup packet.
-    None,
-    /// A pooler in session mode (PgBouncer `pool_mode = session`): the bounds are `SET` after
-    /// connecting, since PgBouncer before 1.20 refuses or drops startup options.
-    Session,
-    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`): every unit of work is
-    /// an explicit transaction that sets the bounds with `SET LOCAL`, with no prepared statement
-    /// outliving it; LISTEN goes to `listen_database_url` or is replaced by `events_poll`.
-    Transaction,
-}
+/// What sits between a node and PostgreSQL (`database_pooler`): the database layer's own notion.
+pub use crate::db::Pooler;
 
 /// Where a configuration value came from; shown in every error about it.
 #[derive(Debug, Clone, PartialEq, Eq)]

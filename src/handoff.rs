@@ -4,7 +4,7 @@
 //!
 //! Nothing here grants or reserves anything: the old owner O offers the account on
 //! [`crate::channels::HANDOFF`] to the node it expects to claim it (the most starved peer), keeps
-//! copying with its gate open until that node answers or [`Handoffs::wait`] passes, then stops
+//! copying with its gate open until that node answers or [`crate::session::Handoffs::wait`] passes, then stops
 //! as before (gate closed, orders in flight finished, release committed and announced). The
 //! claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
 //! old owner's orders still pass at a fencing server) and holds the login; R's account task,
@@ -19,9 +19,6 @@
 //! to the peer that will take it ([`crate::lease::Core::begin_shutdown`]); each account's gate
 //! closes once its receiver answered, and it is released on its own.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -35,6 +32,7 @@ use crate::credentials;
 use crate::db;
 use crate::hub::{Signal, Topic};
 use crate::session::NodeServices;
+use crate::session::handoffs::Entry;
 
 /// How long a prepared login waits for its account's claim before it is logged out.
 pub const KEPT: Duration = Duration::from_secs(10);
@@ -45,76 +43,8 @@ const MAX_PREPARED: usize = 256;
 /// The longest a prepared login may take (a slower broker gets no preparation).
 const PREPARE_WITHIN: Duration = Duration::from_secs(10);
 
-/// A prepared login as its account task receives it: `None` if the preparation failed.
-pub type Ready = oneshot::Receiver<Option<Box<dyn PreparedLogin>>>;
-
-struct Entry {
-    generation: u64,
-    server: String,
-    login: String,
-    ready: Ready,
-}
-
-/// One node's side of prepared hand-offs: its offers (as old owner) and its prepared logins
-/// (as receiver).
-pub struct Handoffs {
-    node_id: String,
-    /// How long an offered account keeps copying here for the receiver's answer (zero: no
-    /// offers).
-    wait: Duration,
-    prepared: Mutex<HashMap<i64, Entry>>,
-    generation: AtomicU64,
-}
-
-impl std::fmt::Debug for Handoffs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handoffs")
-            .field("node_id", &self.node_id)
-            .field("wait", &self.wait)
-            .finish()
-    }
-}
-
-impl Handoffs {
-    /// `wait` zero turns offers off (the node still prepares what peers offer it).
-    pub fn new(node_id: impl Into<String>, wait: Duration) -> Self {
-        Handoffs {
-            node_id: node_id.into(),
-            wait,
-            prepared: Mutex::new(HashMap::new()),
-            generation: AtomicU64::new(1),
-        }
-    }
-
-    /// How long an offered account keeps copying here at most.
-    pub fn wait(&self) -> Duration {
-        self.wait
-    }
-
-    /// Accounts with a prepared login (ready or under way).
-    pub fn prepared(&self) -> Vec<i64> {
-        let mut ids: Vec<i64> = self
-            .prepared
-            .lock()
-            .expect("prepared logins")
-            .keys()
-            .copied()
-            .collect();
-        ids.sort_unstable();
-        ids
-    }
-
-    /// The prepared login of `account_id` if it was made for `server` and `login` (taken: a
-    /// second claim of the account logs in as usual).
-    pub fn take(&self, account_id: i64, server: &str, login: &str) -> Option<Ready> {
-        let mut prepared = self.prepared.lock().expect("prepared logins");
-        let entry = prepared.remove(&account_id)?;
-        (entry.server == server && entry.login == login).then_some(entry.ready)
-    }
-}
-
 /// Offers `account_id` to `to` and waits, the session still copying, for `to`'s answer, at most
-/// [`Handoffs::wait`], or until `stopped` fires (the session was stopped for good: shutdown, a
+/// [`crate::session::Handoffs::wait`], or until `stopped` fires (the session was stopped for good: shutdown, a
 /// lost lease). True when `to` answered.
 pub async fn offer(
     node: &NodeServices,
@@ -129,7 +59,7 @@ pub async fn offer(
         let offer = Handoff {
             ready: false,
             account_id,
-            from: handoffs.node_id.clone(),
+            from: handoffs.node_id().to_string(),
             to: to.to_string(),
         };
         if let Err(e) = node
@@ -152,10 +82,10 @@ pub async fn offer(
         None
     };
     tokio::select! {
-        answered = tokio::time::timeout(handoffs.wait, wait) => {
+        answered = tokio::time::timeout(handoffs.wait(), wait) => {
             let answered = matches!(answered, Ok(Some(())));
             if !answered {
-                info!(account_id, to, wait_ms = handoffs.wait.as_millis() as u64, "the receiving node did not answer the hand-off offer in time; handing off anyway");
+                info!(account_id, to, wait_ms = handoffs.wait().as_millis() as u64, "the receiving node did not answer the hand-off offer in time; handing off anyway");
             }
             answered
         }
@@ -198,14 +128,14 @@ pub async fn serve(node: std::sync::Arc<NodeServices>, shutdown: CancellationTok
 async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationToken) {
     let account_id = offer.account_id;
     let handoffs = &node.handoffs;
-    let generation = handoffs.generation.fetch_add(1, Ordering::Relaxed);
+    let generation = handoffs.next_generation();
     let (done, ready) = oneshot::channel();
     let started = tokio::time::Instant::now();
     let prepared = async {
         if shutdown.is_cancelled() {
             anyhow::bail!("this node is shutting down");
         }
-        let held = handoffs.prepared.lock().expect("prepared logins").len();
+        let held = handoffs.held();
         if held >= MAX_PREPARED {
             anyhow::bail!("{held} logins already prepared (at most {MAX_PREPARED})");
         }
@@ -221,7 +151,7 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             .map(|stored| credentials::decrypt(node.credentials_key.as_ref(), stored))
             .transpose()
             .with_context(|| format!("account {account_id} cannot log in to {}", row.server))?;
-        handoffs.prepared.lock().expect("prepared logins").insert(
+        handoffs.hold(
             account_id,
             Entry {
                 generation,
@@ -264,14 +194,7 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
                 .with_label_values(&["failed"])
                 .inc();
             info!(account_id, from = %offer.from, error = %format!("{e:#}"), "hand-off offered: not prepared; the account logs in as usual when claimed");
-            let mut prepared = handoffs.prepared.lock().expect("prepared logins");
-            if prepared
-                .get(&account_id)
-                .is_some_and(|e| e.generation == generation)
-            {
-                prepared.remove(&account_id);
-            }
-            drop(prepared);
+            handoffs.forget(account_id, generation);
             let _ = done.send(None);
         }
     }
@@ -290,12 +213,7 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         _ = tokio::time::sleep(KEPT) => {}
         _ = shutdown.cancelled() => {}
     }
-    let mut prepared = handoffs.prepared.lock().expect("prepared logins");
-    if prepared
-        .get(&account_id)
-        .is_some_and(|e| e.generation == generation)
-    {
-        prepared.remove(&account_id);
+    if handoffs.forget(account_id, generation) {
         node.metrics
             .handoff_logins
             .with_label_values(&["unused"])

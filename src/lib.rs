@@ -22,7 +22,8 @@
 //! | [`supervisor`] | one task per owned (account, epoch): start on claim, stop on loss, release after stop |
 //! | [`handoff`] | prepared fair-share hand-offs: the offer, the receiver's login ahead of the claim, the fence raise |
 //! | [`account`], [`session`] | the account task, and the context it and the copy engine's sessions act through (gate, epoch, fenced writes, broker login) |
-//! | [`model`] | the copy engine's data (master positions, markers, events, links), shared by copier, db and hub |
+//! | [`model`] | the data layers share without depending on one another: master positions, markers, events, links, risk limits, the FIX ledger's rows, a trade's side and currency |
+//! | `future` | the one boxed-future type trait objects return |
 //! | [`copier`] | the copy engine: master sessions publish events, follower sessions apply and reconcile; pure copy rules |
 //! | [`channels`] | every NOTIFY channel and the codec of its payload |
 //! | [`hub`] | the node's one LISTEN connection: release announcements, master events and link changes, fanned out |
@@ -38,10 +39,37 @@
 //! | [`failpoints`] | fault-injection points for the fault suite (the `failpoints` feature only) |
 //! | [`cluster_status`], [`demo`] | `copier-node status` and `copier-node demo` |
 //!
-//! Dependencies run one way (no import cycles): `commands` -> `app` -> `lease` -> `supervisor`
-//! -> `account` -> `copier` -> `session` -> `broker`, `db`, `hub`, `status_writer`; the leaf
-//! modules (`secret`, `trust`, `gate`, `node_state`, `model`, `channels`, `retry`) depend on
-//! nothing above them.
+//! ## Layers
+//!
+//! Each module imports only from modules of lower layers: no import cycle, no upward or sideways
+//! edge. The layering test (`tests/it/layering.rs`) reads this table and the lines below it, and
+//! every `crate::` path of `src/` outside test modules, and fails on any edge they forbid; change
+//! the table, not the test, when the design changes.
+//!
+//! | layer | modules |
+//! | --- | --- |
+//! | 0 | `model`, `future`, `secret`, `trust`, `retry`, `wall_clock`, `failpoints`, `shutdown` |
+//! | 1 | `channels`, `gate` |
+//! | 2 | `db`, `broker` |
+//! | 3 | `brokers`, `credentials`, `node_state`, `status_writer`, `hub`, `sim_broker`, `cluster_status`, `pgtmp` |
+//! | 4 | `config`, `metrics` |
+//! | 5 | `session`, `telemetry`, `http` |
+//! | 6 | `copier`, `handoff` |
+//! | 7 | `account` |
+//! | 8 | `supervisor` |
+//! | 9 | `lease` |
+//! | 10 | `app`, `sim` |
+//! | 11 | `demo`, `cli` |
+//! | 12 | `commands` |
+//!
+//! Never, whatever the layers: `lease` -> `copier`; `lease` -> `broker`; `supervisor` -> `copier`;
+//! `supervisor` -> `broker`.
+//!
+//! So storage knows no copy rule and no adapter (`db` and `broker` share a layer: neither imports
+//! the other; the FIX adapter reaches its ledger through [`broker::fix::Ledger`], which
+//! [`brokers`] implements over `db`), the data every layer shares ([`model`]: positions, events,
+//! links, risk limits, the FIX ledger's rows, a side, a currency) depends on nothing of the
+//! crate, and the lease core reaches accounts only through the supervisor's tasks.
 //!
 //! ## How a claimed lease becomes a running account session
 //!
@@ -83,6 +111,7 @@ pub mod credentials;
 pub mod db;
 pub(crate) mod demo;
 pub(crate) mod failpoints;
+pub(crate) mod future;
 pub(crate) mod gate;
 pub mod handoff;
 pub(crate) mod http;

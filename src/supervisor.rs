@@ -758,7 +758,7 @@ mod tests {
             metrics: Arc::new(crate::metrics::Metrics::new()),
             credentials_key: None,
             reconcile_every: Duration::from_secs(180),
-            handoffs: crate::handoff::Handoffs::new("n", wait),
+            handoffs: crate::session::Handoffs::new("n", wait),
         });
         let shared = NodeShared {
             services,

@@ -15,8 +15,6 @@ pub mod fix;
 pub mod protocol;
 pub mod types;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -28,8 +26,8 @@ use types::{
     OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, PositionChange, SymbolSpec,
 };
 
-/// A boxed future, so adapters can be used as trait objects.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// Adapters return boxed futures, so they can be used as trait objects.
+pub use crate::future::BoxFuture;
 
 /// Why a broker call failed, and so what the caller may do next.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

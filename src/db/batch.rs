@@ -22,8 +22,8 @@ use sqlx::PgConnection;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::debug;
 
-use crate::broker::BoxFuture;
 use crate::db::Db;
+use crate::future::BoxFuture;
 
 /// A kind of write a [`BatchWriter`] gathers: how a batch of them is written, and what each
 /// one's outcome is. A write must be safe to repeat: a batch whose connection was lost is

@@ -22,8 +22,22 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
-pub use crate::config::Pooler;
 use crate::secret::Secret;
+
+/// What sits between a node and PostgreSQL (the `database_pooler` setting): it decides how
+/// connection bounds are set and whether statements may be prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooler {
+    /// Nothing, or a pooler that passes startup options on: the bounds go in the startup packet.
+    None,
+    /// A pooler in session mode (PgBouncer `pool_mode = session`): the bounds are `SET` after
+    /// connecting, since PgBouncer before 1.20 refuses or drops startup options.
+    Session,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`): every unit of work is
+    /// an explicit transaction that sets the bounds with `SET LOCAL`, with no prepared statement
+    /// outliving it; LISTEN goes to `listen_database_url` or is replaced by `events_poll`.
+    Transaction,
+}
 
 /// Server-side bounds every connection of a running node sets (SPEC S1), derived from the fence
 /// so a stalled client can never hold row locks anywhere near as long as the fence.

@@ -4,7 +4,7 @@
 
 use sqlx::{PgConnection, Row};
 
-use crate::broker::types::Currency;
+use crate::model::trade::Currency;
 
 /// One account's latest status, written only if (node, epoch) still own the row.
 #[derive(Debug, Clone, PartialEq)]

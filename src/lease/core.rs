@@ -151,10 +151,11 @@ impl<H: Host> Core<H> {
         }
     }
 
-    /// A deliberate bug, for the simulator's own tests only: keep through a database grace the
-    /// epochs of the last read-back instead of the gates open without a break.
-    #[doc(hidden)]
-    pub fn keep_held_instead(&self, p: &mut Prepared) {
+    /// A deliberate bug, for the simulator's own tests only (never in a build that is not a
+    /// test): keep through a database grace the epochs of the last read-back instead of the
+    /// gates open without a break.
+    #[cfg(test)]
+    pub(crate) fn keep_held_instead(&self, p: &mut Prepared) {
         p.kept = self.held.clone();
     }
 

@@ -65,7 +65,7 @@ impl MasterEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::types::Side;
+    use crate::model::trade::Side;
 
     #[test]
     fn notices_fit_a_notify_payload() {

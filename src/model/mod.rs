@@ -3,11 +3,14 @@
 //! events ([`events`]) and copy links ([`link`]).
 
 pub mod events;
+pub(crate) mod fix;
 pub(crate) mod link;
+pub(crate) mod risk;
+pub(crate) mod trade;
 
 use serde::{Deserialize, Serialize};
 
-use crate::broker::types::{PendingKind, Side};
+use trade::{PendingKind, Side};
 
 /// A master position as published in the master's snapshot and events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

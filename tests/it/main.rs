@@ -13,6 +13,7 @@ mod fix_copy;
 mod fix_venue;
 mod handoff;
 mod hardening;
+mod layering;
 mod lease_sql;
 mod ledger;
 mod manage;

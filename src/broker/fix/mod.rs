@@ -23,6 +23,7 @@
 //! ledger (`fix_positions`), which also keeps the closes that are the account's history.
 
 pub mod engine;
+pub mod ledger;
 pub mod msg;
 mod session;
 
@@ -30,6 +31,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{AccountLogin, BoxFuture, Broker, BrokerError, RejectCode, Rejection, Session};
+pub use ledger::Ledger;
 
 /// How the master's trades reach the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,16 +151,22 @@ pub struct FixBroker {
     server: String,
     endpoint: Result<FixEndpoint, String>,
     node_id: String,
-    pool: Option<crate::db::Db>,
+    ledger: Option<std::sync::Arc<dyn Ledger>>,
 }
 
 impl FixBroker {
-    pub fn new(server: &str, node_id: &str, pool: Option<crate::db::Db>) -> FixBroker {
+    /// The venue at `server`, its sessions recording their orders in `ledger` (none: FIX
+    /// logins are refused, naming the server).
+    pub fn new(
+        server: &str,
+        node_id: &str,
+        ledger: Option<std::sync::Arc<dyn Ledger>>,
+    ) -> FixBroker {
         FixBroker {
             server: server.to_string(),
             endpoint: FixEndpoint::parse(server),
             node_id: node_id.to_string(),
-            pool,
+            ledger,
         }
     }
 }
@@ -172,7 +180,7 @@ impl Broker for FixBroker {
             let refuse =
                 |why: String| BrokerError::Rejected(Rejection::new(RejectCode::Rejected, why));
             let endpoint = self.endpoint.clone().map_err(refuse)?;
-            let pool = self.pool.clone().ok_or_else(|| {
+            let ledger = self.ledger.clone().ok_or_else(|| {
                 refuse(format!(
                     "{}: FIX accounts need the node's database (the order ledger)",
                     self.server
@@ -186,7 +194,7 @@ impl Broker for FixBroker {
             };
             session::login(session::LoginArgs {
                 endpoint,
-                pool,
+                ledger,
                 node_id: self.node_id.clone(),
                 account_id,
                 epoch,

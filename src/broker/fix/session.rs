@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::engine::{Engine, EngineConfig, EngineEvent, POLL};
+use super::ledger::{Ledger, LedgerError};
 use super::msg::{Fields, decimal, parse_utc_timestamp, utc_timestamp};
 use super::{FixEndpoint, Updates};
 use crate::broker::types::{
@@ -21,12 +22,12 @@ use crate::broker::types::{
 use crate::broker::{
     BoxFuture, BrokerError, RejectCode, Rejection, Session, SessionEvent, TradeApi,
 };
-use crate::db::fix::{self as ledger, Entry, FixOrder, FixPosition, Writer};
+use crate::model::fix::{self as ledger, Entry, FixOrder, FixPosition, Writer};
 use crate::secret::Secret;
 
 pub(super) struct LoginArgs {
     pub endpoint: FixEndpoint,
-    pub pool: crate::db::Db,
+    pub ledger: std::sync::Arc<dyn Ledger>,
     pub node_id: String,
     pub account_id: i64,
     pub epoch: i64,
@@ -58,7 +59,7 @@ struct Shared {
     endpoint: FixEndpoint,
     /// The account's login at the venue (Account, tag 1, of position requests).
     login: String,
-    pool: crate::db::Db,
+    ledger: std::sync::Arc<dyn Ledger>,
     writer: Writer,
     engine: Engine,
     link: watch::Sender<Link>,
@@ -169,8 +170,8 @@ fn unavailable(e: impl std::fmt::Display) -> BrokerError {
     BrokerError::Unavailable(e.to_string())
 }
 
-fn db_unknown(e: sqlx::Error) -> BrokerError {
-    BrokerError::Unknown(format!("the FIX order ledger: {}", crate::db::describe(&e)))
+fn db_unknown(e: LedgerError) -> BrokerError {
+    BrokerError::Unknown(format!("the FIX order ledger: {e}"))
 }
 
 pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
@@ -210,7 +211,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
     let shared = Arc::new(Shared {
         endpoint: args.endpoint,
         login: args.login.clone(),
-        pool: args.pool,
+        ledger: args.ledger,
         writer: Writer {
             account_id: args.account_id,
             node_id: args.node_id,
@@ -461,10 +462,10 @@ impl Shared {
             // the orders records it, and what the master publishes then is what a later owner can
             // resolve); its fill or end, if any came meanwhile, still is. Recorded, or not this
             // node's to record: announced.
-            let recorded = match ledger::record_entry(&me.pool, &me.writer, &e).await {
+            let recorded = match me.ledger.record_entry(&me.writer, &e).await {
                 Ok(_) => true,
                 Err(err) => {
-                    warn!(account_id = me.writer.account_id, cl_ord_id = %e.cl_ord_id, error = %crate::db::describe(&err), "recording an entry order placed by another failed: not announced; the next read of the orders records it");
+                    warn!(account_id = me.writer.account_id, cl_ord_id = %e.cl_ord_id, error = %err, "recording an entry order placed by another failed: not announced; the next read of the orders records it");
                     false
                 }
             };
@@ -750,10 +751,12 @@ impl Shared {
         } else if matches!(status, "2" | "4") && state.resting.contains_key(&cl) {
             state.resting.remove(&cl);
             drop(state);
-            let (pool, account) = (self.pool.clone(), self.writer.account_id);
+            let (pool, account) = (self.ledger.clone(), self.writer.account_id);
             let end = if status == "2" { "filled" } else { "canceled" };
             tokio::spawn(async move {
-                let _ = ledger::set_state(&pool, account, &cl, &["working", "sent"], end).await;
+                let _ = pool
+                    .set_state(account, &cl, &["working", "sent"], end)
+                    .await;
             });
         } else if matches!(exec_type, "0" | "5")
             && status == "0"
@@ -800,10 +803,11 @@ impl Shared {
                 };
                 info!(account_id = self.writer.account_id, cl_ord_id = %entry, ticket, how, "a FIX entry order ended at the venue");
                 self.emit(PositionChange::OrderGone { ticket, end });
-                let (pool, account) = (self.pool.clone(), self.writer.account_id);
+                let (pool, account) = (self.ledger.clone(), self.writer.account_id);
                 tokio::spawn(async move {
-                    let _ =
-                        ledger::set_state(&pool, account, &entry, &["working", "sent"], how).await;
+                    let _ = pool
+                        .set_state(account, &entry, &["working", "sent"], how)
+                        .await;
                 });
             }
         }
@@ -870,10 +874,10 @@ impl Shared {
                     state.positions.remove(&position_id);
                     drop(state);
                     self.emit(PositionChange::Closed { closed });
-                    let pool = self.pool.clone();
+                    let pool = self.ledger.clone();
                     let account = self.writer.account_id;
                     tokio::spawn(async move {
-                        let _ = ledger::seen_closed(&pool, account, position_id, Some(price)).await;
+                        let _ = pool.seen_closed(account, position_id, Some(price)).await;
                     });
                 } else {
                     p.volume = remaining;
@@ -940,7 +944,7 @@ impl Shared {
                         ticket,
                         end: OrderEnd::Filled { position: ticket },
                     });
-                    let (pool, account) = (self.pool.clone(), self.writer.account_id);
+                    let (pool, account) = (self.ledger.clone(), self.writer.account_id);
                     let (symbol, side) = (symbol.to_string(), side_text(side));
                     tokio::spawn(async move {
                         let fill = ledger::EntryFill {
@@ -950,8 +954,8 @@ impl Shared {
                             side,
                             price,
                         };
-                        if let Err(e) = ledger::entry_filled(&pool, account, &cl, fill).await {
-                            warn!(account_id = account, cl_ord_id = %cl, error = %crate::db::describe(&e), "recording a FIX entry order's fill failed; the next read of the orders records it");
+                        if let Err(e) = pool.entry_filled(account, &cl, fill).await {
+                            warn!(account_id = account, cl_ord_id = %cl, error = %e, "recording a FIX entry order's fill failed; the next read of the orders records it");
                         }
                     });
                 }
@@ -1209,13 +1213,17 @@ impl Shared {
 
     /// Copy markers and first sightings from the ledger.
     async fn mark(&self, mut positions: Vec<Position>) -> Result<Vec<Position>, BrokerError> {
-        let known = ledger::positions(&self.pool, self.writer.account_id)
+        let known = self
+            .ledger
+            .positions(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         let by_id: HashMap<i64, &FixPosition> = known.iter().map(|k| (k.position_id, k)).collect();
-        let working = ledger::working(&self.pool, self.writer.account_id)
+        let working = self
+            .ledger
+            .working(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         {
             let mut state = self.state();
             for k in &known {
@@ -1260,9 +1268,11 @@ impl Shared {
 
     /// Records a current read in the ledger: positions seen open, and ledger positions gone.
     async fn record_seen(&self, positions: &[Position]) -> Result<(), BrokerError> {
-        let known = ledger::positions(&self.pool, self.writer.account_id)
+        let known = self
+            .ledger
+            .positions(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         let by_id: HashMap<i64, &FixPosition> = known.iter().map(|k| (k.position_id, k)).collect();
         let open: HashSet<i64> = positions.iter().map(|p| p.ticket).collect();
         for p in positions {
@@ -1284,32 +1294,36 @@ impl Shared {
                     ticket: None,
                     opened_volume: None,
                 };
-                ledger::seen_open(&self.pool, self.writer.account_id, &row)
+                self.ledger
+                    .seen_open(self.writer.account_id, &row)
                     .await
-                    .map_err(|e| unavailable(crate::db::describe(&e)))?;
+                    .map_err(unavailable)?;
             }
         }
         for k in &known {
             if k.closed_ms.is_none() && !open.contains(&k.position_id) {
-                ledger::seen_closed(&self.pool, self.writer.account_id, k.position_id, None)
+                self.ledger
+                    .seen_closed(self.writer.account_id, k.position_id, None)
                     .await
-                    .map_err(|e| unavailable(crate::db::describe(&e)))?;
+                    .map_err(unavailable)?;
             }
         }
         // A resting order whose position is gone is gone with it (venues cancel them).
-        let working = ledger::working(&self.pool, self.writer.account_id)
+        let working = self
+            .ledger
+            .working(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         for w in working.iter().filter(|w| !open.contains(&w.position_id)) {
-            ledger::set_state(
-                &self.pool,
-                self.writer.account_id,
-                &w.cl_ord_id,
-                &["working"],
-                "canceled",
-            )
-            .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            self.ledger
+                .set_state(
+                    self.writer.account_id,
+                    &w.cl_ord_id,
+                    &["working"],
+                    "canceled",
+                )
+                .await
+                .map_err(unavailable)?;
         }
         Ok(())
     }
@@ -1317,9 +1331,11 @@ impl Shared {
     /// Writes an order to the ledger before it is sent; refused (nothing to send) when this
     /// node no longer owns the account at its epoch.
     async fn record(&self, order: &FixOrder) -> Result<(), BrokerError> {
-        if ledger::record_order(&self.pool, &self.writer, order)
+        if self
+            .ledger
+            .record_order(&self.writer, order)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?
+            .map_err(unavailable)?
         {
             return Ok(());
         }
@@ -1343,9 +1359,11 @@ impl Shared {
         })?;
         let mut cl = base_id.to_string();
         for attempt in 2..=50 {
-            match ledger::order(&self.pool, self.writer.account_id, &cl)
+            match self
+                .ledger
+                .order(self.writer.account_id, &cl)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .map_err(unavailable)?
             {
                 None => break,
                 Some((_, state)) if state == "working" => return Ok(()),
@@ -1353,26 +1371,16 @@ impl Shared {
                     // Sent before without an answer: ask; accepted means in force.
                     let report = self.order_status(&known).await?;
                     if report.get(39) == Some("0") {
-                        ledger::set_state(
-                            &self.pool,
-                            self.writer.account_id,
-                            &cl,
-                            &["sent"],
-                            "working",
-                        )
-                        .await
-                        .map_err(db_unknown)?;
+                        self.ledger
+                            .set_state(self.writer.account_id, &cl, &["sent"], "working")
+                            .await
+                            .map_err(db_unknown)?;
                         return Ok(());
                     }
-                    ledger::set_state(
-                        &self.pool,
-                        self.writer.account_id,
-                        &cl,
-                        &["sent"],
-                        "rejected",
-                    )
-                    .await
-                    .map_err(db_unknown)?;
+                    self.ledger
+                        .set_state(self.writer.account_id, &cl, &["sent"], "rejected")
+                        .await
+                        .map_err(db_unknown)?;
                     cl = format!("{base_id}~{attempt}");
                 }
                 Some(_) => cl = format!("{base_id}~{attempt}"),
@@ -1416,20 +1424,16 @@ impl Shared {
                     ClosedBy::Tp
                 };
                 self.state().resting.insert(cl.clone(), by);
-                ledger::set_state(
-                    &self.pool,
-                    self.writer.account_id,
-                    &cl,
-                    &["sent"],
-                    "working",
-                )
-                .await
-                .map_err(db_unknown)?;
+                self.ledger
+                    .set_state(self.writer.account_id, &cl, &["sent"], "working")
+                    .await
+                    .map_err(db_unknown)?;
                 Ok(())
             }
             _ => {
                 let text = report.get(58).unwrap_or("rejected").to_string();
-                ledger::complete_order(&self.pool, self.writer.account_id, &cl, Err(&text))
+                self.ledger
+                    .complete_order(self.writer.account_id, &cl, Err(&text))
                     .await
                     .map_err(db_unknown)?;
                 Err(BrokerError::Rejected(Rejection::new(
@@ -1446,15 +1450,15 @@ impl Shared {
         self.cancel_request(&cl, &w.cl_ord_id, &w.symbol, &w.side, w.quantity)
             .await?;
         self.state().resting.remove(&w.cl_ord_id);
-        ledger::set_state(
-            &self.pool,
-            self.writer.account_id,
-            &w.cl_ord_id,
-            &["working", "sent"],
-            "canceled",
-        )
-        .await
-        .map_err(db_unknown)
+        self.ledger
+            .set_state(
+                self.writer.account_id,
+                &w.cl_ord_id,
+                &["working", "sent"],
+                "canceled",
+            )
+            .await
+            .map_err(db_unknown)
     }
 
     /// Sends an OrderCancelRequest (ClOrdID `cl`) for order `orig` and waits for its answer: the
@@ -1509,9 +1513,11 @@ impl Shared {
                 format!("unknown ticket {ticket}"),
             )));
         };
-        let working = ledger::working(&self.pool, self.writer.account_id)
+        let working = self
+            .ledger
+            .working(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         for (kind, want) in [("sl", sl), ("tp", tp)] {
             let current: Vec<&ledger::Working> = working
                 .iter()
@@ -1564,9 +1570,11 @@ impl Shared {
 
     /// OrderStatusRequest for every order of the ledger without an outcome.
     async fn resolve_unresolved(&self) -> Result<(), BrokerError> {
-        let open = ledger::unresolved(&self.pool, self.writer.account_id)
+        let open = self
+            .ledger
+            .unresolved(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         for order in open
             .iter()
             .filter(|o| o.kind == "open" || o.kind == "close")
@@ -1577,9 +1585,11 @@ impl Shared {
                 warn!(account_id = self.writer.account_id, cl_ord_id = %order.cl_ord_id, why, "a FIX order's outcome is still unknown");
             }
         }
-        for e in ledger::entries(&self.pool, self.writer.account_id)
+        for e in self
+            .ledger
+            .entries(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?
+            .map_err(unavailable)?
             .iter()
             .filter(|e| e.state == "sent")
         {
@@ -1592,15 +1602,10 @@ impl Shared {
             } else {
                 "rejected"
             };
-            ledger::set_state(
-                &self.pool,
-                self.writer.account_id,
-                &order.cl_ord_id,
-                &["sent"],
-                state,
-            )
-            .await
-            .map_err(db_unknown)?;
+            self.ledger
+                .set_state(self.writer.account_id, &order.cl_ord_id, &["sent"], state)
+                .await
+                .map_err(db_unknown)?;
         }
         Ok(())
     }
@@ -1649,9 +1654,11 @@ impl Shared {
         }
         let contract = self.contract(&order.symbol).unwrap_or(1.0);
         let (positions, _) = self.request_positions().await?;
-        let known = ledger::positions(&self.pool, self.writer.account_id)
+        let known = self
+            .ledger
+            .positions(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         let marked: HashSet<i64> = known
             .iter()
             .filter(|k| !k.comment.is_empty() || k.magic != 0)
@@ -1710,12 +1717,14 @@ impl Shared {
                         .contract(&order.symbol)
                         .map_or(0.0, |c| round_lots(units / c)),
                 };
-                ledger::complete_order(&self.pool, account, cl, Ok(fill))
+                self.ledger
+                    .complete_order(account, cl, Ok(fill))
                     .await
                     .map_err(db_unknown)?;
             }
             Outcome::Refused(r) => {
-                ledger::complete_order(&self.pool, account, cl, Err(&r.reason))
+                self.ledger
+                    .complete_order(account, cl, Err(&r.reason))
                     .await
                     .map_err(db_unknown)?;
             }
@@ -1749,7 +1758,7 @@ impl Shared {
         }
         if let Err(e) = self.send(msg_type, body) {
             forget(&mut self.state());
-            let _ = ledger::forget_order(&self.pool, self.writer.account_id, cl).await;
+            let _ = self.ledger.forget_order(self.writer.account_id, cl).await;
             return Err(e);
         }
         match tokio::time::timeout(self.endpoint.request_timeout, rx).await {
@@ -1787,9 +1796,11 @@ impl Shared {
                     format!("{base_id}: 50 attempts refused; not sent again"),
                 )));
             }
-            let Some((known, state)) = ledger::order(&self.pool, self.writer.account_id, &cl)
+            let Some((known, state)) = self
+                .ledger
+                .order(self.writer.account_id, &cl)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .map_err(unavailable)?
             else {
                 break;
             };
@@ -1842,9 +1853,11 @@ impl Shared {
     /// Loads the entry orders in force from the ledger, so that a fill of one (reported on its
     /// own) opens a position under its marker.
     async fn load_entries(&self) -> Result<(), BrokerError> {
-        let rows = ledger::entries(&self.pool, self.writer.account_id)
+        let rows = self
+            .ledger
+            .entries(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         let mut state = self.state();
         for e in &rows {
             state.entries.insert(e.cl_ord_id.clone(), EntryMark::of(e));
@@ -1883,7 +1896,8 @@ impl Shared {
             return Ok(None);
         }
         let ended = |how: &'static str| async move {
-            ledger::set_state(&self.pool, account, &e.cl_ord_id, &["sent", "working"], how)
+            self.ledger
+                .set_state(account, &e.cl_ord_id, &["sent", "working"], how)
                 .await
                 .map_err(db_unknown)?;
             forget(&mut self.state());
@@ -1946,7 +1960,8 @@ impl Shared {
                 } else {
                     text
                 };
-                ledger::complete_order(&self.pool, account, &e.cl_ord_id, Err(&why))
+                self.ledger
+                    .complete_order(account, &e.cl_ord_id, Err(&why))
                     .await
                     .map_err(db_unknown)?;
                 forget(&mut self.state());
@@ -1962,12 +1977,15 @@ impl Shared {
         if e.state == "sent" {
             match &e.replaces {
                 Some(old) => {
-                    ledger::entry_replaced(&self.pool, account, old, &e.cl_ord_id, ticket)
+                    self.ledger
+                        .entry_replaced(account, old, &e.cl_ord_id, ticket)
                         .await
                         .map_err(db_unknown)?;
                     self.state().entries.remove(old);
                 }
-                None => ledger::entry_working(&self.pool, account, &e.cl_ord_id, ticket)
+                None => self
+                    .ledger
+                    .entry_working(account, &e.cl_ord_id, ticket)
                     .await
                     .map_err(db_unknown)?,
             }
@@ -1999,7 +2017,8 @@ impl Shared {
             side: &e.side,
             price,
         };
-        ledger::entry_filled(&self.pool, self.writer.account_id, &e.cl_ord_id, fill)
+        self.ledger
+            .entry_filled(self.writer.account_id, &e.cl_ord_id, fill)
             .await
             .map_err(db_unknown)?;
         let mut state = self.state();
@@ -2066,9 +2085,11 @@ impl Shared {
     async fn read_orders(&self) -> Result<Vec<PendingOrder>, BrokerError> {
         // The ledger before the venue's list: an order recorded in between is then listed, never
         // taken for gone.
-        let rows = ledger::entries(&self.pool, self.writer.account_id)
+        let rows = self
+            .ledger
+            .entries(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         let venue = self.venue_orders().await?;
         // Resting entry orders, less any whose fill this session has seen meanwhile.
         let filled: HashSet<i64> = self.state().aliases.values().copied().collect();
@@ -2110,14 +2131,17 @@ impl Shared {
             .collect();
         others.sort_by(|a, b| a.cl_ord_id.cmp(&b.cl_ord_id));
         for l in others {
-            let known = ledger::entry(&self.pool, self.writer.account_id, &l.cl_ord_id)
+            let known = self
+                .ledger
+                .entry(self.writer.account_id, &l.cl_ord_id)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?;
+                .map_err(unavailable)?;
             let now = match known {
                 None => {
-                    ledger::record_entry(&self.pool, &self.writer, l)
+                    self.ledger
+                        .record_entry(&self.writer, l)
                         .await
-                        .map_err(|e| unavailable(crate::db::describe(&e)))?;
+                        .map_err(unavailable)?;
                     l.clone()
                 }
                 // Recorded since the ledger was read (its report came meanwhile): in force.
@@ -2130,14 +2154,14 @@ impl Shared {
                 // Ours, taken for refused (the venue did not know it when asked): it rests.
                 Some(row) if row.state == "rejected" && !row.comment.is_empty() => {
                     warn!(account_id = self.writer.account_id, cl_ord_id = %row.cl_ord_id, "an entry order taken for refused rests at the venue: in force");
-                    ledger::entry_working(
-                        &self.pool,
-                        self.writer.account_id,
-                        &row.cl_ord_id,
-                        l.ticket.unwrap_or_default(),
-                    )
-                    .await
-                    .map_err(db_unknown)?;
+                    self.ledger
+                        .entry_working(
+                            self.writer.account_id,
+                            &row.cl_ord_id,
+                            l.ticket.unwrap_or_default(),
+                        )
+                        .await
+                        .map_err(db_unknown)?;
                     Entry {
                         ticket: l.ticket,
                         state: "working".into(),
@@ -2186,9 +2210,11 @@ impl Shared {
 
     /// The entry order in force that the copy engine knows as `ticket`.
     async fn entry_of_ticket(&self, ticket: i64) -> Result<Entry, BrokerError> {
-        let rows = ledger::entries(&self.pool, self.writer.account_id)
+        let rows = self
+            .ledger
+            .entries(self.writer.account_id)
             .await
-            .map_err(|e| unavailable(crate::db::describe(&e)))?;
+            .map_err(unavailable)?;
         rows.into_iter()
             .rfind(|e| e.ticket == Some(ticket) && e.state == "working")
             .ok_or_else(|| {
@@ -2389,9 +2415,12 @@ impl TradeApi for SessionApi {
 
     fn history(&self) -> BoxFuture<'_, Result<Vec<ClosedPosition>, BrokerError>> {
         Box::pin(async move {
-            let rows = ledger::positions(&self.0.pool, self.0.writer.account_id)
+            let rows = self
+                .0
+                .ledger
+                .positions(self.0.writer.account_id)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?;
+                .map_err(unavailable)?;
             Ok(rows.into_iter().filter_map(history_entry).collect())
         })
     }
@@ -2548,17 +2577,20 @@ impl TradeApi for SessionApi {
             // (`~N`) only after a definitive refusal.
             let mut cl = base.clone();
             for attempt in 2..=50 {
-                let Some(known) = ledger::entry(&s.pool, s.writer.account_id, &cl)
+                let Some(known) = s
+                    .ledger
+                    .entry(s.writer.account_id, &cl)
                     .await
-                    .map_err(|e| unavailable(crate::db::describe(&e)))?
+                    .map_err(unavailable)?
                 else {
                     break;
                 };
                 let known = if known.state == "sent" {
                     s.settle_entry(&known, false).await?;
-                    ledger::entry(&s.pool, s.writer.account_id, &cl)
+                    s.ledger
+                        .entry(s.writer.account_id, &cl)
                         .await
-                        .map_err(|e| unavailable(crate::db::describe(&e)))?
+                        .map_err(unavailable)?
                         .unwrap_or(known)
                 } else {
                     known
@@ -2593,9 +2625,11 @@ impl TradeApi for SessionApi {
                 state: "sent".into(),
                 sent_ms: crate::wall_clock::unix_ms(),
             };
-            if !ledger::record_entry(&s.pool, &s.writer, &entry)
+            if !s
+                .ledger
+                .record_entry(&s.writer, &entry)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .map_err(unavailable)?
             {
                 return Err(stale_fence(&s.writer));
             }
@@ -2613,7 +2647,8 @@ impl TradeApi for SessionApi {
             let ticket = order_ticket(report.get(37).unwrap_or(""));
             match report.get(39) {
                 Some("0") | Some("1") | Some("A") => {
-                    ledger::entry_working(&s.pool, s.writer.account_id, &cl, ticket)
+                    s.ledger
+                        .entry_working(s.writer.account_id, &cl, ticket)
                         .await
                         .map_err(db_unknown)?;
                     if let Some(mark) = s.state().entries.get_mut(&cl) {
@@ -2626,7 +2661,8 @@ impl TradeApi for SessionApi {
                 _ => {
                     s.state().entries.remove(&cl);
                     let text = report.get(58).unwrap_or("rejected").to_string();
-                    ledger::complete_order(&s.pool, s.writer.account_id, &cl, Err(&text))
+                    s.ledger
+                        .complete_order(s.writer.account_id, &cl, Err(&text))
                         .await
                         .map_err(db_unknown)?;
                     Err(BrokerError::Rejected(Rejection::new(
@@ -2647,7 +2683,9 @@ impl TradeApi for SessionApi {
             let account = s.writer.account_id;
             let e = s.entry_of_ticket(order.ticket).await?;
             if (e.price - order.price).abs() < 1e-12 && e.expiry_ms == order.expiry_ms {
-                return ledger::entry_stops(&s.pool, account, &e.cl_ord_id, order.sl, order.tp)
+                return s
+                    .ledger
+                    .entry_stops(account, &e.cl_ord_id, order.sl, order.tp)
                     .await
                     .map_err(db_unknown);
             }
@@ -2656,9 +2694,11 @@ impl TradeApi for SessionApi {
                 .clone()
                 .unwrap_or_else(|| s.id(&format!("{}-amend", s.writer.node_id)));
             let base = cl.clone();
-            while ledger::entry(&s.pool, account, &cl)
+            while s
+                .ledger
+                .entry(account, &cl)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .map_err(unavailable)?
                 .is_some()
             {
                 cl = s.id(&format!("{base}~"));
@@ -2673,9 +2713,11 @@ impl TradeApi for SessionApi {
                 state: "sent".into(),
                 ..e.clone()
             };
-            if !ledger::record_entry(&s.pool, &s.writer, &next)
+            if !s
+                .ledger
+                .record_entry(&s.writer, &next)
                 .await
-                .map_err(|e| unavailable(crate::db::describe(&e)))?
+                .map_err(unavailable)?
             {
                 return Err(stale_fence(&s.writer));
             }
@@ -2693,7 +2735,8 @@ impl TradeApi for SessionApi {
             };
             if report.msg_type() == "8" && matches!(report.get(39), Some("0" | "1" | "A")) {
                 let ticket = e.ticket.unwrap_or(order.ticket);
-                ledger::entry_replaced(&s.pool, account, &e.cl_ord_id, &cl, ticket)
+                s.ledger
+                    .entry_replaced(account, &e.cl_ord_id, &cl, ticket)
                     .await
                     .map_err(db_unknown)?;
                 s.state().entries.remove(&e.cl_ord_id);
@@ -2701,7 +2744,8 @@ impl TradeApi for SessionApi {
             }
             s.state().entries.remove(&cl);
             let text = report.get(58).unwrap_or("replace refused").to_string();
-            ledger::complete_order(&s.pool, account, &cl, Err(&text))
+            s.ledger
+                .complete_order(account, &cl, Err(&text))
                 .await
                 .map_err(db_unknown)?;
             Err(BrokerError::Rejected(refusal_of_cancel(&report, text)))
@@ -2719,15 +2763,15 @@ impl TradeApi for SessionApi {
                 .cancel_request(&cl, &e.cl_ord_id, &e.symbol, &e.side, e.quantity)
                 .await?;
             if report.msg_type() == "8" && report.get(39) == Some("4") {
-                ledger::set_state(
-                    &s.pool,
-                    s.writer.account_id,
-                    &e.cl_ord_id,
-                    &["working", "sent"],
-                    "canceled",
-                )
-                .await
-                .map_err(db_unknown)?;
+                s.ledger
+                    .set_state(
+                        s.writer.account_id,
+                        &e.cl_ord_id,
+                        &["working", "sent"],
+                        "canceled",
+                    )
+                    .await
+                    .map_err(db_unknown)?;
                 s.state().entries.remove(&e.cl_ord_id);
                 return Ok(());
             }

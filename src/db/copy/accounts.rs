@@ -3,7 +3,7 @@
 
 use sqlx::{PgConnection, Row};
 
-use crate::broker::types::Currency;
+use crate::model::trade::Currency;
 use crate::secret::Secret;
 
 /// What an account does.

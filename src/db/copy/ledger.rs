@@ -361,7 +361,7 @@ impl crate::db::batch::Batched for CopyWrite {
     fn write_batch<'a>(
         conn: &'a mut PgConnection,
         writes: &'a [CopyWrite],
-    ) -> crate::broker::BoxFuture<'a, Result<Vec<bool>, sqlx::Error>> {
+    ) -> crate::future::BoxFuture<'a, Result<Vec<bool>, sqlx::Error>> {
         Box::pin(record_copies(conn, writes))
     }
 }

@@ -329,7 +329,7 @@ impl crate::db::batch::Batched for PublishWrite {
     fn write_batch<'a>(
         conn: &'a mut PgConnection,
         writes: &'a [PublishWrite],
-    ) -> crate::broker::BoxFuture<'a, Result<Vec<Published>, sqlx::Error>> {
+    ) -> crate::future::BoxFuture<'a, Result<Vec<Published>, sqlx::Error>> {
         Box::pin(publish_many(conn, writes))
     }
 }

@@ -3,7 +3,7 @@
 
 use sqlx::{PgConnection, Row};
 
-use crate::copier::risk::{Basis, Period, RiskAction, RiskLimit, RiskState};
+use crate::model::risk::{Basis, Period, RiskAction, RiskLimit, RiskState};
 
 /// The account's risk limits with their state. A row the node cannot read (a value another
 /// release wrote) is an error naming it.

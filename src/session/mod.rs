@@ -3,6 +3,8 @@
 //! [`NodeServices`] every task of a node shares. The copy engine's sessions depend on this, not
 //! on the task that runs them ([`crate::account`]).
 
+pub(crate) mod handoffs;
+
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -24,6 +26,7 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 use crate::status_writer::{Lost, StatusWriter};
+pub(crate) use handoffs::Handoffs;
 
 /// What every account task of a node shares.
 #[derive(Debug)]
@@ -46,7 +49,7 @@ pub struct NodeServices {
     /// Publishes the masters' events in batches.
     pub master_publisher: crate::db::copy::MasterPublisher,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.
-    pub handoffs: crate::handoff::Handoffs,
+    pub handoffs: Handoffs,
 }
 
 /// Everything an account task may use.
