@@ -5,6 +5,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::db::copy::Role;
+use crate::model::link::{LotMode, OnRemove, PendingOrders, Sides};
+use crate::model::named::Named;
+use crate::model::risk::{Basis, Period, RiskAction};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "copier-node",
@@ -107,8 +112,8 @@ pub struct AccountFields {
     /// Platform whose nodes run the account (e.g. mt4, mt5).
     #[arg(long)]
     pub platform: Option<String>,
-    /// master or follower.
-    #[arg(long)]
+    /// The account's role.
+    #[arg(long, long_help = Role::help())]
     pub role: Option<String>,
     /// The broker: host:port (bridge protocol) or fix://host:port?target=... (FIX 4.4).
     #[arg(long)]
@@ -168,11 +173,11 @@ pub struct RiskAddArgs {
     /// The follower account's id.
     #[arg(long)]
     pub account: i64,
-    /// daily, weekly, monthly or lifetime (days, weeks and months of the broker's server clock).
-    #[arg(long)]
+    /// How long the limit's period lasts (days, weeks and months of the broker's server clock).
+    #[arg(long, long_help = Period::help())]
     pub period: String,
-    /// balance or equity.
-    #[arg(long)]
+    /// What the limit watches.
+    #[arg(long, long_help = Basis::help())]
     pub basis: String,
     /// The limit as a percent of the period's starting value (one of --percent, --amount).
     #[arg(long)]
@@ -180,8 +185,8 @@ pub struct RiskAddArgs {
     /// The limit in money, in the account's currency.
     #[arg(long)]
     pub amount: Option<f64>,
-    /// close_only (default: no new copies) or close_all (close every copy, then close-only).
-    #[arg(long, default_value = "close_only")]
+    /// What reaching the limit does.
+    #[arg(long, default_value = "close_only", long_help = RiskAction::help())]
     pub action: String,
 }
 
@@ -259,15 +264,16 @@ pub enum LinksCommand {
     Show(LinkIdArgs),
     /// Change a link's settings.
     Set(Box<LinkSetArgs>),
-    /// Delete a link (the follower stops copying that master; its open copies stay).
+    /// Delete a link (the follower stops copying that master; its open copies stay, or are
+    /// closed when the link's `on_remove` is `close`).
     Remove(LinkIdArgs),
 }
 
 /// A link's settings (defaults as the schema's when added).
 #[derive(Debug, Args)]
 pub struct LinkFields {
-    /// fixed, multiplier, balance_ratio, equity_ratio or risk_percent.
-    #[arg(long)]
+    /// How a copy's volume is computed from the master's.
+    #[arg(long, long_help = LotMode::help())]
     pub lot_mode: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
     pub lot_value: Option<f64>,
@@ -290,8 +296,8 @@ pub struct LinkFields {
     /// Only master positions with these magic numbers (comma-separated; `all` lifts it).
     #[arg(long)]
     pub magics: Option<String>,
-    /// both, buy or sell.
-    #[arg(long)]
+    /// Which of the master's sides the link copies (before `reverse`).
+    #[arg(long, long_help = Sides::help())]
     pub sides: Option<String>,
     #[arg(long)]
     pub close_only: Option<bool>,
@@ -329,12 +335,11 @@ pub struct LinkFields {
     /// A fixed take profit this many points from the copy's open price, instead of the master's.
     #[arg(long, allow_hyphen_values = true)]
     pub tp_points: Option<String>,
-    /// What removing the link does to its open copies: `leave` them (default) or `close` them.
-    #[arg(long)]
+    /// What removing the link does to its open copies (default `leave`).
+    #[arg(long, long_help = OnRemove::help())]
     pub on_remove: Option<String>,
-    /// The master's pending (limit and stop) orders: `copy` them as pending orders (default), or
-    /// copy only their fills, at market (`fill_only`).
-    #[arg(long)]
+    /// How the master's pending (limit and stop) orders are copied (default `copy`).
+    #[arg(long, long_help = PendingOrders::help())]
     pub pending_orders: Option<String>,
 }
 
@@ -445,6 +450,18 @@ pub enum SimBrokerCommand {
     History(AccountArgs),
     /// Print the account's pending orders as JSON lines.
     Orders(AccountArgs),
+    /// Set a symbol's price now (a base symbol's suffixed variants too: `EURUSD` moves
+    /// `EURUSD.m`); prints the symbols it moved. Stops and pending orders it reaches fill.
+    Price(PriceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PriceArgs {
+    /// The simulated broker, host:port.
+    #[arg(long, value_name = "ADDR")]
+    pub broker: String,
+    pub symbol: String,
+    pub price: f64,
 }
 
 #[derive(Debug, Args)]

@@ -379,8 +379,7 @@ async fn run(
                     // Bounded: a half-open connection must not hold up commands and shutdown.
                     let usage = tokio::time::timeout(
                         std::time::Duration::from_secs(5),
-                        sqlx::query_scalar::<_, f64>("SELECT pg_notification_queue_usage()")
-                            .fetch_one(&mut listener),
+                        db::events::notify_queue_usage(&mut listener),
                     )
                     .await;
                     match usage {
@@ -539,7 +538,6 @@ mod poll {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use sqlx::Row;
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use tokio::sync::{Notify, mpsc};
     use tokio_util::sync::CancellationToken;
@@ -603,7 +601,7 @@ mod poll {
                             {
                                 // What the subscriber's snapshot read follows: every change after
                                 // this read is signalled, so nothing between is missed.
-                                match tokio::time::timeout(POLL_TIMEOUT, pool.run(async |c| read(c, &[m]).await)).await {
+                                match tokio::time::timeout(POLL_TIMEOUT, pool.run(async |c| db::events::published_seqs(c, &[m]).await)).await {
                                     Ok(Ok(now)) => {
                                         seen.insert(m, now.get(&m).copied());
                                     }
@@ -640,13 +638,8 @@ mod poll {
                 _ = tick.tick() => {
                     let masters: Vec<i64> = subs.by_master.keys().copied().collect();
                     let polled = tokio::time::timeout(POLL_TIMEOUT, pool.run(async |c| {
-                        let now = read(&mut *c, &masters).await?;
-                        let count: i64 = sqlx::query_scalar(
-                            "SELECT count(*) FROM trading_accounts WHERE platform = $1 AND enabled AND node_id IS NULL",
-                        )
-                        .bind(&platform)
-                        .fetch_one(&mut *c)
-                        .await?;
+                        let now = db::events::published_seqs(&mut *c, &masters).await?;
+                        let count = db::events::free_accounts(&mut *c, &platform).await?;
                         Ok::<_, sqlx::Error>((now, count))
                     }))
                     .await;
@@ -688,28 +681,5 @@ mod poll {
                 }
             }
         }
-    }
-
-    /// The published (epoch, seq) of `masters` (absent: never published).
-    async fn read(
-        conn: &mut sqlx::PgConnection,
-        masters: &[i64],
-    ) -> Result<HashMap<i64, (i64, i64)>, sqlx::Error> {
-        if masters.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let rows =
-            sqlx::query("SELECT master_id, epoch, seq FROM master_state WHERE master_id = ANY($1)")
-                .bind(masters)
-                .fetch_all(conn)
-                .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("master_id")?,
-                    (r.try_get("epoch")?, r.try_get("seq")?),
-                ))
-            })
-            .collect()
     }
 }

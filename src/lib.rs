@@ -118,7 +118,7 @@ pub(crate) mod http;
 pub mod hub;
 pub mod lease;
 pub(crate) mod metrics;
-pub(crate) mod model;
+pub mod model;
 pub(crate) mod node_state;
 pub mod pgtmp;
 pub(crate) mod retry;

@@ -167,6 +167,12 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 .await
                 .map_err(failed)?,
         )?,
+        SimBrokerCommand::Price(args) => {
+            let moved = tools::set_price(&args.broker, &args.symbol, args.price)
+                .await
+                .map_err(failed)?;
+            println!("{} set to {}", moved.join(", "), args.price);
+        }
     }
     Ok(())
 }

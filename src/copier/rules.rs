@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crate::broker::types::{Currency, OpenOrder, Side, SymbolSpec};
+use crate::model::named::named;
 
 pub use crate::model::link::{Link, LotMode, Protections, Sides};
 
@@ -171,77 +172,36 @@ pub fn fixed_stops(
     ))
 }
 
-/// Why a link does not copy a master position, as a closed set (stored in `copy_skips.code`);
-/// a human message goes beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SkipCode {
-    /// The link is disabled: close-only.
-    LinkDisabled,
-    /// The link's `close_only` protection.
-    CloseOnly,
-    /// The link's symbols, magics or sides filter.
-    Filtered,
-    /// Open before the link took effect, and the link does not copy existing positions.
-    OpenedBeforeLink,
-    /// Past the link's `max_delay_ms` (first decided late, or retried until then).
-    TooLate,
-    /// The follower's equity is at or below the link's `equity_stop`.
-    EquityStop,
-    /// The follower reached one of its risk limits (`risk_limits`): no new copies until it
-    /// resets.
-    RiskLimit,
-    /// The follower's broker has no such symbol.
-    SymbolNotFound,
-    /// The computed volume rounds below the symbol's minimum.
-    BelowMinVolume,
-    /// The computed volume is not a positive number.
-    InvalidVolume,
-    /// The master's volume is below the link's `min_master_lot`.
-    BelowMinTrade,
-    /// `risk_percent` without a stop loss on the copy.
-    NoStopLoss,
-    /// Stops in points, on a symbol whose point size the follower's broker does not give.
-    UnknownPoint,
-    /// The fill would have been beyond the link's `max_slippage` (the broker refused it).
-    Slippage,
-    /// The broker refused the open definitively.
-    Rejected,
-    /// Transient, retried: the market is closed.
-    MarketClosed,
-    /// Transient, retried: the broker asked for a new price.
-    Requote,
-    /// Transient, retried: the broker could not be reached, or the order's outcome is being
-    /// resolved.
-    Unavailable,
-    /// Transient, retried: an input is not known yet (e.g. the master's balance).
-    Waiting,
+named! {
+    /// Why a link does not copy a master position, as a closed set (stored in
+    /// `copy_skips.code`); a human message goes beside it.
+    pub enum SkipCode as "code" {
+        LinkDisabled = "link_disabled": "the link is disabled: close-only",
+        CloseOnly = "close_only": "the link's close_only protection",
+        Filtered = "filtered": "the link's symbols, magics or sides filter",
+        OpenedBeforeLink = "opened_before_link":
+            "open before the link took effect, and the link does not copy existing positions",
+        TooLate = "too_late": "past the link's max_delay_ms",
+        EquityStop = "equity_stop": "the follower's equity is at or below the link's equity_stop",
+        RiskLimit = "risk_limit": "the follower reached one of its risk limits",
+        SymbolNotFound = "symbol_not_found": "the follower's broker has no such symbol",
+        BelowMinVolume = "below_min_volume": "the volume rounds below the symbol's minimum",
+        InvalidVolume = "invalid_volume": "the computed volume is not a positive number",
+        BelowMinTrade = "below_min_trade": "the master's volume is below min_master_lot",
+        NoStopLoss = "no_stop_loss": "risk_percent without a stop loss on the copy",
+        UnknownPoint = "unknown_point":
+            "stops in points on a symbol whose point size the broker does not give",
+        Slippage = "slippage": "the fill would have been beyond max_slippage",
+        Rejected = "rejected": "the broker refused the open definitively",
+        MarketClosed = "market_closed": "transient, retried: the market is closed",
+        Requote = "requote": "transient, retried: the broker asked for a new price",
+        Unavailable = "unavailable":
+            "transient, retried: the broker could not be reached, or an outcome is being resolved",
+        Waiting = "waiting": "transient, retried: an input is not known yet",
+    }
 }
 
 impl SkipCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SkipCode::LinkDisabled => "link_disabled",
-            SkipCode::CloseOnly => "close_only",
-            SkipCode::Filtered => "filtered",
-            SkipCode::OpenedBeforeLink => "opened_before_link",
-            SkipCode::TooLate => "too_late",
-            SkipCode::EquityStop => "equity_stop",
-            SkipCode::RiskLimit => "risk_limit",
-            SkipCode::SymbolNotFound => "symbol_not_found",
-            SkipCode::BelowMinVolume => "below_min_volume",
-            SkipCode::InvalidVolume => "invalid_volume",
-            SkipCode::BelowMinTrade => "below_min_trade",
-            SkipCode::NoStopLoss => "no_stop_loss",
-            SkipCode::UnknownPoint => "unknown_point",
-            SkipCode::Slippage => "slippage",
-            SkipCode::Rejected => "rejected",
-            SkipCode::MarketClosed => "market_closed",
-            SkipCode::Requote => "requote",
-            SkipCode::Unavailable => "unavailable",
-            SkipCode::Waiting => "waiting",
-        }
-    }
-
     /// True for the codes of a final decision: the link never copies that master position.
     pub fn is_final(self) -> bool {
         !matches!(

@@ -4,10 +4,12 @@
 //! Statements are plain `sqlx::query` with runtime binding; every statement is exercised by the
 //! integration tests against a real PostgreSQL.
 
+pub mod admin;
 pub mod batch;
 pub mod cluster;
 pub mod copy;
 pub mod credentials;
+pub mod events;
 pub mod fix;
 pub mod lease;
 pub mod migrate;

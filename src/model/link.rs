@@ -2,56 +2,64 @@
 //! [`crate::db::copy`]; the rules that apply it in [`crate::copier::rules`]).
 
 use std::collections::HashMap;
-use std::str::FromStr;
 
-/// How a copy's volume is computed from the master's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LotMode {
-    /// Always `lot_value` lots.
-    Fixed,
-    /// Master volume × `lot_value`.
-    Multiplier,
-    /// Master volume × follower balance / master balance × `lot_value`.
-    BalanceRatio,
-    /// Master volume × follower equity / master equity × `lot_value`.
-    EquityRatio,
-    /// Whatever volume risks `lot_value` percent of the follower's equity between the copy's
-    /// open price and its stop loss (contract size × distance per lot; a copy without a stop
-    /// loss is skipped).
-    RiskPercent,
+use crate::model::named::named;
+
+named! {
+    /// How a copy's volume is computed from the master's (`copy_links.lot_mode`).
+    pub enum LotMode as "lot_mode" {
+        /// Always `lot_value` lots.
+        Fixed = "fixed": "always lot_value lots",
+        /// Master volume × `lot_value`.
+        Multiplier = "multiplier": "the master's volume times lot_value",
+        /// Master volume × follower balance / master balance × `lot_value`.
+        BalanceRatio = "balance_ratio":
+            "the master's volume times follower balance / master balance, times lot_value",
+        /// Master volume × follower equity / master equity × `lot_value`.
+        EquityRatio = "equity_ratio":
+            "the master's volume times follower equity / master equity, times lot_value",
+        /// Whatever volume risks `lot_value` percent of the follower's equity between the
+        /// copy's open price and its stop loss (contract size × distance per lot; a copy
+        /// without a stop loss is skipped).
+        RiskPercent = "risk_percent":
+            "the volume that risks lot_value percent of the follower's equity at the stop loss",
+    }
 }
 
-impl FromStr for LotMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fixed" => Ok(LotMode::Fixed),
-            "multiplier" => Ok(LotMode::Multiplier),
-            "balance_ratio" => Ok(LotMode::BalanceRatio),
-            "equity_ratio" => Ok(LotMode::EquityRatio),
-            "risk_percent" => Ok(LotMode::RiskPercent),
-            other => Err(format!("unknown lot_mode {other:?}")),
+impl LotMode {
+    /// The master's figures the mode sizes from: (balance, equity). A copy waits until they
+    /// are read.
+    pub fn needs_master_funds(self) -> (bool, bool) {
+        match self {
+            LotMode::BalanceRatio => (true, false),
+            LotMode::EquityRatio => (false, true),
+            LotMode::Fixed | LotMode::Multiplier | LotMode::RiskPercent => (false, false),
         }
     }
 }
 
-/// Which of the master's sides a link copies (before `reverse`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sides {
-    Both,
-    Buy,
-    Sell,
+named! {
+    /// Which of the master's sides a link copies, before `reverse` (`copy_links.sides`).
+    pub enum Sides as "sides" {
+        Both = "both": "buys and sells",
+        Buy = "buy": "the master's buys only",
+        Sell = "sell": "the master's sells only",
+    }
 }
 
-impl FromStr for Sides {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "both" => Ok(Sides::Both),
-            "buy" => Ok(Sides::Buy),
-            "sell" => Ok(Sides::Sell),
-            other => Err(format!("unknown sides {other:?} (both, buy or sell)")),
-        }
+named! {
+    /// How a link copies a master's pending orders (`copy_links.pending_orders`).
+    pub enum PendingOrders as "pending_orders" {
+        Copy = "copy": "placed as pending copies, amended and cancelled with the master's",
+        FillOnly = "fill_only": "not copied while pending; the position copied at its fill",
+    }
+}
+
+named! {
+    /// What removing a link does to the copies it made (`copy_links.on_remove`).
+    pub enum OnRemove as "on_remove" {
+        Leave = "leave": "they stay open, no longer managed",
+        Close = "close": "the follower's node closes them",
     }
 }
 

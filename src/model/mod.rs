@@ -3,10 +3,11 @@
 //! events ([`events`]) and copy links ([`link`]).
 
 pub mod events;
-pub(crate) mod fix;
-pub(crate) mod link;
-pub(crate) mod risk;
-pub(crate) mod trade;
+pub mod fix;
+pub mod link;
+pub mod named;
+pub mod risk;
+pub mod trade;
 
 use serde::{Deserialize, Serialize};
 

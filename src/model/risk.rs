@@ -5,35 +5,19 @@
 
 use std::fmt;
 
-/// How long a limit's period lasts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Period {
-    Daily,
-    Weekly,
-    Monthly,
-    Lifetime,
+use crate::model::named::named;
+
+named! {
+    /// How long a limit's period lasts (`risk_limits.period`).
+    pub enum Period as "period" {
+        Daily = "daily": "from 00:00 to 24:00 on the broker's server clock",
+        Weekly = "weekly": "from Monday 00:00 on the broker's server clock",
+        Monthly = "monthly": "from the 1st of the month on the broker's server clock",
+        Lifetime = "lifetime": "never ends; only an operator resets it",
+    }
 }
 
 impl Period {
-    pub fn parse(s: &str) -> Option<Period> {
-        Some(match s {
-            "daily" => Period::Daily,
-            "weekly" => Period::Weekly,
-            "monthly" => Period::Monthly,
-            "lifetime" => Period::Lifetime,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Period::Daily => "daily",
-            Period::Weekly => "weekly",
-            Period::Monthly => "monthly",
-            Period::Lifetime => "lifetime",
-        }
-    }
-
     /// The period holding `server_ms` (the server clock in Unix-epoch milliseconds, as shown):
     /// `2026-11-30`, `week of 2026-11-30` (its Monday), `2026-11`, or `lifetime`.
     pub fn key(self, server_ms: i64) -> String {
@@ -73,53 +57,21 @@ fn civil(days: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-/// What a limit watches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Basis {
-    Balance,
-    Equity,
-}
-
-impl Basis {
-    pub fn parse(s: &str) -> Option<Basis> {
-        match s {
-            "balance" => Some(Basis::Balance),
-            "equity" => Some(Basis::Equity),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Basis::Balance => "balance",
-            Basis::Equity => "equity",
-        }
+named! {
+    /// What a limit watches (`risk_limits.basis`).
+    pub enum Basis as "basis" {
+        Balance = "balance": "the account's balance",
+        Equity = "equity": "the account's equity (balance and open profit)",
     }
 }
 
-/// What reaching a limit does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RiskAction {
-    /// No new copies until the limit resets; open copies follow the master as usual.
-    CloseOnly,
-    /// Close every copy at once, then no new copies until the limit resets.
-    CloseAll,
-}
-
-impl RiskAction {
-    pub fn parse(s: &str) -> Option<RiskAction> {
-        match s {
-            "close_only" => Some(RiskAction::CloseOnly),
-            "close_all" => Some(RiskAction::CloseAll),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RiskAction::CloseOnly => "close_only",
-            RiskAction::CloseAll => "close_all",
-        }
+named! {
+    /// What reaching a limit does (`risk_limits.action`).
+    pub enum RiskAction as "action" {
+        /// No new copies until the limit resets; open copies follow the master as usual.
+        CloseOnly = "close_only": "no new copies until the limit resets",
+        /// Close every copy at once, then no new copies until the limit resets.
+        CloseAll = "close_all": "close every copy at once, then no new copies until it resets",
     }
 }
 

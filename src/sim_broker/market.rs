@@ -151,18 +151,37 @@ impl Market {
         }
     }
 
-    /// Sets `symbol`'s price now (a test's switch); the price walk, if on, moves around it.
-    pub fn set_price(&mut self, symbol: &str, price: f64) -> Result<(), String> {
+    /// Sets a price now (a test's or an operator's switch; the price walk, if on, moves around
+    /// it): of `symbol`, and when it is a base symbol of its suffixed variants too (`EURUSD`
+    /// moves `EURUSD.m`; `EURUSD.m` moves itself alone). Returns the symbols it moved, sorted.
+    pub fn set_price(&mut self, symbol: &str, price: f64) -> Result<Vec<String>, String> {
         if !(price.is_finite() && price > 0.0) {
             return Err(format!("price {price} is not a positive number"));
         }
-        let spec = self
+        let is_base = self.bases.values().any(|b| b == symbol);
+        if !is_base && !self.symbols.contains_key(symbol) {
+            let known: Vec<&String> = self.symbols.keys().collect();
+            return Err(format!(
+                "unknown symbol {symbol} (this server has {known:?}, and their base symbols)"
+            ));
+        }
+        let mut moved: Vec<String> = self
             .symbols
-            .get_mut(symbol)
-            .ok_or_else(|| format!("unknown symbol {symbol}"))?;
-        spec.price = price;
-        self.base_prices.insert(symbol.to_string(), price);
-        Ok(())
+            .keys()
+            .filter(|s| {
+                s.as_str() == symbol
+                    || (is_base && self.bases.get(s.as_str()).is_some_and(|b| b == symbol))
+            })
+            .cloned()
+            .collect();
+        moved.sort();
+        for s in &moved {
+            if let Some(spec) = self.symbols.get_mut(s) {
+                spec.price = price;
+            }
+            self.base_prices.insert(s.clone(), price);
+        }
+        Ok(moved)
     }
 
     /// Trading sessions of `base` (and every suffixed variant); outside them orders on it are
@@ -379,6 +398,25 @@ mod tests {
             assert_eq!(m.price(s), Some(p), "{s}");
         }
         assert!(m.price("BTCUSD").is_none());
+    }
+
+    #[test]
+    fn a_price_set_on_a_base_symbol_moves_its_variants_and_a_variant_moves_alone() {
+        let mut m = Market::with_suffixes(&["", ".m", "pro"]);
+        let moved = m.set_price("EURUSD", 1.2).unwrap();
+        assert_eq!(moved, ["EURUSD", "EURUSD.m", "EURUSDpro"]);
+        assert!(
+            ["EURUSD", "EURUSD.m", "EURUSDpro"]
+                .iter()
+                .all(|s| m.spec(s).unwrap().price == 1.2)
+        );
+        assert_eq!(m.set_price("EURUSD.m", 1.3).unwrap(), ["EURUSD.m"]);
+        assert_eq!(m.spec("EURUSD").unwrap().price, 1.2);
+        // A base that is not listed itself (every symbol suffixed) still names its variants.
+        let mut only = Market::with_suffixes(&["pro"]);
+        assert_eq!(only.set_price("XAUUSD", 2100.0).unwrap(), ["XAUUSDpro"]);
+        let unknown = only.set_price("EURJPY", 160.0).unwrap_err();
+        assert!(unknown.contains("unknown symbol EURJPY"), "{unknown}");
     }
 
     #[test]

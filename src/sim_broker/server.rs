@@ -519,11 +519,11 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             Err(reason) => invalid(id, &reason),
         },
         Request::Price { symbol, price } => match core.book.market.set_price(&symbol, price) {
-            Ok(()) => {
+            Ok(moved) => {
                 // The new price triggers what it reaches (stops, pending orders), as a tick does.
                 let (events, records) = core.book.trigger(now);
                 apply_server_changes(&mut core, events, &records);
-                ok(id, &serde_json::json!({}))
+                ok(id, &serde_json::json!({ "symbols": moved }))
             }
             Err(reason) => invalid(id, &reason),
         },

@@ -122,8 +122,9 @@ pub async fn orders(broker: &str, login: &str) -> Result<Vec<PendingOrder>, Brok
     Ok(result.orders)
 }
 
-/// Sets a symbol's price on the simulated broker now.
-pub async fn set_price(broker: &str, symbol: &str, price: f64) -> Result<(), BrokerError> {
+/// Sets a symbol's price on the simulated broker now (a base symbol's suffixed variants too);
+/// the symbols it moved.
+pub async fn set_price(broker: &str, symbol: &str, price: f64) -> Result<Vec<String>, BrokerError> {
     let client = connect(broker).await?;
     let result = client
         .call(Request::Price {
@@ -132,7 +133,11 @@ pub async fn set_price(broker: &str, symbol: &str, price: f64) -> Result<(), Bro
         })
         .await;
     client.close();
-    result.map(|_| ())
+    let moved = result?
+        .get("symbols")
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .unwrap_or_default();
+    Ok(moved)
 }
 
 /// Sends a hand order; for an open, returns the new ticket.

@@ -7,6 +7,7 @@ mod broker;
 mod copy;
 mod credentials;
 mod decisions;
+mod docs;
 mod failover;
 mod faults;
 mod fix_copy;

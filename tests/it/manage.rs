@@ -137,7 +137,7 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
         &[
             "accounts", "add", "--id", "3", "--role", "follower", "--server", "h:1", "--login", "x",
         ],
-        "--platform",
+        "platform: required",
     );
     refused(
         &db,
@@ -484,6 +484,9 @@ async fn why_tells_a_filtered_position_from_a_copied_one() {
     .await;
     assert_eq!(answer[0]["link_id"].as_i64(), Some(link));
     assert_eq!(answer[0]["decisions"][0]["code"], "filtered", "{answer}");
+    // Keys as the copy_skips columns are named.
+    assert_eq!(answer[0]["decisions"][0]["final"], true, "{answer}");
+    assert!(answer[0]["decisions"][0].get("is_final").is_none());
     assert!(
         answer[0]["verdict"]
             .as_str()
@@ -502,6 +505,8 @@ async fn why_tells_a_filtered_position_from_a_copied_one() {
     .await;
     assert!(text.contains("copy ledger"), "{text}");
     refused(&s.db, &["why", "1", &copied.to_string()], "not a follower");
+    // Copies of an account that does not exist: refused, not an empty list.
+    refused(&s.db, &["copies", "99"], "account 99: no such account");
     node.shutdown();
 }
 
@@ -597,25 +602,26 @@ async fn risk_limits_are_added_listed_reset_and_removed() {
         "--json",
     ]);
     let out = ok(&db, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    // One limit added: one JSON object, as documented.
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let id = v[0]["id"].as_i64().unwrap();
+    let id = v["id"].as_i64().unwrap();
     assert_eq!(
         (
-            v[0]["period"].as_str(),
-            v[0]["relative"].as_bool(),
-            v[0]["amount"].as_f64(),
-            v[0]["action"].as_str()
+            v["period"].as_str(),
+            v["relative"].as_bool(),
+            v["amount"].as_f64(),
+            v["action"].as_str()
         ),
         (Some("daily"), Some(true), Some(5.0), Some("close_all"))
     );
     for (extra, names) in [
         (
             &["--period", "hourly", "--basis", "equity", "--percent", "5"][..],
-            "--period",
+            "period: \"hourly\" is not one of daily, weekly, monthly or lifetime",
         ),
         (
             &["--period", "daily", "--basis", "margin", "--percent", "5"][..],
-            "--basis",
+            "basis:",
         ),
         (
             &[
@@ -626,26 +632,26 @@ async fn risk_limits_are_added_listed_reset_and_removed() {
                 "--percent",
                 "150",
             ][..],
-            "--percent",
+            "percent:",
         ),
         (
             &["--period", "daily", "--basis", "balance", "--amount", "0"][..],
-            "--amount",
+            "amount:",
         ),
         (
             &["--period", "daily", "--basis", "balance"][..],
-            "--percent",
+            "percent or amount",
         ),
         (
             &[
                 "--period", "daily", "--basis", "balance", "--amount", "5", "--action", "panic",
             ][..],
-            "--action",
+            "action:",
         ),
         // One limit per period and basis.
         (
             &["--period", "daily", "--basis", "equity", "--amount", "300"][..],
-            "risk_limits_account_id_period_basis_key",
+            "has a daily equity limit already",
         ),
     ] {
         let args = add(extra);
@@ -717,9 +723,10 @@ async fn risk_limits_are_added_listed_reset_and_removed() {
     );
     let v: serde_json::Value = serde_json::from_str(&reset).unwrap();
     assert!(
-        v[0]["hit_reason"].is_null()
-            && v[0]["period_key"].is_null()
-            && v[0]["start_value"].is_null(),
+        v["id"].as_i64() == Some(id)
+            && v["hit_reason"].is_null()
+            && v["period_key"].is_null()
+            && v["start_value"].is_null(),
         "{reset}"
     );
     refused(&db, &["risk", "reset", "--account", "3"], "no such limit");
@@ -730,4 +737,64 @@ async fn risk_limits_are_added_listed_reset_and_removed() {
         .await
         .unwrap();
     assert_eq!(left, 1);
+}
+
+/// The names each values-limited column's CHECK constraint allows, from the migrated schema.
+async fn check_list(conn: &mut sqlx::PgConnection, table: &str, column: &str) -> Vec<String> {
+    let defs: Vec<String> = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+          WHERE c.conrelid = $1::regclass AND c.contype = 'c'",
+    )
+    .bind(table)
+    .fetch_all(conn)
+    .await
+    .unwrap();
+    let def = defs
+        .iter()
+        .find(|d| d.contains(&format!("({column} =")) || d.contains(&format!("({column})::text =")))
+        .unwrap_or_else(|| panic!("no CHECK list on {table}.{column}: {defs:?}"));
+    let mut names: Vec<String> = def
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every enumerated setting is defined once (`copier_node::model::named`): the database's CHECK
+/// lists allow exactly the names the definitions give, so a value added to one and not the other
+/// fails here.
+#[tokio::test]
+async fn every_enumerated_setting_matches_its_check_constraint() {
+    use copier_node::db::copy::Role;
+    use copier_node::model::link::{LotMode, OnRemove, PendingOrders, Sides};
+    use copier_node::model::named::Named;
+    use copier_node::model::risk::{Basis, Period, RiskAction};
+
+    fn sorted<T: Named>() -> Vec<String> {
+        let mut names: Vec<String> = T::names().into_iter().map(str::to_string).collect();
+        names.sort();
+        names
+    }
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let settings: [(&str, &str, Vec<String>); 8] = [
+        ("trading_accounts", "role", sorted::<Role>()),
+        ("copy_links", "lot_mode", sorted::<LotMode>()),
+        ("copy_links", "sides", sorted::<Sides>()),
+        ("copy_links", "on_remove", sorted::<OnRemove>()),
+        ("copy_links", "pending_orders", sorted::<PendingOrders>()),
+        ("risk_limits", "period", sorted::<Period>()),
+        ("risk_limits", "basis", sorted::<Basis>()),
+        ("risk_limits", "action", sorted::<RiskAction>()),
+    ];
+    for (table, column, defined) in settings {
+        assert_eq!(
+            check_list(&mut conn, table, column).await,
+            defined,
+            "{table}.{column}: the CHECK constraint and the definition differ"
+        );
+    }
 }

@@ -38,7 +38,7 @@ use super::reconcile::{
     Action, Memory, PendingCopies, Situation, apply_event, limit_follower_copies,
     limit_open_copies, plan, plan_key,
 };
-use super::rules::{Inputs, Link, LotMode, SkipCode};
+use super::rules::{Inputs, Link, SkipCode};
 use super::{MasterOrder, MasterPosition, spread_interval};
 use crate::broker::types::{ClosedPosition, PendingOrder, Position, SymbolSpec};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
@@ -603,9 +603,8 @@ impl Follower<'_> {
     fn needs_master_funds(&self, m: i64) -> bool {
         let f = self.master_funds.get(&m).copied().unwrap_or_default();
         self.links.iter().any(|l| {
-            l.master_id == m
-                && ((l.lot_mode == LotMode::BalanceRatio && f.balance.is_none())
-                    || (l.lot_mode == LotMode::EquityRatio && f.equity.is_none()))
+            let (balance, equity) = l.lot_mode.needs_master_funds();
+            l.master_id == m && ((balance && f.balance.is_none()) || (equity && f.equity.is_none()))
         })
     }
 

@@ -1,30 +1,17 @@
 //! Account rows as sessions read them: the connection (role, server, login, credentials), the
 //! funds a master's owner last wrote, and whether a (node, epoch) still owns a row.
 
+use crate::model::named::named;
 use sqlx::{PgConnection, Row};
 
 use crate::model::trade::Currency;
 use crate::secret::Secret;
 
-/// What an account does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Master,
-    Follower,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Master => "master",
-            Role::Follower => "follower",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+named! {
+    /// An account's role (`trading_accounts.role`).
+    pub enum Role as "role" {
+        Master = "master": "its positions are copied",
+        Follower = "follower": "it copies its masters' positions",
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use sqlx::{PgConnection, Row};
 
-use crate::model::link::{Link, LotMode, Protections, Sides};
+use crate::model::link::{Link, LotMode, PendingOrders, Protections, Sides};
 
 /// A follower's links (enabled or not: a disabled link is close-only). A row whose settings do
 /// not parse is reported with its id, not skipped silently.
@@ -69,7 +69,8 @@ pub async fn load_links(
                         max_open_copies: r.try_get("max_open_copies")?,
                         sl_points: r.try_get("sl_points")?,
                         tp_points: r.try_get("tp_points")?,
-                        fill_only: r.try_get::<String, _>("pending_orders")? == "fill_only",
+                        fill_only: r.try_get::<String, _>("pending_orders")?
+                            == PendingOrders::FillOnly.as_str(),
                     },
                 }),
                 Err(e) => Err(e),

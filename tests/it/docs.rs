@@ -1,0 +1,420 @@
+//! The documentation says what the code does: rendered figures match the committed artefacts
+//! they come from, the configuration reference lists exactly the keys the code accepts, the CLI
+//! reference is the clap definition's own help, and the tutorial's shell blocks run.
+//!
+//! `COPIER_RENDER=write cargo nextest run -E 'test(/docs::/)'` rewrites what is generated (the
+//! marked blocks of README.md and docs/, and docs/cli.md) from the code and `benchmarks.json`;
+//! without it, a difference fails with the command to run.
+
+use std::path::{Path, PathBuf};
+
+use clap::CommandFactory;
+use serde_json::Value;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn writing() -> bool {
+    std::env::var("COPIER_RENDER").is_ok_and(|v| v == "write")
+}
+
+/// Checks `path` holds `want` (or writes it when rendering).
+fn generated(path: &Path, want: &str) {
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    if have == want {
+        return;
+    }
+    if writing() {
+        std::fs::write(path, want).unwrap();
+        return;
+    }
+    panic!(
+        "{} is out of date with what it is generated from; run \
+         `COPIER_RENDER=write cargo nextest run -E 'test(/docs::/)'` and commit the result",
+        path.display()
+    );
+}
+
+/// A figure in milliseconds as the tables print it.
+fn ms(v: &Value) -> String {
+    let x = v.as_f64().unwrap_or(f64::NAN);
+    if x >= 100.0 {
+        format!("{x:.0} ms")
+    } else {
+        format!("{x:.2} ms")
+    }
+}
+
+fn find(list: &Value, pred: impl Fn(&Value) -> bool) -> &Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|v| pred(v)))
+        .unwrap_or(&Value::Null)
+}
+
+/// The README's headline table, from `benchmarks.json`.
+fn headline(b: &Value) -> String {
+    let copy = |followers: i64, nodes: i64| {
+        find(&b["copy"], |r| {
+            r["followers"] == followers && r["nodes"] == nodes
+        })
+    };
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let one = copy(1, 1);
+    rows.push((
+        "a copy, one follower (master's fill to the copy's)".into(),
+        format!(
+            "{} / {}",
+            ms(&one["latency"]["p50_ms"]),
+            ms(&one["latency"]["p99_ms"])
+        ),
+        "Copy latency".into(),
+    ));
+    for (followers, nodes) in [(100, 4), (1000, 4)] {
+        let r = copy(followers, nodes);
+        let last = r["last_follower"]["p50_ms"].as_f64().unwrap_or(f64::NAN);
+        let floor = r["orders_floor_observed_last"]["p50_ms"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        rows.push((
+            format!("the last of {followers} followers served, {nodes} nodes"),
+            format!(
+                "{} ({:.1}× the floor of {followers} orders)",
+                ms(&r["last_follower"]["p50_ms"]),
+                last / floor
+            ),
+            "The floor for N orders".into(),
+        ));
+    }
+    let kill = find(&b["failover"], |r| r["fault"] == "kill -9");
+    rows.push((
+        format!(
+            "served again after kill -9 (lease {} s)",
+            kill["lease_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0
+        ),
+        ms(&kill["served_again"]["p50_ms"]),
+        "Failover and handoff".into(),
+    ));
+    let cycle = find(&b["cycle"], |r| {
+        r["table_rows"] == 1_000_000 && r["owned"] == 10_000
+    });
+    rows.push((
+        "a lease cycle owning 10,000 of 1,000,000 rows".into(),
+        format!(
+            "{} / {}",
+            ms(&cycle["node"]["p50_ms"]),
+            ms(&cycle["node"]["p99_ms"])
+        ),
+        "Lease cycle".into(),
+    ));
+    let cost = find(&b["cost"], |r| r["accounts"] == 10_000);
+    rows.push((
+        "memory per live account (10,000 on one node)".into(),
+        format!(
+            "{:.1} KiB",
+            cost["rss_bytes_per_account"].as_f64().unwrap_or(f64::NAN) / 1024.0
+        ),
+        "Cost per account".into(),
+    ));
+    let mut out = format!(
+        "Measured {} on {} ({} cores); p50 / p99 where two figures are given.\n\n\
+         | what | measured | section of BENCHMARKS.md |\n| --- | ---: | --- |\n",
+        b["machine"]["date"].as_str().unwrap_or("?"),
+        b["machine"]["cpu"].as_str().unwrap_or("?"),
+        b["machine"]["cores"]
+            .as_str()
+            .map_or_else(|| b["machine"]["cores"].to_string(), str::to_string)
+    );
+    for (what, figure, section) in rows {
+        let anchor = section.to_lowercase().replace(' ', "-");
+        out.push_str(&format!(
+            "| {what} | {figure} | [{section}](BENCHMARKS.md#{anchor}) |\n"
+        ));
+    }
+    out
+}
+
+/// Replaces the body of every `<!-- render:NAME -->` ... `<!-- /render -->` block.
+fn render_blocks(text: &str, mut render: impl FnMut(&str) -> String) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("<!-- render:") {
+        let head_end = rest[at..].find("-->").expect("a closed marker") + at + 3;
+        let name = rest[at + "<!-- render:".len()..head_end - 3].trim();
+        let close = rest[head_end..]
+            .find("<!-- /render -->")
+            .expect("every render block is closed")
+            + head_end;
+        out.push_str(&rest[..head_end]);
+        out.push('\n');
+        out.push_str(&render(name));
+        rest = &rest[close..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Markdown files of the repository a reader meets.
+fn documents() -> Vec<PathBuf> {
+    let mut files = vec![root().join("README.md")];
+    let mut stack = vec![root().join("docs")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn rendered_figures_match_the_committed_benchmarks() {
+    let bench: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("benchmarks.json")).unwrap())
+            .unwrap();
+    let mut blocks = 0;
+    for path in documents() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if !text.contains("<!-- render:") {
+            continue;
+        }
+        let want = render_blocks(&text, |name| {
+            blocks += 1;
+            match name {
+                "headline" => headline(&bench),
+                other => panic!("{}: no renderer named {other:?}", path.display()),
+            }
+        });
+        generated(&path, &want);
+    }
+    assert!(blocks >= 1, "the README's headline block was found");
+}
+
+/// The configuration reference's table lists exactly the keys the code accepts, each with its
+/// environment variable and the flag `run` takes (or none).
+#[test]
+fn the_configuration_reference_lists_every_key_the_code_accepts() {
+    let text = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let rows: Vec<Vec<String>> = text
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            l.trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect();
+    let keys: Vec<String> = rows.iter().map(|r| r[0].trim_matches('`').into()).collect();
+    let code: Vec<String> = copier_node::config::KEYS
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    assert_eq!(
+        keys, code,
+        "docs/configuration.md's keys, in the code's order"
+    );
+    let cli = copier_node::cli::Cli::command();
+    let run = cli.find_subcommand("run").expect("the run command");
+    for row in &rows {
+        let key = row[0].trim_matches('`');
+        assert_eq!(
+            row[3],
+            format!("`COPIER_{}`", key.to_uppercase()),
+            "{key}: its environment variable"
+        );
+        let flag = key.replace('_', "-");
+        let has = run
+            .get_arguments()
+            .any(|a| a.get_long() == Some(flag.as_str()));
+        if row[4] == "—" {
+            assert!(!has, "{key}: `run` takes --{flag}, the reference says none");
+        } else {
+            assert_eq!(row[4], format!("`--{flag}`"), "{key}: its flag");
+            assert!(has, "{key}: `run` takes no --{flag}");
+        }
+        assert!(
+            row.len() == 6 && !row[5].is_empty(),
+            "{key}: type, default and meaning"
+        );
+    }
+}
+
+/// Every command's help, as `copier-node <command> --help` prints it.
+fn cli_reference() -> String {
+    fn walk(cmd: &mut clap::Command, path: &str, out: &mut String) {
+        let name = if path.is_empty() {
+            "copier-node".to_string()
+        } else {
+            format!("copier-node {path}")
+        };
+        out.push_str(&format!(
+            "\n## `{name}`\n\n```text\n{}```\n",
+            cmd.render_long_help()
+        ));
+        let subs: Vec<String> = cmd
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .filter(|n| n != "help")
+            .collect();
+        for s in subs {
+            let sub = cmd.find_subcommand_mut(&s).unwrap();
+            let p = if path.is_empty() {
+                s.clone()
+            } else {
+                format!("{path} {s}")
+            };
+            walk(sub, &p, out);
+        }
+    }
+    let mut cmd = copier_node::cli::Cli::command().term_width(100);
+    cmd.build();
+    let mut out = String::from(
+        "# Command-line reference\n\nEvery command's `--help`, generated from the clap definition \
+         (`src/cli.rs`) by `COPIER_RENDER=write cargo nextest run -E 'test(/docs::/)'`; a test \
+         fails when this file differs from it.\n",
+    );
+    walk(&mut cmd, "", &mut out);
+    out
+}
+
+#[test]
+fn the_cli_reference_is_the_clap_definition_help() {
+    generated(&root().join("docs/cli.md"), &cli_reference());
+}
+
+/// Measured figures are rendered, never typed: a number with a unit of time or size, or a
+/// ratio ("1.4×"), outside a render block is a hand-typed figure. Configured values and design
+/// constants are written in code style (`lease = "60s"`, `10 ms`), which this check skips.
+#[test]
+fn no_measured_figure_is_typed_by_hand_in_the_docs() {
+    let mut found = Vec::new();
+    for path in documents() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let outside = render_blocks(&text, |_| String::new());
+        for (n, line) in outside.lines().enumerate() {
+            // Code spans are constants and syntax, not measurements.
+            let line: String = line
+                .split('`')
+                .step_by(2)
+                .collect::<Vec<_>>()
+                .join(" ");
+            let line = line.as_str();
+            let words: Vec<&str> = line.split_whitespace().collect();
+            for pair in words.windows(2) {
+                let number = pair[0]
+                    .trim_start_matches(['(', '~'])
+                    .replace(',', "")
+                    .parse::<f64>()
+                    .is_ok();
+                let unit = pair[1].trim_end_matches([',', '.', ';', ')', ':']);
+                if number && matches!(unit, "ms" | "µs" | "us" | "KiB" | "MiB") {
+                    found.push(format!("{}:{}: {line}", path.display(), n + 1));
+                }
+            }
+            if line.contains('×') && line.chars().any(|c| c.is_ascii_digit()) {
+                // A ratio ("1.4×"), not a multiplication sign between factors.
+                let hand = line.split_whitespace().any(|w| {
+                    let w = w.trim_end_matches([',', '.', ';', ')']);
+                    w.ends_with('×') && w.chars().any(|c| c.is_ascii_digit())
+                });
+                if hand {
+                    found.push(format!("{}:{}: {line}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    found.dedup();
+    assert!(
+        found.is_empty(),
+        "hand-typed measured figures (render them from an artefact, or link to BENCHMARKS.md):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The tutorial's shell blocks, in order, as one script.
+fn tutorial_script() -> String {
+    let text = std::fs::read_to_string(root().join("docs/tutorial.md")).unwrap();
+    let mut script = String::new();
+    let mut in_sh = false;
+    for line in text.lines() {
+        match (in_sh, line.trim_end()) {
+            (false, "```sh") => in_sh = true,
+            (true, "```") => in_sh = false,
+            (true, l) => {
+                script.push_str(l);
+                script.push('\n');
+            }
+            _ => {}
+        }
+    }
+    script
+}
+
+/// docs/tutorial.md runs as written: its shell blocks, concatenated, under `bash -euo
+/// pipefail`, against a throwaway database and the built `copier-node`, from an empty database
+/// to two nodes copying and one failing over. Its fixed ports are swapped for free ones, so the
+/// run shares the machine with the suite.
+#[tokio::test]
+async fn the_tutorial_runs_as_written() {
+    use crate::support::broker::{Scratch, free_port};
+
+    let script = tutorial_script();
+    assert!(
+        script.contains("copier-node run") && script.contains("kill -9"),
+        "the tutorial's blocks were read"
+    );
+    let mut script = script;
+    for port in ["17000", "17001", "17002"] {
+        assert!(script.contains(port), "the tutorial uses port {port}");
+        script = script.replace(port, &free_port().to_string());
+    }
+    let db = crate::support::TestDb::new().await;
+    let dir = Scratch::new("tutorial");
+    std::fs::write(dir.path("tutorial.sh"), &script).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_copier-node"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let child = tokio::process::Command::new("bash")
+        .args(["-euo", "pipefail", "tutorial.sh"])
+        .current_dir(&dir.0)
+        .env("PATH", path)
+        .env("DATABASE_URL", &db.url)
+        .env_remove("COPIER_DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(240), child)
+        .await
+        .expect("the tutorial finishes within 4 minutes")
+        .unwrap();
+    if !out.status.success() {
+        let mut logs = String::new();
+        for log in ["broker.log", "node-a.log", "node-b.log"] {
+            let text = std::fs::read_to_string(dir.path(log)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            logs.push_str(&format!(
+                "--- {log} (last lines, newest first)\n{}\n",
+                tail.join("\n")
+            ));
+        }
+        panic!(
+            "the tutorial failed ({}):\nstdout:\n{}\nstderr:\n{}\n{logs}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("master ticket:"), "{stdout}");
+}
