@@ -299,11 +299,7 @@ fn no_measured_figure_is_typed_by_hand_in_the_docs() {
         let outside = render_blocks(&text, |_| String::new());
         for (n, line) in outside.lines().enumerate() {
             // Code spans are constants and syntax, not measurements.
-            let line: String = line
-                .split('`')
-                .step_by(2)
-                .collect::<Vec<_>>()
-                .join(" ");
+            let line: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
             let line = line.as_str();
             let words: Vec<&str> = line.split_whitespace().collect();
             for pair in words.windows(2) {
