@@ -450,8 +450,9 @@ pub enum SimBrokerCommand {
     History(AccountArgs),
     /// Print the account's pending orders as JSON lines.
     Orders(AccountArgs),
-    /// Set a symbol's price now (a base symbol's suffixed variants too: `EURUSD` moves
-    /// `EURUSD.m`); prints the symbols it moved. Stops and pending orders it reaches fill.
+    /// Set a symbol's price now (with `--variants`, of a base symbol and its suffixed variants:
+    /// `EURUSD` moves `EURUSD.m` too); prints the symbols it moved. Stops and pending orders it
+    /// reaches fill.
     Price(PriceArgs),
 }
 
@@ -462,6 +463,9 @@ pub struct PriceArgs {
     pub broker: String,
     pub symbol: String,
     pub price: f64,
+    /// Move every suffixed variant of SYMBOL (a base symbol) too.
+    #[arg(long)]
+    pub variants: bool,
 }
 
 #[derive(Debug, Args)]

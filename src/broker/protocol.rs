@@ -135,6 +135,9 @@ pub enum Request {
     Price {
         symbol: String,
         price: f64,
+        /// Also every suffixed variant of `symbol`, a base symbol (absent: false).
+        #[serde(default)]
+        variants: bool,
     },
     /// The simulated broker's market switch (not part of what a bridge implements): open
     /// (`true`) or close (`false`) the market of a base symbol and its suffixed variants now,

@@ -168,7 +168,7 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 .map_err(failed)?,
         )?,
         SimBrokerCommand::Price(args) => {
-            let moved = tools::set_price(&args.broker, &args.symbol, args.price)
+            let moved = tools::set_price_of(&args.broker, &args.symbol, args.price, args.variants)
                 .await
                 .map_err(failed)?;
             println!("{} set to {}", moved.join(", "), args.price);

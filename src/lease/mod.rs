@@ -99,6 +99,8 @@ impl LeaseLoop {
         );
         let mut conn: Option<PgConnection> = None;
         let mut next = Instant::now();
+        // Cycles since the database's replication promise was last read.
+        let mut unread: u32 = 0;
         loop {
             let lapse_at = core.lapse_at();
             let draining = core.draining();
@@ -125,7 +127,7 @@ impl LeaseLoop {
                     break;
                 }
                 _ = sleep_until(next) => {
-                    next = cycle(&mut core, &connect, &session, &mut conn).await?;
+                    next = cycle(&mut core, &connect, &session, &mut conn, &mut unread).await?;
                 }
                 _ = wake.notified(), if draining.is_none() => {
                     debug!("release announced by a peer (or listener reconnected): claiming now");
@@ -148,6 +150,7 @@ async fn cycle(
     connect: &PgConnectOptions,
     session: &db::Session,
     conn: &mut Option<PgConnection>,
+    unread: &mut u32,
 ) -> Result<Instant, NodeError> {
     crate::failpoints::failpoint!(
         "COPIERTEST_STALL_CYCLE",
@@ -184,15 +187,24 @@ async fn cycle(
         }
     };
     let next = core.acknowledged(t0, acknowledged, &outcome)?;
-    if new_connection && outcome.member {
+    *unread += 1;
+    if outcome.member && (new_connection || *unread >= REPLICATION_EVERY) {
+        *unread = 0;
         read_replication(core, session, conn).await;
     }
     Ok(next)
 }
 
-/// After a cycle on a new connection: what the database promises, published, and a changed
-/// timeline (a failover of the database, which may have lost acknowledged writes) logged.
-/// Read after the cycle, so it never delays a renewal; a failure here changes nothing.
+/// How many cycles the database's replication promise may go unread: it changes without a new
+/// connection when the cluster manager drops to asynchronous replication (Patroni with
+/// `synchronous_mode` when the synchronous standby fails) or raises it again, and
+/// `copier_db_synchronous` must follow within a few cycles.
+const REPLICATION_EVERY: u32 = 3;
+
+/// After a cycle on a new connection, and every [`REPLICATION_EVERY`] cycles: what the database
+/// promises, published, and a change logged (a new timeline: a failover of the database, which
+/// may have lost acknowledged writes; commits starting or ceasing to wait for a standby). Read
+/// after the cycle, so it never delays a renewal; a failure here changes nothing.
 async fn read_replication(
     core: &Core<NodeHost>,
     session: &db::Session,
@@ -215,6 +227,15 @@ async fn read_replication(
             old_timeline = old,
             timeline = new,
             "the database is on a new timeline: it failed over, and writes the old primary acknowledged may be lost"
+        ),
+        _ if before.is_some_and(|b| b.synchronous != now.synchronous) => warn!(
+            synchronous = now.synchronous,
+            "database: {}",
+            if now.synchronous {
+                "commits wait for a synchronous standby again"
+            } else {
+                "commits no longer wait for a standby (a failover may lose the last ones)"
+            }
         ),
         _ if before.is_none() => info!(
             timeline = ?now.timeline,

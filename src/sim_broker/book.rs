@@ -1817,7 +1817,7 @@ mod tests {
             .unwrap();
         assert_eq!(b.orders("1").len(), 2);
         // Down to the buy limit: it fills; the sell stop (lower) waits.
-        b.market.set_price("EURUSD", 1.0940).unwrap();
+        b.market.set_price("EURUSD", 1.0940, false).unwrap();
         let (events, _) = b.trigger(5);
         assert_eq!(b.orders("1").len(), 1);
         let a = b.account("1").unwrap();
@@ -1848,7 +1848,7 @@ mod tests {
             ]
         );
         // Through the sell stop.
-        b.market.set_price("EURUSD", 1.0890).unwrap();
+        b.market.set_price("EURUSD", 1.0890, false).unwrap();
         b.trigger(6);
         assert!(b.orders("1").is_empty());
         assert!(b.account("1").unwrap().positions.contains_key(&stop.ticket));
@@ -2036,10 +2036,10 @@ mod tests {
             )
             .result
             .unwrap();
-        b.market.set_price("EURUSD", 1.1049).unwrap();
+        b.market.set_price("EURUSD", 1.1049, false).unwrap();
         b.trigger(10);
         assert_eq!(b.orders("1").len(), 2, "not through yet");
-        b.market.set_price("EURUSD", 1.1060).unwrap();
+        b.market.set_price("EURUSD", 1.1060, false).unwrap();
         b.trigger(20);
         assert_eq!(
             b.account("1").unwrap().positions[&stop.ticket].open_price,
@@ -2119,7 +2119,7 @@ mod tests {
             )
             .result
             .unwrap();
-        b.market.set_price("EURUSD", 1.08).unwrap();
+        b.market.set_price("EURUSD", 1.08, false).unwrap();
         let (events, _) = b.trigger(2);
         let PositionChange::Closed { closed } = &events[0].1 else {
             panic!("{events:?}");

@@ -152,14 +152,21 @@ impl Market {
     }
 
     /// Sets a price now (a test's or an operator's switch; the price walk, if on, moves around
-    /// it): of `symbol`, and when it is a base symbol of its suffixed variants too (`EURUSD`
-    /// moves `EURUSD.m`; `EURUSD.m` moves itself alone). Returns the symbols it moved, sorted.
-    pub fn set_price(&mut self, symbol: &str, price: f64) -> Result<Vec<String>, String> {
+    /// it): of `symbol` alone, or with `variants` of a base symbol and every suffixed variant
+    /// (`EURUSD` moves `EURUSD.m` too). A base symbol that is not listed itself (every symbol
+    /// suffixed) names its variants either way. Returns the symbols it moved, sorted.
+    pub fn set_price(
+        &mut self,
+        symbol: &str,
+        price: f64,
+        variants: bool,
+    ) -> Result<Vec<String>, String> {
         if !(price.is_finite() && price > 0.0) {
             return Err(format!("price {price} is not a positive number"));
         }
-        let is_base = self.bases.values().any(|b| b == symbol);
-        if !is_base && !self.symbols.contains_key(symbol) {
+        let listed = self.symbols.contains_key(symbol);
+        let is_base = (variants || !listed) && self.bases.values().any(|b| b == symbol);
+        if !is_base && !listed {
             let known: Vec<&String> = self.symbols.keys().collect();
             return Err(format!(
                 "unknown symbol {symbol} (this server has {known:?}, and their base symbols)"
@@ -401,21 +408,25 @@ mod tests {
     }
 
     #[test]
-    fn a_price_set_on_a_base_symbol_moves_its_variants_and_a_variant_moves_alone() {
+    fn a_price_moves_its_symbol_alone_or_with_variants_a_base_symbols_variants_too() {
         let mut m = Market::with_suffixes(&["", ".m", "pro"]);
-        let moved = m.set_price("EURUSD", 1.2).unwrap();
+        assert_eq!(m.set_price("EURUSD", 1.1, false).unwrap(), ["EURUSD"]);
+        let moved = m.set_price("EURUSD", 1.2, true).unwrap();
         assert_eq!(moved, ["EURUSD", "EURUSD.m", "EURUSDpro"]);
         assert!(
             ["EURUSD", "EURUSD.m", "EURUSDpro"]
                 .iter()
                 .all(|s| m.spec(s).unwrap().price == 1.2)
         );
-        assert_eq!(m.set_price("EURUSD.m", 1.3).unwrap(), ["EURUSD.m"]);
+        assert_eq!(m.set_price("EURUSD.m", 1.3, true).unwrap(), ["EURUSD.m"]);
         assert_eq!(m.spec("EURUSD").unwrap().price, 1.2);
         // A base that is not listed itself (every symbol suffixed) still names its variants.
         let mut only = Market::with_suffixes(&["pro"]);
-        assert_eq!(only.set_price("XAUUSD", 2100.0).unwrap(), ["XAUUSDpro"]);
-        let unknown = only.set_price("EURJPY", 160.0).unwrap_err();
+        assert_eq!(
+            only.set_price("XAUUSD", 2100.0, false).unwrap(),
+            ["XAUUSDpro"]
+        );
+        let unknown = only.set_price("EURJPY", 160.0, true).unwrap_err();
         assert!(unknown.contains("unknown symbol EURJPY"), "{unknown}");
     }
 

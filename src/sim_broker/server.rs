@@ -518,7 +518,11 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             Ok(()) => ok(id, &serde_json::json!({})),
             Err(reason) => invalid(id, &reason),
         },
-        Request::Price { symbol, price } => match core.book.market.set_price(&symbol, price) {
+        Request::Price {
+            symbol,
+            price,
+            variants,
+        } => match core.book.market.set_price(&symbol, price, variants) {
             Ok(moved) => {
                 // The new price triggers what it reaches (stops, pending orders), as a tick does.
                 let (events, records) = core.book.trigger(now);

@@ -122,14 +122,25 @@ pub async fn orders(broker: &str, login: &str) -> Result<Vec<PendingOrder>, Brok
     Ok(result.orders)
 }
 
-/// Sets a symbol's price on the simulated broker now (a base symbol's suffixed variants too);
-/// the symbols it moved.
+/// Sets a symbol's price on the simulated broker now; the symbols it moved.
 pub async fn set_price(broker: &str, symbol: &str, price: f64) -> Result<Vec<String>, BrokerError> {
+    set_price_of(broker, symbol, price, false).await
+}
+
+/// Sets a price on the simulated broker now: of `symbol` alone, or with `variants` of a base
+/// symbol and every suffixed variant; the symbols it moved.
+pub async fn set_price_of(
+    broker: &str,
+    symbol: &str,
+    price: f64,
+    variants: bool,
+) -> Result<Vec<String>, BrokerError> {
     let client = connect(broker).await?;
     let result = client
         .call(Request::Price {
             symbol: symbol.into(),
             price,
+            variants,
         })
         .await;
     client.close();

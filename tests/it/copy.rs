@@ -1013,7 +1013,7 @@ async fn followers_learn_of_master_events_by_polling_without_listen() {
 /// removed with the default `leave`, its copies stay open.
 #[tokio::test]
 async fn removing_a_link_closes_or_leaves_its_copies_as_it_says() {
-    let mut s = CopySetup::new("copy-removal").await;
+    let mut s = CopySetup::unprotected("copy-removal").await;
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     add_account(&mut s.conn, 3, "master", &s.addr, "m3").await;
     add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;

@@ -353,7 +353,7 @@ async fn disabling_and_removing_a_link_behave_as_documented() {
         addr,
         t,
         mut conn,
-    } = CopySetup::new("fault-links").await;
+    } = CopySetup::unprotected("fault-links").await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     add_account(&mut conn, 2, "follower", &addr, "f2").await;
     add_account(&mut conn, 3, "follower", &addr, "f3").await;

@@ -427,7 +427,12 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
         .expect("the new owner's logon");
     let takeover_ms = logon.ts_ms - froze_at;
     eprintln!("FIX takeover from a frozen owner: {takeover_ms} ms (lease 3 s, heartbeat 1 s)");
-    assert!(takeover_ms < 30_000, "takeover took {takeover_ms} ms");
+    // Within the lease (3 s: the frozen owner's rows expire) and 5 s more: the venue notices
+    // the frozen session within its heartbeats (1 s) and the new owner logs on at its next try.
+    assert!(
+        takeover_ms <= 3_000 + 5_000,
+        "takeover took {takeover_ms} ms"
+    );
 
     // Thawed, the old owner finds its lease gone and sends nothing.
     nodes[fidx].signal("CONT");

@@ -21,7 +21,7 @@ async fn a_node_copies_through_pgbouncer_in_session_mode_with_its_bounds_set() {
     if !pgbouncer::available() {
         return;
     }
-    let mut s = CopySetup::new("pooler-session").await;
+    let mut s = CopySetup::unprotected("pooler-session").await;
     let dir = Scratch::new("pgbouncer-session");
     let bouncer = pgbouncer::start(&dir.0, &s.db.url, "session", "extra_float_digits");
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
@@ -190,7 +190,7 @@ async fn nodes_copy_through_a_transaction_pooler_with_one_server_connection() {
     if !pgbouncer::available() {
         return;
     }
-    let mut s = CopySetup::new("pooler-transaction").await;
+    let mut s = CopySetup::unprotected("pooler-transaction").await;
     let dir = Scratch::new("pgbouncer-transaction");
     let bouncer = pgbouncer::start_sized(&dir.0, &s.db.url, "transaction", "extra_float_digits", 1);
     let mut magics = Vec::new();

@@ -134,7 +134,8 @@ pub struct Handover {
     pub gap_ms: i64,
 }
 
-/// An account a node released (from its log: rebalancing, disabling).
+/// An account its owner released, as the suite's own observer of the lease rows saw it (the
+/// database's clock; never a node's log).
 #[derive(Debug, Clone)]
 pub struct Release {
     pub login: String,
@@ -171,15 +172,15 @@ pub fn handovers(lines: &[Line]) -> Vec<Handover> {
     out
 }
 
-/// S1 seen from the broker. A handover after a release needs only order: `released` holds the
-/// nodes that released everything (a clean stop), `releases` single accounts a node released
-/// between its last order and its successor's first. Orders the broker rejected as stale do not
-/// count as acting.
+/// S1 seen from the broker. A handover after a release needs only order: `releases` are the
+/// releases the suite's observer saw (an account set free by its owner, by the database's
+/// clock) between the old node's last order and the new node's first; without one, the new
+/// node's first order comes at least the fence after the old one's last. Orders the broker
+/// rejected as stale do not count as acting.
 pub fn single_owner_violations(
     lines: &[Line],
     fence_ms: i64,
     tolerance_ms: i64,
-    released: &HashSet<String>,
     releases: &[Release],
 ) -> Vec<String> {
     let acting: Vec<Line> = lines
@@ -194,13 +195,12 @@ pub fn single_owner_violations(
     handovers(&acting)
         .into_iter()
         .filter(|h| {
-            let after_release = released.contains(&h.from)
-                || releases.iter().any(|r| {
-                    r.login == h.login
-                        && r.node == h.from
-                        && r.at_ms + tolerance_ms >= h.last_ms
-                        && r.at_ms <= h.first_ms + tolerance_ms
-                });
+            let after_release = releases.iter().any(|r| {
+                r.login == h.login
+                    && r.node == h.from
+                    && r.at_ms + tolerance_ms >= h.last_ms
+                    && r.at_ms <= h.first_ms + tolerance_ms
+            });
             let min = if after_release {
                 0
             } else {
@@ -213,34 +213,6 @@ pub fn single_owner_violations(
                 "{}: {} -> {} only {} ms apart",
                 h.login, h.from, h.to, h.gap_ms
             )
-        })
-        .collect()
-}
-
-/// Accounts released by a node, from its text log (`account released account_id=N`). Logins in
-/// the suite are `m<id>` / `f<id>`.
-pub fn releases_in_log(node: &str, log: &str) -> Vec<Release> {
-    log.lines()
-        .filter(|l| l.contains("account released"))
-        .filter_map(|l| {
-            let at_ms = parse_rfc3339_ms(l.get(..27)?)?;
-            let id: i64 = l
-                .split("account_id=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()?;
-            let login = if id <= 2 {
-                format!("m{id}")
-            } else {
-                format!("f{id}")
-            };
-            Some(Release {
-                login,
-                node: node.to_string(),
-                at_ms,
-            })
         })
         .collect()
 }

@@ -199,8 +199,52 @@ async fn finish_after_failover(s: &mut Suite, promoted_at: Instant, epochs_befor
             "account {id}: epoch {new} after the failover is not above every earlier one ({max_before})"
         );
     }
-    s.check(false);
+    s.check(false).await;
     let lines = checker::load(&s.dir.path("journal.jsonl"));
     let reused = checker::epochs_reused(&lines);
     assert!(reused.is_empty(), "{}: {reused:?}", s.name);
+}
+
+/// `copier_db_synchronous` follows the database's promise on the node's own connection, within a
+/// few cycles: 1 once commits wait for the standby (`synchronous_standby_names` set and the
+/// configuration reloaded, as Patroni's `synchronous_mode` does), 0 once they no longer do (as
+/// Patroni drops to asynchronous replication when its synchronous standby fails). The database's
+/// own view (`pg_stat_replication.sync_state`) confirms each state first.
+#[tokio::test]
+async fn copier_db_synchronous_follows_the_database_without_a_new_connection() {
+    let mut s = Suite::with_standby("suite-sync-gauge", UNPROTECTED).await;
+    s.start_node("a", 100, Vec::new()).await;
+    let mut conn = s.conn().await;
+    for (names, sync_state, gauge) in [
+        ("", "async", 0.0),
+        ("'*'", "sync", 1.0),
+        ("''", "async", 0.0),
+    ] {
+        if !names.is_empty() {
+            sqlx::query(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = {names}"
+            ))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        crate::support::eventually(format!("the standby {sync_state}"), WAIT, async || {
+            let state: Option<String> =
+                sqlx::query_scalar("SELECT sync_state FROM pg_stat_replication LIMIT 1")
+                    .fetch_optional(&mut conn)
+                    .await
+                    .unwrap();
+            (state.as_deref() == Some(sync_state)).then_some(())
+        })
+        .await;
+        let node = &s.node("a").process;
+        crate::support::eventually(format!("copier_db_synchronous {gauge}"), WAIT, async || {
+            (node.metric("copier_db_synchronous").await == Some(gauge)).then_some(())
+        })
+        .await;
+    }
 }

@@ -11,7 +11,7 @@ pub mod oracle;
 mod patroni;
 mod scenarios;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use copier_node::broker::client::BridgeClient;
@@ -104,13 +104,13 @@ pub struct Suite {
     pub links: Vec<SuiteLink>,
     pub masters: Vec<String>,
     generator: Option<(CancellationToken, JoinHandle<usize>)>,
-    /// Nodes stopped cleanly (their handovers need only be ordered).
-    pub released: HashSet<String>,
     started: Instant,
     /// Timings of the nodes started from now on, and the fence the checker holds them to.
     pub timing: crate::support::Timing,
     pub fence_ms: i64,
     pub standby: Option<Standby>,
+    /// Releases the observer recorded before a fault took the database that held them.
+    observed: Vec<checker::Release>,
     /// After a failover: the promoted standby's URL and address.
     promoted: Option<(String, String)>,
 }
@@ -203,15 +203,107 @@ impl Suite {
             links: Vec::new(),
             masters: Vec::new(),
             generator: None,
-            released: HashSet::new(),
             started: Instant::now(),
             timing: TIMING,
             fence_ms: FENCE_MS,
             standby: None,
+            observed: Vec::new(),
             promoted: None,
         };
+        suite.observe_ownership().await;
         suite.seed().await;
         suite
+    }
+
+    /// The checker's own observer of the lease rows: a trigger of this test (not the product's)
+    /// records every change of an account's owner, by the database's clock, so that a release
+    /// is known from the database itself and never from what a node says about itself.
+    async fn observe_ownership(&self) {
+        let mut conn = self.conn().await;
+        for statement in [
+            "CREATE TABLE suite_ownership (
+                 at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+                 account_id  bigint NOT NULL,
+                 login       text   NOT NULL,
+                 from_node   text,
+                 to_node     text,
+                 owner_epoch bigint NOT NULL)",
+            "CREATE FUNCTION suite_ownership_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO suite_ownership (account_id, login, from_node, to_node, owner_epoch)
+                 VALUES (NEW.id, NEW.login, OLD.node_id, NEW.node_id, NEW.owner_epoch);
+                 RETURN NULL;
+             END $$",
+            "CREATE TRIGGER suite_ownership AFTER UPDATE ON trading_accounts FOR EACH ROW
+             WHEN (OLD.node_id IS DISTINCT FROM NEW.node_id OR OLD.owner_epoch <> NEW.owner_epoch)
+             EXECUTE FUNCTION suite_ownership_changed()",
+        ] {
+            sqlx::query(statement).execute(&mut conn).await.unwrap();
+        }
+    }
+
+    /// The observer's record in the database now reachable: releases (an owner's row set free,
+    /// `node_id` to NULL), with when.
+    async fn read_releases(&self) -> Vec<checker::Release> {
+        let Ok(Ok(mut conn)) = tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::PgConnection::connect(&self.url()),
+        )
+        .await
+        else {
+            return Vec::new();
+        };
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT login, from_node, (extract(epoch FROM at) * 1000)::bigint
+               FROM suite_ownership WHERE from_node IS NOT NULL AND to_node IS NULL ORDER BY at",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_default();
+        rows.into_iter()
+            .map(|(login, node, at_ms)| checker::Release { login, node, at_ms })
+            .collect()
+    }
+
+    /// Keeps what the observer recorded so far outside the database: called before a fault
+    /// that may take the primary (and the tail it never replicated) away, since a release it
+    /// committed did happen, even if the promoted standby never received it.
+    pub async fn keep_observed(&mut self) {
+        for r in self.read_releases().await {
+            if !self
+                .observed
+                .iter()
+                .any(|o| o.login == r.login && o.node == r.node && o.at_ms == r.at_ms)
+            {
+                self.observed.push(r);
+            }
+        }
+    }
+
+    /// Every release the observer saw: the record kept before faults, and the database's now.
+    pub async fn releases(&self) -> Vec<checker::Release> {
+        let mut out = self.observed.clone();
+        for r in self.read_releases().await {
+            if !out
+                .iter()
+                .any(|o| o.login == r.login && o.node == r.node && o.at_ms == r.at_ms)
+            {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// Every change of owner the observer saw: (login, from, to, at ms).
+    pub async fn ownership_changes(&self) -> Vec<(String, Option<String>, Option<String>, i64)> {
+        let mut conn = self.conn().await;
+        sqlx::query_as(
+            "SELECT login, from_node, to_node, (extract(epoch FROM at) * 1000)::bigint
+               FROM suite_ownership WHERE from_node IS DISTINCT FROM to_node ORDER BY at",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
     }
 
     /// A suite on a private cluster with a streaming standby (see [`Standby`]), caught up.
@@ -283,6 +375,7 @@ impl Suite {
     /// proxies send new connections to it and cut the open ones (a hung proxy stays hung).
     /// Returns when the promoted standby accepts writes.
     pub async fn fail_over(&mut self) {
+        self.keep_observed().await;
         let standby = self.standby.as_ref().expect("a suite with a standby");
         let primary = self.cluster().clone();
         let promoted = standby.cluster.clone();
@@ -626,34 +719,10 @@ impl Suite {
 
     /// What the followers still owe, by the independent oracle ([`oracle`]).
     async fn pending(&self, client: &BridgeClient) -> Result<Vec<String>, String> {
-        let mut conn = self.conn().await;
         let mut out = Vec::new();
         for l in &self.links {
             let (m_open, m_hist) = read(client, &l.master_login).await?;
             let (f_open, f_hist) = read(client, &l.follower_login).await?;
-            let first: Option<String> =
-                sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = $1")
-                    .bind(l.link.master_id)
-                    .fetch_optional(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            let first: Vec<serde_json::Value> = first
-                .map(|t| serde_json::from_str(&t).unwrap())
-                .unwrap_or_default();
-            let bases: Vec<(i64, f64)> = sqlx::query_as(
-                "SELECT copy_ticket, master_volume FROM copy_bases WHERE follower_id = $1",
-            )
-            .bind(l.follower_id)
-            .fetch_all(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-            let recorded = oracle::Recorded {
-                first_volume: first
-                    .iter()
-                    .filter_map(|p| Some((p["ticket"].as_i64()?, p["open_volume"].as_f64()?)))
-                    .collect(),
-                bases: bases.into_iter().collect(),
-            };
             out.extend(oracle::owed(
                 &oracle::Expect {
                     follower: l.follower_login.clone(),
@@ -669,7 +738,6 @@ impl Suite {
                     open: f_open,
                     history: f_hist,
                 },
-                &recorded,
             ));
         }
         Ok(out)
@@ -723,25 +791,16 @@ impl Suite {
         }
     }
 
-    /// Checks the journal and prints the figures; returns the handovers seen.
-    pub fn check(&self, expect_stale_accepted: bool) -> Vec<checker::Handover> {
+    /// Checks the journal and prints the figures; returns the handovers seen. Releases are the
+    /// observer's ([`Suite::releases`]), never the nodes' word.
+    pub async fn check(&self, expect_stale_accepted: bool) -> Vec<checker::Handover> {
         let lines = checker::load(&self.dir.path("journal.jsonl"));
         let dups = checker::duplicates(&lines);
         let stale = checker::stale_accepted(&lines);
         let handovers = checker::handovers(&lines);
-        // Accounts handed off by fair share are releases too (each node logs them).
-        let releases: Vec<checker::Release> = self
-            .nodes
-            .iter()
-            .flat_map(|n| checker::releases_in_log(&n.id, &n.process.output()))
-            .collect();
-        let violations = checker::single_owner_violations(
-            &lines,
-            self.fence_ms,
-            TOLERANCE_MS,
-            &self.released,
-            &releases,
-        );
+        let releases = self.releases().await;
+        let violations =
+            checker::single_owner_violations(&lines, self.fence_ms, TOLERANCE_MS, &releases);
         let node_orders = lines
             .iter()
             .filter(|l| l.client != "manual" && l.action != "login")

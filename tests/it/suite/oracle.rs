@@ -1,7 +1,8 @@
 //! L3, judged independently of the product: what each follower should hold, computed here from
-//! the broker's record of both accounts (open positions and history, as the journal shows them)
-//! and the link's settings, with arithmetic written for this check alone. No function of the
-//! product's decision code (rules, index, plan) is called.
+//! the broker's record of both accounts (open positions and history) and the link's settings as
+//! the test configured them, with arithmetic written for this check alone. No function of the
+//! product's decision code (rules, index, plan) is called, and nothing the product wrote or
+//! logged is taken as a fact: not the master's snapshot, not the copy ledger, not `copy_bases`.
 //!
 //! The suite's links are plain (multiplier 1.0 or 0.5, reverse or not, stops copied, no
 //! protections, links made before any trade) and nothing closes a copy by hand, so:
@@ -9,6 +10,9 @@
 //! * every open master position has exactly one open copy per link, on the link's side, with the
 //!   master's stops (swapped when reversed), and a volume of its original volume scaled like the
 //!   master's (never below 0.01);
+//! * a copy opened with the link's multiple of a volume the master position had before the copy
+//!   opened: its opening volume, or (a copy made late, after a partial close) what was left then,
+//!   which its trims then scale against;
 //! * no copy is open whose master position is closed;
 //! * no copy was closed entirely while its master position was still open, unless another copy
 //!   of the same master position was open then (an extra copy, closed by rule).
@@ -59,24 +63,27 @@ fn close_enough(a: Option<f64>, b: Option<f64>) -> bool {
     }
 }
 
-/// What the nodes recorded that the oracle takes as data: the master volume each position had
-/// when its session first recorded it (a position opened and partly closed while no session
-/// watched is copied from what was first seen), and late copies (copy ticket -> the master
-/// volume they were sized for).
-#[derive(Debug, Clone, Default)]
-pub struct Recorded {
-    pub first_volume: HashMap<i64, f64>,
-    pub bases: HashMap<i64, f64>,
+/// The volumes master position `ticket` held before `until_ms` (broker clock): what it opened
+/// with, and what was left after each partial close since, from the broker's history.
+fn levels(ticket: i64, original: f64, history: &[ClosedPosition], until_ms: i64) -> Vec<f64> {
+    let mut closes: Vec<&ClosedPosition> = history
+        .iter()
+        .filter(|h| h.position.ticket == ticket)
+        .collect();
+    closes.sort_by_key(|h| h.close_time_ms);
+    let mut left = original;
+    let mut out = vec![original];
+    for h in closes.into_iter().filter(|h| h.close_time_ms <= until_ms) {
+        left = round2(left - h.position.volume);
+        if left > 1e-9 {
+            out.push(left);
+        }
+    }
+    out
 }
 
 /// Everything the follower still owes under `link`. Empty when converged.
-pub fn owed(
-    link: &Expect,
-    master: &Account,
-    follower: &Account,
-    recorded: &Recorded,
-) -> Vec<String> {
-    let bases = &recorded.bases;
+pub fn owed(link: &Expect, master: &Account, follower: &Account) -> Vec<String> {
     let mut out = Vec::new();
     let who = &link.follower;
     let mut copies: HashMap<i64, Vec<&Position>> = HashMap::new();
@@ -120,30 +127,41 @@ pub fn owed(
                 copy.ticket, copy.sl, copy.tp
             ));
         }
-        let master_original = recorded
-            .first_volume
-            .get(&m.ticket)
-            .copied()
-            .unwrap_or_else(|| original(m.ticket, m.volume, &master.history));
+        let master_original = original(m.ticket, m.volume, &master.history);
         let copy_original = original(copy.ticket, copy.volume, &follower.history);
-        let base = bases.get(&copy.ticket).copied().unwrap_or(master_original);
+        // The master volumes the copy may have been sized from: those the position held before
+        // the copy opened (a copy made late sizes from what is left, and scales against it).
+        let bases: Vec<f64> = levels(
+            m.ticket,
+            master_original,
+            &master.history,
+            copy.open_time_ms,
+        )
+        .into_iter()
+        .filter(|base| (copy_original - base * link.lot_value).abs() <= 0.005 + 1e-6)
+        .collect();
+        if bases.is_empty() {
+            out.push(format!(
+                "{who}: copy {} opened at {copy_original} lots, wants {} x a volume master ticket {} held before it opened ({master_original} at first)",
+                copy.ticket, link.lot_value, m.ticket
+            ));
+            continue;
+        }
         // The exact scaled volume; the copy holds it rounded to the 0.01 step, either way at a
         // tie (0.185 may be 0.18 or 0.19).
-        let want = (copy_original * m.volume / base).clamp(0.01, copy_original);
-        if (copy.volume - want).abs() > 0.005 + 1e-6 {
+        let want = |base: f64| (copy_original * m.volume / base).clamp(0.01, copy_original);
+        if !bases
+            .iter()
+            .any(|b| (copy.volume - want(*b)).abs() <= 0.005 + 1e-6)
+        {
             out.push(format!(
-                "{who}: copy {} holds {} lots, wants {want} ({copy_original} scaled by the master's {} of {base})",
-                copy.ticket, copy.volume, m.volume
+                "{who}: copy {} holds {} lots, wants {} ({copy_original} scaled by the master's {} of {})",
+                copy.ticket,
+                copy.volume,
+                want(bases[0]),
+                m.volume,
+                bases[0]
             ));
-        }
-        if bases.get(&copy.ticket).is_none() {
-            let sized = master_original * link.lot_value;
-            if (copy_original - sized).abs() > 0.005 + 1e-6 {
-                out.push(format!(
-                    "{who}: copy {} opened at {copy_original} lots, wants {sized} ({master_original} x {})",
-                    copy.ticket, link.lot_value
-                ));
-            }
         }
     }
     for (t, list) in copies {
@@ -283,10 +301,32 @@ mod tests {
             open: vec![c.clone()],
             history: vec![closed(&c, 0.2, 0.3, 6)],
         };
-        assert_eq!(
-            owed(&link(), &master, &follower, &Recorded::default()),
-            Vec::<String>::new()
-        );
+        assert_eq!(owed(&link(), &master, &follower), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_copy_made_late_is_sized_from_what_was_left_and_scales_against_it() {
+        // The master opened 1.0, closed 0.4 before the copy (0.5 of what was left: 0.3) opened,
+        // then 0.3 more: 0.3 left, so the copy holds 0.15.
+        let m = pos(10, "", Side::Buy, 0.3, 0);
+        let master = Account {
+            open: vec![m.clone()],
+            history: vec![closed(&m, 0.4, 0.6, 5), closed(&m, 0.3, 0.3, 20)],
+        };
+        let c = pos(90, "mc10", Side::Sell, 0.15, 10);
+        let follower = Account {
+            open: vec![c.clone()],
+            history: vec![closed(&c, 0.15, 0.15, 21)],
+        };
+        assert_eq!(owed(&link(), &master, &follower), Vec::<String>::new());
+        // Sized from a volume the master never held before the copy: owed.
+        let wrong = pos(90, "mc10", Side::Sell, 0.2, 10);
+        let follower = Account {
+            open: vec![wrong],
+            history: vec![],
+        };
+        let text = owed(&link(), &master, &follower).join("\n");
+        assert!(text.contains("opened at 0.2 lots"), "{text}");
     }
 
     #[test]
@@ -305,10 +345,10 @@ mod tests {
             ],
             history: vec![],
         };
-        let text = owed(&link(), &master, &follower, &Recorded::default()).join("\n");
+        let text = owed(&link(), &master, &follower).join("\n");
         for want in [
             "copy 90 is Buy, wants Sell",
-            "copy 90 opened at 0.4 lots, wants 0.5",
+            "copy 90 opened at 0.4 lots, wants 0.5 x a volume",
             "master ticket 11 has 0 open copies",
             "copy 91 of master ticket 12 is open",
         ] {

@@ -147,8 +147,21 @@ async fn finish(s: &mut Suite, fault: &str, since_ms: i64, promoted_ms: u128, at
         s.name,
         converged.as_millis()
     );
+    // The bound on resuming: the new primary (Patroni's own time, measured: at most its `ttl`
+    // plus `loop_wait` plus `retry_timeout` after a crash), then at most two of the nodes'
+    // cycles (one to reach the new primary and see its timeline, one to act on it), and 5 s
+    // for the master's next open and its copy's way through the node under the suite's load.
+    // The nodes' gates stay open throughout (trust lease - fence = 45 s), so no lease is
+    // waited out.
+    let cycle_ms = 1_000;
+    let bound = promoted_ms + 2 * cycle_ms + 5_000;
+    assert!(
+        (resumed as u128) <= bound,
+        "{}: copying resumed {resumed} ms after the fault, over the bound of {bound} ms (new primary after {promoted_ms} ms + 2 cycles + 5 s)",
+        s.name
+    );
     at.phase("judging the journal");
-    s.check(false);
+    s.check(false).await;
     let reused = checker::epochs_reused(&lines);
     assert!(reused.is_empty(), "{}: {reused:?}", s.name);
 }
@@ -191,6 +204,7 @@ async fn crash_of_the_primary(
     let since_ms = unix_ms();
     let started = Instant::now();
     at.phase("crashing the primary");
+    s.keep_observed().await;
     let dead = s.patroni().crash_leader().await;
     at.phase("waiting for Patroni to promote the standby");
     let new = s.patroni().wait_promoted(&dead, WAIT).await;

@@ -57,7 +57,7 @@ async fn finish(s: &mut Suite) {
         s.name,
         converged.as_millis()
     );
-    s.check(false);
+    s.check(false).await;
     s.ledger_matches_journal(CONVERGE).await;
 }
 
@@ -77,6 +77,7 @@ async fn kill9_of_the_followers_node() {
         .await;
         let victim = s.busiest_follower_node().await;
         let held = s.owned_by(&victim).await;
+        assert!(!held.is_empty(), "the victim holds followers");
         s.node(&victim).process.kill9();
         let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
         eprintln!(
@@ -105,6 +106,7 @@ async fn kill9_of_the_masters_node() {
         .await;
         let victim = s.owners().await[&1].clone();
         let held = s.owned_by(&victim).await;
+        assert!(held.contains(&1), "the victim holds the master");
         s.node(&victim).process.kill9();
         let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
         eprintln!(
@@ -132,8 +134,27 @@ async fn sigterm_hands_off() {
         s.node(&victim).process.signal("TERM");
         assert!(s.node(&victim).process.wait_exit(MOVE).await.success());
         let exited = asked.elapsed();
-        s.released.insert(victim.clone());
         let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
+        // L2 from the observer of the rows: every account it held was released by it (set
+        // free before it exited), none left to expire.
+        let released: Vec<String> = s
+            .releases()
+            .await
+            .into_iter()
+            .filter(|r| r.node == victim)
+            .map(|r| r.login)
+            .collect();
+        for id in &held {
+            let login = if *id <= 2 {
+                format!("m{id}")
+            } else {
+                format!("f{id}")
+            };
+            assert!(
+                released.contains(&login),
+                "{victim} stopped without releasing {login}: released {released:?}"
+            );
+        }
         eprintln!(
             "[{}] handoff: {victim} exited {} ms after SIGTERM; peers owned its accounts {} ms after its exit",
             s.name,
@@ -511,7 +532,6 @@ async fn scaling_out_to_four_and_back_in_to_one() {
     for id in ["n4", "n3", "n2"] {
         s.node(id).process.signal("TERM");
         assert!(s.node(id).process.wait_exit(MOVE).await.success());
-        s.released.insert(id.into());
         trade_for(&mut s, Duration::from_secs(1)).await;
     }
     s.wait_owned_by_others(&[1, 2, 3, 4, 5, 6, 7, 8], &["n2", "n3", "n4"], MOVE)
@@ -536,6 +556,8 @@ async fn a_duplicate_node_id_is_refused_and_duplicates_nothing() {
 async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle() {
     let mut s = three_nodes("suite-churn", UNPROTECTED, Vec::new()).await;
     trade_for(&mut s, Duration::from_secs(1)).await;
+    // When each joining node was told to stop (its releases from then on are its shutdown's).
+    let mut stopped_at: Vec<(String, i64)> = Vec::new();
     for i in 0..3 {
         let id = format!("d{i}");
         s.start_node(&id, 100, Vec::new()).await;
@@ -548,15 +570,39 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
             jitter(Duration::from_millis(1500), Duration::from_secs(3)),
         )
         .await;
+        stopped_at.push((id.clone(), copier_node::wall_clock::unix_ms()));
         s.node(&id).process.signal("TERM");
         assert!(s.node(&id).process.wait_exit(MOVE).await.success());
-        s.released.insert(id);
         trade_for(&mut s, Duration::from_secs(1)).await;
     }
-    // Every hand-off decision moved at most a tenth of the node's share (at least one), and a
+    // From the suite's observer of the lease rows: fair-share hand-offs happened (each joining
+    // node was handed accounts, released by a node that was not stopping).
+    let releases = s.releases().await;
+    let stopping = |node: &str, at: i64| {
+        stopped_at
+            .iter()
+            .any(|(n, t)| n == node && at + super::TOLERANCE_MS >= *t)
+    };
+    let fair_share: Vec<&super::checker::Release> = releases
+        .iter()
+        .filter(|r| !stopping(&r.node, r.at_ms))
+        .collect();
+    let changes = s.ownership_changes().await;
+    for (id, _) in &stopped_at {
+        let handed = changes.iter().any(|(login, from, to, at)| {
+            to.as_deref() == Some(id.as_str())
+                && from.is_none()
+                && fair_share
+                    .iter()
+                    .any(|r| &r.login == login && r.at_ms <= *at + super::TOLERANCE_MS)
+        });
+        assert!(handed, "{id} joined but was handed no account: {changes:?}");
+    }
+    // Every hand-off decision moved at most a tenth of the node's share (at least one), a
     // node's decisions are at least a cycle period apart (500 ms less the 20 % jitter), however
-    // often peers' releases woke it.
-    let mut decisions = 0;
+    // often peers' releases woke it, and the decisions account for every fair-share release the
+    // observer saw (a node moving more than it decides would show here).
+    let mut decided: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     for n in &s.nodes {
         let mut previous: Option<i64> = None;
         for line in n
@@ -592,12 +638,22 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
                 );
             }
             previous = Some(at);
-            decisions += 1;
+            *decided.entry(n.id.clone()).or_default() += moved;
         }
     }
+    for node in s.nodes.iter().map(|n| n.id.clone()) {
+        let observed = fair_share.iter().filter(|r| r.node == node).count() as u32;
+        let logged = decided.get(&node).copied().unwrap_or(0);
+        assert!(
+            observed <= logged,
+            "{node}: the observer saw {observed} fair-share releases, the node decided {logged}"
+        );
+    }
     eprintln!(
-        "[{}] {decisions} bounded hand-off decisions while nodes joined and left",
-        s.name
+        "[{}] {} fair-share releases observed, {} accounts in bounded hand-off decisions",
+        s.name,
+        fair_share.len(),
+        decided.values().sum::<u32>()
     );
     finish(&mut s).await;
 }
