@@ -498,6 +498,12 @@ pub struct ServeArgs {
     /// order; by default updates go first).
     #[arg(long)]
     pub reply_first: bool,
+    /// Behave as MT4 servers do: a partial close gives the remainder a new ticket and rewrites
+    /// comments (`from #<old>` on the remainder, `to #<new>` on the closed part, the magic
+    /// kept); a stop-loss or take-profit close rewrites the history entry's comment (`[sl]`,
+    /// `[tp]`).
+    #[arg(long)]
+    pub mt4: bool,
     /// Balance of a new account.
     #[arg(long, default_value_t = 10_000.0)]
     pub balance: f64,

@@ -30,6 +30,7 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 state: args.state,
                 fence_check: !args.no_fence_check,
                 dedupe: !args.no_dedupe,
+                mt4: args.mt4,
                 reply_first: args.reply_first,
                 balance: args.balance,
                 balances: Default::default(),

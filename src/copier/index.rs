@@ -12,6 +12,14 @@
 //! replaced, and the next change back to them would look done (found by the property test). A stop
 //! changed on the follower by someone else is seen at the next reconcile's read, which sets the
 //! master's stops again anyway.
+//!
+//! MT4 renumbers: a partial close ends the copy's ticket (its history entry's comment becomes
+//! `to #<new>`) and opens the remainder under a new ticket whose comment is `from #<old>` (the
+//! magic kept), and a stop close may rewrite the history's comment too. A bridge should hide
+//! this, but a naive one does not, so the index follows the lineage itself: every copy ticket it
+//! learns (by a marker, from the copy ledger, or as a remainder) keeps its key, and a position
+//! `from #N` with the copy's magic, or the ticket a known copy's history entry names `to #M`, is
+//! that copy's remainder: the same copy, its opening volume the lineage's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -46,6 +54,13 @@ pub struct CopyIndex {
     /// the broker's `order_gone`, a refusal, or the ledger of order copies says so): only then
     /// is a copy at market made for a key a pending copy was placed for.
     ended: HashSet<Key>,
+    /// Every copy ticket learned, with its key (by its marker, from the copy ledger, or as an
+    /// MT4 remainder): kept across reads, as the history may no longer show a marker.
+    keys: HashMap<i64, Key>,
+    /// MT4 lineage: a remainder's ticket -> the ticket it was split from.
+    parent: HashMap<i64, i64>,
+    /// A copy ticket learned since the last [`CopyIndex::take_learned`].
+    learned: bool,
     /// Keys whose pending copy is in doubt (a place or cancel whose outcome is unknown, a cancel
     /// of an order the broker no longer holds): nothing is decided for them until the next read
     /// of the follower's orders, positions and history, in that order.
@@ -68,10 +83,26 @@ impl CopyIndex {
         for h in history {
             if let Some(t) = parse_marker(&h.position.comment) {
                 self.ever.insert((h.position.magic, t));
+                self.learn(h.position.ticket, (h.position.magic, t));
             }
             *closed_volume.entry(h.position.ticket).or_default() += h.position.volume;
             if h.remaining_volume <= 1e-9 {
                 self.closed.insert(h.position.ticket);
+            }
+        }
+        self.follow_lineage(open, history);
+        // An MT4 remainder's opening volume is its lineage's: what it holds plus every part its
+        // ancestors closed.
+        for p in open {
+            let mut t = p.ticket;
+            let mut seen = HashSet::new();
+            while let Some(&up) = self.parent.get(&t) {
+                if !seen.insert(up) {
+                    break;
+                }
+                let closed = closed_volume.get(&up).copied().unwrap_or(0.0);
+                *closed_volume.entry(p.ticket).or_default() += closed;
+                t = up;
             }
         }
         // A pending copy that filled between the read of the orders and this one shows in both:
@@ -271,11 +302,78 @@ impl CopyIndex {
         self.ever.insert(key);
     }
 
+    /// Learns that copy `ticket` is `key`'s (its marker, the copy ledger, or a lineage).
+    pub fn learn(&mut self, ticket: i64, key: Key) {
+        if self.keys.insert(ticket, key).is_none() {
+            self.learned = true;
+        }
+    }
+
+    /// True (once) when a copy ticket was learned since the last call: a read then resolves
+    /// more MT4 remainders.
+    pub fn take_learned(&mut self) -> bool {
+        std::mem::take(&mut self.learned)
+    }
+
+    /// The key of copy `ticket`, if learned.
+    pub fn key_of(&self, ticket: i64) -> Option<Key> {
+        self.keys.get(&ticket).copied()
+    }
+
+    /// Resolves MT4 remainders: a known copy's history entry `to #M`, or a position `from #N`
+    /// of a known copy N with its magic, is that copy's remainder (repeated: lineages chain).
+    fn follow_lineage(&mut self, open: &[Position], history: &[ClosedPosition]) {
+        loop {
+            let mut more = false;
+            for h in history {
+                if let (Some(key), Some(m)) = (
+                    self.keys.get(&h.position.ticket).copied(),
+                    lineage(&h.position.comment, "to #"),
+                ) && !self.keys.contains_key(&m)
+                {
+                    self.learn(m, key);
+                    self.parent.insert(m, h.position.ticket);
+                    more = true;
+                }
+            }
+            for p in open {
+                if let Some(n) = lineage(&p.comment, "from #")
+                    && let Some(key) = self.keys.get(&n).copied()
+                    && key.0 == p.magic
+                    && !self.keys.contains_key(&p.ticket)
+                {
+                    self.learn(p.ticket, key);
+                    self.parent.insert(p.ticket, n);
+                    more = true;
+                }
+            }
+            if !more {
+                return;
+            }
+        }
+    }
+
     fn insert(&mut self, p: Position) {
-        let Some(t) = parse_marker(&p.comment) else {
-            return;
+        let key = match parse_marker(&p.comment) {
+            Some(t) => (p.magic, t),
+            None => {
+                // An MT4 remainder of a known copy, with the copy's magic.
+                let from = lineage(&p.comment, "from #");
+                match from.and_then(|n| self.keys.get(&n).copied()) {
+                    Some(key) if key.0 == p.magic => {
+                        if let Some(n) = from {
+                            self.parent.insert(p.ticket, n);
+                        }
+                        key
+                    }
+                    _ => match self.keys.get(&p.ticket).copied() {
+                        Some(key) => key,
+                        None => return,
+                    },
+                }
+            }
         };
-        let key = (p.magic, t);
+        self.learn(p.ticket, key);
         self.ever.insert(key);
         let list = self.open.entry(key).or_default();
         match list.iter_mut().find(|c| c.ticket == p.ticket) {
@@ -301,7 +399,13 @@ impl CopyIndex {
         if self.pending_key(p.ticket).is_some() {
             self.order_gone(p.ticket, true);
         }
-        self.original.entry(p.ticket).or_insert(p.volume);
+        // An MT4 remainder opened from a copy this index knows: the lineage's opening volume.
+        let inherited = lineage(&p.comment, "from #")
+            .filter(|n| self.keys.contains_key(n))
+            .and_then(|n| self.original.get(&n).copied());
+        self.original
+            .entry(p.ticket)
+            .or_insert(inherited.unwrap_or(p.volume));
         self.insert(p);
     }
 
@@ -397,6 +501,11 @@ impl CopyIndex {
     pub fn mark_copied(&mut self, key: Key) {
         self.ever.insert(key);
     }
+}
+
+/// The ticket an MT4 comment names after `prefix` (`from #123`, `to #124`).
+fn lineage(comment: &str, prefix: &str) -> Option<i64> {
+    comment.strip_prefix(prefix)?.trim().parse().ok()
 }
 
 #[cfg(test)]
@@ -514,6 +623,66 @@ mod tests {
             0.2,
             "unknown: the current volume"
         );
+    }
+
+    /// MT4 renumbers a partially closed copy: the remainder (`from #N`, the copy's magic) is the
+    /// same copy, found by a read through its lineage (a copy ticket the ledger taught, or a
+    /// history entry `to #M`), its opening volume the lineage's; a stranger with another magic,
+    /// or naming an unknown ticket, is not a copy.
+    #[test]
+    fn an_mt4_remainder_is_its_copys_continuation_by_ticket_lineage() {
+        let mut root = copy(90, 10, 0.5);
+        root.comment = "to #91".into(); // the marker is gone from the history
+        let mut first = copy(91, 10, 0.3);
+        first.comment = "from #90".into();
+        let mut second = copy(92, 10, 0.1);
+        second.comment = "from #91".into();
+        let mut part = closed(&root, 0.2, 0.0);
+        part.position.comment = "to #91".into();
+        let mut index = CopyIndex::default();
+        // Without the ledger's word for 90, nothing ties 91 to the copy.
+        index.rebuild(std::slice::from_ref(&first), std::slice::from_ref(&part));
+        assert!(index.copies((77, 10)).is_empty());
+        index.learn(90, (77, 10));
+        assert!(index.take_learned());
+        index.rebuild(std::slice::from_ref(&first), std::slice::from_ref(&part));
+        assert_eq!(index.copies((77, 10)).len(), 1);
+        assert_eq!(index.copies((77, 10))[0].ticket, 91);
+        assert_eq!(
+            index.original_volume(&first),
+            0.5,
+            "the lineage's opening volume"
+        );
+        // A second split: 91 closes 0.2 (`to #92`); the chain still leads to the copy.
+        let mut part2 = closed(&first, 0.2, 0.0);
+        part2.position.comment = "to #92".into();
+        index.rebuild(std::slice::from_ref(&second), &[part.clone(), part2]);
+        assert_eq!(index.copies((77, 10))[0].ticket, 92);
+        assert_eq!(index.original_volume(&second), 0.5);
+        // Another magic, or an unknown ticket: not a copy.
+        let mut stranger = copy(93, 10, 0.1);
+        stranger.magic = 5;
+        stranger.comment = "from #92".into();
+        let mut orphan = copy(94, 10, 0.1);
+        orphan.comment = "from #4242".into();
+        index.rebuild(&[second.clone(), stranger, orphan], &[part]);
+        assert_eq!(index.copies((77, 10)).len(), 1);
+        assert_eq!(index.open_copies(), 1);
+    }
+
+    /// The stream's view of an MT4 partial close: the copy's ticket closes, its remainder opens
+    /// (`from #N`) and is the same copy, with the copy's opening volume.
+    #[test]
+    fn an_mt4_remainder_announced_on_the_stream_keeps_the_copy() {
+        let root = copy(90, 10, 0.5);
+        let mut index = CopyIndex::from_read(std::slice::from_ref(&root), &[]);
+        index.reduced(90, 0.0);
+        assert!(index.copies((77, 10)).is_empty());
+        let mut rest = copy(91, 10, 0.3);
+        rest.comment = "from #90".into();
+        index.opened(rest.clone());
+        assert_eq!(index.copies((77, 10))[0].ticket, 91);
+        assert_eq!(index.original_volume(&rest), 0.5);
     }
 
     #[test]

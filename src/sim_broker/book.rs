@@ -124,6 +124,11 @@ pub struct Book {
     fence_check: bool,
     /// Execute a client order id once (off: every request executes, as on MT4/MT5 servers).
     dedupe: bool,
+    /// MT4's ways (`sim-broker serve --mt4`): a partial close gives the remainder a new ticket
+    /// and rewrites both comments (`from #<old>` on the remainder, `to #<new>` on the closed
+    /// part, the magic kept), and a stop loss or take profit close rewrites the history
+    /// entry's comment (`[sl]`, `[tp]`), as brokers do.
+    mt4: bool,
     /// Opening balances of named accounts (others get `default_balance`).
     opening: HashMap<String, f64>,
     /// Currencies of named accounts (others count in US dollars).
@@ -144,6 +149,7 @@ impl Book {
             default_balance,
             fence_check,
             dedupe: true,
+            mt4: false,
             currencies: HashMap::new(),
             opening: HashMap::new(),
             refusals: HashMap::new(),
@@ -211,6 +217,11 @@ impl Book {
     }
 
     /// Turns client-order-id deduplication off (real MT4/MT5 servers have none) or on.
+    /// Behaves as MT4 servers do on partial closes and stop closes (see the field).
+    pub fn set_mt4(&mut self, on: bool) {
+        self.mt4 = on;
+    }
+
     pub fn set_dedupe(&mut self, on: bool) {
         self.dedupe = on;
     }
@@ -840,6 +851,11 @@ impl Book {
         events: &mut Vec<(String, PositionChange)>,
     ) -> ClosedPosition {
         let remaining = round_volume(position.volume - volume).max(0.0);
+        if self.mt4 {
+            return self.close_part_mt4(
+                login, position, volume, remaining, price, closed_by, now_ms, records, events,
+            );
+        }
         let usd = self.market.profit(
             &position.symbol,
             position.side,
@@ -878,6 +894,86 @@ impl Book {
         };
         events.push((login.to_string(), change));
         closed
+    }
+
+    /// [`Book::close_part`] as MT4 does it: the ticket closes whole (its history entry holds the
+    /// part closed), and a remainder opens under a new ticket with the same symbol, side, open
+    /// price, open time, stops and magic, its comment `from #<old>`; the closed part's comment
+    /// becomes `to #<new>`. A stop loss or take profit close's comment becomes `[sl]` / `[tp]`.
+    #[allow(clippy::too_many_arguments)]
+    fn close_part_mt4(
+        &mut self,
+        login: &str,
+        position: &Position,
+        volume: f64,
+        remaining: f64,
+        price: f64,
+        closed_by: ClosedBy,
+        now_ms: i64,
+        records: &mut Vec<Record>,
+        events: &mut Vec<(String, PositionChange)>,
+    ) -> ClosedPosition {
+        let usd = self.market.profit(
+            &position.symbol,
+            position.side,
+            volume,
+            position.open_price,
+            price,
+        );
+        let profit = round_money(self.in_account_currency(login, usd));
+        let remainder = (remaining > 0.0).then(|| {
+            let ticket = self.next_ticket;
+            Position {
+                ticket,
+                volume: remaining,
+                comment: format!("from #{}", position.ticket),
+                ..position.clone()
+            }
+        });
+        let comment = match (&remainder, closed_by) {
+            (Some(r), _) => format!("to #{}", r.ticket),
+            (None, ClosedBy::Sl) => "[sl]".to_string(),
+            (None, ClosedBy::Tp) => "[tp]".to_string(),
+            (None, _) => position.comment.clone(),
+        };
+        let closed = ClosedPosition {
+            position: Position {
+                volume: round_volume(volume),
+                comment,
+                ..position.clone()
+            },
+            close_price: price,
+            close_time_ms: now_ms,
+            closed_by,
+            remaining_volume: 0.0,
+            profit,
+        };
+        let r = Record::Closed {
+            login: login.to_string(),
+            closed: closed.clone(),
+        };
+        self.apply(&r);
+        records.push(r);
+        events.push((
+            login.to_string(),
+            PositionChange::Closed {
+                closed: closed.clone(),
+            },
+        ));
+        if let Some(position) = remainder {
+            let r = Record::Opened {
+                login: login.to_string(),
+                position: position.clone(),
+            };
+            self.apply(&r);
+            records.push(r);
+            events.push((login.to_string(), PositionChange::Opened { position }));
+        }
+        // What the reply reports: the part closed, and (a naive bridge's view) what is left.
+        ClosedPosition {
+            remaining_volume: remaining,
+            ..closed
+        }
     }
 
     /// The account's pending orders, by ticket.
@@ -1369,6 +1465,63 @@ mod tests {
             client_order_id: Some("o1".into()),
             price_limit: None,
         }
+    }
+
+    /// MT4 mode: a partial close ends the ticket (history `to #<new>`) and opens the remainder
+    /// under a new ticket (`from #<old>`, magic kept); a stop close's history says `[sl]`.
+    #[test]
+    fn in_mt4_mode_a_partial_close_renumbers_and_a_stop_rewrites_the_history_comment() {
+        let mut b = Book::new(10_000.0, true);
+        b.set_mt4(true);
+        let fill = b.open("n", "1", Some(1), &order(1.0), 1).result.unwrap();
+        let close = |b: &mut Book, ticket, volume| {
+            b.close(
+                "n",
+                "1",
+                Some(1),
+                &CloseOrder {
+                    ticket,
+                    volume,
+                    client_order_id: None,
+                },
+                2,
+            )
+        };
+        let part = close(&mut b, fill.ticket, Some(0.4));
+        assert_eq!(part.result.unwrap().remaining_volume, 0.6);
+        assert!(matches!(part.events[0].1, PositionChange::Closed { .. }));
+        let a = b.account("1").unwrap();
+        assert!(!a.positions.contains_key(&fill.ticket));
+        let (&rest, remainder) = a.positions.iter().next().unwrap();
+        assert_ne!(rest, fill.ticket);
+        assert_eq!(remainder.volume, 0.6);
+        assert_eq!(remainder.comment, format!("from #{}", fill.ticket));
+        assert_eq!(remainder.magic, a.history[0].position.magic);
+        assert_eq!(a.history[0].position.comment, format!("to #{rest}"));
+        assert_eq!(
+            (a.history[0].position.volume, a.history[0].remaining_volume),
+            (0.4, 0.0)
+        );
+        // A stop hit: the history entry's comment is the broker's.
+        b.modify(
+            "n",
+            "1",
+            Some(1),
+            &ModifyOrder {
+                ticket: rest,
+                sl: Some(1.05),
+                tp: None,
+                client_order_id: None,
+            },
+            3,
+        )
+        .result
+        .unwrap();
+        b.market.set_price("EURUSD", 1.04, false).unwrap();
+        b.trigger(4);
+        let a = b.account("1").unwrap();
+        assert!(a.positions.is_empty());
+        assert_eq!(a.history[1].position.comment, "[sl]");
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub struct ServeOptions {
     /// Take the `fence` request and list it in `hello` (on by default; off: a bridge that
     /// predates it, answering `invalid`).
     pub fence_request: bool,
+    /// MT4's ways: partial closes renumber the remainder and rewrite comments, stop closes
+    /// rewrite the history's comment (off by default: MT5's hedging accounts).
+    pub mt4: bool,
 }
 
 impl ServeOptions {
@@ -94,6 +97,7 @@ impl ServeOptions {
             clock_offset_ms: 0,
             login_delay: Duration::ZERO,
             fence_request: true,
+            mt4: false,
         }
     }
 }
@@ -128,6 +132,7 @@ impl SimBroker {
     pub async fn start(options: ServeOptions) -> anyhow::Result<SimBroker> {
         let mut book = Book::new(options.balance, options.fence_check);
         book.set_dedupe(options.dedupe);
+        book.set_mt4(options.mt4);
         book.set_clock_offset(options.clock_offset_ms);
         let suffixes: Vec<&str> = options.symbol_suffixes.iter().map(String::as_str).collect();
         book.set_symbols(&suffixes, &options.contract_sizes);

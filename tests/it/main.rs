@@ -19,6 +19,7 @@ mod lease_sql;
 mod ledger;
 mod manage;
 mod model;
+mod mt4;
 mod nodes;
 mod operate;
 mod partial_closes;

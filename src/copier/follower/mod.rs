@@ -301,6 +301,8 @@ impl Follower<'_> {
         for (link_id, master_ticket, ticket) in copied {
             if let Some(magic) = magics.get(&link_id) {
                 self.index.mark_ever((*magic, master_ticket));
+                // Its ticket too: an MT4 remainder names it (`from #<ticket>`).
+                self.index.learn(ticket, (*magic, master_ticket));
             }
             recorded.insert(ticket);
         }
@@ -309,7 +311,11 @@ impl Follower<'_> {
                 .iter()
                 .filter(|p| p.magic == link.magic && !recorded.contains(&p.ticket))
             {
-                let Some(master_ticket) = crate::copier::parse_marker(&p.comment) else {
+                // By its marker, or (an MT4 remainder) by its lineage: recorded too, so that a
+                // later owner knows it even once the history no longer shows where it came from.
+                let Some(master_ticket) = crate::copier::parse_marker(&p.comment)
+                    .or_else(|| self.index.key_of(p.ticket).map(|k| k.1))
+                else {
                     continue;
                 };
                 let order = crate::broker::types::OpenOrder {
@@ -527,6 +533,10 @@ impl Follower<'_> {
             self.masters.remove(&m);
             self.owe("copy ledger read failed");
             return;
+        }
+        // Copy tickets the ledger taught the index may resolve MT4 remainders of this read.
+        if self.index.take_learned() {
+            self.index.rebuild(&positions, &history);
         }
         let seen: HashSet<i64> = orders
             .iter()

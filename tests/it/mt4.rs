@@ -1,0 +1,138 @@
+//! MT4's ticket lineage (issue 44), against the simulated broker's MT4 mode (`--mt4`): a partial
+//! close gives the remainder a new ticket (`from #<old>`, the magic kept) and a stop close
+//! rewrites the history's comment (`[sl]`), as a naive bridge passes them on. The follower is on
+//! an MT4 server and the master on one that keeps its tickets, so what is tested is the node
+//! following its copies' lineage. Both servers check no fence and deduplicate nothing; judged
+//! from the follower server's positions and journal.
+
+use std::time::Duration;
+
+use copier_node::broker::types::Side;
+use copier_node::sim_broker::server::{ServeOptions, SimBroker};
+use copier_node::sim_broker::tools;
+
+use crate::support::broker::journal;
+use crate::support::fixture::CopySetup;
+use crate::support::process::NodeProcess;
+use crate::support::{FAST, LinkSpec, Trader, add_account, add_link, eventually};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn lots_close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+async fn owner(conn: &mut sqlx::PgConnection, id: i64) -> Option<String> {
+    sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = $1")
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeovers() {
+    let mut s = CopySetup::unprotected("mt4-lineage").await;
+    let mt4_journal = s.dir.path("mt4-journal.jsonl");
+    let mt4 = SimBroker::start(ServeOptions {
+        fence_check: false,
+        dedupe: false,
+        mt4: true,
+        ..ServeOptions::new("127.0.0.1:0", mt4_journal.clone())
+    })
+    .await
+    .unwrap();
+    let mt4_addr = mt4.addr.to_string();
+    let follower = Trader {
+        addr: mt4_addr.clone(),
+    };
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &mt4_addr, "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let mut nodes: Vec<NodeProcess> = ["ma", "mb"]
+        .iter()
+        .map(|id| NodeProcess::spawn(&s.db, id, 100, FAST, &[]))
+        .collect();
+    let holding =
+        async |what: &str, want: &dyn Fn(&[copier_node::broker::types::Position]) -> bool| {
+            eventually(format!("f2: {what}"), WAIT, async || {
+                let p = follower.positions("f2").await;
+                want(&p).then_some(p)
+            })
+            .await
+        };
+    let copy_of = |volume: f64| {
+        move |p: &[copier_node::broker::types::Position]| {
+            p.len() == 1 && p[0].magic == magic && lots_close(p[0].volume, volume)
+        }
+    };
+
+    // Copied, then the master closes part: the copy's trim renumbers it.
+    let ticket = s.t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    let first = holding("the copy", &copy_of(1.0)).await;
+    s.t.close("m1", ticket, Some(0.4)).await;
+    let trimmed = holding("the copy trimmed to 0.6 under a new ticket", &copy_of(0.6)).await;
+    assert_ne!(
+        trimmed[0].ticket, first[0].ticket,
+        "MT4 renumbers the remainder"
+    );
+    assert_eq!(trimmed[0].comment, format!("from #{}", first[0].ticket));
+
+    // kill -9 of the follower's owner: the new owner knows the remainder by its lineage.
+    let victim = owner(&mut s.conn, 2).await.expect("owned");
+    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
+    nodes[idx].kill9();
+    eventually("the follower owned again", WAIT, async || {
+        owner(&mut s.conn, 2)
+            .await
+            .filter(|o| *o != victim)
+            .map(|_| ())
+    })
+    .await;
+    s.t.close("m1", ticket, Some(0.3)).await;
+    holding("the remainder trimmed to 0.3", &copy_of(0.3)).await;
+
+    // A copy closed by its stop on the follower (the history's comment becomes `[sl]`): never
+    // copied again, after another takeover too.
+    let stopped =
+        s.t.open("m1", "GBPUSD", Side::Buy, 0.2, Some(1.26), None)
+            .await;
+    holding("two copies", &|p| p.len() == 2).await;
+    tools::set_price(&mt4_addr, "GBPUSD", 1.255).await.unwrap();
+    holding("the stopped copy gone", &copy_of(0.3)).await;
+    let history = tools::history(&mt4_addr, "f2").await.unwrap();
+    assert!(
+        history.iter().any(|h| h.position.comment == "[sl]"),
+        "{history:?}"
+    );
+    nodes.push(NodeProcess::spawn(&s.db, "mc", 100, FAST, &[]));
+    let owner_now = owner(&mut s.conn, 2).await.expect("owned");
+    let idx = nodes.iter().position(|n| n.node_id == owner_now).unwrap();
+    nodes[idx].kill9();
+    eventually("the follower owned again", WAIT, async || {
+        owner(&mut s.conn, 2)
+            .await
+            .filter(|o| *o != owner_now)
+            .map(|_| ())
+    })
+    .await;
+
+    // The master closes both: the remainder is closed, nothing is left or reopened.
+    s.t.close("m1", ticket, None).await;
+    s.t.close("m1", stopped, None).await;
+    holding("no copy", &|p| p.is_empty()).await;
+    let lines = journal(&mt4_journal);
+    let accepted = |action: &str| {
+        lines
+            .iter()
+            .filter(|l| l.login == "f2" && l.action == action && l.accepted && l.client != "manual")
+            .count()
+    };
+    assert_eq!(
+        accepted("open"),
+        2,
+        "one open per master position: {lines:#?}"
+    );
+    // Two trims and the remainder's close: no copy closed as an orphan.
+    assert_eq!(accepted("close"), 3, "{lines:#?}");
+}
