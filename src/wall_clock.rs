@@ -10,6 +10,14 @@ pub fn unix_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// The same clock in Unix microseconds (journal timestamps of sub-millisecond resolution).
+#[allow(clippy::disallowed_methods)] // the wall clock, as `unix_ms`
+pub fn unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
 /// How far a trade server's clock runs from this host's, from the server time it showed just
 /// now (`AccountInfo::server_time_ms`), rounded to a quarter of an hour: servers keep their own
 /// time zone (whole, half or quarter hours from UTC), and neither a request's round trip nor an

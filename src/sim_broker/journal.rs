@@ -15,6 +15,10 @@ use crate::broker::types::{Position, Side};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalEntry {
     pub ts_ms: i64,
+    /// The same instant in microseconds, on the same clock (for instruments that time
+    /// sub-millisecond legs from the journal alone); `null` in journals written before it.
+    #[serde(default)]
+    pub ts_us: Option<i64>,
     pub login: String,
     pub client: String,
     /// `open`, `close`, `modify`, `login`, or for pending orders `place`, `amend`, `cancel`.
@@ -60,6 +64,7 @@ impl JournalEntry {
     pub fn new(ts_ms: i64, login: &str, client: &str, action: &str) -> Self {
         JournalEntry {
             ts_ms,
+            ts_us: None,
             login: login.to_string(),
             client: client.to_string(),
             action: action.to_string(),
@@ -157,8 +162,8 @@ mod tests {
         let v: serde_json::Value = serde_json::to_value(&e).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         for k in [
-            "ts_ms", "login", "client", "action", "ticket", "symbol", "side", "volume", "magic",
-            "comment", "fence", "accepted", "reason",
+            "ts_ms", "ts_us", "login", "client", "action", "ticket", "symbol", "side", "volume",
+            "magic", "comment", "fence", "accepted", "reason",
         ] {
             assert!(keys.contains(&k), "{k}");
         }

@@ -420,7 +420,9 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
         (_, None) => return invalid(id, "send hello first"),
         (_, Some(c)) => c.clone(),
     };
-    let now = now_ms();
+    // One instant for the request: its journal line's ms and µs are the same clock's reading.
+    let now_us = now_us();
+    let now = now_us.div_euclid(1000);
     let mut core = shared.core.lock().expect("sim-broker state lock");
     match frame.request {
         Request::Hello { .. } => unreachable!("handled above"),
@@ -433,7 +435,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 .book
                 .login(&client, &login, password.as_deref(), fence, now);
             let accepted = effects.result.is_ok();
-            let reply = commit(&mut core, id, effects);
+            let reply = commit(&mut core, id, effects, now_us);
             if accepted {
                 core.subscribers
                     .entry(login.clone())
@@ -462,7 +464,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 );
             }
             let effects = core.book.raise_fence(&client, &login, fence, now);
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
         Request::Logout { login } => {
             if let Some(subs) = core.subscribers.get_mut(&login) {
@@ -551,7 +553,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             order,
         } => {
             let effects = core.book.place(&client, &login, fence, &order, now);
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
         Request::Amend {
             login,
@@ -572,7 +574,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 &client_order_id,
                 now,
             );
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
         Request::Cancel {
             login,
@@ -583,7 +585,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             let effects = core
                 .book
                 .cancel(&client, &login, fence, ticket, &client_order_id, now);
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
         Request::Symbols => ok(
             id,
@@ -616,7 +618,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 price_limit,
             };
             let effects = core.book.open(&client, &login, fence, &order, now);
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
         Request::Close {
             login,
@@ -636,7 +638,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 },
                 now,
             );
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
         Request::Modify {
             login,
@@ -658,13 +660,19 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 },
                 now,
             );
-            commit(&mut core, id, effects)
+            commit(&mut core, id, effects, now_us)
         }
     }
 }
 
 /// Journals, persists and broadcasts what an operation did, then builds its reply.
-fn commit<T: Serialize>(core: &mut Core, id: u64, effects: Effects<T>) -> String {
+fn commit<T: Serialize>(core: &mut Core, id: u64, mut effects: Effects<T>, now_us: i64) -> String {
+    if let Some(entry) = effects.journal.as_mut() {
+        // The line's instant in microseconds, when it is the request's (the same millisecond).
+        if entry.ts_ms == now_us.div_euclid(1000) {
+            entry.ts_us = Some(now_us);
+        }
+    }
     if let Some(entry) = &effects.journal
         && let Err(e) = core.journal.append(entry)
     {
@@ -765,4 +773,9 @@ fn error_frame(id: u64, kind: &str, reason: &str, code: Option<RejectCode>) -> S
 /// a trade server stamps them. Never used for lease decisions.
 pub fn now_ms() -> i64 {
     crate::wall_clock::unix_ms()
+}
+
+/// The same clock in Unix microseconds (the journal's `ts_us`).
+pub fn now_us() -> i64 {
+    crate::wall_clock::unix_us()
 }

@@ -169,6 +169,11 @@ struct Account {
   std::set<std::string> subscriptions;  // PosReqIDs of a subscribed RequestForPositions
 };
 
+long long now_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
 long long now_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
@@ -1238,7 +1243,8 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
                const std::string& symbol, long ticket, char side, double lots,
                const std::string& client_order_id, bool accepted, const std::string& reason) {
     std::ostringstream line;
-    line << "{\"ts_ms\":" << now_ms() << ",\"login\":" << json_str(who)
+    const long long us = now_us();
+    line << "{\"ts_ms\":" << us / 1000 << ",\"ts_us\":" << us << ",\"login\":" << json_str(who)
          << ",\"client\":" << json_str(client.empty() ? "unknown" : client)
          << ",\"action\":" << json_str(action)
          << ",\"ticket\":" << (ticket ? std::to_string(ticket) : "null")

@@ -287,8 +287,11 @@ async fn the_journal_is_one_flushed_json_line_per_request() {
     for line in text.lines() {
         let l: serde_json::Value = serde_json::from_str(line).unwrap();
         let keys: Vec<&String> = l.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 14, "{l}");
+        assert_eq!(keys.len(), 15, "{l}");
         assert!(l["ts_ms"].is_i64() && l["fence"].is_i64(), "{l}");
+        // ts_us is the same instant on the same clock, a thousand times finer.
+        let (ms, us) = (l["ts_ms"].as_i64().unwrap(), l["ts_us"].as_i64().unwrap());
+        assert_eq!(us / 1000, ms, "{l}");
         if l["action"] == "open" && l["accepted"] == true {
             assert!(
                 l["ticket"].is_i64() && l["volume"].is_f64() && l["magic"].is_i64(),
