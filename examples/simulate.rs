@@ -51,6 +51,14 @@ struct Args {
     trace: bool,
     #[arg(long)]
     threads: Option<usize>,
+    /// Derive every schedule's seed from this one (drawn and printed when absent), so that a
+    /// run is repeated exactly by `--master-seed S --seeds N` with the same shape options.
+    #[arg(long)]
+    master_seed: Option<u64>,
+    /// Write the run's report here (JSON): the command, commit, master seed, schedules, faults
+    /// by kind, invariant checks and wall time (`reports/simulation/` holds the committed ones).
+    #[arg(long, value_name = "PATH")]
+    report: Option<std::path::PathBuf>,
     /// Search where S1 first breaks, for several leases and fences: the slowest clock rate and
     /// the longest pause between a gate check and its order (200 schedules a point).
     #[arg(long)]
@@ -106,6 +114,7 @@ fn main() {
                     "settled {} s after the faults healed",
                     r.settled_after.map_or("-".into(), |s| format!("{s:.1}"))
                 );
+                write_report(&a, Seeds::One(seed), 1, &r, started.elapsed());
             }
             Err(v) => {
                 eprintln!("seed {seed}: {v}");
@@ -118,6 +127,9 @@ fn main() {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let master = a.master_seed.unwrap_or_else(|| fastrand::u64(..));
+    println!("master seed {master}");
+    let mut seed_source = fastrand::Rng::with_seed(master);
     let started = Instant::now();
     let stop = a
         .hours
@@ -127,7 +139,7 @@ fn main() {
     // Batches, so a time limit ends the run between them.
     while done < a.seeds && stop.is_none_or(|s| Instant::now() < s) {
         let n = (a.seeds - done).min(10_000);
-        let seeds: Vec<u64> = (0..n).map(|_| fastrand::u64(..)).collect();
+        let seeds: Vec<u64> = (0..n).map(|_| seed_source.u64(..)).collect();
         match world::explore(&seeds, &cfg, threads) {
             Ok(r) => total.add(&r),
             Err((seed, v)) => {
@@ -141,7 +153,110 @@ fn main() {
         done += n;
         print(&total, done, started.elapsed());
     }
+    println!("repeat: --master-seed {master} --seeds {done} (with the same shape options)");
     print_memory();
+    write_report(&a, Seeds::Master(master), done, &total, started.elapsed());
+}
+
+/// Where a run's schedules came from.
+#[derive(Clone, Copy)]
+enum Seeds {
+    /// One schedule (`--seed`).
+    One(u64),
+    /// Schedules whose seeds a master seed drew.
+    Master(u64),
+}
+
+/// Writes the report `--report` asks for (and nothing without it).
+fn write_report(a: &Args, seeds: Seeds, schedules: u64, r: &Report, wall: Duration) {
+    let Some(path) = &a.report else {
+        return;
+    };
+    let report = report_json(a, seeds, schedules, r, wall);
+    let text = serde_json::to_string_pretty(&report).expect("a report is JSON") + "\n";
+    if let Err(e) = std::fs::write(path, text) {
+        eprintln!("writing the report to {}: {e}", path.display());
+        std::process::exit(1);
+    }
+    println!("report: {}", path.display());
+}
+
+/// The run's report: enough to repeat it (command, commit, master seed, schedule count) and
+/// what it found (faults by kind, invariant checks, no violation: a violation exits before).
+fn report_json(
+    a: &Args,
+    seeds: Seeds,
+    schedules: u64,
+    r: &Report,
+    wall: Duration,
+) -> serde_json::Value {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    serde_json::json!({
+        "command": format!("cargo run --release --example simulate -- {}", args.join(" ")),
+        "repeat": match seeds {
+            Seeds::One(seed) => format!(
+                "cargo run --release --example simulate -- --seed {seed} {}",
+                shape_args(a)
+            ),
+            Seeds::Master(master) => format!(
+                "cargo run --release --example simulate -- --master-seed {master} --seeds {schedules} {}",
+                shape_args(a)
+            ),
+        },
+        "commit": git(&["rev-parse", "--short", "HEAD"]),
+        "uncommitted_changes": dirty,
+        "master_seed": match seeds { Seeds::Master(m) => Some(m), Seeds::One(_) => None },
+        "seed": match seeds { Seeds::One(s) => Some(s), Seeds::Master(_) => None },
+        "settled_after_s": r.settled_after,
+        "schedules": schedules,
+        "wall_s": (wall.as_secs_f64() * 10.0).round() / 10.0,
+        "shape": {
+            "nodes": a.nodes, "accounts": a.accounts, "capacity": a.capacity,
+            "minutes": a.minutes, "lease_s": a.lease, "fence_s": a.fence, "cycle_s": a.cycle,
+            "faults": a.faults, "orders": !a.no_orders,
+        },
+        "events": r.events,
+        "cycles": r.cycles,
+        "orders": r.orders,
+        "invariant_checks": r.checks,
+        "faults": r.faults,
+        "faults_total": r.faults_total(),
+        "violations": 0,
+        "peak_memory_kib": peak_memory_kib(),
+    })
+}
+
+/// The options that shape a schedule, as they were given.
+fn shape_args(a: &Args) -> String {
+    let mut out = format!(
+        "--nodes {} --accounts {} --capacity {} --minutes {} --lease {} --fence {} --cycle {} --faults {}",
+        a.nodes, a.accounts, a.capacity, a.minutes, a.lease, a.fence, a.cycle, a.faults
+    );
+    if a.no_orders {
+        out.push_str(" --no-orders");
+    }
+    out
+}
+
+fn peak_memory_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM"))?;
+    line.trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn print(r: &Report, schedules: u64, wall: Duration) {

@@ -58,6 +58,34 @@ pub enum Command {
     /// Why a master position was or was not copied to a follower: each link's recorded
     /// decisions, the master's published position, and (FIX followers) the order ledger.
     Why(WhyArgs),
+    /// Check a bridge against the bridge protocol: a scripted session on a demo account (it
+    /// opens, partially closes, modifies and closes a small position of its own, places and
+    /// cancels a pending order, drops a connection with an order in flight), each check passed
+    /// or failed; exits 1 if any failed.
+    BridgeCheck(BridgeCheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BridgeCheckArgs {
+    /// The bridge: host:port.
+    #[arg(long)]
+    pub server: String,
+    /// A demo account's login on the bridge (the checks trade on it, under a marker of their
+    /// own, and leave its other positions alone).
+    #[arg(long)]
+    pub login: String,
+    /// Read the account's password from standard input (one line).
+    #[arg(long)]
+    pub password_stdin: bool,
+    /// The symbol to trade (default: the first the bridge lists).
+    #[arg(long)]
+    pub symbol: Option<String>,
+    /// Print one JSON object: the server, the login, `passed`, and each check's result.
+    #[arg(long)]
+    pub json: bool,
+    /// The longest wait for a reply or an event, e.g. 10s or 1500ms.
+    #[arg(long, default_value = "10s")]
+    pub timeout: String,
 }
 
 #[derive(Debug, Args)]

@@ -34,6 +34,7 @@
 //! | [`shutdown`] | SIGTERM / SIGINT |
 //! | [`broker`] | the broker adapter (the only way to a trade server), its types, and the bridge-protocol client |
 //! | [`sim_broker`] | the simulated trade server, its journal and hand tools |
+//! | [`bridge_check`] | the conformance kit for bridges: a scripted session against any server of the bridge protocol, each check passed or failed |
 //! | [`sim`] | the deterministic simulator of the lease protocol, and its database model (proven against PostgreSQL by a differential test) |
 //! | [`pgtmp`] | throwaway PostgreSQL clusters, and the server the demo and benchmarks run on |
 //! | [`failpoints`] | fault-injection points for the fault suite (the `failpoints` feature only) |
@@ -51,7 +52,7 @@
 //! | 0 | `model`, `future`, `secret`, `trust`, `retry`, `wall_clock`, `failpoints`, `shutdown` |
 //! | 1 | `channels`, `gate` |
 //! | 2 | `db`, `broker` |
-//! | 3 | `brokers`, `credentials`, `node_state`, `status_writer`, `hub`, `sim_broker`, `cluster_status`, `pgtmp` |
+//! | 3 | `brokers`, `credentials`, `node_state`, `status_writer`, `hub`, `sim_broker`, `bridge_check`, `cluster_status`, `pgtmp` |
 //! | 4 | `config`, `metrics` |
 //! | 5 | `session`, `telemetry`, `http` |
 //! | 6 | `copier`, `handoff` |
@@ -95,10 +96,11 @@
 // benchmarks (separate crates): the node's entry points (`app`, `config`, `lease`), the database
 // statements they drive directly (`db`, `channels`), the copy engine's data and rules they check
 // against (`copier`), the broker adapter and the simulated broker with its tools (`broker`,
-// `brokers`, `sim_broker`), `credentials`, `hub`, the throwaway clusters (`pgtmp`) and the
+// `brokers`, `sim_broker`), the bridges' conformance kit (`bridge_check`), `credentials`, `hub`, the throwaway clusters (`pgtmp`) and the
 // simulator's database model (`sim`, proven against PostgreSQL by a differential test).
 pub(crate) mod account;
 pub mod app;
+pub mod bridge_check;
 pub mod broker;
 pub mod brokers;
 pub mod channels;

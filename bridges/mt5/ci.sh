@@ -2,7 +2,8 @@
 # The MT5 bridge's checks, from a clean clone with only python3 (3.11+) and python3-venv:
 # a virtual environment (bridges/mt5/.venv, or the path given as $1), the package installed
 # into it with its test extra from PyPI, and its pytest suite against the fake MetaTrader5
-# module. Exits non-zero on any failure.
+# module, which includes the node's `copier-node bridge-check` against the bridge (the binary:
+# $COPIER_NODE_BIN, or target/debug/copier-node). Exits non-zero on any failure.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${1:-$here/.venv}"

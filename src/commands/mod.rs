@@ -8,6 +8,7 @@
 //! | 2 | a configuration or usage error (every problem at once, each naming its key) |
 //! | 3 | `run`: the node id belongs to another live process (restarting cannot fix it) |
 
+mod bridge_check;
 mod credentials;
 mod demo;
 mod manage;
@@ -73,6 +74,7 @@ pub async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Run(args) => run::run(*args).await,
         Command::Migrate(args) => migrate::migrate(args).await,
         Command::SimBroker(command) => sim_broker::sim_broker(command).await,
+        Command::BridgeCheck(args) => bridge_check::bridge_check(args).await,
         Command::Status(args) => status::status(args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Credentials(command) => credentials::credentials(command).await,

@@ -172,6 +172,48 @@ fn documents() -> Vec<PathBuf> {
     files
 }
 
+/// The committed simulation reports (`reports/simulation/*.json`, written by `--report`), one
+/// row each: what ran, what it found, and how to repeat it.
+fn simulation_reports() -> String {
+    let dir = root().join("reports/simulation");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    let mut out = String::from(
+        "\n| report | shape | schedules | faults injected | invariant checks | violations | wall time | commit, seeds |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for path in paths {
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let shape = &r["shape"];
+        out.push_str(&format!(
+            "| `{}` | {} nodes, {} accounts, {} simulated minutes each, faults `{}`{} | {} | {} | {} | {} | {:.0} s | `{}`, {} |\n",
+            path.file_name().unwrap().to_string_lossy(),
+            shape["nodes"],
+            shape["accounts"],
+            shape["minutes"],
+            shape["faults"].as_str().unwrap_or("?"),
+            if shape["orders"] == true { ", orders" } else { ", no orders" },
+            r["schedules"],
+            r["faults_total"],
+            r["invariant_checks"],
+            r["violations"],
+            r["wall_s"].as_f64().unwrap_or(f64::NAN),
+            r["commit"].as_str().unwrap_or("?"),
+            if r["master_seed"].is_null() {
+                format!("seed {}", r["seed"])
+            } else {
+                format!("master seed {}", r["master_seed"])
+            },
+        ));
+    }
+    out.push('\n');
+    out
+}
+
 #[test]
 fn rendered_figures_match_the_committed_benchmarks() {
     let bench: Value =
@@ -187,6 +229,7 @@ fn rendered_figures_match_the_committed_benchmarks() {
             blocks += 1;
             match name {
                 "headline" => headline(&bench),
+                "simulation" => simulation_reports(),
                 other => panic!("{}: no renderer named {other:?}", path.display()),
             }
         });

@@ -3,6 +3,7 @@
 
 mod balance;
 mod binary;
+mod bridge_check;
 mod broker;
 mod copy;
 mod credentials;

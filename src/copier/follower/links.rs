@@ -2,7 +2,7 @@
 //! ignored), subscribe to each master's events before any snapshot of it is read, and reconcile
 //! the masters whose links changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use tracing::{info, warn};
 
@@ -11,8 +11,22 @@ use super::send::Sent;
 use crate::copier::intent;
 use crate::copier::reconcile::Action;
 use crate::db;
-use crate::hub::Topic;
+use crate::hub::{Subscription, Topic};
 use crate::model::link::{Link, LotMode};
+
+/// The follower's copy links as last read, and what hangs off them.
+#[derive(Default)]
+pub(super) struct Links {
+    pub(super) list: Vec<Link>,
+    /// The links were read at least once (later changes reconcile the masters concerned).
+    pub(super) loaded: bool,
+    /// Links that do not parse (shown on the status until mended).
+    pub(super) bad: BTreeSet<String>,
+    /// Links removed with `on_remove = 'close'` whose copies are still to be closed.
+    pub(super) removed: Vec<db::copy::RemovedLink>,
+    /// One subscription to each linked master's events.
+    pub(super) subscriptions: HashMap<i64, Subscription>,
+}
 
 impl Follower<'_> {
     /// Re-reads the links; subscribes to new masters (before any snapshot of theirs is read) and
@@ -29,10 +43,10 @@ impl Follower<'_> {
 
     async fn load_links(&mut self, reconcile_changed: bool) -> bool {
         let loaded = self.load_links_only(reconcile_changed).await;
-        if loaded && !self.removed.is_empty() {
+        if loaded && !self.links.removed.is_empty() {
             self.close_removed().await;
         }
-        if loaded && !self.risk.is_empty() {
+        if loaded && !self.risk.limits.is_empty() {
             // Judged at once on a fresh reading (a limit added, changed or reset).
             self.report_funds().await;
         }
@@ -55,7 +69,7 @@ impl Follower<'_> {
                 return;
             }
         }
-        for r in self.removed.clone() {
+        for r in self.links.removed.clone() {
             let copies: Vec<(i64, i64)> = self
                 .index
                 .copies_of_link(r.magic)
@@ -91,7 +105,7 @@ impl Follower<'_> {
                     .await;
                 if forgotten.is_ok() {
                     info!(link_id = r.link_id, "removed link's copies all closed");
-                    self.removed.retain(|x| x.link_id != r.link_id);
+                    self.links.removed.retain(|x| x.link_id != r.link_id);
                 }
                 continue;
             }
@@ -137,7 +151,7 @@ impl Follower<'_> {
         let rows = match loaded {
             Ok((rows, max, removed, risk)) => {
                 self.max_open_copies = max;
-                self.removed = removed;
+                self.links.removed = removed;
                 self.take_risk_limits(risk);
                 rows
             }
@@ -152,56 +166,57 @@ impl Follower<'_> {
             match row {
                 Ok(link) => links.push(link),
                 Err(problem) => {
-                    if !self.bad_links.contains(&problem) {
+                    if !self.links.bad.contains(&problem) {
                         warn!(problem = %problem, "ignoring a copy link that does not parse");
                     }
                     problems.insert(problem);
                 }
             }
         }
-        if problems != self.bad_links {
-            self.bad_links = problems;
+        if problems != self.links.bad {
+            self.links.bad = problems;
             let status = self.status.clone();
             self.set_status(&status);
         }
-        if self.links_loaded && links == self.links {
+        if self.links.loaded && links == self.links.list {
             return true;
         }
         let wanted: HashSet<i64> = links.iter().map(|l| l.master_id).collect();
         for m in &wanted {
-            if !self.subscriptions.contains_key(m) {
+            if !self.links.subscriptions.contains_key(m) {
                 let sub = tokio::select! {
                     _ = self.ctx.cancel.cancelled() => return false,
                     s = self.ctx.node.hub.subscribe(Topic::Master(*m), self.signals.clone()) => s,
                 };
                 match sub {
                     Some(s) => {
-                        self.subscriptions.insert(*m, s);
+                        self.links.subscriptions.insert(*m, s);
                     }
                     None => return false,
                 }
             }
         }
-        self.subscriptions.retain(|m, _| wanted.contains(m));
+        self.links.subscriptions.retain(|m, _| wanted.contains(m));
         let changed: BTreeMap<i64, ()> = links
             .iter()
-            .filter(|l| !self.links.contains(l))
+            .filter(|l| !self.links.list.contains(l))
             .map(|l| (l.master_id, ()))
             .chain(
                 self.links
+                    .list
                     .iter()
                     .filter(|l| !links.contains(l))
                     .map(|l| (l.master_id, ())),
             )
             .collect();
-        let first = !self.links_loaded;
-        self.links_loaded = true;
+        let first = !self.links.loaded;
+        self.links.loaded = true;
         if !first {
             info!(links = links.len(), "copy links changed");
         }
-        self.links = links;
+        self.links.list = links;
         self.masters.retain(|m, _| wanted.contains(m));
-        if self.links.is_empty() {
+        if self.links.list.is_empty() {
             self.set_status("follower: no copy links");
         }
         if !first {

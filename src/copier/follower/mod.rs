@@ -23,7 +23,7 @@ mod pending;
 mod risk;
 mod send;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,13 +38,13 @@ use super::reconcile::{
     Action, Memory, PendingCopies, Situation, apply_event, limit_follower_copies,
     limit_open_copies, plan, plan_key,
 };
-use super::rules::{Inputs, Link, SkipCode};
+use super::rules::{Inputs, Link};
 use super::{MasterOrder, MasterPosition, spread_interval};
 use crate::broker::types::{ClosedPosition, PendingOrder, Position, SymbolSpec};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::AccountRow;
-use crate::hub::{Signal, Subscription, Topic};
+use crate::hub::{Signal, Topic};
 use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
 use send::Sent;
@@ -67,6 +67,10 @@ struct MasterView {
     orders: Vec<MasterOrder>,
 }
 
+/// A follower session's state. What one concern alone touches is grouped with the file that
+/// owns it: the links ([`links::Links`]), the risk limits ([`risk::Guard`]), the orders sent and
+/// their records ([`send::Sending`]), the owed reconcile ([`Owing`]); the rest is read and
+/// written across the session's files.
 struct Follower<'a> {
     ctx: &'a AccountContext,
     id: i64,
@@ -75,14 +79,9 @@ struct Follower<'a> {
     login: String,
     api: Arc<dyn TradeApi>,
     signals: mpsc::UnboundedSender<Signal>,
-    links: Vec<Link>,
-    /// The links were read at least once (later changes reconcile the masters concerned).
-    links_loaded: bool,
-    /// Links that do not parse (shown on the status until mended).
-    bad_links: BTreeSet<String>,
+    links: links::Links,
     /// The status last set (shown again after the links' problems change).
     status: String,
-    subscriptions: HashMap<i64, Subscription>,
     specs: HashMap<String, SymbolSpec>,
     /// Whether the broker places pending copies, and its clock's offset.
     pending: PendingCopies,
@@ -90,32 +89,24 @@ struct Follower<'a> {
     master_funds: HashMap<i64, db::copy::Funds>,
     /// The follower's own limit on open copies, over all its links.
     max_open_copies: Option<i64>,
-    /// Links removed with `on_remove = 'close'` whose copies are still to be closed.
-    removed: Vec<db::copy::RemovedLink>,
-    /// The follower's risk limits, each with its stored state.
-    risk: Vec<crate::copier::risk::RiskLimit>,
-    /// Limits judged on a reading whose state is not stored yet (a failed write), by id.
-    risk_pending: HashMap<i64, crate::copier::risk::RiskState>,
-    /// Copy tickets a reached `close_all` limit closes, kept until each is closed.
-    risk_closing: BTreeSet<i64>,
+    risk: risk::Guard,
     /// Per master: the snapshot the copies match, at its (epoch, seq).
     masters: HashMap<i64, MasterView>,
     /// The follower's copies by marker.
     index: CopyIndex,
     /// Late-copy bases and final decisions (from the database).
     memory: Memory,
-    /// Transient refusals already recorded this session (one history row per kind).
-    noted: HashSet<(i64, i64, SkipCode)>,
-    /// A reconcile is owed; retried at `retry_at` ([`crate::retry::FOLLOWER_RECONCILE`]).
-    owed: bool,
-    retry: crate::retry::Retry,
-    retry_at: Instant,
-    copies_sent: u64,
-    /// Ledger rows handed to the node's writer whose outcome is not looked at yet (by the copy's
-    /// ticket).
-    ledger: Vec<(i64, crate::db::batch::Submitted<bool>)>,
+    sending: send::Sending,
+    owing: Owing,
     /// Pending copies whose fill the stream announced, until their position's update arrives.
     fills: HashSet<i64>,
+}
+
+/// A reconcile is owed; retried at `at` ([`crate::retry::FOLLOWER_RECONCILE`]).
+struct Owing {
+    due: bool,
+    retry: crate::retry::Retry,
+    at: Instant,
 }
 
 /// Runs the follower session until stopped.
@@ -154,11 +145,8 @@ async fn follow(
         login: row.login.clone(),
         api: session.api.clone(),
         signals: tx,
-        links: Vec::new(),
-        links_loaded: false,
-        bad_links: BTreeSet::new(),
+        links: links::Links::default(),
         status: "follower: logged in".into(),
-        subscriptions: HashMap::new(),
         specs: HashMap::new(),
         pending: PendingCopies {
             unsupported: !session.api.places_orders(),
@@ -173,19 +161,16 @@ async fn follow(
         },
         master_funds: HashMap::new(),
         max_open_copies: None,
-        removed: Vec::new(),
-        risk: Vec::new(),
-        risk_pending: HashMap::new(),
-        risk_closing: BTreeSet::new(),
+        risk: risk::Guard::default(),
         masters: HashMap::new(),
         index: CopyIndex::default(),
         memory: Memory::default(),
-        noted: HashSet::new(),
-        owed: false,
-        retry: crate::retry::FOLLOWER_RECONCILE.start(),
-        retry_at: Instant::now(),
-        copies_sent: 0,
-        ledger: Vec::new(),
+        sending: send::Sending::default(),
+        owing: Owing {
+            due: false,
+            retry: crate::retry::FOLLOWER_RECONCILE.start(),
+            at: Instant::now(),
+        },
         fills: HashSet::new(),
     };
     let ended = serve(&mut f, session, row, &mut signals).await;
@@ -213,7 +198,7 @@ async fn serve(
     let mut funds = spread_interval(FUNDS_EVERY);
     let mut risk_check = spread_interval(RISK_EVERY);
     loop {
-        let retry_at = f.retry_at;
+        let retry_at = f.owing.at;
         tokio::select! {
             biased;
             _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
@@ -255,14 +240,14 @@ async fn serve(
                 Some(Signal::Handoff(_)) => {}
                 None => bail!("the notification hub stopped"),
             },
-            _ = tokio::time::sleep_until(retry_at), if f.owed && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,
+            _ = tokio::time::sleep_until(retry_at), if f.owing.due && ctx.gate.holds() => f.reconcile_all("retrying an owed reconcile").await,
             _ = links.tick() => {
                 if !f.reload_links().await {
                     return Ok(Ended::Stopped);
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
-            _ = risk_check.tick(), if !f.risk.is_empty() || !f.risk_closing.is_empty() => f.report_funds().await,
+            _ = risk_check.tick(), if !f.risk.limits.is_empty() || !f.risk.closing.is_empty() => f.report_funds().await,
             _ = funds.tick() => {
                 f.report_funds().await;
                 let masters: Vec<i64> = f.master_funds.keys().copied().collect();
@@ -296,7 +281,7 @@ impl Follower<'_> {
                 return false;
             }
         };
-        let magics: HashMap<i64, i64> = self.links.iter().map(|l| (l.id, l.magic)).collect();
+        let magics: HashMap<i64, i64> = self.links.list.iter().map(|l| (l.id, l.magic)).collect();
         let mut recorded: HashSet<i64> = HashSet::new();
         for (link_id, master_ticket, ticket) in copied {
             if let Some(magic) = magics.get(&link_id) {
@@ -348,6 +333,7 @@ impl Follower<'_> {
 
     fn links_of(&self, master: i64) -> Vec<Link> {
         self.links
+            .list
             .iter()
             .filter(|l| l.master_id == master)
             .cloned()
@@ -358,10 +344,10 @@ impl Follower<'_> {
     /// an error (`copier-node status` lists the account as in error).
     fn set_status(&mut self, text: &str) {
         self.status = text.to_string();
-        if self.bad_links.is_empty() {
+        if self.links.bad.is_empty() {
             self.ctx.set_status(text);
         } else {
-            let problems: Vec<&str> = self.bad_links.iter().map(String::as_str).collect();
+            let problems: Vec<&str> = self.links.bad.iter().map(String::as_str).collect();
             self.ctx
                 .set_status(format!("error: {}; {text}", problems.join("; ")));
         }
@@ -370,26 +356,26 @@ impl Follower<'_> {
     /// A reconcile is owed: retried after the backoff, or earlier if one is owed already (a
     /// later failure never pushes an owed retry further out).
     fn owe(&mut self, why: &str) {
-        let at = Instant::now() + self.retry.failed();
-        if !self.owed {
+        let at = Instant::now() + self.owing.retry.failed();
+        if !self.owing.due {
             debug!(why, "reconcile owed");
-            self.retry_at = at;
+            self.owing.at = at;
         } else {
-            self.retry_at = self.retry_at.min(at);
+            self.owing.at = self.owing.at.min(at);
         }
-        self.owed = true;
+        self.owing.due = true;
     }
 
     /// As [`Self::owe`], retried within `at_most` however long the backoff has grown.
     fn owe_within(&mut self, why: &str, at_most: std::time::Duration) {
         self.owe(why);
-        self.retry_at = self.retry_at.min(Instant::now() + at_most);
+        self.owing.at = self.owing.at.min(Instant::now() + at_most);
     }
 
     async fn report_funds(&mut self) {
         let read = self.api.account().await;
         // With risk limits, no new copy is decided on figures that could not be read.
-        self.funds.risk_unread = read.is_err() && !self.risk.is_empty();
+        self.funds.risk_unread = read.is_err() && !self.risk.limits.is_empty();
         if let Ok(info) = read {
             if let Some(offset) = crate::wall_clock::server_offset_ms(info.server_time_ms) {
                 self.pending.offset_ms = offset;
@@ -397,7 +383,7 @@ impl Follower<'_> {
             self.funds.follower_balance = info.balance;
             self.funds.follower_equity = info.equity;
             self.funds.follower_currency = info.currency.or(self.funds.follower_currency);
-            if !self.risk.is_empty() || !self.risk_closing.is_empty() {
+            if !self.risk.limits.is_empty() || !self.risk.closing.is_empty() {
                 self.judge_risk(&info).await;
             }
             self.ctx.status.send(StatusUpdate {
@@ -412,12 +398,13 @@ impl Follower<'_> {
     }
 
     async fn reconcile_all(&mut self, why: &str) {
-        self.owed = false;
-        if !self.removed.is_empty() {
+        self.owing.due = false;
+        if !self.links.removed.is_empty() {
             self.close_removed().await;
         }
         let masters: Vec<i64> = self
             .links
+            .list
             .iter()
             .map(|l| l.master_id)
             .collect::<HashSet<_>>()
@@ -430,8 +417,8 @@ impl Follower<'_> {
         for m in masters {
             self.reconcile_master(m, why).await;
         }
-        if !self.owed {
-            self.retry.reset();
+        if !self.owing.due {
+            self.owing.retry.reset();
         }
     }
 
@@ -595,16 +582,17 @@ impl Follower<'_> {
         }
         self.set_status(&format!(
             "follower: master {m} at epoch {epoch} seq {seq}; {} copies sent",
-            self.copies_sent
+            self.sending.copies
         ));
     }
 
     /// True when a link of master `m` stops copying at an equity level, or the follower has risk
     /// limits: its balance and equity are read fresh before deciding on a new copy.
     fn has_equity_stop(&self, m: i64) -> bool {
-        !self.risk.is_empty()
+        !self.risk.limits.is_empty()
             || self
                 .links
+                .list
                 .iter()
                 .any(|l| l.master_id == m && l.protections.equity_stop.is_some())
     }
@@ -612,7 +600,7 @@ impl Follower<'_> {
     /// True when a ratio link of master `m` lacks the master's balance or equity.
     fn needs_master_funds(&self, m: i64) -> bool {
         let f = self.master_funds.get(&m).copied().unwrap_or_default();
-        self.links.iter().any(|l| {
+        self.links.list.iter().any(|l| {
             let (balance, equity) = l.lot_mode.needs_master_funds();
             l.master_id == m && ((balance && f.balance.is_none()) || (equity && f.equity.is_none()))
         })
@@ -642,7 +630,7 @@ impl Follower<'_> {
 
     async fn on_notice(&mut self, n: std::sync::Arc<MasterNotice>, received: Instant) {
         let Some(view) = self.masters.get(&n.master) else {
-            if self.links.iter().any(|l| l.master_id == n.master) {
+            if self.links.list.iter().any(|l| l.master_id == n.master) {
                 self.reconcile_master(n.master, "event before the first reconcile")
                     .await;
             }

@@ -250,7 +250,7 @@ impl Follower<'_> {
             }
         }
         if let Some(((magic, master_ticket), how)) = ended
-            && let Some(link) = self.links.iter().find(|l| l.magic == magic).cloned()
+            && let Some(link) = self.links.list.iter().find(|l| l.magic == magic).cloned()
         {
             self.end_order_copy(&link, master_ticket, how).await;
         }
@@ -259,7 +259,7 @@ impl Follower<'_> {
     async fn record_fill(&mut self, p: &Position) {
         let (Some(master_ticket), Some(link)) = (
             parse_marker(&p.comment),
-            self.links.iter().find(|l| l.magic == p.magic).cloned(),
+            self.links.list.iter().find(|l| l.magic == p.magic).cloned(),
         ) else {
             return;
         };
@@ -270,7 +270,7 @@ impl Follower<'_> {
             price = p.open_price,
             "pending copy filled"
         );
-        self.copies_sent += 1;
+        self.sending.copies += 1;
         let source = self.masters.get(&link.master_id).and_then(|v| {
             v.positions
                 .iter()
@@ -427,6 +427,7 @@ impl Follower<'_> {
             }
             let Some(link) = self
                 .links
+                .list
                 .iter()
                 .find(|l| l.magic == key.0 && l.master_id == m)
                 .cloned()
@@ -465,7 +466,7 @@ impl Follower<'_> {
         };
         let mut recorded = std::collections::HashSet::new();
         for (link_id, master_ticket, ticket, ended) in placed {
-            if let Some(link) = self.links.iter().find(|l| l.id == link_id) {
+            if let Some(link) = self.links.list.iter().find(|l| l.id == link_id) {
                 let key = (link.magic, master_ticket);
                 self.index.mark_placed(key);
                 if ended {

@@ -3,7 +3,7 @@
 //! node last read, so an operator's reset is never undone), holds new copies while one is
 //! reached, and closes every copy when a reached limit says `close_all`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use tracing::{info, warn};
 
@@ -15,28 +15,45 @@ use crate::copier::risk::{RiskAction, RiskLimit, RiskState, evaluate};
 use crate::db;
 use crate::db::copy::Saved;
 
+/// The follower's risk limits, each with its stored state.
+#[derive(Default)]
+pub(super) struct Guard {
+    pub(super) limits: Vec<RiskLimit>,
+    /// Limits judged on a reading whose state is not stored yet (a failed write), by id.
+    pub(super) pending: HashMap<i64, RiskState>,
+    /// Copy tickets a reached `close_all` limit closes, kept until each is closed.
+    pub(super) closing: BTreeSet<i64>,
+}
+
 impl Follower<'_> {
     /// The state a limit is judged by: the one judged last, if not stored yet, else the stored.
     fn risk_state<'s>(&'s self, limit: &'s RiskLimit) -> &'s RiskState {
-        self.risk_pending.get(&limit.id).unwrap_or(&limit.state)
+        self.risk.pending.get(&limit.id).unwrap_or(&limit.state)
     }
 
     /// True when any limit is reached in its current period.
     pub(super) fn risk_held(&self) -> bool {
-        self.risk.iter().any(|l| self.risk_state(l).hit.is_some())
+        self.risk
+            .limits
+            .iter()
+            .any(|l| self.risk_state(l).hit.is_some())
     }
 
     /// Takes freshly read limits: a judged state not stored yet is kept while the stored one is
     /// still what it was judged over (an operator's reset or a changed limit drops it).
     pub(super) fn take_risk_limits(&mut self, limits: Vec<RiskLimit>) {
-        let before: HashMap<i64, RiskState> =
-            self.risk.iter().map(|l| (l.id, l.state.clone())).collect();
-        self.risk_pending.retain(|id, _| {
+        let before: HashMap<i64, RiskState> = self
+            .risk
+            .limits
+            .iter()
+            .map(|l| (l.id, l.state.clone()))
+            .collect();
+        self.risk.pending.retain(|id, _| {
             limits
                 .iter()
                 .any(|l| l.id == *id && before.get(id) == Some(&l.state))
         });
-        self.risk = limits;
+        self.risk.limits = limits;
         self.funds.risk_hold = self.risk_held();
     }
 
@@ -47,8 +64,8 @@ impl Follower<'_> {
             .unwrap_or_else(crate::wall_clock::unix_ms);
         let was_held = self.funds.risk_hold;
         let mut reload = false;
-        for i in 0..self.risk.len() {
-            let limit = self.risk[i].clone();
+        for i in 0..self.risk.limits.len() {
+            let limit = self.risk.limits[i].clone();
             let judged = RiskLimit {
                 state: self.risk_state(&limit).clone(),
                 ..limit.clone()
@@ -71,7 +88,7 @@ impl Follower<'_> {
             if e.new_period {
                 info!(limit_id = limit.id, limit = %limit, "risk limit reset: a new period began");
             }
-            if !e.changed && !self.risk_pending.contains_key(&limit.id) {
+            if !e.changed && !self.risk.pending.contains_key(&limit.id) {
                 continue;
             }
             let saved = self
@@ -93,8 +110,8 @@ impl Follower<'_> {
                 .await;
             match saved {
                 Ok(Saved::Saved) => {
-                    self.risk[i].state = e.state;
-                    self.risk_pending.remove(&limit.id);
+                    self.risk.limits[i].state = e.state;
+                    self.risk.pending.remove(&limit.id);
                 }
                 Ok(Saved::NotOwner) => {
                     self.ctx.lost().await;
@@ -105,13 +122,13 @@ impl Follower<'_> {
                         limit_id = limit.id,
                         "risk limit changed or reset meanwhile: reading the limits again"
                     );
-                    self.risk_pending.remove(&limit.id);
+                    self.risk.pending.remove(&limit.id);
                     reload = true;
                 }
                 // Kept as judged: it holds meanwhile, and the next reading stores it.
                 Err(err) => {
                     warn!(limit_id = limit.id, error = %db::describe(&err), "storing a risk limit's state failed; retried at the next reading");
-                    self.risk_pending.insert(limit.id, e.state);
+                    self.risk.pending.insert(limit.id, e.state);
                 }
             }
         }
@@ -129,12 +146,12 @@ impl Follower<'_> {
             self.owe_within("a risk limit was reached", std::time::Duration::ZERO);
         }
         self.funds.risk_hold = held;
-        let close_all = self.risk.iter().find_map(|l| {
+        let close_all = self.risk.limits.iter().find_map(|l| {
             (l.action == RiskAction::CloseAll)
                 .then(|| self.risk_state(l).hit.clone())
                 .flatten()
         });
-        if close_all.is_some() || !self.risk_closing.is_empty() {
+        if close_all.is_some() || !self.risk.closing.is_empty() {
             self.close_for_risk(close_all.is_some()).await;
         }
     }
@@ -145,7 +162,7 @@ impl Follower<'_> {
     /// even if the limit resets meanwhile. Copies of links removed or unreadable are closed
     /// too: the set is every position carrying a copy marker.
     async fn close_for_risk(&mut self, capture: bool) {
-        if !capture && self.risk_closing.is_empty() {
+        if !capture && self.risk.closing.is_empty() {
             return;
         }
         match self.read_broker().await {
@@ -160,17 +177,19 @@ impl Follower<'_> {
         }
         let open: Vec<((i64, i64), i64)> = self.index.all_open().collect();
         if capture {
-            self.risk_closing
+            self.risk
+                .closing
                 .extend(open.iter().map(|(_, ticket)| *ticket));
         }
         let open_tickets: std::collections::HashSet<i64> = open.iter().map(|(_, t)| *t).collect();
-        self.risk_closing.retain(|t| open_tickets.contains(t));
+        self.risk.closing.retain(|t| open_tickets.contains(t));
         for ((magic, master_ticket), ticket) in open {
-            if !self.risk_closing.contains(&ticket) {
+            if !self.risk.closing.contains(&ticket) {
                 continue;
             }
             let link = self
                 .links
+                .list
                 .iter()
                 .find(|l| l.magic == magic)
                 .cloned()

@@ -23,6 +23,18 @@ use crate::db::copy::ledger::CopyRecord;
 use crate::model::MasterPosition;
 use crate::retry;
 
+/// The orders a follower session sent and the records they owe.
+#[derive(Default)]
+pub(super) struct Sending {
+    /// Copies opened this session.
+    pub(super) copies: u64,
+    /// Ledger rows handed to the node's writer whose outcome is not looked at yet (by the copy's
+    /// ticket).
+    pub(super) ledger: Vec<(i64, crate::db::batch::Submitted<bool>)>,
+    /// Transient refusals already recorded this session (one history row per kind).
+    pub(super) noted: std::collections::HashSet<(i64, i64, SkipCode)>,
+}
+
 /// What became of one action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sent {
@@ -65,7 +77,7 @@ impl Follower<'_> {
         // the account moved meanwhile), when only the broker's history would tell it was made.
         // Waited for while the gate holds: a database that stops answering closes the gate, and
         // the order is then refused (gated, owed) instead of waiting on the database unseen.
-        let flushed = self.ledger.is_empty() || self.flush_ledger_while_trusted().await;
+        let flushed = self.sending.ledger.is_empty() || self.flush_ledger_while_trusted().await;
         // HoldsLease, right before anything reaches the broker.
         if !flushed || !self.ctx.gate.holds() {
             warn!(
@@ -88,7 +100,7 @@ impl Follower<'_> {
                 };
                 match &result {
                     Ok(fill) => {
-                        self.copies_sent += 1;
+                        self.sending.copies += 1;
                         info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = order.volume, duplicate = fill.duplicate, "copy opened");
                         self.index
                             .opened(order.position(fill.ticket, fill.price, 0));
@@ -377,7 +389,7 @@ impl Follower<'_> {
     /// the decision is `too_late`); recorded once per session and kind as history.
     async fn transient(&mut self, link: &Link, master_ticket: i64, code: SkipCode, reason: &str) {
         self.owe(code.as_str());
-        if !self.noted.insert((link.id, master_ticket, code)) {
+        if !self.sending.noted.insert((link.id, master_ticket, code)) {
             return;
         }
         info!(
@@ -478,7 +490,7 @@ impl Follower<'_> {
                 epoch: self.ctx.epoch(),
                 record,
             });
-        self.ledger.push((ticket, submitted));
+        self.sending.ledger.push((ticket, submitted));
         // What finished meanwhile is looked at now (a long session keeps no list of them).
         self.ledger_written();
     }
@@ -494,7 +506,7 @@ impl Follower<'_> {
             let Some(deadline) = self.ctx.gate.deadline() else {
                 return false;
             };
-            let Some((ticket, submitted)) = self.ledger.first_mut() else {
+            let Some((ticket, submitted)) = self.sending.ledger.first_mut() else {
                 return true;
             };
             let ticket = *ticket;
@@ -505,7 +517,7 @@ impl Follower<'_> {
             };
             if let Some(outcome) = outcome {
                 ledger_outcome(ticket, outcome);
-                self.ledger.remove(0);
+                self.sending.ledger.remove(0);
             }
         }
     }
@@ -513,14 +525,15 @@ impl Follower<'_> {
     /// Waits for every ledger write of the session still under way (before the ledger is read,
     /// and before the session ends).
     pub(super) async fn flush_ledger(&mut self) {
-        for (ticket, submitted) in std::mem::take(&mut self.ledger) {
+        for (ticket, submitted) in std::mem::take(&mut self.sending.ledger) {
             ledger_outcome(ticket, submitted.outcome().await);
         }
     }
 
     /// Takes the outcomes of the ledger writes that have finished (logged, and forgotten).
     fn ledger_written(&mut self) {
-        self.ledger
+        self.sending
+            .ledger
             .retain_mut(|(ticket, submitted)| match submitted.try_outcome() {
                 Some(outcome) => {
                     ledger_outcome(*ticket, outcome);
