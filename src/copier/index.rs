@@ -322,35 +322,60 @@ impl CopyIndex {
 
     /// Resolves MT4 remainders: a known copy's history entry `to #M`, or a position `from #N`
     /// of a known copy N with its magic, is that copy's remainder (repeated: lineages chain).
+    /// Each link of a lineage is recorded whichever end was known first: a new owner learns
+    /// every ticket of a lineage from the copy ledger before it reads, and the opening volume
+    /// sums what each ancestor closed, so a link missed here would make the copy look opened
+    /// smaller (and trim it again).
     fn follow_lineage(&mut self, open: &[Position], history: &[ClosedPosition]) {
         loop {
             let mut more = false;
             for h in history {
-                if let (Some(key), Some(m)) = (
-                    self.keys.get(&h.position.ticket).copied(),
-                    lineage(&h.position.comment, "to #"),
-                ) && !self.keys.contains_key(&m)
-                {
-                    self.learn(m, key);
-                    self.parent.insert(m, h.position.ticket);
-                    more = true;
+                let Some(m) = lineage(&h.position.comment, "to #") else {
+                    continue;
+                };
+                let (up, down) = (self.keys.get(&h.position.ticket), self.keys.get(&m));
+                let Some(key) = up.or(down).copied() else {
+                    continue;
+                };
+                if key.0 != h.position.magic {
+                    continue;
                 }
+                more |= self.link(m, h.position.ticket, key);
             }
             for p in open {
-                if let Some(n) = lineage(&p.comment, "from #")
-                    && let Some(key) = self.keys.get(&n).copied()
-                    && key.0 == p.magic
-                    && !self.keys.contains_key(&p.ticket)
-                {
-                    self.learn(p.ticket, key);
-                    self.parent.insert(p.ticket, n);
-                    more = true;
+                let Some(n) = lineage(&p.comment, "from #") else {
+                    continue;
+                };
+                let (up, down) = (self.keys.get(&n), self.keys.get(&p.ticket));
+                let Some(key) = up.or(down).copied() else {
+                    continue;
+                };
+                if key.0 != p.magic {
+                    continue;
                 }
+                more |= self.link(p.ticket, n, key);
             }
             if !more {
                 return;
             }
         }
+    }
+
+    /// Records that `child` is `parent`'s remainder, both `key`'s copies; true if anything was
+    /// new.
+    fn link(&mut self, child: i64, parent: i64, key: Key) -> bool {
+        let mut new = false;
+        for ticket in [child, parent] {
+            if !self.keys.contains_key(&ticket) {
+                self.learn(ticket, key);
+                new = true;
+            }
+        }
+        if self.parent.get(&child) != Some(&parent) && child != parent {
+            self.parent.insert(child, parent);
+            new = true;
+        }
+        new
     }
 
     fn insert(&mut self, p: Position) {
@@ -668,6 +693,39 @@ mod tests {
         index.rebuild(&[second.clone(), stranger, orphan], &[part]);
         assert_eq!(index.copies((77, 10)).len(), 1);
         assert_eq!(index.open_copies(), 1);
+    }
+
+    /// A new owner learns every ticket of a lineage from the copy ledger before its first read:
+    /// the links between them still come from the history and the positions, so the remainder's
+    /// opening volume is the lineage's (the fault: the links were skipped for tickets already
+    /// known, and the new owner trimmed the copy again).
+    #[test]
+    fn a_lineage_whose_tickets_the_ledger_taught_first_keeps_its_opening_volume() {
+        let root = copy(90, 10, 1.0);
+        let mut part1 = closed(&root, 0.4, 0.0);
+        part1.position.comment = "to #91".into();
+        let mut first = copy(91, 10, 0.6);
+        first.comment = "from #90".into();
+        let mut part2 = closed(&first, 0.3, 0.0);
+        part2.position.comment = "to #92".into();
+        let mut second = copy(92, 10, 0.3);
+        second.comment = "from #91".into();
+        for taught in [vec![90], vec![90, 91, 92], vec![92], vec![91, 92]] {
+            let mut index = CopyIndex::default();
+            for t in &taught {
+                index.learn(*t, (77, 10));
+            }
+            index.rebuild(
+                std::slice::from_ref(&second),
+                &[part1.clone(), part2.clone()],
+            );
+            assert_eq!(index.copies((77, 10)).len(), 1, "taught {taught:?}");
+            assert_eq!(
+                index.original_volume(&second),
+                1.0,
+                "taught {taught:?}: the lineage's opening volume"
+            );
+        }
     }
 
     /// The stream's view of an MT4 partial close: the copy's ticket closes, its remainder opens
