@@ -229,6 +229,20 @@ fn assert_prepared_then_raised(
         .find(|(_, l)| l.client == new && l.action == "login" && l.fence.is_some())
         .map(|(i, _)| *i)
         .unwrap();
+    // The raise fences the old owner out: above every fence the old owner logged in or sent
+    // with (a raise to anything lower would leave its late orders passing a fence check).
+    let raised = of[of.iter().position(|(i, _)| *i == raise).unwrap()]
+        .1
+        .fence;
+    let old_highest = of
+        .iter()
+        .filter(|(_, l)| l.client == old)
+        .filter_map(|(_, l)| l.fence)
+        .max();
+    assert!(
+        raised > old_highest,
+        "{login}: {new} raised the fence to {raised:?}, not above {old}'s {old_highest:?}"
+    );
     for (i, l) in of.iter().filter(|(_, l)| l.action != "login") {
         if l.client == old {
             assert!(*i < raise, "{login}: {old} sent after {new}'s raise: {l:?}");

@@ -256,10 +256,7 @@ async fn a_slow_renewal_does_not_extend_trust_beyond_t0_plus_lease_minus_fence()
         s.owned.len() == 2
     })
     .await;
-    let (cycles, failed) = {
-        let s = node.state.borrow();
-        (s.cycles, s.failed_cycles)
-    };
+    let failed = node.state.borrow().failed_cycles;
 
     // Hold the node's membership row so its next cycle waits on the lock (below its lock_timeout).
     let mut blocker = db.conn().await;
@@ -278,8 +275,10 @@ async fn a_slow_renewal_does_not_extend_trust_beyond_t0_plus_lease_minus_fence()
         waiting.then_some(())
     })
     .await;
-    // The cycle's t0 was read before this instant.
+    // The cycle's t0 was read before this instant, and it is the one in flight: cycles run one
+    // at a time, so the next one counted is this one (not one acknowledged before the lock).
     let seen_blocked = Instant::now();
+    let cycles = node.state.borrow().cycles;
     tokio::time::sleep(Duration::from_millis(250)).await; // the stall being simulated
     tx.commit().await.unwrap();
     let released_at = Instant::now();
