@@ -192,9 +192,10 @@ impl Book {
     }
 
     /// Fault switch for tests: refuse the next `count` orders of kind `op` (`open`, `close`,
-    /// `modify`, `place`, `amend` or `cancel`) that a node (not a hand client) sends for `login`, with `reason` (which names
-    /// the protocol code: `market closed`, `requote`, `not enough money`, ...). Kept in memory
-    /// only.
+    /// `modify`, `place`, `amend` or `cancel`), or account reads (`account`: a bridge that cannot
+    /// read the balance yet), that a node (not a hand client) sends for `login`, with `reason`
+    /// (which names the protocol code: `market closed`, `requote`, `not enough money`, ...).
+    /// Kept in memory only.
     pub fn refuse(&mut self, login: &str, op: &str, count: u32, reason: &str) {
         self.refusals.insert(
             (login.to_string(), op.to_string()),
@@ -203,7 +204,7 @@ impl Book {
     }
 
     /// The injected refusal for this order, if one is pending (and counts it).
-    fn refused(&mut self, client: &str, login: &str, op: &str) -> Result<(), String> {
+    pub(crate) fn refused(&mut self, client: &str, login: &str, op: &str) -> Result<(), String> {
         if client == MANUAL {
             return Ok(());
         }

@@ -494,16 +494,22 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             ),
             None => rejected(id, &format!("unknown login {login}")),
         },
-        Request::Account { login } => match core.book.info(&login) {
+        Request::Account { login } => match core
+            .book
+            .refused(&client, &login, "account")
+            .map(|()| core.book.info(&login))
+        {
+            // A bridge that cannot read the account yet (the fault switch's `account`).
+            Err(reason) => rejected(id, &reason),
+            Ok(None) => rejected(id, &format!("unknown login {login}")),
             // Its clock: UTC plus its offset (`--utc-offset`).
-            Some(info) => ok(
+            Ok(Some(info)) => ok(
                 id,
                 &AccountInfo {
                     server_time_ms: Some(core.book.server_ms(now_ms())),
                     ..info
                 },
             ),
-            None => rejected(id, &format!("unknown login {login}")),
         },
         Request::Refuse {
             login,
@@ -511,7 +517,9 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             count,
             reason,
         } => {
-            const ORDERS: [&str; 6] = ["open", "close", "modify", "place", "amend", "cancel"];
+            const ORDERS: [&str; 7] = [
+                "open", "close", "modify", "place", "amend", "cancel", "account",
+            ];
             if !ORDERS.contains(&order.as_str()) {
                 return invalid(
                     id,

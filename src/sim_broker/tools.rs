@@ -72,8 +72,9 @@ async fn connect(broker: &str) -> Result<BridgeClient, BrokerError> {
     Ok(client)
 }
 
-/// The fault switch: makes the broker refuse the next `count` node orders of kind `order`
-/// (`open`, `close`, `modify`) on `login` with `reason` (`count` 0 lifts it).
+/// The fault switch: makes the broker refuse the next `count` node requests of kind `order`
+/// (`open`, `close`, `modify`, `place`, `amend`, `cancel`, `account`) on `login` with `reason`
+/// (`count` 0 lifts it).
 pub async fn refuse(
     broker: &str,
     login: &str,

@@ -157,12 +157,10 @@ async fn a_ratio_follower_waits_for_the_masters_balance_instead_of_skipping() {
         }])
         .await;
     let (link, magic) = links[&2];
+    // As on a master whose bridge cannot read its account yet: its session never reports a
+    // balance (the row's stays NULL), so no follower can have read one.
+    fx.refuse("m1", "account", u32::MAX, "no connection").await;
     let node = fx.node("a", 2).await;
-    // As on a master whose session has not reported its balance yet.
-    sqlx::query("UPDATE trading_accounts SET balance = NULL, equity = NULL WHERE id = 1")
-        .execute(&mut fx.conn)
-        .await
-        .unwrap();
     let ticket = fx.open(0.5).await;
     fx.wait_decision(link, ticket, "waiting", false).await;
     // The master's session reports its balance.
