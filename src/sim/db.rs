@@ -4,8 +4,9 @@
 //! random sequences against this and against the real statements and compares every outcome.
 //!
 //! Time is the database's clock in milliseconds, set by the caller. Each statement is atomic and
-//! sees one snapshot, as in PostgreSQL; concurrency (SKIP LOCKED between two statements at once)
-//! is the simulator's business: here statements run one after another.
+//! sees one snapshot, as in PostgreSQL. Statements run one after another, except that
+//! [`Model::cycle_beside`] runs a cycle beside another one not yet committed: it sees the state
+//! from before that one and passes over the rows it locked (SKIP LOCKED), as PostgreSQL does.
 //!
 //! One choice PostgreSQL leaves to its plan is fixed here: new epochs are handed out in account id
 //! order within a statement. The differential test compares what does not depend on it (which
@@ -191,6 +192,20 @@ impl Model {
 
     /// One cycle statement.
     pub fn cycle(&mut self, p: &CycleParams<'_>) -> CycleOutcome {
+        self.cycle_beside(p, &BTreeSet::new()).0
+    }
+
+    /// One cycle statement run while another, uncommitted, holds row locks on `locked`: its
+    /// `FOR UPDATE SKIP LOCKED` reads pass over them (it sees the state from before that other
+    /// statement, which the caller gives it). Returns the outcome and the rows this statement
+    /// locks: those it renews, the free and dead nodes' rows its claim reads take (up to the room
+    /// from the free rows and up to the room from each dead node's), and those it claims.
+    pub fn cycle_beside(
+        &mut self,
+        p: &CycleParams<'_>,
+        locked: &BTreeSet<i64>,
+    ) -> (CycleOutcome, BTreeSet<i64>) {
+        let mut locks = BTreeSet::new();
         let now = self.now;
         let lease = ms(p.lease);
         // The statement sees one snapshot: everything it reads is read before it writes (its
@@ -260,17 +275,21 @@ impl Model {
             .map(|(id, _)| id.clone())
             .collect();
         let mut dead_rows = 0usize;
-        let mut dead_claimable = BTreeSet::new();
+        // Each dead node's claimable rows (passing over locked ones), lowest ids first (the
+        // index is ordered).
+        let mut dead_claimable: Vec<Vec<i64>> = Vec::new();
         for node in &dead_nodes {
+            let mut of_node = Vec::new();
             for id in self.owned_by(node) {
                 let a = &self.accounts[&id];
                 if a.platform == p.platform && a.enabled {
                     dead_rows += 1;
-                    if a.lease_until.is_some_and(|l| l < now) {
-                        dead_claimable.insert(id);
+                    if a.lease_until.is_some_and(|l| l < now) && !locked.contains(&id) {
+                        of_node.push(id);
                     }
                 }
             }
+            dead_claimable.push(of_node);
         }
         let free_rows = self.free.get(p.platform).map_or(0, BTreeSet::len);
 
@@ -314,6 +333,7 @@ impl Model {
                 .collect();
             let mut wanted = 0u32;
             for id in mine {
+                locks.insert(id);
                 let a = self.accounts.get_mut(&id).expect("indexed");
                 let keep = grace > 0
                     || (held.contains(&a.owner_epoch) && a.lease_until.is_some_and(|l| l >= now));
@@ -345,11 +365,17 @@ impl Model {
                     .into_iter()
                     .flatten()
                     .copied()
+                    .filter(|id| !locked.contains(id))
                     .take(room);
-                let chosen: BTreeSet<i64> = free
-                    .chain(dead_claimable.iter().copied().take(room))
+                let read: BTreeSet<i64> = free
+                    .chain(
+                        dead_claimable
+                            .iter()
+                            .flat_map(|of_node| of_node.iter().copied().take(room)),
+                    )
                     .collect();
-                for id in chosen.into_iter().take(room) {
+                locks.extend(read.iter().copied());
+                for id in read.into_iter().take(room) {
                     let epoch = self.nextval();
                     self.update_account(id, |a| {
                         a.node_id = Some(p.node_id.to_string());
@@ -371,7 +397,7 @@ impl Model {
                 expires_in: Duration::from_millis((n.lease_until - now).max(0) as u64),
             });
         }
-        out
+        (out, locks)
     }
 
     /// Releases the node's rows at `epochs`; returns the ids released.

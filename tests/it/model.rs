@@ -195,10 +195,14 @@ async fn exec(conn: &mut PgConnection, sql: &str, bind: &str) {
     sqlx::query(sql).bind(bind).execute(conn).await.unwrap();
 }
 
-async fn run(seed: u64) {
+/// Runs one random sequence; returns how many of its concurrent pairs were contended (the
+/// second cycle's claim would have read a row the first one held locked).
+async fn run(seed: u64) -> usize {
     let mut rng = fastrand::Rng::with_seed(seed);
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
+    let mut conn2 = db.conn().await;
+    let mut contended = 0;
     insert_accounts(&mut conn, 1..=12, "mt5").await;
     insert_accounts(&mut conn, 13..=15, "mt4").await;
     let (timeline, system_id): (Option<i32>, Option<i64>) =
@@ -227,6 +231,30 @@ async fn run(seed: u64) {
         let roll = rng.u32(..100);
         let step;
         match roll {
+            40..=59 if concurrent_pair_possible(&model, &nodes, n) => {
+                let pair = concurrent_pair(
+                    &mut rng,
+                    &mut nodes,
+                    n,
+                    (&mut conn, &mut conn2),
+                    &mut model,
+                    &before_real,
+                    &before_model,
+                )
+                .await;
+                contended += usize::from(pair.contended);
+                step = pair.step;
+                for (side, (a, b)) in ["first", "second"].iter().zip(pair.compared) {
+                    assert_eq!(
+                        a, b,
+                        "seed {seed}, step {step_no} ({step}), the {side} cycle: PostgreSQL vs the model; rows before: {before_real:?}"
+                    );
+                }
+                assert_eq!(
+                    pair.overlap, None,
+                    "seed {seed}, step {step_no} ({step}): the model's second cycle wrote a row the first locked"
+                );
+            }
             0..=59 => {
                 let node = &nodes[n];
                 let limit = rng.u32(0..=6);
@@ -455,6 +483,192 @@ async fn run(seed: u64) {
             );
         }
     }
+    contended
+}
+
+/// Whether two cycles can run at once from here as the differential test runs them: neither
+/// may write the `copier_database` row (no failover unseen, every lease within the recorded
+/// longest), or the second would wait for the first's row lock; and the second node (the one
+/// after `n`, or `n` itself when that one is dead) must not be dead, or the first could lock
+/// its rows (claiming them) and the second's renewal would wait.
+fn concurrent_pair_possible(model: &Model, nodes: &[Node], n: usize) -> bool {
+    let s = &model.server;
+    let quiet = s.timeline == s.recorded_timeline
+        && s.system_id == s.recorded_system_id
+        && s.max_lease_ms
+            .is_some_and(|m| m >= ms(LEASES[LEASES.len() - 1]));
+    quiet && pair_order(model, nodes, n).is_some()
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap()
+}
+
+/// The two nodes of a concurrent pair, first and second: `n` and the next node, the dead one
+/// (if either) first; `None` when both are dead.
+fn pair_order(model: &Model, nodes: &[Node], n: usize) -> Option<(usize, usize)> {
+    let m = (n + 1) % nodes.len();
+    let dead = |i: usize| {
+        model
+            .nodes
+            .get(&nodes[i].id)
+            .is_some_and(|r| r.lease_until < model.now)
+    };
+    match (dead(n), dead(m)) {
+        (true, true) => None,
+        (_, false) => Some((n, m)),
+        (false, true) => Some((m, n)),
+    }
+}
+
+struct Pair {
+    step: String,
+    /// (PostgreSQL, model) for the first cycle and for the second.
+    compared: [(String, String); 2],
+    contended: bool,
+    /// A row both cycles wrote in the model (the second must pass over what the first locked).
+    overlap: Option<i64>,
+}
+
+/// Two cycles at once on two connections: the first's statement runs and its transaction stays
+/// open (its row locks held) while the second's runs; then both commit, in a random order. The
+/// model runs the first, then the second on the state from before the first, passing over the
+/// rows the first locked (`Model::cycle_beside`); both cycles' writes then make its state.
+async fn concurrent_pair(
+    rng: &mut fastrand::Rng,
+    nodes: &mut [Node],
+    n: usize,
+    (conn, conn2): (&mut PgConnection, &mut PgConnection),
+    model: &mut Model,
+    before_real: &BTreeMap<i64, RowView>,
+    before_model: &BTreeMap<i64, RowView>,
+) -> Pair {
+    use sqlx::Connection;
+    let (first, second) = pair_order(model, nodes, n).expect("checked");
+    let (id_a, id_b) = (nodes[first].id.clone(), nodes[second].id.clone());
+    let (inst_a, inst_b) = (nodes[first].instance_id(), nodes[second].instance_id());
+    let (held_a, held_b) = (nodes[first].held.clone(), nodes[second].held.clone());
+    // Gates that stayed open: usually all, sometimes a few.
+    let mut kept =
+        |held: &[i64]| -> Vec<i64> { held.iter().copied().filter(|_| rng.u32(..4) > 0).collect() };
+    let (kept_a, kept_b) = (kept(&held_a), kept(&held_b));
+    let lease = LEASES[rng.usize(..LEASES.len())];
+    fn params<'a>(
+        (node_id, instance_id): (&'a str, &'a str),
+        held: &'a [i64],
+        kept: &'a [i64],
+        claim_limit: u32,
+        lease: Duration,
+    ) -> CycleParams<'a> {
+        CycleParams {
+            node_id,
+            instance_id,
+            platform: "mt5",
+            capacity: 6,
+            claim_limit,
+            trust: lease.mul_f64(0.75),
+            owned: held.len() as u32,
+            lease,
+            held,
+            claim: true,
+            kept,
+        }
+    }
+    // Claims that compete: both with room, usually.
+    let pa = params((&id_a, &inst_a), &held_a, &kept_a, rng.u32(2..=6), lease);
+    let pb = params((&id_b, &inst_b), &held_b, &kept_b, rng.u32(2..=6), lease);
+    let step = format!(
+        "concurrent: {inst_a} (limit {}, held {held_a:?}) beside {inst_b} (limit {}, held {held_b:?}), lease {lease:?}",
+        pa.claim_limit, pb.claim_limit
+    );
+
+    // PostgreSQL: the first's transaction open while the second runs. The second must not wait
+    // for a lock (a short lock timeout turns a wait into an error, not a hang).
+    let mut tx_a = conn.begin().await.unwrap();
+    let real_a = lease::cycle(&mut tx_a, &pa).await.unwrap();
+    let mut tx_b = conn2.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '5s'")
+        .execute(&mut *tx_b)
+        .await
+        .unwrap();
+    let real_b = lease::cycle(&mut tx_b, &pb)
+        .await
+        .unwrap_or_else(|e| panic!("{step}: the second cycle waited for the first: {e}"));
+    if rng.bool() {
+        tx_a.commit().await.unwrap();
+        tx_b.commit().await.unwrap();
+    } else {
+        tx_b.commit().await.unwrap();
+        tx_a.commit().await.unwrap();
+    }
+
+    // The model, with epochs translated (each side numbers its own).
+    let to_m = |epochs: &[i64]| to_model(epochs, before_real, model);
+    let (ma_held, ma_kept, mb_held, mb_kept) =
+        (to_m(pa.held), to_m(pa.kept), to_m(pb.held), to_m(pb.kept));
+    let pre = model.clone();
+    let (model_a, locked) = model.cycle_beside(
+        &CycleParams {
+            held: &ma_held,
+            kept: &ma_kept,
+            ..pa.clone()
+        },
+        &Default::default(),
+    );
+    let mut beside = pre.clone();
+    beside.seq = model.seq;
+    let mb = CycleParams {
+        held: &mb_held,
+        kept: &mb_kept,
+        ..pb.clone()
+    };
+    let (model_b, _) = beside.cycle_beside(&mb, &locked);
+    // Contended: without the first's locks, the second's claim would have read a row it held.
+    let (_, alone) = pre.clone().cycle_beside(&mb, &Default::default());
+    let contended = alone.iter().any(|id| locked.contains(id));
+    // The second's writes join the first's: its membership and the rows it renewed or claimed
+    // (never one the first wrote: those it locked).
+    if model_b.member {
+        model
+            .nodes
+            .insert(id_b.clone(), beside.nodes[&id_b].clone());
+    }
+    let written: Vec<(i64, copier_node::sim::db::AccountRow)> = beside
+        .accounts()
+        .filter(|(id, row)| pre.account(*id) != Some(*row))
+        .map(|(id, row)| (id, row.clone()))
+        .collect();
+    let overlap = written.iter().map(|w| w.0).find(|id| locked.contains(id));
+    for (id, row) in written {
+        model.insert_account(id, row);
+    }
+    model.seq = beside.seq;
+
+    for (side, real, modelled) in [("first", &real_a, &model_a), ("second", &real_b, &model_b)] {
+        check_new_epochs(&format!("PostgreSQL, {side}"), real, before_real, &step);
+        check_new_epochs(&format!("model, {side}"), modelled, before_model, &step);
+    }
+    if real_a.member {
+        nodes[first].held = real_a.owned.iter().map(|r| r.epoch).collect();
+    }
+    if real_b.member {
+        nodes[second].held = real_b.owned.iter().map(|r| r.epoch).collect();
+    }
+    Pair {
+        step,
+        compared: [
+            (
+                comparable(&real_a, before_real),
+                comparable(&model_a, before_model),
+            ),
+            (
+                comparable(&real_b, before_real),
+                comparable(&model_b, before_model),
+            ),
+        ],
+        contended,
+        overlap,
+    }
 }
 
 #[tokio::test]
@@ -463,8 +677,16 @@ async fn the_database_model_agrees_with_postgresql_on_random_sequences() {
         Ok(s) => vec![s.parse().expect("COPIER_MODEL_SEED is a number")],
         Err(_) => (0..4).map(|_| fastrand::u64(..)).collect(),
     };
+    let replay = seeds.len() == 1;
+    let mut contended = 0;
     for seed in seeds {
         eprintln!("model vs PostgreSQL, seed {seed} (replay: COPIER_MODEL_SEED={seed})");
-        run(seed).await;
+        contended += run(seed).await;
     }
+    eprintln!("{contended} contended concurrent pairs");
+    // The concurrent pairs are worth their name only if some competed for rows.
+    assert!(
+        replay || contended > 0,
+        "no concurrent pair competed for a row in four sequences"
+    );
 }
