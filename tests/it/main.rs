@@ -6,6 +6,7 @@ mod binary;
 mod bridge_check;
 mod broker;
 mod copy;
+mod copy_rules;
 mod credentials;
 mod decisions;
 mod docs;
