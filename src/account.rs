@@ -23,7 +23,7 @@ pub(crate) async fn run(ctx: AccountContext) -> anyhow::Result<()> {
     let row = ctx
         .node
         .db
-        .run(async |c| db::copy::load_account(c, ctx.account_id).await)
+        .background(async |c| db::copy::load_account(c, ctx.account_id).await)
         .await
         .context("reading the account row")?;
     let Some(mut row) = row else {

@@ -165,7 +165,8 @@ pub async fn start(
                 session,
             ),
             session,
-        );
+        )
+        .measured(metrics.pool());
         // Each batch writer's own connection (see `db::writer_pool`).
         let writer_db = || {
             db::Db::new(
@@ -236,6 +237,7 @@ pub async fn start(
             credentials_key: config.credentials_key.clone(),
             reconcile_every: config.reconcile_every,
             // Offers need LISTEN: without it no answer (nor offer) arrives.
+            starting: crate::session::Starting::new(metrics.sessions_starting.clone()),
             handoffs: crate::session::Handoffs::new(
                 node.node_id.clone(),
                 if config.events_poll.is_some() {
@@ -265,11 +267,17 @@ pub async fn start(
                 .in_current_span(),
         );
 
+        // The cycle's own connection, with bounds that outwait the node's other statements.
+        let cycle_session = db::Session {
+            bounds: SessionBounds::for_cycle(node.fence),
+            pooler: config.database_pooler,
+        };
         let lease_loop = LeaseLoop {
             node: node.clone(),
             instance_id,
-            connect: node_options,
-            session,
+            connect: db::node_options(&config.database_url, &node.node_id, cycle_session)
+                .context("invalid `database_url`")?,
+            session: cycle_session,
             supervisor: Supervisor::new(shared, event_tx),
             events: event_rx,
             wake,

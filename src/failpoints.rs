@@ -20,6 +20,13 @@ pub(crate) async fn hold(var: &str, held: &str) {
     }
 }
 
+/// Whether the point named by `var` is on (its variable set and its file present): for points that
+/// change what a unit of work does rather than hold it.
+#[cfg(feature = "failpoints")]
+pub(crate) fn active(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|path| std::path::Path::new(&path).exists())
+}
+
 /// A fault-injection point: `failpoint!("COPIERTEST_NAME", "what is held")` in async code. Without
 /// the `failpoints` feature it expands to nothing, so not even the point's name reaches a release
 /// binary (CI greps for it).

@@ -54,6 +54,11 @@ pub struct Metrics {
     pub broker_sessions: IntGauge,
     pub notify_queue_usage: prometheus::Gauge,
     pub copy_legs: prometheus::HistogramVec,
+    pub lease_cycles_renew_only: IntCounter,
+    pub claim_room: IntGauge,
+    pub sessions_starting: IntGauge,
+    pub db_pool_wait: Histogram,
+    pub db_background_waiting: IntGauge,
 }
 
 impl Default for Metrics {
@@ -196,8 +201,41 @@ impl Metrics {
         for leg in LEGS {
             copy_legs.with_label_values(&[leg]);
         }
+        let lease_cycles_renew_only = IntCounter::new(
+            "copier_lease_cycles_renew_only_total",
+            "Lease cycles that renewed and claimed nothing because the cycle before failed or ran late (over a quarter of the fence)",
+        )
+        .expect("valid metric");
+        let claim_room = IntGauge::new(
+            "copier_claim_room",
+            "Accounts this node could still claim after its last lease cycle (under its capacity, its fair share and its sessions still starting)",
+        )
+        .expect("valid metric");
+        let sessions_starting = IntGauge::new(
+            "copier_sessions_starting",
+            "Account sessions of this node claimed but not yet through their start-up (login and first reconcile)",
+        )
+        .expect("valid metric");
+        let db_pool_wait = Histogram::with_opts(
+            HistogramOpts::new(
+                "copier_db_pool_wait_seconds",
+                "Time a unit of the node's database work waited for a pooled connection",
+            )
+            .buckets(MS_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        let db_background_waiting = IntGauge::new(
+            "copier_db_background_waiting",
+            "Units of background database work (session start-ups, reconciles) waiting for their turn",
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(owned_accounts.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(lease_cycles_renew_only.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(claim_room.clone()),
+            Box::new(sessions_starting.clone()),
+            Box::new(db_pool_wait.clone()),
+            Box::new(db_background_waiting.clone()),
+            Box::new(owned_accounts.clone()),
             Box::new(lease_valid.clone()),
             Box::new(lease_cycle_duration.clone()),
             Box::new(lease_cycles.clone()),
@@ -244,6 +282,19 @@ impl Metrics {
             broker_sessions,
             notify_queue_usage,
             copy_legs,
+            lease_cycles_renew_only,
+            claim_room,
+            sessions_starting,
+            db_pool_wait,
+            db_background_waiting,
+        }
+    }
+
+    /// The pool's series, for [`crate::db::Db::measured`].
+    pub fn pool(&self) -> crate::db::PoolMeasures {
+        crate::db::PoolMeasures {
+            wait: self.db_pool_wait.clone(),
+            background_waiting: self.db_background_waiting.clone(),
         }
     }
 
@@ -302,6 +353,11 @@ mod tests {
             "copier_broker_sessions 0",
             "copier_notify_queue_usage 0",
             "copier_copy_leg_seconds_count{leg=\"decision_to_accept\"} 0",
+            "copier_lease_cycles_renew_only_total 0",
+            "copier_claim_room 0",
+            "copier_sessions_starting 0",
+            "copier_db_pool_wait_seconds_count 0",
+            "copier_db_background_waiting 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -92,7 +92,8 @@ pub trait Host {
     }
     /// Releases (account, epoch) (fenced, announced to peers); reports [`Event::Released`].
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str);
-    /// Reports [`Event::Restart`] for (account, epoch) after `delay`.
+    /// Reports [`Event::Restart`] for (account, epoch) after `delay` (the node's host adds up to
+    /// half as long again, at random).
     fn restart_later(&mut self, account_id: i64, epoch: i64, delay: Duration);
     /// Shows a status text on the account row.
     fn status(&mut self, account_id: i64, epoch: i64, text: String);
@@ -101,6 +102,10 @@ pub trait Host {
     /// The lease loop reached the database again after failed cycles (connections waiting out a
     /// backoff may retry now). Nothing by default.
     fn database_back(&mut self) {}
+    /// Sessions started and not yet through their start-up. None by default.
+    fn starting(&self) -> usize {
+        0
+    }
 }
 
 /// The production host: account tasks on the runtime, releases over the pool.
@@ -129,6 +134,7 @@ impl Host for NodeHost {
             cancel: cancel.clone(),
             status: self.shared.status.clone(),
             node: self.shared.services.clone(),
+            startup: self.shared.services.starting.begin(),
         };
         spawn_task(&self.shared.tracker, &self.events, ctx);
         cancel
@@ -141,12 +147,17 @@ impl Host for NodeHost {
             cancel: session.clone(),
             status: self.shared.status.clone(),
             node: self.shared.services.clone(),
+            startup: self.shared.services.starting.begin(),
         };
         spawn_task(&self.shared.tracker, &self.events, ctx);
     }
 
     fn cancel(&mut self, session: &CancellationToken) {
         session.cancel();
+    }
+
+    fn starting(&self) -> usize {
+        self.shared.services.starting.count()
     }
 
     fn hand_off(
@@ -212,6 +223,9 @@ impl Host for NodeHost {
     }
 
     fn restart_later(&mut self, account_id: i64, epoch: i64, delay: Duration) {
+        // Up to half as long again, at random: sessions that failed together (a trade server
+        // down, the database busy) do not all come back in the same instant.
+        let delay = delay + delay.mul_f64(fastrand::f64() / 2.0);
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {
             tokio::time::sleep(delay).await;
@@ -592,6 +606,11 @@ impl<H: Host> Supervisor<H> {
             .count()
     }
 
+    /// Sessions started and not yet through their start-up ([`Host::starting`]).
+    pub fn starting(&self) -> usize {
+        self.host.starting()
+    }
+
     /// Accounts with a live session: id -> epoch.
     pub fn owned(&self) -> BTreeMap<i64, i64> {
         self.active.iter().map(|(id, a)| (*id, a.epoch)).collect()
@@ -759,6 +778,7 @@ mod tests {
             credentials_key: None,
             reconcile_every: Duration::from_secs(180),
             handoffs: crate::session::Handoffs::new("n", wait),
+            starting: crate::session::Starting::new(prometheus::IntGauge::new("s", "s").unwrap()),
         });
         let shared = NodeShared {
             services,

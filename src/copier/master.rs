@@ -115,6 +115,7 @@ async fn serve(
     }
     // A new owner always publishes once under its epoch, so followers reconcile early.
     m.sync(session.api.as_ref(), true).await?;
+    ctx.started();
     let mut background = spread_interval(BACKGROUND_SYNC);
     let mut funds = spread_interval(FUNDS_EVERY);
     loop {
@@ -184,7 +185,7 @@ impl Master<'_> {
                 .ctx
                 .node
                 .db
-                .run(async |conn| db::copy::master_state(&mut *conn, self.id).await)
+                .background(async |conn| db::copy::master_state(&mut *conn, self.id).await)
                 .await;
             match result {
                 Ok(state) => {

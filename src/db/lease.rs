@@ -198,6 +198,14 @@ member AS (
      WHERE n.instance_id = excluded.instance_id OR n.lease_until < now()
     RETURNING n.node_id
 ),
+mine AS (
+    SELECT a.id FROM trading_accounts a, grace g
+     WHERE a.node_id = $1
+       AND EXISTS (SELECT FROM member)
+       AND (g.ms = 0 OR a.owner_epoch IN (SELECT unnest($11::bigint[])))
+     ORDER BY a.id
+       FOR NO KEY UPDATE OF a
+),
 renewed AS (
     UPDATE trading_accounts a
        SET lease_until = now() + make_interval(secs => $5 / 1000.0),
@@ -208,8 +216,8 @@ renewed AS (
                                 OR (a.owner_epoch IN (SELECT unnest($6::bigint[])) AND a.lease_until >= now())
                               THEN a.claimed_at ELSE now() END
       FROM grace g
-     WHERE a.node_id = $1
-       AND EXISTS (SELECT FROM member)
+     WHERE a.id IN (SELECT id FROM mine)
+       AND a.node_id = $1
        AND (g.ms = 0 OR a.owner_epoch IN (SELECT unnest($11::bigint[])))
     RETURNING a.id, a.owner_epoch, a.enabled AND a.platform = $3 AS wanted,
               (extract(epoch FROM a.claimed_at) * 1000)::bigint AS claimed_ms
@@ -361,10 +369,17 @@ pub async fn release(
     status: &str,
 ) -> Result<Vec<i64>, sqlx::Error> {
     const SQL: &str = r#"
-WITH released AS (
+WITH locked AS (
+    SELECT a.id FROM trading_accounts a
+     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
+     ORDER BY a.id
+       FOR NO KEY UPDATE OF a
+),
+released AS (
     UPDATE trading_accounts a
        SET node_id = NULL, lease_until = NULL, status = $3, status_at = now()
-     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
+     WHERE a.id IN (SELECT id FROM locked)
+       AND a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
     RETURNING a.id, a.platform
 )
 SELECT id FROM released
@@ -414,10 +429,17 @@ pub async fn leave(
     epochs: &[i64],
 ) -> Result<LeaveOutcome, sqlx::Error> {
     const SQL: &str = r#"
-WITH released AS (
+WITH locked AS (
+    SELECT a.id FROM trading_accounts a
+     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($3::bigint[]))
+     ORDER BY a.id
+       FOR NO KEY UPDATE OF a
+),
+released AS (
     UPDATE trading_accounts a
        SET node_id = NULL, lease_until = NULL, status = 'released: node shut down', status_at = now()
-     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($3::bigint[]))
+     WHERE a.id IN (SELECT id FROM locked)
+       AND a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($3::bigint[]))
     RETURNING a.id
 ),
 gone AS (

@@ -65,6 +65,21 @@ impl SessionBounds {
             idle_in_transaction: at_least(fence / 3),
         }
     }
+
+    /// Bounds of the lease cycle's own connection: still below the fence (a stalled cycle holds
+    /// its row locks no longer), but longer than any statement of the node's own work may run
+    /// ([`SessionBounds::for_fence`]: a third of the fence). The cycle's lock wait (half the
+    /// fence) outlasts whatever lock such a statement holds, so a cycle never fails because the
+    /// node is busy with its own sessions; its statement (two thirds of the fence) has room to
+    /// finish after that wait. The client side still cuts a cycle at the trust deadline.
+    pub fn for_cycle(fence: Duration) -> Self {
+        let at_least = |d: Duration| d.max(Duration::from_millis(1));
+        SessionBounds {
+            statement: at_least(fence * 2 / 3),
+            lock: at_least(fence / 2),
+            idle_in_transaction: at_least(fence / 3),
+        }
+    }
 }
 
 /// Connection options for a running node: the bounds above, `synchronous_commit = on` (an
@@ -186,12 +201,30 @@ impl Drop for Unfinished {
     }
 }
 
+/// How many units of background work ([`Db::background`]) may hold or wait for pooled connections
+/// at once: half of [`node_pool`]'s connections, so the other half always serves live work.
+pub const BACKGROUND_UNITS: usize = 4;
+
+/// What a node measures of its pool (series of the node's registry, made by its metrics).
+#[derive(Debug, Clone)]
+pub struct PoolMeasures {
+    /// Seconds each unit of work waited for a pooled connection.
+    pub wait: prometheus::Histogram,
+    /// Units of background work waiting for their turn.
+    pub background_waiting: prometheus::IntGauge,
+}
+
 /// The node's pool and how a unit of work runs on it ([`run_on`]): every statement of a running
 /// node other than the lease cycle's (which has a connection of its own) goes through here.
+/// Live work (a master's event, a copy's fenced records) runs at once ([`Db::run`]); background
+/// reads (a session's start-up, periodic reconciles) take turns ([`Db::background`]), so however
+/// many sessions start or reconcile, they never hold more than [`BACKGROUND_UNITS`] connections.
 #[derive(Debug, Clone)]
 pub struct Db {
     pool: PgPool,
     session: Arc<Session>,
+    turns: Arc<tokio::sync::Semaphore>,
+    measures: Option<PoolMeasures>,
 }
 
 impl Db {
@@ -199,7 +232,40 @@ impl Db {
         Db {
             pool,
             session: Arc::new(session),
+            turns: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UNITS)),
+            measures: None,
         }
+    }
+
+    /// The same pool, measured into `measures`.
+    pub fn measured(mut self, measures: PoolMeasures) -> Db {
+        self.measures = Some(measures);
+        self
+    }
+
+    /// Runs `work` as [`Db::run`] does, once a background turn is free: for reads that can wait
+    /// (a session's start-up, a reconcile), never for a live event's work.
+    pub async fn background<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        /// Counts a unit as waiting until its turn comes or it is dropped.
+        struct Waiting<'a>(Option<&'a prometheus::IntGauge>);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if let Some(g) = self.0 {
+                    g.dec();
+                }
+            }
+        }
+        let waiting = Waiting(self.measures.as_ref().map(|m| &m.background_waiting));
+        if let Some(g) = waiting.0 {
+            g.inc();
+        }
+        let turn = self.turns.acquire().await;
+        drop(waiting);
+        let _turn = turn.map_err(|_| sqlx::Error::PoolClosed)?;
+        self.run(work).await
     }
 
     /// A pool straight to PostgreSQL (tests, tools).
@@ -218,8 +284,22 @@ impl Db {
         &self,
         work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
-        let mut unit = Unfinished(Some(self.pool.acquire().await?));
+        let asked = tokio::time::Instant::now();
+        let acquired = self.pool.acquire().await;
+        if let Some(m) = &self.measures {
+            m.wait.observe(asked.elapsed().as_secs_f64());
+        }
+        let mut unit = Unfinished(Some(acquired?));
         let conn = unit.0.as_mut().expect("just acquired");
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::active("COPIERTEST_POOL_HOG") {
+            // The node's own work saturating its pool: every unit first keeps its connection busy
+            // on the server until the statement timeout cuts it, then fails.
+            tracing::debug!("fault injection: pooled unit of work hogging its connection");
+            sqlx::query("SELECT pg_sleep(3600)")
+                .execute(&mut **conn)
+                .await?;
+        }
         let out = run_on(conn, &self.session, work).await;
         if out.is_ok() {
             // Finished: back to the pool.
@@ -477,6 +557,20 @@ mod tests {
         assert!(b.idle_in_transaction < Duration::from_secs(15));
         let tiny = SessionBounds::for_fence(Duration::from_millis(2));
         assert!(tiny.statement >= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn the_cycle_outwaits_every_other_statement_of_the_node_and_stays_below_the_fence() {
+        for fence in [3u64, 1_000, 5_000, 15_000] {
+            let fence = Duration::from_millis(fence);
+            let (cycle, work) = (
+                SessionBounds::for_cycle(fence),
+                SessionBounds::for_fence(fence),
+            );
+            assert!(cycle.lock > work.statement, "fence {fence:?}");
+            assert!(cycle.statement > cycle.lock, "fence {fence:?}");
+            assert!(cycle.statement < fence && cycle.idle_in_transaction < fence);
+        }
     }
 
     #[test]

@@ -26,15 +26,25 @@ pub async fn write_batch(
     batch: &[StatusUpdate],
 ) -> Result<Vec<(i64, i64)>, sqlx::Error> {
     const SQL: &str = r#"
+WITH s AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])
+        AS s(id, epoch, status, balance, equity, currency)
+),
+locked AS (
+    SELECT a.id FROM trading_accounts a JOIN s ON a.id = s.id
+     WHERE a.node_id = $1 AND a.owner_epoch = s.epoch
+     ORDER BY a.id
+       FOR NO KEY UPDATE OF a
+)
 UPDATE trading_accounts a
    SET status    = coalesce(s.status, a.status),
        status_at = now(),
        balance   = coalesce(s.balance, a.balance),
        equity    = coalesce(s.equity, a.equity),
        currency  = coalesce(s.currency, a.currency)
-  FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])
-       AS s(id, epoch, status, balance, equity, currency)
- WHERE a.id = s.id AND a.node_id = $1 AND a.owner_epoch = s.epoch
+  FROM s
+ WHERE a.id = s.id AND a.id IN (SELECT id FROM locked)
+   AND a.node_id = $1 AND a.owner_epoch = s.epoch
 RETURNING a.id, a.owner_epoch
 "#;
     let ids: Vec<i64> = batch.iter().map(|u| u.account_id).collect();

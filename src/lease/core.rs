@@ -16,7 +16,10 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::balance;
-use super::{EXPIRY_SLACK, JITTER, NodeError, RECLAIM_SOON, SHUTDOWN_GRACE, retry_delay};
+use super::{
+    ADMIT_AGAIN, EXPIRY_SLACK, JITTER, NodeError, RECLAIM_SOON, SHUTDOWN_GRACE, STARTING_AT_ONCE,
+    retry_delay,
+};
 use crate::config::{NodeConfig, show};
 use crate::db::lease::{CycleOutcome, CycleParams, DatabaseView};
 use crate::metrics::Metrics;
@@ -42,6 +45,9 @@ pub struct Core<H: Host> {
     member_ever: bool,
     conflict_since: Option<Instant>,
     failures: u32,
+    /// The last cycle failed or ran late ([`Core::late_after`]): the next one renews and claims
+    /// nothing, so a loaded database spends its time on keeping the node's leases first.
+    late: bool,
     draining: Option<Instant>,
     /// Fair share from the last cycle's view of the platform.
     target: Option<u32>,
@@ -97,6 +103,7 @@ impl<H: Host> Core<H> {
             member_ever: false,
             conflict_since: None,
             failures: 0,
+            late: false,
             draining: None,
             target: None,
             shedding: false,
@@ -142,10 +149,8 @@ impl<H: Host> Core<H> {
             } else {
                 Vec::new()
             },
-            claim_limit: self
-                .target
-                .map_or(self.node.capacity, |t| t.min(self.node.capacity)),
-            claim: self.draining.is_none(),
+            claim_limit: self.share_limit().min(self.admitted(owned.len())),
+            claim: self.draining.is_none() && !self.late,
             // Published for the peers' shares, hand-offs still waiting included.
             owned: (owned.len() + self.supervisor.handing_off()) as u32,
         }
@@ -157,6 +162,19 @@ impl<H: Host> Core<H> {
     #[cfg(test)]
     pub(crate) fn keep_held_instead(&self, p: &mut Prepared) {
         p.kept = self.held.clone();
+    }
+
+    /// The most accounts the node may own by its capacity and fair share.
+    fn share_limit(&self) -> u32 {
+        self.target
+            .map_or(self.node.capacity, |t| t.min(self.node.capacity))
+    }
+
+    /// The most accounts the node may own by what it can start: the `running` sessions, plus
+    /// as many new ones as [`STARTING_AT_ONCE`] leaves room for beside those still starting.
+    fn admitted(&self, running: usize) -> u32 {
+        let can_start = STARTING_AT_ONCE.saturating_sub(self.supervisor.starting());
+        u32::try_from(running + can_start).unwrap_or(u32::MAX)
     }
 
     /// The statement's parameters for a prepared cycle.
@@ -215,6 +233,7 @@ impl<H: Host> Core<H> {
         }
         self.member_ever = true;
         self.conflict_since = None;
+        self.note_lateness(acknowledged - t0);
         self.failures = 0;
         self.lapse_logged = false;
         self.last_ack = Some(acknowledged);
@@ -405,10 +424,17 @@ impl<H: Host> Core<H> {
     fn schedule(&mut self, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * self.rng.f64());
         let mut next = t0 + period;
-        let limit = self
-            .target
-            .map_or(self.node.capacity, |t| t.min(self.node.capacity)) as usize;
+        let limit = self.share_limit() as usize;
         let room = limit.saturating_sub(self.wanted) > 0;
+        let admitted = self.admitted(self.supervisor.owned().len()) as usize;
+        self.metrics
+            .claim_room
+            .set(limit.min(admitted).saturating_sub(self.wanted) as i64);
+        if room && admitted <= self.wanted && self.draining.is_none() && outcome.free > 0 {
+            // Free accounts wait while this node's sessions still start (admission): claim again
+            // once some are through, not at once (each cycle renews every row it holds).
+            return next.min(acknowledged + ADMIT_AGAIN);
+        }
         if let Some(end) = self.grace_until {
             // Nothing can be claimed before the grace ends: one cycle per period until then (not
             // the quick re-claims below, which would spin on free rows nobody may take), and one
@@ -418,7 +444,7 @@ impl<H: Host> Core<H> {
             }
             return next;
         }
-        if room && self.draining.is_none() && outcome.free > 0 {
+        if room && self.draining.is_none() && outcome.free > 0 && !self.late {
             // Free accounts and room under a share that just grew (a peer left, accounts were
             // added): claim them now rather than a cycle later.
             next = next.min(acknowledged + RECLAIM_SOON);
@@ -435,6 +461,34 @@ impl<H: Host> Core<H> {
         next
     }
 
+    /// A cycle taking longer than this is late: a quarter of the fence, below the bound of the
+    /// node's other statements (a third), far above a cycle on a healthy database (milliseconds).
+    pub fn late_after(&self) -> Duration {
+        self.node.fence / 4
+    }
+
+    /// Whether the next cycle claims, from how long this one took: a late cycle makes the next
+    /// one renew only; the first cycle on time claims again.
+    fn note_lateness(&mut self, took: Duration) {
+        let late = took > self.late_after();
+        if late && self.draining.is_none() {
+            self.metrics.lease_cycles_renew_only.inc();
+        }
+        if late && !self.late {
+            warn!(
+                cycle_ms = took.as_millis() as u64,
+                late_after_ms = self.late_after().as_millis() as u64,
+                "lease cycle ran late: renewing only, claiming nothing until a cycle is on time again"
+            );
+        } else if !late && self.late && self.failures == 0 {
+            info!(
+                cycle_ms = took.as_millis() as u64,
+                "lease cycle on time again: claiming again"
+            );
+        }
+        self.late = late;
+    }
+
     /// A cycle failed at `now` (an error, or no answer within its bound); returns when to retry.
     pub fn failed(&mut self, now: Instant, reason: String) -> Instant {
         self.metrics
@@ -442,6 +496,10 @@ impl<H: Host> Core<H> {
             .with_label_values(&["failed"])
             .inc();
         self.failures += 1;
+        self.late = true;
+        if self.draining.is_none() {
+            self.metrics.lease_cycles_renew_only.inc();
+        }
         let backoff = retry_delay(self.failures, self.node.cycle);
         let trusted = self.deadline.is_some_and(|d| trust::holds(now, d));
         warn!(error = %reason, attempt = self.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");

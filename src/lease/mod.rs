@@ -40,6 +40,15 @@ pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(25);
 /// How soon a node with room claims again when free accounts remain after a cycle.
 pub(crate) const RECLAIM_SOON: Duration = Duration::from_millis(10);
 
+/// How many of a node's sessions may be starting at once (claimed, not yet logged in and
+/// reconciled): a cycle claims no more than leaves room for, so a cold start of many accounts
+/// is paced by how fast they start, and the database and brokers are not asked for every
+/// account's start-up reads and login at once.
+pub const STARTING_AT_ONCE: usize = 1000;
+
+/// How soon a node claims again when free accounts wait only for its sessions to start.
+pub(crate) const ADMIT_AGAIN: Duration = Duration::from_secs(1);
+
 /// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
 pub(crate) const JITTER: f64 = 0.2;
 

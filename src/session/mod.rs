@@ -50,6 +50,66 @@ pub struct NodeServices {
     pub master_publisher: crate::db::copy::MasterPublisher,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.
     pub handoffs: Handoffs,
+    /// Sessions still starting (claimed, not yet through login and first reconcile): the lease
+    /// loop claims no more than it can start.
+    pub starting: Arc<Starting>,
+}
+
+/// How many of the node's sessions are still starting, published as `copier_sessions_starting`.
+#[derive(Debug)]
+pub struct Starting {
+    count: std::sync::atomic::AtomicUsize,
+    gauge: prometheus::IntGauge,
+}
+
+impl Starting {
+    pub fn new(gauge: prometheus::IntGauge) -> Arc<Starting> {
+        Arc::new(Starting {
+            count: std::sync::atomic::AtomicUsize::new(0),
+            gauge,
+        })
+    }
+
+    /// Sessions still starting.
+    pub fn count(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A session begins its start-up; it ends when the session says so or the task ends.
+    pub fn begin(self: &Arc<Self>) -> Arc<StartUp> {
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.gauge.inc();
+        Arc::new(StartUp {
+            done: std::sync::atomic::AtomicBool::new(false),
+            of: self.clone(),
+        })
+    }
+}
+
+/// One session's start-up, counted in [`Starting`] until [`StartUp::done`] or its drop.
+#[derive(Debug)]
+pub struct StartUp {
+    done: std::sync::atomic::AtomicBool,
+    of: Arc<Starting>,
+}
+
+impl StartUp {
+    /// The session is through its start-up (idempotent).
+    pub fn done(&self) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.of
+                .count
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.of.gauge.dec();
+        }
+    }
+}
+
+impl Drop for StartUp {
+    fn drop(&mut self) {
+        self.done();
+    }
 }
 
 /// Everything an account task may use.
@@ -62,12 +122,20 @@ pub struct AccountContext {
     pub cancel: CancellationToken,
     pub status: StatusWriter,
     pub node: Arc<NodeServices>,
+    /// This task's start-up, counted until [`AccountContext::started`] or the task's end.
+    pub startup: Arc<StartUp>,
 }
 
 impl AccountContext {
     /// The ownership generation: the fence for broker logins and orders, the epoch of writes.
     pub fn epoch(&self) -> i64 {
         self.gate.epoch()
+    }
+
+    /// The session is through its start-up (logged in, first reconcile or publication done):
+    /// it no longer counts against the node's claims.
+    pub fn started(&self) {
+        self.startup.done();
     }
 
     pub fn set_status(&self, status: impl Into<String>) {
@@ -254,7 +322,7 @@ impl AccountContext {
         let read = self
             .node
             .db
-            .run(async |c| db::copy::load_account(c, self.account_id).await)
+            .background(async |c| db::copy::load_account(c, self.account_id).await)
             .await;
         let new = match read {
             Ok(Some(new)) => new,
@@ -281,5 +349,34 @@ impl AccountContext {
             && current.role == new.role
             && same_credentials;
         (!same).then_some(new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_up_counts_until_done_or_dropped_and_only_once() {
+        let starting = Starting::new(prometheus::IntGauge::new("s", "s").unwrap());
+        let a = starting.begin();
+        let b = starting.begin();
+        assert_eq!(starting.count(), 2);
+        a.done();
+        a.done();
+        assert_eq!(starting.count(), 1, "done twice counts once");
+        drop(a);
+        assert_eq!(
+            starting.count(),
+            1,
+            "dropping a finished start-up changes nothing"
+        );
+        drop(b);
+        assert_eq!(
+            starting.count(),
+            0,
+            "a task that ended unstarted no longer counts"
+        );
+        assert_eq!(starting.gauge.get(), 0);
     }
 }

@@ -287,6 +287,8 @@ pub struct SimHost {
     effects: Vec<Effect>,
     /// How many times the core reported the database back after failed cycles.
     backs: u32,
+    /// Sessions reported still starting (the world starts them at once: none, but for tests).
+    starting: usize,
 }
 
 impl Host for SimHost {
@@ -356,6 +358,10 @@ impl Host for SimHost {
 
     fn database_back(&mut self) {
         self.backs += 1;
+    }
+
+    fn starting(&self) -> usize {
+        self.starting
     }
 }
 
@@ -957,6 +963,7 @@ impl World {
                     base: node.base,
                     effects: Vec::new(),
                     backs: 0,
+                    starting: 0,
                 };
                 let (state, _) = watch::channel(NodeState::default());
                 let seed = self.rng.u64(..);
@@ -1859,21 +1866,18 @@ mod tests {
         assert!(last > 0, "pauses far beyond the fence never broke S1");
     }
 
-    /// The core tells its host the database is back on the first acknowledged cycle after failed
-    /// ones (the LISTEN connection then reconnects at once), and only then.
-    #[test]
-    fn the_first_cycle_after_failures_reports_the_database_back_once() {
+    /// A lone node's core on a [`SimHost`] (capacity 10, lease 3 s, fence 1 s, cycle 500 ms).
+    fn lone_core(t: Instant) -> crate::lease::Core<SimHost> {
         use crate::config::NodeConfig;
-        use crate::db::lease::CycleOutcome;
         use crate::lease::{Core, NodeState};
         use crate::metrics::Metrics;
         use crate::supervisor::Supervisor;
-        let t = Instant::now();
         let host = SimHost {
             now: t,
             base: MonoBase::new(),
             effects: Vec::new(),
             backs: 0,
+            starting: 0,
         };
         let cfg = NodeConfig {
             platform: "mt5".into(),
@@ -1886,14 +1890,79 @@ mod tests {
             rebalance_step: 0.1,
         };
         let (state, _) = tokio::sync::watch::channel(NodeState::default());
-        let mut core = Core::new(
+        Core::new(
             cfg,
             "n-1".into(),
             Supervisor::with_host(host),
             state,
             std::sync::Arc::new(Metrics::new()),
             fastrand::Rng::with_seed(1),
+        )
+    }
+
+    /// A cycle that failed or ran late (over a quarter of the fence) makes the next one renew
+    /// only; the first cycle on time claims again.
+    #[test]
+    fn a_late_or_failed_cycle_makes_the_next_one_renew_only() {
+        use crate::db::lease::CycleOutcome;
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        let ok = CycleOutcome {
+            member: true,
+            ..CycleOutcome::default()
+        };
+        let claims = |core: &crate::lease::Core<SimHost>, at: Instant| {
+            let p = core.prepare(at);
+            core.params(&p).claim
+        };
+        assert!(claims(&core, t), "a first cycle claims");
+        let quarter = Duration::from_millis(250);
+        core.acknowledged(t, t + quarter, &ok).unwrap();
+        assert!(
+            claims(&core, t + quarter),
+            "a quarter of the fence is on time"
         );
+        let t1 = t + Duration::from_secs(1);
+        core.acknowledged(t1, t1 + quarter + Duration::from_millis(1), &ok)
+            .unwrap();
+        assert!(
+            !claims(&core, t1 + quarter),
+            "after a late cycle: renew only"
+        );
+        let t2 = t + Duration::from_secs(2);
+        core.acknowledged(t2, t2 + Duration::from_millis(3), &ok)
+            .unwrap();
+        assert!(claims(&core, t2), "on time again: claims");
+        core.failed(t2, "timeout".into());
+        assert!(!claims(&core, t2), "after a failed cycle: renew only");
+    }
+
+    /// A node claims no more than it can start: its running sessions plus what the limit of
+    /// sessions starting at once leaves room for.
+    #[test]
+    fn claims_are_bounded_by_the_sessions_still_starting() {
+        use crate::lease::STARTING_AT_ONCE;
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        let limit = |core: &crate::lease::Core<SimHost>| {
+            let p = core.prepare(t);
+            core.params(&p).claim_limit
+        };
+        core.supervisor.host_mut().starting = STARTING_AT_ONCE - 3;
+        assert_eq!(limit(&core), 3, "room for three more starting sessions");
+        core.supervisor.host_mut().starting = STARTING_AT_ONCE + 5;
+        assert_eq!(limit(&core), 0, "none while the node is at its limit");
+        core.supervisor.host_mut().starting = 0;
+        assert_eq!(limit(&core), 10, "then its capacity again");
+    }
+
+    /// The core tells its host the database is back on the first acknowledged cycle after failed
+    /// ones (the LISTEN connection then reconnects at once), and only then.
+    #[test]
+    fn the_first_cycle_after_failures_reports_the_database_back_once() {
+        use crate::db::lease::CycleOutcome;
+        let t = Instant::now();
+        let mut core = lone_core(t);
         let ok = CycleOutcome {
             member: true,
             ..CycleOutcome::default()

@@ -383,3 +383,74 @@ async fn a_batch_writer_whose_connection_was_cut_writes_its_next_batch_anyway() 
         .unwrap();
     assert_eq!(rows, 2);
 }
+
+/// Background work (session start-ups, reconciles) takes turns on the node's pool, so however
+/// much of it queues, live work finds a connection: sixteen background units each holding their
+/// connection on the server, and a live unit started after them all finishes while the first
+/// turns are still busy. Judged by PostgreSQL: no more than the turns' worth of the pool's
+/// connections ever run a background unit (`pg_stat_activity`).
+#[tokio::test]
+async fn live_work_never_waits_behind_queued_background_work() {
+    use copier_node::db::{self, BACKGROUND_UNITS, Db, Session, SessionBounds};
+
+    let test_db = crate::support::TestDb::new().await;
+    let session = Session::direct(SessionBounds::for_fence(Duration::from_secs(15)));
+    let url =
+        crate::support::config_url(&test_db.url, "turns", 1, crate::support::FAST).database_url;
+    let options = db::node_options(&url, "turns", session).unwrap();
+    let pool = Db::new(
+        db::node_pool(options, Duration::from_secs(10), session),
+        session,
+    );
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut background = Vec::new();
+    for _ in 0..16 {
+        let (pool, finished) = (pool.clone(), finished.clone());
+        background.push(tokio::spawn(async move {
+            pool.background(async |c| {
+                sqlx::query("SELECT pg_sleep(1) /* background unit */")
+                    .execute(c)
+                    .await
+            })
+            .await
+            .unwrap();
+            finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+    }
+    let mut watcher = test_db.conn().await;
+    let running = async |watcher: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%/* background unit */%' AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(watcher)
+        .await
+        .unwrap()
+    };
+    eventually(
+        "the background turns all busy",
+        Duration::from_secs(20),
+        async || (running(&mut watcher).await == BACKGROUND_UNITS as i64).then_some(()),
+    )
+    .await;
+    pool.run(async |c| sqlx::query("SELECT 1").execute(c).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        finished.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the live unit waited for background work to finish"
+    );
+    let mut most = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    while finished.load(std::sync::atomic::Ordering::SeqCst) < 16 {
+        tick.tick().await;
+        most = most.max(running(&mut watcher).await);
+        assert!(
+            most <= BACKGROUND_UNITS as i64,
+            "{most} background units ran at once"
+        );
+    }
+    for b in background {
+        b.await.unwrap();
+    }
+}

@@ -705,3 +705,136 @@ async fn long_dead_memberships_that_own_nothing_are_forgotten() {
         .unwrap();
     assert_eq!(left, ["holding", "other-platform", "recent"]);
 }
+
+/// Whether an error is PostgreSQL's deadlock detector breaking a wait cycle (SQLSTATE 40P01).
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("40P01"))
+}
+
+/// The (id, epoch) of every row `node` owns, in random order.
+async fn owned_shuffled(
+    conn: &mut PgConnection,
+    node: &str,
+    rng: &mut fastrand::Rng,
+) -> Vec<(i64, i64)> {
+    let mut rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, owner_epoch FROM trading_accounts WHERE node_id = $1")
+            .bind(node)
+            .fetch_all(conn)
+            .await
+            .unwrap();
+    rng.shuffle(&mut rows);
+    rows
+}
+
+#[tokio::test]
+async fn the_cycle_never_deadlocks_with_the_nodes_other_writes_to_its_rows() {
+    // A node's cycle renews every row it owns while, on other connections, the same node writes
+    // its accounts' statuses in batches and releases accounts, each batch in whatever order its
+    // callers gathered it (here: shuffled). Every statement that locks several account rows must
+    // lock them in one order (ascending id), or two of them wait for each other and PostgreSQL
+    // breaks the cycle by failing one (SQLSTATE 40P01): a lease cycle lost to the node's own work.
+    // The judge is PostgreSQL's own error, from every statement of every connection.
+    const ROWS: i64 = 3000;
+    let db = TestDb::new().await;
+    let mut setup = db.conn().await;
+    insert_accounts(&mut setup, 1..=ROWS, "mt5").await;
+    let long = Duration::from_secs(600);
+    let first = lease::cycle(
+        &mut setup,
+        &CycleParams {
+            lease: long,
+            trust: long / 2,
+            ..params("n", "i", ROWS as u32, &[])
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.owned.len(), ROWS as usize);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let connect = async || -> PgConnection { sqlx::Connection::connect(&db.url).await.unwrap() };
+
+    let cycles = {
+        let mut conn = connect().await;
+        let stop = stop.clone();
+        let mut held: Vec<i64> = first.owned.iter().map(|r| r.epoch).collect();
+        tokio::spawn(async move {
+            let mut deadlocks = 0;
+            for _ in 0..60 {
+                let p = CycleParams {
+                    lease: long,
+                    trust: long / 2,
+                    owned: held.len() as u32,
+                    ..params("n", "i", ROWS as u32, &held)
+                };
+                match lease::cycle(&mut conn, &p).await {
+                    Ok(out) => held = out.owned.iter().map(|r| r.epoch).collect(),
+                    Err(e) if is_deadlock(&e) => deadlocks += 1,
+                    Err(e) => panic!("cycle: {e}"),
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            deadlocks
+        })
+    };
+    let statuses = {
+        let mut conn = connect().await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(1);
+            let mut deadlocks = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let batch: Vec<StatusUpdate> = owned_shuffled(&mut conn, "n", &mut rng)
+                    .await
+                    .into_iter()
+                    .map(|(account_id, epoch)| StatusUpdate {
+                        account_id,
+                        epoch,
+                        status: Some("connected".into()),
+                        balance: Some(1.0),
+                        equity: None,
+                        currency: None,
+                    })
+                    .collect();
+                match status::write_batch(&mut conn, "n", &batch).await {
+                    Ok(_) => {}
+                    Err(e) if is_deadlock(&e) => deadlocks += 1,
+                    Err(e) => panic!("status batch: {e}"),
+                }
+            }
+            deadlocks
+        })
+    };
+    let releases = {
+        let mut conn = connect().await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(2);
+            let mut deadlocks = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let some: Vec<i64> = owned_shuffled(&mut conn, "n", &mut rng)
+                    .await
+                    .into_iter()
+                    .take(500)
+                    .map(|(_, epoch)| epoch)
+                    .collect();
+                match lease::release(&mut conn, "n", &some, "released: test").await {
+                    Ok(_) => {}
+                    Err(e) if is_deadlock(&e) => deadlocks += 1,
+                    Err(e) => panic!("release: {e}"),
+                }
+            }
+            deadlocks
+        })
+    };
+    let (c, s, r) = (
+        cycles.await.unwrap(),
+        statuses.await.unwrap(),
+        releases.await.unwrap(),
+    );
+    assert_eq!(
+        (c, s, r),
+        (0, 0, 0),
+        "deadlocks (cycles, status batches, releases): PostgreSQL broke wait cycles between the node's own statements"
+    );
+}

@@ -395,6 +395,101 @@ async fn healthz_fails_while_the_lease_loop_is_stalled_for_a_lease() {
     assert_eq!(node.wait_exit(WAIT).await.code(), Some(0));
 }
 
+/// The node's own work never starves its lease cycle: with the node's pooled connections kept
+/// busy on the server (a fault-injection point makes each unit of session work sleep until its
+/// statement timeout cuts it, and 200 sessions keep failing, restarting and queueing for a
+/// turn), the cycle, on a connection of its own, still renews in time. Judged from the database alone: the rows'
+/// `lease_until`, the membership's `renewed_at`, and `pg_stat_activity` for the saturation.
+#[tokio::test]
+async fn a_node_with_its_pool_saturated_by_session_work_still_renews_every_cycle() {
+    if !cfg!(feature = "failpoints") {
+        panic!(
+            "this test saturates the node's pool through a fault-injection point: run with --features failpoints"
+        );
+    }
+    /// Session start-ups take turns on the pool (`db::BACKGROUND_UNITS`): all of them busy, with
+    /// 200 sessions waiting for a turn, is the most session work can load it.
+    const POOL: i64 = copier_node::db::BACKGROUND_UNITS as i64;
+    const ACCOUNTS: i64 = 200;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=ACCOUNTS, "mt5").await;
+    let dir = Scratch::new("pool-hog");
+    let hog = dir.path("hog");
+    std::fs::write(&hog, b"hog").unwrap();
+    let mut node =
+        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
+            node_id: "hog".into(),
+            capacity: ACCOUNTS as u32,
+            timing: FAST,
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: vec![("COPIERTEST_POOL_HOG".into(), hog.display().to_string())],
+            extra: Vec::new(),
+        });
+    let saturated = async |conn: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node hog' AND wait_event = 'PgSleep'",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    };
+    eventually(
+        "the node's pool saturated, every account claimed",
+        WAIT,
+        async || {
+            let live: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM trading_accounts WHERE node_id = 'hog' AND lease_until > now()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+            (live == ACCOUNTS && saturated(&mut conn).await >= POOL).then_some(())
+        },
+    )
+    .await;
+    // Three leases of samples: every lease stays live, and the membership's renewals (database
+    // clock) never leave a gap the trust window (lease - fence = 2 s) would not cover.
+    let window = Duration::from_secs(9);
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let (mut samples, mut full) = (0, 0);
+    let mut renewals: Vec<f64> = Vec::new();
+    while started.elapsed() < window {
+        tick.tick().await;
+        let (live, renewed): (i64, f64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM trading_accounts WHERE node_id = 'hog' AND lease_until > now()),
+                    (SELECT extract(epoch FROM renewed_at)::float8 FROM nodes WHERE node_id = 'hog')",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            live, ACCOUNTS,
+            "a lease of the node lapsed while its pool was saturated"
+        );
+        if renewals.last() != Some(&renewed) {
+            renewals.push(renewed);
+        }
+        samples += 1;
+        full += i32::from(saturated(&mut conn).await >= POOL);
+    }
+    assert!(
+        full * 2 >= samples,
+        "the pool was saturated in only {full} of {samples} samples: the test did not load the node"
+    );
+    let gaps: Vec<f64> = renewals.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(renewals.len() >= 5, "renewals seen: {renewals:?}");
+    assert!(
+        gaps.iter().all(|g| *g < 2.0),
+        "a gap between renewals outlasted the trust window: {gaps:?}"
+    );
+    std::fs::remove_file(&hog).unwrap();
+    node.signal("TERM");
+    assert_eq!(node.wait_exit(WAIT).await.code(), Some(0));
+}
+
 /// Runs the demo in a pseudo-terminal (`script`), types Ctrl-C once a line containing `when`
 /// appears, and returns (exit code, everything the terminal showed). The interrupt character goes
 /// through the terminal's line discipline to its whole foreground process group, as a person's

@@ -140,7 +140,7 @@ impl Follower<'_> {
             .ctx
             .node
             .db
-            .run(async |conn| {
+            .background(async |conn| {
                 let rows = db::copy::load_links(&mut *conn, self.id).await?;
                 let max = db::copy::follower_max_open_copies(&mut *conn, self.id).await?;
                 let removed = db::copy::removed_links(&mut *conn, self.id).await?;

@@ -192,6 +192,7 @@ async fn serve(
         return Ok(Ended::Stopped);
     }
     f.reconcile_all("session start").await;
+    ctx.started();
     // A slow reconcile of every master, so a lost last event is repaired too.
     let mut background = spread_interval(ctx.node.reconcile_every);
     let mut links = spread_interval(LINKS_EVERY);
@@ -270,7 +271,7 @@ impl Follower<'_> {
             .ctx
             .node
             .db
-            .run(async |conn| {
+            .background(async |conn| {
                 db::copy::ledger::copied(&mut *conn, self.id, &self.server, &self.login).await
             })
             .await;
@@ -447,7 +448,7 @@ impl Follower<'_> {
             .ctx
             .node
             .db
-            .run(async |conn| {
+            .background(async |conn| {
                 let state = db::copy::master_state(&mut *conn, m).await?;
                 let funds = db::copy::account_funds(&mut *conn, m).await?;
                 let bases = db::copy::load_bases(&mut *conn, self.id).await?;

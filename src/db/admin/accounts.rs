@@ -229,8 +229,10 @@ pub async fn roles_for_share(
     conn: &mut PgConnection,
     ids: &[i64],
 ) -> Result<Vec<(i64, String, String)>, sqlx::Error> {
-    sqlx::query_as("SELECT id, role, platform FROM trading_accounts WHERE id = ANY($1) FOR SHARE")
-        .bind(ids)
-        .fetch_all(conn)
-        .await
+    sqlx::query_as(
+        "SELECT id, role, platform FROM trading_accounts WHERE id = ANY($1) ORDER BY id FOR SHARE",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await
 }
