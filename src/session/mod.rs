@@ -217,6 +217,9 @@ impl AccountContext {
                     row.login
                 ),
                 Err(e) => {
+                    // Waiting for an unreachable broker is not starting: it must not hold back
+                    // the node's claims of accounts on other servers (admission).
+                    self.started();
                     let delay = retry.failed();
                     warn!(server = %row.server, error = %e, retry_in_ms = delay.as_millis() as u64, "broker login failed; retrying");
                     self.set_status(format!("broker unreachable ({}); retrying", row.server));

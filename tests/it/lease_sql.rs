@@ -735,7 +735,7 @@ async fn the_cycle_never_deadlocks_with_the_nodes_other_writes_to_its_rows() {
     // lock them in one order (ascending id), or two of them wait for each other and PostgreSQL
     // breaks the cycle by failing one (SQLSTATE 40P01): a lease cycle lost to the node's own work.
     // The judge is PostgreSQL's own error, from every statement of every connection.
-    const ROWS: i64 = 3000;
+    const ROWS: i64 = 1500;
     let db = TestDb::new().await;
     let mut setup = db.conn().await;
     insert_accounts(&mut setup, 1..=ROWS, "mt5").await;
@@ -760,7 +760,7 @@ async fn the_cycle_never_deadlocks_with_the_nodes_other_writes_to_its_rows() {
         let mut held: Vec<i64> = first.owned.iter().map(|r| r.epoch).collect();
         tokio::spawn(async move {
             let mut deadlocks = 0;
-            for _ in 0..60 {
+            for _ in 0..30 {
                 let p = CycleParams {
                     lease: long,
                     trust: long / 2,
