@@ -63,6 +63,7 @@ pub(crate) fn steady_params(held: &[i64]) -> CycleParams<'_> {
         claim_limit: 2 * held.len() as u32,
         trust: Duration::from_secs(45),
         owned: held.len() as u32,
+        starting: 0,
         lease: Duration::from_secs(60),
         held,
         claim: true,

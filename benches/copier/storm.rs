@@ -73,6 +73,7 @@ pub(crate) async fn claim_storm(
                         claim_limit: capacity,
                         trust: Duration::from_secs(45),
                         owned: held.len() as u32,
+                        starting: 0,
                         lease: Duration::from_secs(60),
                         held: &held,
                         claim: true,

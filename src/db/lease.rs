@@ -28,6 +28,8 @@ pub struct CycleParams<'a> {
     pub trust: Duration,
     /// Accounts the node runs sessions for (published for the others' shares).
     pub owned: u32,
+    /// Sessions still starting (published: peers hand nothing to a node still starting).
+    pub starting: u32,
     pub lease: Duration,
     /// Epochs the node holds and may renew as they are. Any other row with `node_id = me`
     /// (left by an earlier instance, or expired) is re-claimed with a new epoch instead (R1).
@@ -62,6 +64,8 @@ pub struct Peer {
     pub trusted: bool,
     pub capacity: u32,
     pub owned: u32,
+    /// Its sessions still starting, as of its last cycle.
+    pub starting: u32,
 }
 
 /// The live membership of another instance holding this node's id.
@@ -122,7 +126,8 @@ pub struct DatabaseView {
 /// Parameters: $1 node id, $2 instance id, $3 platform, $4 capacity (int4), $5 lease in
 /// milliseconds (int8), $6 held epochs (int8[]), $7 whether to claim (bool), $8 claim limit
 /// (int4: capacity, or the fair share when lower), $9 `lease - fence` in milliseconds (int8),
-/// $10 accounts owned (int4), $11 epochs kept through a grace (int8[]).
+/// $10 accounts owned (int4), $11 epochs kept through a grace (int8[]), $12 sessions still
+/// starting (int4).
 ///
 /// The first CTEs watch the database itself (see `migrations/0007_failover_grace.sql`): a new
 /// timeline or system identifier starts a grace of the longest lease plus a second (the longest of
@@ -182,9 +187,9 @@ era AS (
      WHERE noted.changed
 ),
 member AS (
-    INSERT INTO nodes AS n (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at, trust_until, owned)
+    INSERT INTO nodes AS n (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at, trust_until, owned, starting)
     VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5 / 1000.0), now(), now(),
-            now() + make_interval(secs => $9 / 1000.0), $10)
+            now() + make_interval(secs => $9 / 1000.0), $10, $12)
     ON CONFLICT (node_id) DO UPDATE
        SET instance_id = excluded.instance_id,
            platform    = excluded.platform,
@@ -193,6 +198,7 @@ member AS (
            renewed_at  = excluded.renewed_at,
            trust_until = excluded.trust_until,
            owned       = excluded.owned,
+           starting    = excluded.starting,
            started_at  = CASE WHEN n.instance_id = excluded.instance_id
                               THEN n.started_at ELSE excluded.started_at END
      WHERE n.instance_id = excluded.instance_id OR n.lease_until < now()
@@ -271,7 +277,7 @@ SELECT 'conflict', NULL, NULL, NULL, c.instance_id,
        greatest((extract(epoch FROM c.lease_until - now()) * 1000)::bigint, 0), NULL, NULL, NULL
   FROM nodes c WHERE c.node_id = $1 AND NOT EXISTS (SELECT FROM member)
 UNION ALL
-SELECT 'peer', NULL, NULL, p.lease_until >= now(), p.node_id,
+SELECT 'peer', p.starting::bigint, NULL, p.lease_until >= now(), p.node_id,
        greatest((extract(epoch FROM p.lease_until - now()) * 1000)::bigint, 0),
        p.capacity, p.owned, p.lease_until >= now() AND coalesce(p.trust_until >= now(), false)
   FROM nodes p WHERE p.platform = $3 AND p.node_id <> $1
@@ -305,6 +311,7 @@ pub async fn cycle(
         .bind(i64::try_from(p.trust.as_millis()).unwrap_or(i64::MAX))
         .bind(i32::try_from(p.owned).unwrap_or(i32::MAX))
         .bind(p.kept)
+        .bind(i32::try_from(p.starting).unwrap_or(i32::MAX))
         .fetch_all(conn)
         .await?;
     let mut out = CycleOutcome::default();
@@ -336,6 +343,7 @@ pub async fn cycle(
                 trusted: row.try_get("trusted")?,
                 capacity: row.try_get::<i32, _>("capacity")?.max(0) as u32,
                 owned: row.try_get::<i32, _>("owned")?.max(0) as u32,
+                starting: row.try_get::<i64, _>("id")?.max(0) as u32,
             }),
             "free" => out.free = row.try_get::<i64, _>("ms")?.max(0) as u64,
             "database" => {

@@ -93,6 +93,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "fix opened volume",
         include_str!("../../migrations/0016_fix_opened_volume.sql"),
     ),
+    (
+        17,
+        "node starting",
+        include_str!("../../migrations/0017_node_starting.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

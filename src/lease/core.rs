@@ -77,6 +77,7 @@ pub struct Prepared {
     claim_limit: u32,
     claim: bool,
     owned: u32,
+    starting: u32,
 }
 
 impl<H: Host> Core<H> {
@@ -153,6 +154,7 @@ impl<H: Host> Core<H> {
             claim: self.draining.is_none() && !self.late,
             // Published for the peers' shares, hand-offs still waiting included.
             owned: (owned.len() + self.supervisor.handing_off()) as u32,
+            starting: u32::try_from(self.supervisor.starting()).unwrap_or(u32::MAX),
         }
     }
 
@@ -193,6 +195,7 @@ impl<H: Host> Core<H> {
                 self.node.lease.saturating_sub(self.node.fence)
             },
             owned: p.owned,
+            starting: p.starting,
             lease: self.node.lease,
             held: &self.held,
             claim: p.claim,
@@ -386,6 +389,21 @@ impl<H: Host> Core<H> {
             });
         let n = balance::to_release(owned, target, starved, &mut self.shedding, knobs);
         if n == 0 {
+            return 0;
+        }
+        // A peer below its share that is starting as many sessions as it may at once could not
+        // take the accounts up: the move waits until it has room (admission, across the
+        // cluster), rather than leave them unowned meanwhile.
+        if let Some(busy) = outcome.peers.iter().find(|p| {
+            p.trusted
+                && p.starting as usize >= STARTING_AT_ONCE
+                && p.owned < shares.get(&p.node_id).copied().unwrap_or(0)
+        }) {
+            debug!(
+                peer = %busy.node_id,
+                starting = busy.starting,
+                "fair share: waiting for the receiver to have room to start sessions before handing off"
+            );
             return 0;
         }
         // Who is expected to claim each account: the trusted peers furthest below their

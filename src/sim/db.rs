@@ -30,6 +30,7 @@ pub struct NodeRow {
     pub renewed_at: i64,
     pub trust_until: i64,
     pub owned: u32,
+    pub starting: u32,
 }
 
 /// A `trading_accounts` row (the lease columns).
@@ -266,6 +267,7 @@ impl Model {
                 trusted: n.lease_until >= now && n.trust_until >= now,
                 capacity: n.capacity,
                 owned: n.owned,
+                starting: n.starting,
             })
             .collect();
         let dead_nodes: Vec<String> = self
@@ -321,6 +323,7 @@ impl Model {
                     renewed_at: now,
                     trust_until: now + ms(p.trust),
                     owned: p.owned,
+                    starting: p.starting,
                 },
             );
             // Renewal (R1: an epoch is kept only while held and unexpired; during a grace only

@@ -422,6 +422,7 @@ struct Statement {
     claim_limit: u32,
     trust: Duration,
     owned: u32,
+    starting: u32,
     lease: Duration,
     held: Vec<i64>,
     claim: bool,
@@ -438,6 +439,7 @@ impl Statement {
             claim_limit: p.claim_limit,
             trust: p.trust,
             owned: p.owned,
+            starting: p.starting,
             lease: p.lease,
             held: p.held.to_vec(),
             claim: p.claim,
@@ -454,6 +456,7 @@ impl Statement {
             claim_limit: self.claim_limit,
             trust: self.trust,
             owned: self.owned,
+            starting: self.starting,
             lease: self.lease,
             held: &self.held,
             claim: self.claim,
@@ -1994,6 +1997,51 @@ mod tests {
         assert_eq!(limit(&core), 0, "none while the node is at its limit");
         core.supervisor.host_mut().starting = 0;
         assert_eq!(limit(&core), 10, "then its capacity again");
+    }
+
+    /// Fair share hands nothing to a peer below its share while that peer starts as many
+    /// sessions as it may at once (its published `starting`); once it has room, the move goes
+    /// ahead.
+    #[test]
+    fn fair_share_waits_for_a_receiver_still_starting_its_sessions() {
+        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        let outcome = |starting: u32| CycleOutcome {
+            member: true,
+            owned: (1..=10)
+                .map(|id| OwnedRow {
+                    id,
+                    epoch: id,
+                    wanted: true,
+                    claimed_ms: id,
+                })
+                .collect(),
+            peers: vec![Peer {
+                node_id: "p".into(),
+                expires_in: Duration::from_secs(3),
+                live: true,
+                trusted: true,
+                capacity: 10,
+                owned: 0,
+                starting,
+            }],
+            ..CycleOutcome::default()
+        };
+        let full = crate::lease::STARTING_AT_ONCE as u32;
+        core.acknowledged(t, t, &outcome(full)).unwrap();
+        assert_eq!(core.target(), Some(5));
+        assert_eq!(
+            core.supervisor.owned().len(),
+            10,
+            "nothing handed to a receiver still starting"
+        );
+        let t1 = t + Duration::from_secs(1);
+        core.acknowledged(t1, t1, &outcome(full - 1)).unwrap();
+        assert!(
+            core.supervisor.owned().len() < 10,
+            "the receiver has room to start more: the move goes ahead"
+        );
     }
 
     /// The core tells its host the database is back on the first acknowledged cycle after failed

@@ -25,6 +25,7 @@ fn params<'a>(
         claim_limit: capacity,
         trust: Duration::from_secs(2),
         owned: held.len() as u32,
+        starting: 0,
         lease: LEASE,
         held,
         claim: true,
@@ -532,6 +533,7 @@ async fn explain_cycle(
         .bind(2000i64)
         .bind(100i32)
         .bind(held)
+        .bind(0i32)
         .fetch_all(conn)
         .await
         .unwrap()

@@ -133,10 +133,20 @@ fn comparable(out: &CycleOutcome, before: &BTreeMap<i64, RowView>) -> String {
             (r.id, r.wanted, kept)
         })
         .collect();
-    let peers: BTreeSet<(String, bool, bool, u32, u32)> = out
+    let peers: BTreeSet<(String, bool, bool, u32, u32, u32)> = out
         .peers
         .iter()
-        .map(|p| (p.node_id.clone(), p.live, p.trusted, p.capacity, p.owned))
+        .map(|p| {
+            let (live, trusted) = (p.live, p.trusted);
+            (
+                p.node_id.clone(),
+                live,
+                trusted,
+                p.capacity,
+                p.owned,
+                p.starting,
+            )
+        })
         .collect();
     format!(
         "owned {owned:?}; member {}; conflict {:?}; peers {peers:?}; free {}; timeline {:?}, failed over {}, grace {}, era {:?}",
@@ -279,6 +289,7 @@ async fn run(seed: u64) -> usize {
                     claim_limit: limit,
                     trust,
                     owned: node.held.len() as u32,
+                    starting: rng.u32(..3),
                     lease,
                     held: &node.held,
                     claim,
@@ -568,6 +579,7 @@ async fn concurrent_pair(
             claim_limit,
             trust: lease.mul_f64(0.75),
             owned: held.len() as u32,
+            starting: held.len() as u32 % 2,
             lease,
             held,
             claim: true,
