@@ -143,6 +143,10 @@ impl<H: Host> Core<H> {
             _ => window,
         };
         let owned = self.supervisor.owned();
+        let claim = self.draining.is_none() && !self.late;
+        if self.draining.is_none() && !claim {
+            self.metrics.lease_cycles_renew_only.inc();
+        }
         Prepared {
             bound,
             kept: if trusted {
@@ -151,7 +155,7 @@ impl<H: Host> Core<H> {
                 Vec::new()
             },
             claim_limit: self.share_limit().min(self.admitted(owned.len())),
-            claim: self.draining.is_none() && !self.late,
+            claim,
             // Published for the peers' shares, hand-offs still waiting included.
             owned: (owned.len() + self.supervisor.handing_off()) as u32,
             starting: u32::try_from(self.supervisor.starting()).unwrap_or(u32::MAX),
@@ -489,9 +493,6 @@ impl<H: Host> Core<H> {
     /// one renew only; the first cycle on time claims again.
     fn note_lateness(&mut self, took: Duration) {
         let late = took > self.late_after();
-        if late && self.draining.is_none() {
-            self.metrics.lease_cycles_renew_only.inc();
-        }
         if late && !self.late {
             warn!(
                 cycle_ms = took.as_millis() as u64,
@@ -515,9 +516,6 @@ impl<H: Host> Core<H> {
             .inc();
         self.failures += 1;
         self.late = true;
-        if self.draining.is_none() {
-            self.metrics.lease_cycles_renew_only.inc();
-        }
         let backoff = retry_delay(self.failures, self.node.cycle);
         let trusted = self.deadline.is_some_and(|d| trust::holds(now, d));
         warn!(error = %reason, attempt = self.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");

@@ -55,30 +55,25 @@ pub struct NodeServices {
     pub starting: Arc<Starting>,
 }
 
-/// How many of the node's sessions are still starting, published as `copier_sessions_starting`.
+/// How many of the node's sessions are still starting: the gauge `copier_sessions_starting`
+/// itself is the count.
 #[derive(Debug)]
 pub struct Starting {
-    count: std::sync::atomic::AtomicUsize,
     gauge: prometheus::IntGauge,
 }
 
 impl Starting {
     pub fn new(gauge: prometheus::IntGauge) -> Arc<Starting> {
-        Arc::new(Starting {
-            count: std::sync::atomic::AtomicUsize::new(0),
-            gauge,
-        })
+        Arc::new(Starting { gauge })
     }
 
     /// Sessions still starting.
     pub fn count(&self) -> usize {
-        self.count.load(std::sync::atomic::Ordering::Relaxed)
+        self.gauge.get().max(0) as usize
     }
 
     /// A session begins its start-up; it ends when the session says so or the task ends.
     pub fn begin(self: &Arc<Self>) -> Arc<StartUp> {
-        self.count
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.gauge.inc();
         Arc::new(StartUp {
             done: std::sync::atomic::AtomicBool::new(false),
@@ -98,9 +93,6 @@ impl StartUp {
     /// The session is through its start-up (idempotent).
     pub fn done(&self) {
         if !self.done.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            self.of
-                .count
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             self.of.gauge.dec();
         }
     }
