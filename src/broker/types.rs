@@ -163,6 +163,11 @@ pub struct ModifyOrder {
 pub struct OpenFill {
     pub ticket: i64,
     pub price: f64,
+    /// The volume opened, when the server says: a FIX venue's fill of an order with a price
+    /// limit (IOC) may be partial. Absent: the volume asked (a bridge's open fills in full or
+    /// is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<f64>,
     /// True when the server had already executed this client order id and returned the
     /// original fill instead of opening again.
     #[serde(default)]

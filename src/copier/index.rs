@@ -38,6 +38,10 @@ pub struct CopyIndex {
     ever: HashSet<Key>,
     /// Copy ticket -> its volume when it was opened (partial closes scale against it).
     original: HashMap<i64, f64>,
+    /// Key -> the volume the copy ledger recorded its copy opened with (the largest row of an
+    /// MT4 lineage: a remainder's row holds what was left of it): a floor for the opening volume
+    /// that holds however little history the broker keeps.
+    recorded: HashMap<Key, f64>,
     /// Copy tickets seen closed: a late update about one changes nothing.
     closed: HashSet<i64>,
     /// Pending copies (a master's pending order copied as one) by key.
@@ -118,17 +122,26 @@ impl CopyIndex {
         for t in filled {
             self.order_gone(t, true);
         }
-        // A copy's opening volume is a fact: the read gives it as what is open plus what its
-        // history says was closed of it, and a later read never lowers what was known (a broker
-        // or ledger that keeps less history would otherwise make the copy look opened smaller,
-        // and every trim would apply the master's ratio again). Those of copies no longer open
-        // are not needed again.
+        // A copy's opening volume is a fact: the copy ledger recorded it when the copy opened,
+        // the read gives it as what is open plus what its history says was closed of it, and a
+        // later read never lowers what was known (a broker or ledger that keeps less history
+        // would otherwise make the copy look opened smaller, and every trim would apply the
+        // master's ratio again). Those of copies no longer open are not needed again.
         let known = std::mem::take(&mut self.original);
         for p in open {
             self.closed.remove(&p.ticket);
             let read = p.volume + closed_volume.get(&p.ticket).copied().unwrap_or(0.0);
             let read = (read * 1e8).round() / 1e8;
-            let original = known.get(&p.ticket).map_or(read, |k| k.max(read));
+            let recorded = parse_marker(&p.comment)
+                .map(|t| (p.magic, t))
+                .or_else(|| self.keys.get(&p.ticket).copied())
+                .and_then(|key| self.recorded.get(&key))
+                .copied()
+                .unwrap_or(0.0);
+            let original = known
+                .get(&p.ticket)
+                .map_or(read, |k| k.max(read))
+                .max(recorded);
             self.original.insert(p.ticket, original);
             self.insert(p.clone());
         }
@@ -305,6 +318,17 @@ impl CopyIndex {
     /// Learns that copy `ticket` is `key`'s (its marker, the copy ledger, or a lineage).
     pub fn learn(&mut self, ticket: i64, key: Key) {
         if self.keys.insert(ticket, key).is_none() {
+            self.learned = true;
+        }
+    }
+
+    /// Learns from the copy ledger that `key`'s copy opened with `volume` (one row of it: an MT4
+    /// remainder's row holds less). Counts as learned when it raises what was known, so the read
+    /// is resolved again.
+    pub fn learn_opening(&mut self, key: Key, volume: f64) {
+        let known = self.recorded.entry(key).or_insert(0.0);
+        if volume > *known + 1e-9 {
+            *known = volume;
             self.learned = true;
         }
     }
@@ -648,6 +672,41 @@ mod tests {
             0.2,
             "unknown: the current volume"
         );
+    }
+
+    /// A new owner whose broker keeps no history of the copy's partial close (or of an MT4
+    /// lineage's) still scales from the volume the copy ledger recorded at the open; a ledger
+    /// row of less (a remainder's) lowers nothing, and the ledger never makes a copy opened
+    /// larger than the largest row of its key.
+    #[test]
+    fn a_new_owner_takes_the_opening_volume_the_copy_ledger_recorded() {
+        let a = copy(1, 10, 0.2);
+        let mut index = CopyIndex::default();
+        index.rebuild(std::slice::from_ref(&a), &[]);
+        assert_eq!(index.original_volume(&a), 0.2, "nothing else known yet");
+        index.learn_opening((77, 10), 0.5);
+        index.learn_opening((77, 10), 0.2);
+        assert!(index.take_learned(), "a higher opening volume is news");
+        index.rebuild(std::slice::from_ref(&a), &[]);
+        assert_eq!(index.original_volume(&a), 0.5);
+        index.learn_opening((77, 10), 0.3);
+        assert!(!index.take_learned(), "a remainder's row changes nothing");
+        index.rebuild(std::slice::from_ref(&a), &[]);
+        assert_eq!(index.original_volume(&a), 0.5);
+        // An MT4 remainder, tied to the copy by a ticket the ledger taught: the lineage's.
+        let mut rest = copy(91, 10, 0.1);
+        rest.comment = "from #90".into();
+        let mut index = CopyIndex::default();
+        index.learn(90, (77, 10));
+        index.learn(91, (77, 10));
+        index.learn_opening((77, 10), 0.6);
+        index.rebuild(std::slice::from_ref(&rest), &[]);
+        assert_eq!(index.original_volume(&rest), 0.6);
+        // Another link's copy of the same master position keeps its own.
+        let mut other = copy(5, 10, 0.2);
+        other.magic = 78;
+        index.rebuild(std::slice::from_ref(&other), &[]);
+        assert_eq!(index.original_volume(&other), 0.2);
     }
 
     /// MT4 renumbers a partially closed copy: the remainder (`from #N`, the copy's magic) is the

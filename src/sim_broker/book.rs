@@ -601,6 +601,7 @@ impl Book {
             let fill = OpenFill {
                 ticket,
                 price,
+                volume: None,
                 duplicate: false,
             };
             self.remember(

@@ -12,13 +12,54 @@ use crate::support::fix::{FixVenue, VenueAccount};
 use crate::support::fixture::CopySetup;
 use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, start_node};
 
+const WAIT: Duration = Duration::from_secs(30);
+
+/// How the venue answers RequestForPositions. Every scenario here runs against both
+/// (`in_both_position_modes!`): a venue that acknowledges first, and one that sends the reports
+/// alone, as cTrader's FIX API does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Positions {
+    /// RequestForPositionsAck (AO) first, with the count.
+    Acknowledged,
+    /// PositionReports alone, each carrying the count, or one report saying there are none
+    /// (`fault no_ao`).
+    Unacknowledged,
+}
+
+impl Positions {
+    /// Sets the venue to answer this way.
+    fn apply(self, v: &FixVenue) {
+        if self == Positions::Unacknowledged {
+            assert_eq!(v.control("fault no_ao on"), "ok");
+        }
+    }
+}
+
+/// Scenario `$name(positions)` as two tests, `$name::with_the_ack` and `$name::without_the_ack`.
+macro_rules! in_both_position_modes {
+    ($name:ident) => {
+        mod $name {
+            use crate::fix_copy::Positions;
+
+            #[tokio::test]
+            async fn with_the_ack() {
+                super::$name(Positions::Acknowledged).await;
+            }
+
+            #[tokio::test]
+            async fn without_the_ack() {
+                super::$name(Positions::Unacknowledged).await;
+            }
+        }
+    };
+}
+
 mod handoff;
 mod pending;
 
-const WAIT: Duration = Duration::from_secs(30);
-
-/// The venue with these accounts (no passwords), in the test's scratch directory.
-fn venue(s: &CopySetup, logins: &[&str]) -> FixVenue {
+/// The venue with these accounts (no passwords), in the test's scratch directory, answering
+/// positions requests as `positions` says.
+fn venue(s: &CopySetup, logins: &[&str], positions: Positions) -> FixVenue {
     let accounts: Vec<VenueAccount<'_>> = logins
         .iter()
         .map(|login| VenueAccount {
@@ -26,7 +67,9 @@ fn venue(s: &CopySetup, logins: &[&str]) -> FixVenue {
             password: "",
         })
         .collect();
-    FixVenue::start(&s.dir.0, &accounts)
+    let v = FixVenue::start(&s.dir.0, &accounts);
+    positions.apply(&v);
+    v
 }
 
 fn server(v: &FixVenue, extra: &str) -> String {
@@ -108,33 +151,10 @@ fn lots_close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-6
 }
 
-#[tokio::test]
-async fn master_trades_copy_over_fix_and_between_protocols() {
-    copy_over_fix(Positions::Acknowledged).await;
-}
-
-/// As above, on a venue that answers RequestForPositions without RequestForPositionsAck (the
-/// reports carry their count, or one report says there are none).
-#[tokio::test]
-async fn master_trades_copy_over_fix_when_positions_come_without_an_ack() {
-    copy_over_fix(Positions::Unacknowledged).await;
-}
-
-/// How the venue answers RequestForPositions.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Positions {
-    /// RequestForPositionsAck (AO) first, with the count.
-    Acknowledged,
-    /// PositionReports alone (`fault no_ao`).
-    Unacknowledged,
-}
-
-async fn copy_over_fix(positions: Positions) {
+in_both_position_modes!(master_trades_copy_over_fix_and_between_protocols);
+async fn master_trades_copy_over_fix_and_between_protocols(positions: Positions) {
     let mut s = CopySetup::new("fix-copy").await;
-    let v = venue(&s, &["m1", "f1", "f2"]);
-    if positions == Positions::Unacknowledged {
-        assert_eq!(v.control("fault no_ao on"), "ok");
-    }
+    let v = venue(&s, &["m1", "f1", "f2"], positions);
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
     add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -218,8 +238,8 @@ async fn copy_over_fix(positions: Positions) {
     node.shutdown();
 }
 
-#[tokio::test]
-async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
+in_both_position_modes!(a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on);
+async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on(positions: Positions) {
     let mut s = CopySetup::new("fix-logon").await;
     let v = FixVenue::start(
         &s.dir.0,
@@ -238,6 +258,7 @@ async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
             },
         ],
     );
+    positions.apply(&v);
     let key = CredentialsKey::generate();
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
@@ -275,17 +296,17 @@ async fn a_refused_fix_logon_shows_on_the_account_and_the_node_runs_on() {
     node.shutdown();
 }
 
+in_both_position_modes!(lost_fill_reports_are_resolved_without_a_duplicate);
 /// Three ways a fill's report can go missing: never sent (resolved by OrderStatusRequest before
 /// anything else is sent), never sent and the venue then forgets the ClOrdID (as after a
 /// trading-day roll: the status answer is "unknown order", and the unmarked position the order
 /// made is found and adopted rather than the order sent again), or sent while the connection
 /// was down (resolved by the session's ResendRequest after the next logon). Every way the
 /// follower ends with one copy.
-#[tokio::test]
-async fn lost_fill_reports_are_resolved_without_a_duplicate() {
+async fn lost_fill_reports_are_resolved_without_a_duplicate(positions: Positions) {
     for fault in ["drop_after_fill", "drop_and_forget", "gap_after_fill"] {
         let mut s = CopySetup::new(&format!("fix-{fault}")).await;
-        let v = venue(&s, &["m1", "f1"]);
+        let v = venue(&s, &["m1", "f1"], positions);
         let fix = server(&v, "");
         add_account(&mut s.conn, 1, "master", &fix, "m1").await;
         add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -356,16 +377,16 @@ async fn owner_of(conn: &mut PgConnection, id: i64) -> Option<String> {
         .unwrap()
 }
 
+in_both_position_modes!(killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates);
 /// Node processes trading over FIX: the owner of the follower is killed (-9), then the next one
 /// is frozen (SIGSTOP) past its lease and thawed. Judged from the venue's journal alone (the
 /// venue checks no fence): each master trade copied once, and no order from the frozen owner
 /// after the new owner's first. The takeover time of the frozen case is printed.
-#[tokio::test]
-async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
+async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates(positions: Positions) {
     use crate::support::process::NodeProcess;
 
     let mut s = CopySetup::new("fix-failover").await;
-    let v = venue(&s, &["m1", "f1"]);
+    let v = venue(&s, &["m1", "f1"], positions);
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
     add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -482,14 +503,14 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates() {
     );
 }
 
+in_both_position_modes!(without_drop_copy_master_trades_arrive_by_subscription_or_polling);
 /// Without drop copy (the venue sends other sessions' trades to nobody), the master's trades
 /// arrive by a positions subscription (SubscriptionRequestType=1) or by polling; both feed the
 /// same copy engine.
-#[tokio::test]
-async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling() {
+async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling(positions: Positions) {
     for updates in ["subscribe", "poll"] {
         let mut s = CopySetup::new(&format!("fix-{updates}")).await;
-        let v = venue(&s, &["m1", "f1"]);
+        let v = venue(&s, &["m1", "f1"], positions);
         assert_eq!(v.control("fault no_drop_copy on"), "ok");
         let master = server(&v, &format!("&updates={updates}&poll_ms=200"));
         add_account(&mut s.conn, 1, "master", &master, "m1").await;
@@ -522,16 +543,20 @@ async fn without_drop_copy_master_trades_arrive_by_subscription_or_polling() {
     }
 }
 
+in_both_position_modes!(
+    stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_closed
+);
 /// Stops on a FIX follower are resting orders on the copy's position (cTrader's way): set with
 /// the copy, replaced when the master moves them, filled by the venue when the price reaches
 /// one (the other is cancelled with the position), and a copy its stop loss closed is never
 /// opened again.
-#[tokio::test]
-async fn stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_closed() {
+async fn stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_closed(
+    positions: Positions,
+) {
     use copier_node::broker::types::Side;
 
     let mut s = CopySetup::new("fix-stops").await;
-    let v = venue(&s, &["f1"]);
+    let v = venue(&s, &["f1"], positions);
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     add_account(&mut s.conn, 2, "follower", &server(&v, ""), "f1").await;
     add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;

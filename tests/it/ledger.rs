@@ -157,6 +157,79 @@ async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
     second.shutdown();
 }
 
+/// A follower whose broker keeps no history (no record of a partial close): a copy trimmed with
+/// its master is not trimmed again by a new session, which takes the copy's opening volume from
+/// the ledger rather than from what the broker shows open now (0.2 of a copy opened at 0.5, with
+/// the master at 0.2 of 0.5, is already right; from 0.2 the ratio would cut it to 0.08). Judged
+/// from the journal and the broker's positions: one trim, ever.
+#[tokio::test]
+async fn a_trimmed_copy_is_not_trimmed_again_by_a_new_session_when_the_broker_keeps_no_history() {
+    let mut s = CopySetup::unprotected("ledger-trim").await;
+    let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    let start = async |s: &CopySetup, id: &str| {
+        let brokers = FaultyBrokers::new(id);
+        brokers
+            .faults
+            .no_history
+            .lock()
+            .unwrap()
+            .insert("f2".into());
+        start_node_with(
+            &config(&s.db, id, 10, FAST),
+            RunOptions {
+                brokers: Some(brokers),
+                ..Default::default()
+            },
+        )
+        .await
+    };
+    let first = start(&s, "trim-a").await;
+    wait_ready(&mut s.conn).await;
+    let ticket = s.t.open("m1", "GBPUSD", Side::Buy, 0.5, None, None).await;
+    let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
+    assert_eq!(copy.volume, 0.5);
+    s.t.close("m1", ticket, Some(0.3)).await;
+    let volume_of = async |s: &CopySetup| {
+        s.t.positions("f2")
+            .await
+            .into_iter()
+            .find(|p| p.ticket == copy.ticket)
+            .map(|p| p.volume)
+    };
+    eventually("the copy trimmed to 0.2", WAIT, async || {
+        (volume_of(&s).await == Some(0.2)).then_some(())
+    })
+    .await;
+    first.shutdown();
+    first.wait().await.unwrap();
+
+    // A new session reads the copy at 0.2 and no history of the trim.
+    let second = start(&s, "trim-b").await;
+    eventually("the new session to reconcile", WAIT, async || {
+        let by: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",
+        )
+        .fetch_optional(&mut s.conn)
+        .await
+        .unwrap();
+        (by.flatten().as_deref() == Some("trim-b")).then_some(())
+    })
+    .await;
+    // A later master trade is copied (the session has reconciled and works).
+    let next = s.t.open("m1", "EURUSD", Side::Sell, 0.1, None, None).await;
+    s.t.copy_of("f2", magic, next, WAIT).await;
+    let trims: Vec<Option<f64>> = crate::support::broker::journal(&s.dir.path("journal.jsonl"))
+        .into_iter()
+        .filter(|l| {
+            l.login == "f2" && l.accepted && l.action == "close" && l.ticket == Some(copy.ticket)
+        })
+        .map(|l| l.volume)
+        .collect();
+    assert_eq!(trims, vec![Some(0.3)], "the copy was trimmed once, by 0.3");
+    assert_eq!(volume_of(&s).await, Some(0.2));
+    second.shutdown();
+}
+
 /// A ledger row of a master account the master row no longer names (its login moved) does not
 /// count: the same ticket number on the new account is another position, and is copied.
 #[tokio::test]

@@ -284,11 +284,13 @@ impl Follower<'_> {
         };
         let magics: HashMap<i64, i64> = self.links.list.iter().map(|l| (l.id, l.magic)).collect();
         let mut recorded: HashSet<i64> = HashSet::new();
-        for (link_id, master_ticket, ticket) in copied {
+        for (link_id, master_ticket, ticket, volume) in copied {
             if let Some(magic) = magics.get(&link_id) {
                 self.index.mark_ever((*magic, master_ticket));
                 // Its ticket too: an MT4 remainder names it (`from #<ticket>`).
                 self.index.learn(ticket, (*magic, master_ticket));
+                // And what it opened with, whatever history the broker still keeps.
+                self.index.learn_opening((*magic, master_ticket), volume);
             }
             recorded.insert(ticket);
         }

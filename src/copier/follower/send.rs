@@ -101,13 +101,18 @@ impl Follower<'_> {
                 match &result {
                     Ok(fill) => {
                         self.sending.copies += 1;
-                        info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = order.volume, duplicate = fill.duplicate, "copy opened");
+                        // What was opened: a venue's fill may be less than asked.
+                        let opened = OpenOrder {
+                            volume: fill.volume.unwrap_or(order.volume),
+                            ..order.clone()
+                        };
+                        info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = opened.volume, asked = order.volume, duplicate = fill.duplicate, "copy opened");
                         self.index
-                            .opened(order.position(fill.ticket, fill.price, 0));
+                            .opened(opened.position(fill.ticket, fill.price, 0));
                         let record = copy_record(
                             link,
                             master_ticket,
-                            &order,
+                            &opened,
                             fill.ticket,
                             fill.price,
                             source,

@@ -29,15 +29,16 @@ pub struct CopyRecord {
     pub found_by_reconcile: bool,
 }
 
-/// Every (link, master ticket, follower ticket) the follower ever held a copy of.
+/// Every (link, master ticket, follower ticket, volume opened) the follower ever held a copy of
+/// (an MT4 remainder's row: the volume left of its lineage when it was recorded).
 pub async fn copied(
     conn: &mut PgConnection,
     follower_id: i64,
     server: &str,
     login: &str,
-) -> Result<Vec<(i64, i64, i64)>, sqlx::Error> {
+) -> Result<Vec<(i64, i64, i64, f64)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT l.link_id, l.master_ticket, l.follower_ticket
+        "SELECT l.link_id, l.master_ticket, l.follower_ticket, l.volume
            FROM copy_ledger l JOIN trading_accounts m ON m.id = l.master_id
           WHERE l.follower_id = $1 AND l.server = $2 AND l.login = $3
             AND l.master_server = m.server AND l.master_login = m.login",

@@ -7,8 +7,8 @@
 use copier_node::sim_broker::journal::JournalEntry;
 
 use super::{
-    CopySetup, WAIT, accepted_orders, hand, owner_of, server, venue, venue_journal, wait_status,
-    wait_venue,
+    CopySetup, Positions, WAIT, accepted_orders, hand, owner_of, server, venue, venue_journal,
+    wait_status, wait_venue,
 };
 use crate::support::process::NodeProcess;
 use crate::support::{FAST, LinkSpec, add_account, add_link, eventually};
@@ -44,11 +44,13 @@ fn logged_out_before_each_new_logon(lines: &[JournalEntry], logins: &[&str]) -> 
     moves
 }
 
-#[tokio::test]
-async fn released_fix_accounts_are_logged_out_before_their_next_owner_logs_on() {
+in_both_position_modes!(released_fix_accounts_are_logged_out_before_their_next_owner_logs_on);
+async fn released_fix_accounts_are_logged_out_before_their_next_owner_logs_on(
+    positions: Positions,
+) {
     let mut s = CopySetup::new("fix-release").await;
     let logins = ["m1", "f1", "f2", "f3"];
-    let v = venue(&s, &logins);
+    let v = venue(&s, &logins, positions);
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &fix, "m1").await;
     for id in 2..=4 {

@@ -6,8 +6,8 @@ use copier_node::broker::types::{PendingKind, Side};
 use copier_node::sim_broker::tools::{self, HandOrder};
 
 use super::{
-    CopySetup, FixVenue, WAIT, server, venue, venue_journal, venue_positions, wait_status,
-    wait_venue,
+    CopySetup, FixVenue, Positions, WAIT, server, venue, venue_journal, venue_positions,
+    wait_status, wait_venue,
 };
 use crate::support::{FAST, LinkSpec, add_account, add_link, config, eventually, start_node};
 
@@ -87,18 +87,22 @@ fn lots_close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-6
 }
 
+in_both_position_modes!(
+    pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_expired
+);
 /// Place (the expiry converted from the master server's clock to UTC), amend by cancel/replace
 /// (the OrderID kept), fill at the venue under the marker (the fill in the copy ledger, the
 /// position given its stops), reverse, cancel, and expiry at the venue.
-#[tokio::test]
-async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_expired() {
+async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_expired(
+    positions: Positions,
+) {
     let mut s = CopySetup::with("fix-pending", |o| {
         o.fence_check = false;
         o.dedupe = false;
         o.clock_offset_ms = TWO_HOURS;
     })
     .await;
-    let v = venue(&s, &["f1", "f2"]);
+    let v = venue(&s, &["f1", "f2"], positions);
     let fix = server(&v, "");
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     add_account(&mut s.conn, 2, "follower", &fix, "f1").await;
@@ -255,13 +259,17 @@ async fn pending_copies_over_fix_are_entry_orders_replaced_filled_cancelled_and_
     node.wait().await.unwrap();
 }
 
+in_both_position_modes!(
+    a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_copies_once
+);
 /// An entry order whose acknowledgement is lost: its outcome is unknown, the next read resolves
 /// it by OrderStatusRequest (working, its ticket recorded), and when the master's order fills
 /// first the entry order is cancelled and the fill copied at market once, never twice.
-#[tokio::test]
-async fn a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_copies_once() {
+async fn a_lost_entry_acknowledgement_is_resolved_and_the_master_filling_first_copies_once(
+    positions: Positions,
+) {
     let mut s = CopySetup::unprotected("fix-pending-lost").await;
-    let v = venue(&s, &["f1"]);
+    let v = venue(&s, &["f1"], positions);
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     add_account(
         &mut s.conn,
@@ -347,15 +355,19 @@ fn order_ticket(order_id: i64) -> i64 {
     (1i64 << 52) + order_id
 }
 
+in_both_position_modes!(
+    a_fix_masters_entry_orders_are_copied_as_pending_orders_and_its_fill_as_the_same_ticket
+);
 /// A master on FIX: entry orders its trader places, amends and cancels at the venue (reported to
 /// the master's session, and listed by OrderMassStatusRequest) are published and copied as
 /// pending orders onto a follower on the simulated broker; the fill at the venue is the same
 /// ticket as the order, so the follower cancels its pending copy and copies the fill at market
 /// once; the master's close closes it.
-#[tokio::test]
-async fn a_fix_masters_entry_orders_are_copied_as_pending_orders_and_its_fill_as_the_same_ticket() {
+async fn a_fix_masters_entry_orders_are_copied_as_pending_orders_and_its_fill_as_the_same_ticket(
+    positions: Positions,
+) {
     let mut s = CopySetup::unprotected("fix-master-pending").await;
-    let v = venue(&s, &["m1"]);
+    let v = venue(&s, &["m1"], positions);
     // One order rests before the node starts: listed by the first read of the master's orders.
     let early = super::hand(&v, "place m1 EURUSD sell limit 1.105 0.1");
     add_account(&mut s.conn, 1, "master", &server(&v, ""), "m1").await;
@@ -476,15 +488,15 @@ struct PendingOrderView {
     volume: f64,
 }
 
+in_both_position_modes!(a_fix_masters_order_filled_between_owners_is_published_as_its_fill);
 /// A FIX master's entry order fills while no node holds the master (the venue's report of it
 /// reaches no session): the next owner asks the venue how the order it knew of ended, and
 /// publishes the position under the order's ticket, so the follower cancels its pending copy and
 /// copies the fill once (a position under another ticket would read as the order cancelled and a
 /// new trade).
-#[tokio::test]
-async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
+async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill(positions: Positions) {
     let mut s = CopySetup::unprotected("fix-master-pending-gap").await;
-    let v = venue(&s, &["m1"]);
+    let v = venue(&s, &["m1"], positions);
     add_account(&mut s.conn, 1, "master", &server(&v, ""), "m1").await;
     add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
     let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
@@ -540,15 +552,17 @@ async fn a_fix_masters_order_filled_between_owners_is_published_as_its_fill() {
     b.wait().await.unwrap();
 }
 
+in_both_position_modes!(a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket);
 /// A FIX master whose venue reports other sessions' trades only as subscribed PositionReports
 /// (no drop copy): its trader's entry order (resting before the node starts, so the first read
 /// lists it) fills, and the position's report comes with no ExecutionReport of the fill. The
 /// position is read with the orders first, so it is published under the order's ticket: the
 /// follower cancels its pending copy and copies the fill once.
-#[tokio::test]
-async fn a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket() {
+async fn a_fix_masters_fill_reported_only_by_its_position_is_the_orders_ticket(
+    positions: Positions,
+) {
     let mut s = CopySetup::unprotected("fix-master-pending-sub").await;
-    let v = venue(&s, &["m1"]);
+    let v = venue(&s, &["m1"], positions);
     assert_eq!(v.control("fault no_drop_copy on"), "ok");
     let id = super::hand(&v, "place m1 EURUSD buy limit 1.095 0.3");
     add_account(

@@ -71,7 +71,9 @@ impl TradeApi for SessionApi {
             let (cl, outcome, prior) = s.place(&base, record, order.price_limit, None).await?;
             match outcome {
                 Outcome::Filled {
-                    position, price, ..
+                    position,
+                    price,
+                    units,
                 } => {
                     // The cache learns the marker the ledger holds.
                     if let Some(p) = s.state().positions.get_mut(&position) {
@@ -88,6 +90,7 @@ impl TradeApi for SessionApi {
                     Ok(OpenFill {
                         ticket: position,
                         price,
+                        volume: Some(round_lots(units / contract)),
                         duplicate: prior,
                     })
                 }
