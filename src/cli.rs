@@ -1,4 +1,4 @@
-//! The command line (SPEC section 4). Flag values stay text here and are parsed with the other
+//! The command line (docs/cli.md). Flag values stay text here and are parsed with the other
 //! configuration layers, so a bad flag gets the same located error as a bad file entry.
 
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! Configuration: a TOML file, overridden by `COPIER_<KEY>` environment variables, overridden
-//! by command-line flags (SPEC section 4). Every value remembers where it came from, so an error
+//! by command-line flags (docs/configuration.md). Every value remembers where it came from, so an error
 //! names the key, its source and the rule it broke.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::credentials::CredentialsKey;
 pub use crate::secret::Secret;
 
-/// The keys SPEC section 4 defines. Anything else in a file or on the command line is an error.
+/// The keys docs/configuration.md lists. Anything else in a file or on the command line is an error.
 pub const KEYS: &[&str] = &[
     "database_url",
     "platform",
@@ -520,7 +520,7 @@ fn known_key(key: &str) -> Option<&'static str> {
     KEYS.iter().copied().find(|k| *k == key)
 }
 
-/// The timing rules of SPEC section 4: `0 < fence < lease` and `cycle <= (lease - fence) / 2`,
+/// The timing rules of docs/configuration.md: `0 < fence < lease` and `cycle <= (lease - fence) / 2`,
 /// so one failed cycle never closes the gate (jitter only ever shortens a cycle).
 pub fn validate_timings(
     lease: Duration,

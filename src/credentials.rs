@@ -1,4 +1,4 @@
-//! Broker credentials encrypted at rest (SPEC section 4, Security).
+//! Broker credentials encrypted at rest (docs/operating.md, Broker credentials).
 //!
 //! `trading_accounts.credentials` holds `enc:v1:<base64 of nonce ‖ ciphertext ‖ tag>`:
 //! ChaCha20-Poly1305 with a 32-byte key and a random 96-bit nonce per value. The key comes from

@@ -1,4 +1,4 @@
-//! The trust computation, pure over instants passed in (SPEC S1).
+//! The trust computation, pure over instants passed in (guarantee S1, docs/guarantees.md).
 //!
 //! A node trusts a lease until `t0 + lease - fence`, where `t0` is a monotonic instant read
 //! *before* the cycle's statement was sent. The database computes `lease_until = now() + lease`

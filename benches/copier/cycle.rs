@@ -25,7 +25,7 @@ pub(crate) struct CycleRow {
 
 // ---------------------------------------------------------------------------------------------
 // Lease cycle: one node's whole cycle owning 100 / 1,000 / 10,000 accounts in tables of 10k,
-// 100k and 1M rows, its own SQL beside the seed's statements on the seed's bare schema.
+// 100k and 1M rows, its own SQL beside the seed's statements on its bare schema.
 
 pub(crate) const SEED_RENEW: &str = "UPDATE seed_accounts SET lease_until = now() + make_interval(secs => 60) WHERE node_id = $1 AND platform = $2 AND enabled";
 pub(crate) const SEED_CLAIM: &str = "UPDATE seed_accounts SET node_id = $1, lease_until = now() + make_interval(secs => 60)
@@ -216,7 +216,7 @@ pub(crate) async fn lease_cycle(
                 runs as i64 * held.len() as i64,
             )
             .await?;
-            // The seed's statements on the seed's bare schema (primary key only), same data.
+            // The seed's statements on its bare schema (primary key only), same data.
             conn.execute("CREATE TABLE seed_accounts (id bigint PRIMARY KEY, platform text NOT NULL, enabled boolean NOT NULL, node_id text, lease_until timestamptz)").await?;
             fill(&mut conn, "seed_accounts", rows, owned).await?;
             let mut seed = Vec::new();
@@ -284,7 +284,7 @@ pub(crate) async fn lease_cycle(
         }
     }
     report.markdown.push(format!(
-        "## Lease cycle\n\nOne node's whole cycle (one statement: membership, renewal, claim, read-back) owning N accounts, with room for N more, in a table of M rows shaped like the note's (80 % on the node's platform, 5 % disabled, every enabled row owned by one of 100 live nodes), {runs} cycles each after 3 warm-up cycles; beside it the seed's literal statements (renew, claim with `ORDER BY id LIMIT`, read back, in one transaction) on the seed's bare schema (primary key only), same data. Floor: one single-row UPDATE round trip, p50 {floor:.2} ms. Rows written, dead tuples and HOT share from `pg_stat_user_tables` over the measured cycles.\n\n{md}"
+        "## Lease cycle\n\nOne node's whole cycle (one statement: membership, renewal, claim, read-back) owning N accounts, with room for N more, in a table of M rows shaped like a large deployment's (80 % on the node's platform, 5 % disabled, every enabled row owned by one of 100 live nodes), {runs} cycles each after 3 warm-up cycles; beside it the original design's literal statements (renew, claim with `ORDER BY id LIMIT`, read back, in one transaction) on its bare schema (primary key only), same data. Floor: one single-row UPDATE round trip, p50 {floor:.2} ms. Rows written, dead tuples and HOT share from `pg_stat_user_tables` over the measured cycles.\n\n{md}"
     ));
     Ok(())
 }

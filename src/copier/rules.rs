@@ -214,7 +214,7 @@ impl SkipCode {
 /// Why a copy is not opened now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NotNow {
-    /// Final: the link never copies this master position (SPEC: a protection's skip is final).
+    /// Final: the link never copies this master position (docs/copying.md, Protections: a protection's skip is final).
     Skip(SkipCode, String),
     /// An input is missing (e.g. the master's balance, not read yet): decide again once it is
     /// known. A wait, not a skip.

@@ -5,7 +5,7 @@
 //! dead nodes up to its free capacity, and reads back what it now owns. Data-modifying CTEs all
 //! see one snapshot and run to completion, so every step is gated on the membership upsert having
 //! matched (`EXISTS (SELECT FROM member)`): a process whose node id another live instance holds
-//! changes nothing at all (SPEC S4).
+//! changes nothing at all (guarantee S4, docs/guarantees.md).
 
 use std::time::Duration;
 

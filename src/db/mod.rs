@@ -41,7 +41,7 @@ pub enum Pooler {
     Transaction,
 }
 
-/// Server-side bounds every connection of a running node sets (SPEC S1), derived from the fence
+/// Server-side bounds every connection of a running node sets (guarantee S1, docs/guarantees.md), derived from the fence
 /// so a stalled client can never hold row locks anywhere near as long as the fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionBounds {

@@ -1,4 +1,4 @@
-//! Fenced writes about accounts (SPEC S3): every statement carries `node_id = $me` and the
+//! Fenced writes about accounts (guarantee S3, docs/guarantees.md): every statement carries `node_id = $me` and the
 //! ownership epoch in its WHERE, so a node that lost an account, or lost and re-claimed it,
 //! changes nothing; a row that did not match is reported back as lost.
 

@@ -63,7 +63,7 @@ named! {
     }
 }
 
-/// A link's protections: each only ever stops or shrinks a new copy (SPEC section 3a).
+/// A link's protections: each only ever stops or shrinks a new copy (docs/copying.md, Protections).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Protections {
     /// Copy only these master symbols (`None`: all).

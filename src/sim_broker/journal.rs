@@ -1,5 +1,5 @@
 //! The journal: one JSON object per order request (and login), every key always present, numbers
-//! as numbers, appended and flushed before the reply is sent (SPEC section 5). It is the
+//! as numbers, appended and flushed before the reply is sent (docs/design/bridge-protocol.md). It is the
 //! impartial witness the tests check every node's behaviour against.
 
 use std::fs::{File, OpenOptions};
@@ -30,7 +30,7 @@ pub struct JournalEntry {
     pub magic: Option<i64>,
     pub comment: Option<String>,
     pub fence: Option<i64>,
-    /// The request's client order id (an addition to SPEC's keys; `null` when none).
+    /// The request's client order id (`null` when none).
     pub client_order_id: Option<String>,
     pub accepted: bool,
     pub reason: Option<String>,

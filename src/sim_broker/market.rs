@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::broker::types::{Currency, Side, SymbolSpec};
 
-/// The default symbols of SPEC section 5, each also with a `.m` suffix.
+/// The default symbols (docs/design/bridge-protocol.md), each also with a `.m` suffix.
 const BASE: &[(&str, f64, f64, f64, &str)] = &[
     // symbol, price, contract size, point, profit currency
     ("EURUSD", 1.1000, 100_000.0, 0.00001, "USD"),

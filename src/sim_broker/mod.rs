@@ -1,4 +1,4 @@
-//! The simulated trade server (SPEC section 5): a networked stand-in for MT4/MT5 trade servers
+//! The simulated trade server (docs/design/bridge-protocol.md): a networked stand-in for MT4/MT5 trade servers
 //! that many node processes share, and the impartial witness of every order any node sent.
 //!
 //! | module | owns |

@@ -1,4 +1,4 @@
-//! The real binary with SPEC's flags: replicas sharing accounts, handoff, failover, refusals.
+//! The real binary with its documented flags (docs/cli.md): replicas sharing accounts, handoff, failover, refusals.
 
 use std::time::Duration;
 

@@ -282,7 +282,7 @@ async fn the_journal_is_one_flushed_json_line_per_request() {
     }
     let _ = s.api.positions().await.unwrap(); // reads are not journaled
     assert_eq!(journal(&dir.path("journal.jsonl")).len(), expected);
-    // The wire format itself (SPEC section 5): every key always present, numbers as numbers.
+    // The wire format itself (docs/design/bridge-protocol.md): every key always present, numbers as numbers.
     let text = std::fs::read_to_string(dir.path("journal.jsonl")).unwrap();
     for line in text.lines() {
         let l: serde_json::Value = serde_json::from_str(line).unwrap();

@@ -1,4 +1,4 @@
-//! Broker credentials encrypted at rest (SPEC section 4, Security): the node decrypts them only
+//! Broker credentials encrypted at rest (docs/operating.md, Broker credentials): the node decrypts them only
 //! with its key, puts an account whose credentials it cannot use in an error status and keeps
 //! running, and no secret reaches a log line or `status`.
 

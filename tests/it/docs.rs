@@ -1,6 +1,7 @@
 //! The documentation says what the code does: rendered figures match the committed artefacts
-//! they come from, the configuration reference lists exactly the keys the code accepts, the CLI
-//! reference is the clap definition's own help, and the tutorial's shell blocks run.
+//! they come from, the configuration reference lists exactly the keys the code accepts with the
+//! code's defaults, the CLI reference is the clap definition's own help, every command line in
+//! the docs parses, the tests the guarantees cite exist, and the tutorial's shell blocks run.
 //!
 //! `COPIER_RENDER=write cargo nextest run -E 'test(/docs::/)'` rewrites what is generated (the
 //! marked blocks of README.md and docs/, and docs/cli.md) from the code and `benchmarks.json`;
@@ -286,6 +287,229 @@ fn the_configuration_reference_lists_every_key_the_code_accepts() {
             "{key}: type, default and meaning"
         );
     }
+}
+
+/// Every default the configuration reference gives as a value (`` `60s` ``, `` `0.1` ``) is the
+/// code's: a configuration that sets the key to it explicitly is the configuration that does
+/// not set it at all.
+#[test]
+fn the_configuration_references_defaults_are_the_codes() {
+    use copier_node::config::Layers;
+
+    let text = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let base = [
+        (
+            "database_url",
+            Some("postgres://copier@db/copier".to_string()),
+        ),
+        ("platform", Some("mt5".to_string())),
+    ];
+    let resolve = |flags: &[(&'static str, Option<String>)]| {
+        let config = Layers::load(None, Vec::new(), flags)
+            .and_then(|l| l.resolve())
+            .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+        format!("{config:?}")
+    };
+    let unset = resolve(&base);
+    let mut checked = 0;
+    for line in text.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let key = cells[0].trim_matches('`');
+        let default = cells[2];
+        // A value, not words ("none", "the value of `database_url`", "`<platform>-<hostname>`").
+        let Some(value) = default
+            .strip_prefix('`')
+            .and_then(|d| d.strip_suffix('`'))
+            .filter(|v| !v.contains(['`', '<', ' ']))
+        else {
+            continue;
+        };
+        let key = copier_node::config::KEYS
+            .iter()
+            .find(|k| **k == key)
+            .unwrap_or_else(|| panic!("{key}: not a key of the code"));
+        let mut flags = base.to_vec();
+        flags.push((key, Some(value.to_string())));
+        assert_eq!(
+            resolve(&flags),
+            unset,
+            "{key}: docs/configuration.md gives its default as {value}, the code's differs"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 12, "only {checked} defaults were checked");
+}
+
+/// Every test `docs/guarantees.md` names as showing a guarantee exists: a name is a path of
+/// modules and a function in `tests/it/` or `src/`, and a module's name stands for its tests.
+#[test]
+fn every_test_the_guarantees_name_exists() {
+    let text = std::fs::read_to_string(root().join("docs/guarantees.md")).unwrap();
+    let mut named = Vec::new();
+    for (i, part) in text.split('`').enumerate() {
+        // Inside backticks, with at least one `::` and only path characters.
+        if i % 2 == 1
+            && part.contains("::")
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        {
+            named.push(part.to_string());
+        }
+    }
+    assert!(named.len() > 50, "only {} test names found", named.len());
+    let mut sources = Vec::new();
+    for dir in ["tests/it", "src"] {
+        let mut stack = vec![root().join(dir)];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    sources.push(std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+    }
+    let missing: Vec<&String> = named
+        .iter()
+        .filter(|name| {
+            let last = name.rsplit("::").next().unwrap();
+            !sources.iter().any(|s| {
+                s.contains(&format!("fn {last}("))
+                    || s.contains(&format!("mod {last} "))
+                    || s.contains(&format!("mod {last};"))
+                    || s.contains(&format!("in_both_position_modes!({last})"))
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/guarantees.md names tests that do not exist: {missing:?}"
+    );
+}
+
+/// Words of a shell command line: quotes ('…', "…") hold a word together; a `#` comment, a
+/// redirection (`< file`) and what follows a pipe or `&&` are not the command's.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quote = None;
+    let mut any = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    let end = words
+        .iter()
+        .position(|w| w.starts_with('#') || ["<", ">", "|", "&&", "&"].contains(&w.as_str()))
+        .unwrap_or(words.len());
+    words.truncate(end);
+    words
+}
+
+/// A command line's shortest form: its optional parts (` [--json]`, outside quotes) removed.
+fn without_optional_parts(line: &str) -> String {
+    let mut out = String::new();
+    let (mut quote, mut depth, mut prev) = (None, 0, ' ');
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (None, '\'' | '"') if depth == 0 => quote = Some(c),
+            (None, '[') if depth > 0 || prev == ' ' => {
+                depth += 1;
+                prev = c;
+                continue;
+            }
+            (None, ']') if depth > 0 => {
+                depth -= 1;
+                prev = c;
+                continue;
+            }
+            _ => {}
+        }
+        if depth == 0 {
+            out.push(c);
+        }
+        prev = c;
+    }
+    out
+}
+
+/// Every `copier-node` command line in a code block of the README and `docs/` parses with the
+/// clap definition, in its shortest form: a renamed flag or command fails here, not at a
+/// reader's prompt. (The tutorial's blocks also run: [`the_tutorial_runs_as_written`].) Lines
+/// with placeholders (`<ticket>`, `TICKET`, `$ticket`, `...`) are shapes, not commands, and are
+/// left out.
+#[test]
+fn every_command_line_in_the_docs_parses() {
+    let mut files = vec![root().join("README.md")];
+    let mut stack = vec![root().join("docs")];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") && !path.ends_with("cli.md") {
+                files.push(path);
+            }
+        }
+    }
+    let mut parsed = 0;
+    let mut wrong = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut in_block = false;
+        let mut lines = text.lines().enumerate();
+        while let Some((n, line)) = lines.next() {
+            if line.trim_start().starts_with("```") {
+                in_block = !in_block;
+                continue;
+            }
+            let mut line = line.trim().trim_start_matches("$ ").to_string();
+            while line.ends_with('\\') {
+                line.pop();
+                line.push_str(lines.next().map_or("", |(_, l)| l.trim()));
+            }
+            if !in_block
+                || !line.starts_with("copier-node ")
+                || line.contains(['<', '…', '$'])
+                || line.contains("...")
+            {
+                continue;
+            }
+            let words = shell_words(&without_optional_parts(&line));
+            let placeholder =
+                |w: &String| w.len() > 2 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+            if words.iter().any(placeholder) {
+                continue;
+            }
+            parsed += 1;
+            if let Err(e) = <copier_node::cli::Cli as clap::Parser>::try_parse_from(&words) {
+                let shown = file.strip_prefix(root()).unwrap().display();
+                wrong.push(format!("{shown}:{}: {line}\n{e}", n + 1));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(parsed >= 20, "only {parsed} command lines found");
 }
 
 /// Every command's help, as `copier-node <command> --help` prints it.

@@ -155,7 +155,7 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
             "--login",
             "dup",
         ],
-        "account 1",
+        "account 1: id: an account with this id exists already",
     );
 
     // Links: every bad value is refused with its field; nothing is written.
@@ -222,6 +222,11 @@ async fn accounts_and_links_are_managed_and_bad_values_refused_naming_the_field(
             "close",
             "--json",
         ],
+    );
+    refused(
+        &db,
+        &["links", "add", "--master", "1", "--follower", "2"],
+        "link 1 -> 2: master and follower: a link between these accounts exists already",
     );
     let l: serde_json::Value = serde_json::from_str(&link).unwrap();
     assert_eq!(

@@ -43,7 +43,21 @@ fn sql(what: &str) -> impl FnOnce(sqlx::Error) -> CommandError + '_ {
         if let sqlx::Error::Database(d) = &e
             && (d.is_check_violation() || d.is_foreign_key_violation() || d.is_unique_violation())
         {
-            return CommandError::usage(format!("{what}: refused by the schema: {}", d.message()));
+            // The duplicates an operator can make, named by the field (the database's own
+            // message names a constraint).
+            let refusal = match d.constraint() {
+                Some("trading_accounts_pkey") => "id: an account with this id exists already",
+                Some("copy_links_master_id_follower_id_key") => {
+                    "master and follower: a link between these accounts exists already (links list)"
+                }
+                _ => {
+                    return CommandError::usage(format!(
+                        "{what}: refused by the schema: {}",
+                        d.message()
+                    ));
+                }
+            };
+            return CommandError::usage(format!("{what}: {refusal}"));
         }
         CommandError::failed(format!("{what}: {}", db::describe(&e)))
     }

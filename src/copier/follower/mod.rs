@@ -1,7 +1,7 @@
 //! A follower's session: copy its masters' events onto the follower's broker account, one at a
 //! time, and reconcile whenever continuity is in doubt.
 //!
-//! Order of business (SPEC section 2): log in with the epoch as the fence (the server learns
+//! Order of business (docs/copying.md, Reconcile): log in with the epoch as the fence (the server learns
 //! the new owner's fence before anything else), LISTEN to every master of the follower's links
 //! (confirmed), then reconcile each master against its snapshot, remembering the snapshot and its
 //! (epoch, seq). An event at exactly seq + 1 of that epoch is applied to the remembered snapshot

@@ -1,5 +1,5 @@
 //! Executing a decision: the gate right before anything reaches the broker, the order, what its
-//! outcome means (SPEC section 2, Decisions), and the records that outlive the session.
+//! outcome means (docs/copying.md, Decisions), and the records that outlive the session.
 //!
 //! | outcome | open | close, trim, stop change |
 //! | --- | --- | --- |

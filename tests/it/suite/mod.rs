@@ -30,7 +30,7 @@ use crate::support::patroni::Patroni;
 use crate::support::process::{NodeProcess, NodeSpec};
 use crate::support::{FAST, TestDb, Timing, add_account};
 
-/// The suite's timings (SPEC: lease 3 s, fence 1 s, cycle 500 ms).
+/// The suite's timings (lease 3 s, fence 1 s, cycle 500 ms).
 pub const TIMING: Timing = FAST;
 pub const FENCE_MS: i64 = 1000;
 /// Clock and scheduling slack allowed in the S1 gap check.

@@ -38,7 +38,7 @@ pub struct Timing {
     pub cycle: &'static str,
 }
 
-/// Short timings for tests (SPEC: e.g. lease 3 s, fence 1 s, cycle 500 ms).
+/// Short timings for tests (e.g. lease 3 s, fence 1 s, cycle 500 ms).
 pub const FAST: Timing = Timing {
     lease: "3s",
     fence: "1s",
