@@ -203,11 +203,29 @@ named! {
 
 impl SkipCode {
     /// True for the codes of a final decision: the link never copies that master position.
+    /// (Every code is listed: a new one decides here whether it is final.)
     pub fn is_final(self) -> bool {
-        !matches!(
-            self,
-            SkipCode::MarketClosed | SkipCode::Requote | SkipCode::Unavailable | SkipCode::Waiting
-        )
+        match self {
+            SkipCode::LinkDisabled
+            | SkipCode::CloseOnly
+            | SkipCode::Filtered
+            | SkipCode::OpenedBeforeLink
+            | SkipCode::TooLate
+            | SkipCode::EquityStop
+            | SkipCode::RiskLimit
+            | SkipCode::SymbolNotFound
+            | SkipCode::BelowMinVolume
+            | SkipCode::InvalidVolume
+            | SkipCode::BelowMinTrade
+            | SkipCode::NoStopLoss
+            | SkipCode::UnknownPoint
+            | SkipCode::Slippage
+            | SkipCode::Rejected => true,
+            SkipCode::MarketClosed
+            | SkipCode::Requote
+            | SkipCode::Unavailable
+            | SkipCode::Waiting => false,
+        }
     }
 }
 
@@ -567,10 +585,8 @@ pub fn open_order(
     );
     // Sized by notional value: a lot is not the same amount on every broker (XAUUSD is 100 oz
     // on one, 10 on another), so the master's volume counts in the follower's lots.
-    let master_volume = match (link.lot_mode, position.contract_size) {
-        (LotMode::Multiplier | LotMode::BalanceRatio | LotMode::EquityRatio, Some(c))
-            if c > 0.0 && spec.contract_size > 0.0 =>
-        {
+    let master_volume = match position.contract_size {
+        Some(c) if link.lot_mode.sized_by_notional() && c > 0.0 && spec.contract_size > 0.0 => {
             position.volume * c / spec.contract_size
         }
         _ => position.volume,

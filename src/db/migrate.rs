@@ -98,6 +98,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "node starting",
         include_str!("../../migrations/0017_node_starting.sql"),
     ),
+    (
+        18,
+        "skip codes",
+        include_str!("../../migrations/0018_skip_codes.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

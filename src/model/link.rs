@@ -36,6 +36,16 @@ impl LotMode {
             LotMode::Fixed | LotMode::Multiplier | LotMode::RiskPercent => (false, false),
         }
     }
+
+    /// True when the mode scales the master's volume counted in the follower's lots (its
+    /// notional value: the two brokers' contract sizes may differ). `fixed` is already in the
+    /// follower's lots; `risk_percent` sizes from the follower's own contract.
+    pub fn sized_by_notional(self) -> bool {
+        match self {
+            LotMode::Multiplier | LotMode::BalanceRatio | LotMode::EquityRatio => true,
+            LotMode::Fixed | LotMode::RiskPercent => false,
+        }
+    }
 }
 
 named! {

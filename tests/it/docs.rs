@@ -215,6 +215,30 @@ fn simulation_reports() -> String {
     out
 }
 
+/// The recorded clean-clone runs of `.ci/run` (`reports/ci.json`: each as `.ci/run` reported
+/// it in `target/ci-report.json`, or as the project's CI recorded a landing), the last two.
+fn ci_runs() -> String {
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("reports/ci.json")).unwrap())
+            .unwrap();
+    let runs = r["runs"].as_array().expect("runs");
+    assert!(runs.len() >= 2, "reports/ci.json: two runs at least");
+    let mut out = String::new();
+    for run in &runs[runs.len() - 2..] {
+        let seconds = run["seconds"].as_u64().expect("seconds");
+        out.push_str(&format!(
+            "* {seconds} s ({:.1} min) on a clean clone of `{}`, {} cores, {}: {} the budget of {} s\n",
+            seconds as f64 / 60.0,
+            run["commit"].as_str().expect("commit"),
+            run["cores"],
+            run["source"].as_str().expect("source"),
+            if seconds <= r["budget_s"].as_u64().unwrap() { "within" } else { "over" },
+            r["budget_s"],
+        ));
+    }
+    out
+}
+
 #[test]
 fn rendered_figures_match_the_committed_benchmarks() {
     let bench: Value =
@@ -231,6 +255,7 @@ fn rendered_figures_match_the_committed_benchmarks() {
             match name {
                 "headline" => headline(&bench),
                 "simulation" => simulation_reports(),
+                "ci" => ci_runs(),
                 other => panic!("{}: no renderer named {other:?}", path.display()),
             }
         });
@@ -387,6 +412,69 @@ fn every_test_the_guarantees_name_exists() {
     assert!(
         missing.is_empty(),
         "docs/guarantees.md names tests that do not exist: {missing:?}"
+    );
+}
+
+/// docs/copying.md lists every lot mode the code defines (its formula table) and every skip
+/// code, final and not final as the code decides: a mode or code added to the definitions and
+/// not to the page fails here.
+#[test]
+fn the_copy_rules_page_lists_every_lot_mode_and_skip_code() {
+    use copier_node::copier::rules::SkipCode;
+    use copier_node::model::link::LotMode;
+    use copier_node::model::named::Named;
+
+    let text = std::fs::read_to_string(root().join("docs/copying.md")).unwrap();
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let table = text
+        .split("| `lot_mode` | raw copy volume |")
+        .nth(1)
+        .expect("the lot-mode table");
+    let documented: Vec<String> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with("| `"))
+        .map(|l| {
+            l.trim_start_matches("| `")
+                .split('`')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let defined: Vec<String> = LotMode::names().into_iter().map(String::from).collect();
+    assert_eq!(
+        sorted(documented),
+        sorted(defined),
+        "docs/copying.md's lot modes"
+    );
+
+    let list = text
+        .split("The codes:")
+        .nth(1)
+        .and_then(|t| t.split("`copier_copies_skipped_total`").next())
+        .expect("the list of skip codes");
+    let (finals, others) = list.split_once("(final);").expect("the final codes first");
+    let names = |t: &str| -> Vec<String> {
+        sorted(t.split('`').skip(1).step_by(2).map(String::from).collect())
+    };
+    let defined = |is_final: bool| -> Vec<String> {
+        sorted(
+            SkipCode::VALUES
+                .iter()
+                .filter(|(code, _, _)| code.is_final() == is_final)
+                .map(|(_, name, _)| name.to_string())
+                .collect(),
+        )
+    };
+    assert_eq!(names(finals), defined(true), "the final skip codes");
+    assert_eq!(
+        names(others),
+        defined(false),
+        "the skip codes that are not final"
     );
 }
 

@@ -773,6 +773,7 @@ async fn check_list(conn: &mut sqlx::PgConnection, table: &str, column: &str) ->
 /// fails here.
 #[tokio::test]
 async fn every_enumerated_setting_matches_its_check_constraint() {
+    use copier_node::copier::rules::SkipCode;
     use copier_node::db::copy::Role;
     use copier_node::model::link::{LotMode, OnRemove, PendingOrders, Sides};
     use copier_node::model::named::Named;
@@ -785,7 +786,11 @@ async fn every_enumerated_setting_matches_its_check_constraint() {
     }
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
-    let settings: [(&str, &str, Vec<String>); 8] = [
+    // Decisions' codes, and `unknown`: the code of rows written before codes were recorded.
+    let mut skip_codes = sorted::<SkipCode>();
+    skip_codes.push("unknown".into());
+    skip_codes.sort();
+    let settings: [(&str, &str, Vec<String>); 9] = [
         ("trading_accounts", "role", sorted::<Role>()),
         ("copy_links", "lot_mode", sorted::<LotMode>()),
         ("copy_links", "sides", sorted::<Sides>()),
@@ -794,6 +799,7 @@ async fn every_enumerated_setting_matches_its_check_constraint() {
         ("risk_limits", "period", sorted::<Period>()),
         ("risk_limits", "basis", sorted::<Basis>()),
         ("risk_limits", "action", sorted::<RiskAction>()),
+        ("copy_skips", "code", skip_codes),
     ];
     for (table, column, defined) in settings {
         assert_eq!(
