@@ -227,6 +227,7 @@ async fn run(
                     first_seen_ms: None,
                     open_time_ms: None,
                     contract_size: None,
+                    broker_ticket: None,
                 };
                 let event = MasterEvent::Open {
                     position: position.clone(),

@@ -392,6 +392,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
                     first_seen_ms: Some(1),
                     open_time_ms: None,
                     contract_size: None,
+                    broker_ticket: None,
                 };
                 master.push(position.clone());
                 Some(MasterEvent::Open { position })

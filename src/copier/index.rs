@@ -553,7 +553,7 @@ impl CopyIndex {
 }
 
 /// The ticket an MT4 comment names after `prefix` (`from #123`, `to #124`).
-fn lineage(comment: &str, prefix: &str) -> Option<i64> {
+pub(crate) fn lineage(comment: &str, prefix: &str) -> Option<i64> {
     comment.strip_prefix(prefix)?.trim().parse().ok()
 }
 

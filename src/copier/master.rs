@@ -9,8 +9,14 @@
 //! Glitch guard: a position missing from a positions read is dropped from the snapshot only if
 //! the master's history confirms it closed; an empty or partial read never closes copies. The
 //! stream's `closed` event carries the closing history entry itself.
+//!
+//! MT4's renumbering: a partial close on an MT4 server closes the ticket whole (its history
+//! entry's comment `to #<new>`) and opens the remainder under a new ticket (`from #<old>`, same
+//! symbol and side). The position keeps the ticket it opened under, which its copies' markers
+//! name, with the broker's ticket now beside it (`broker_ticket`, kept in the snapshot so a new
+//! owner follows it too): followers see a partial close, not a close and a new position.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use anyhow::bail;
@@ -18,6 +24,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::events::MasterEvent;
+use super::index::lineage;
 use super::{MasterOrder, MasterPosition, spread_interval};
 use crate::broker::types::{ClosedPosition, OrderEnd, PendingOrder, Position, PositionChange};
 use crate::broker::{BrokerError, SessionEvent, TradeApi};
@@ -324,6 +331,22 @@ impl Master<'_> {
     async fn on_change(&mut self, change: PositionChange) -> anyhow::Result<()> {
         let event = match change {
             PositionChange::Opened { position } => {
+                if let Some(ticket) = self.remainder_of(&position) {
+                    // MT4 renumbered the rest of a partial close: the same position, smaller.
+                    let p = self.view.get_mut(&ticket).expect("found in the view");
+                    let before = p.volume;
+                    p.volume = position.volume;
+                    p.broker_ticket = (position.ticket != ticket).then_some(position.ticket);
+                    let event = MasterEvent::Partial {
+                        ticket,
+                        before,
+                        after: position.volume,
+                    };
+                    if self.dirty {
+                        return self.publish(MasterEvent::Snapshot).await;
+                    }
+                    return self.publish(event).await;
+                }
                 if self.view.contains_key(&position.ticket) {
                     // Known from a read; an order of its ticket left behind goes now.
                     if self.orders.remove(&position.ticket).is_some() {
@@ -342,28 +365,30 @@ impl Master<'_> {
                 MasterEvent::Open { position: p }
             }
             PositionChange::Modified { position } => {
-                let Some(p) = self.view.get_mut(&position.ticket) else {
+                let Some(ticket) = self.published_of(position.ticket) else {
                     return Ok(());
                 };
+                let p = self.view.get_mut(&ticket).expect("found in the view");
                 if p.sl == position.sl && p.tp == position.tp {
                     return Ok(());
                 }
                 p.sl = position.sl;
                 p.tp = position.tp;
                 MasterEvent::Modify {
-                    ticket: position.ticket,
+                    ticket,
                     sl: position.sl,
                     tp: position.tp,
                 }
             }
             PositionChange::PartiallyClosed { position, .. } => {
-                let Some(p) = self.view.get_mut(&position.ticket) else {
+                let Some(ticket) = self.published_of(position.ticket) else {
                     return Ok(());
                 };
+                let p = self.view.get_mut(&ticket).expect("found in the view");
                 let before = p.volume;
                 p.volume = position.volume;
                 MasterEvent::Partial {
-                    ticket: position.ticket,
+                    ticket,
                     before,
                     after: position.volume,
                 }
@@ -371,12 +396,17 @@ impl Master<'_> {
             PositionChange::Closed { closed } => {
                 // An order of the same ticket (its fill's) cannot rest any more either.
                 self.orders.remove(&closed.position.ticket);
-                if self.view.remove(&closed.position.ticket).is_none() {
+                let Some(ticket) = self.published_of(closed.position.ticket) else {
+                    return Ok(());
+                };
+                if lineage(&closed.position.comment, "to #").is_some() {
+                    // MT4 closed the ticket to renumber the rest: the position goes on under the
+                    // new ticket, whose `opened` follows (or the next read finds it).
+                    debug!(master_ticket = ticket, comment = %closed.position.comment, "master position renumbered by a partial close");
                     return Ok(());
                 }
-                MasterEvent::Close {
-                    ticket: closed.position.ticket,
-                }
+                self.view.remove(&ticket);
+                MasterEvent::Close { ticket }
             }
             // A late update of an order that has already filled changes nothing.
             PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order }
@@ -414,6 +444,31 @@ impl Master<'_> {
             return self.publish(MasterEvent::Snapshot).await;
         }
         self.publish(event).await
+    }
+
+    /// The published ticket of the position the broker now calls `broker` (its own, or the one
+    /// an MT4 remainder opened under).
+    fn published_of(&self, broker: i64) -> Option<i64> {
+        if self
+            .view
+            .get(&broker)
+            .is_some_and(|p| now_ticket(p) == broker)
+        {
+            return Some(broker);
+        }
+        self.view
+            .values()
+            .find(|p| p.broker_ticket == Some(broker))
+            .map(|p| p.ticket)
+    }
+
+    /// The published ticket of the position `position` is MT4's remainder of (`from #<old>`, the
+    /// same symbol and side), if it is one this view holds.
+    fn remainder_of(&self, position: &Position) -> Option<i64> {
+        let old = lineage(&position.comment, "from #")?;
+        let ticket = self.published_of(old)?;
+        let p = &self.view[&ticket];
+        (p.symbol == position.symbol && p.side == position.side).then_some(ticket)
     }
 
     /// Publishes `event` with the current view as (epoch, seq + 1).
@@ -554,6 +609,7 @@ fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
             .then_some(p.open_time_ms)
             .or(known.and_then(|k| k.open_time_ms)),
         contract_size: known.and_then(|k| k.contract_size),
+        broker_ticket: None,
     }
 }
 
@@ -590,22 +646,65 @@ pub fn merge_view(
     positions: &[Position],
     history: &[ClosedPosition],
 ) -> BTreeMap<i64, MasterPosition> {
-    let mut next: BTreeMap<i64, MasterPosition> = positions
+    // MT4's renumbering, old ticket -> new, from the history's `to #<new>` entries.
+    let renumbered: HashMap<i64, i64> = history
         .iter()
-        .map(|p| (p.ticket, from_broker(p, known.get(&p.ticket))))
+        .filter_map(|h| Some((h.position.ticket, lineage(&h.position.comment, "to #")?)))
         .collect();
+    let open: HashMap<i64, &Position> = positions.iter().map(|p| (p.ticket, p)).collect();
+    // Each known position's ticket now, followed through renumbering (the last one if the
+    // chain leads to no open position).
+    let latest = |k: &MasterPosition| {
+        let mut t = now_ticket(k);
+        let mut seen = HashSet::new();
+        while !open.contains_key(&t) && seen.insert(t) {
+            match renumbered.get(&t) {
+                Some(&next) => t = next,
+                None => break,
+            }
+        }
+        t
+    };
+    let mut published: HashMap<i64, i64> = HashMap::new();
+    for (ticket, k) in known {
+        let t = latest(k);
+        if open
+            .get(&t)
+            .is_some_and(|p| p.symbol == k.symbol && p.side == k.side)
+        {
+            published.insert(t, *ticket);
+        }
+    }
+    let mut next: BTreeMap<i64, MasterPosition> = BTreeMap::new();
+    for p in positions {
+        let ticket = published.get(&p.ticket).copied().unwrap_or(p.ticket);
+        let mut m = from_broker(p, known.get(&ticket));
+        m.ticket = ticket;
+        m.broker_ticket = (p.ticket != ticket).then_some(p.ticket);
+        next.insert(ticket, m);
+    }
     for (ticket, k) in known {
         if next.contains_key(ticket) {
             continue;
         }
-        let closed = history
-            .iter()
-            .any(|h| h.position.ticket == *ticket && h.remaining_volume <= 0.0);
+        // Closed when the history shows its ticket now closed with nothing left, and not
+        // renumbered.
+        let t = latest(k);
+        let closed = history.iter().any(|h| {
+            h.position.ticket == t
+                && h.remaining_volume <= 0.0
+                && lineage(&h.position.comment, "to #").is_none()
+        });
         if !closed {
             next.insert(*ticket, k.clone());
         }
     }
     next
+}
+
+/// The broker's ticket for a position of the view now.
+fn now_ticket(p: &MasterPosition) -> i64 {
+    p.broker_ticket.unwrap_or(p.ticket)
 }
 
 #[cfg(test)]
@@ -685,5 +784,62 @@ mod tests {
             profit: 0.0,
         };
         assert!(merge_view(&k, &[], &[partial]).contains_key(&1));
+    }
+
+    /// MT4 renumbers the rest of a partial close (twice here: 1 -> 7 -> 9): the read shows 9
+    /// `from #7` and the history 1 `to #7`, 7 `to #9`. The position stays 1, smaller, its opening
+    /// volume and first sighting kept, with the broker's ticket beside it; a later read that
+    /// starts from there follows it too, and its close (nothing left, no `to #`) ends it.
+    #[test]
+    fn an_mt4_remainder_is_the_position_it_was_split_from() {
+        let k: BTreeMap<i64, MasterPosition> = [(1, known(1, 1.0, 5))].into();
+        let part = |ticket: i64, volume: f64, to: i64| ClosedPosition {
+            position: Position {
+                comment: format!("to #{to}"),
+                ..pos(ticket, volume)
+            },
+            close_price: 1.1,
+            close_time_ms: 0,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.0,
+            profit: 0.0,
+        };
+        let rest = Position {
+            comment: "from #7".into(),
+            ..pos(9, 0.3)
+        };
+        let history = [part(1, 0.4, 7), part(7, 0.3, 9)];
+        let next = merge_view(&k, std::slice::from_ref(&rest), &history);
+        assert_eq!(next.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            (
+                next[&1].volume,
+                next[&1].open_volume,
+                next[&1].first_seen_ms,
+                next[&1].broker_ticket
+            ),
+            (0.3, 1.0, Some(5), Some(9))
+        );
+        // Without the remainder in the read (a glitch), the renumbering alone closes nothing.
+        assert!(merge_view(&k, &[], &history).contains_key(&1));
+        // A new owner's read, from the stored snapshot: still 1; closed once 9 closes whole.
+        let again = merge_view(&next, std::slice::from_ref(&rest), &history);
+        assert_eq!(again, next);
+        let closed = ClosedPosition {
+            position: rest.clone(),
+            close_price: 1.1,
+            close_time_ms: 0,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.0,
+            profit: 0.0,
+        };
+        assert!(merge_view(&next, &[], &[history[0].clone(), closed]).is_empty());
+        // Another symbol under a `from #` comment is not the position's remainder.
+        let stranger = Position {
+            symbol: "GBPUSD".into(),
+            ..rest.clone()
+        };
+        let next = merge_view(&k, &[stranger], &history);
+        assert!(next.contains_key(&9) && next.contains_key(&1));
     }
 }

@@ -697,6 +697,7 @@ mod tests {
             first_seen_ms: Some(2_000),
             open_time_ms: None,
             contract_size: None,
+            broker_ticket: None,
         }
     }
 

@@ -87,6 +87,7 @@ mod tests {
                     first_seen_ms: Some(1_796_000_000_000),
                     open_time_ms: None,
                     contract_size: None,
+                    broker_ticket: None,
                 },
             },
         };

@@ -40,6 +40,11 @@ pub struct MasterPosition {
     /// master session knows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contract_size: Option<f64>,
+    /// The master broker's ticket for the position now, when it is not `ticket`: MT4 gives the
+    /// remainder of a partial close a new ticket (`from #<old>`), and the position keeps the
+    /// ticket it opened under, which its copies' markers name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_ticket: Option<i64>,
 }
 
 /// A master's pending (limit or stop) order as published beside its positions. Its fill opens a
@@ -87,6 +92,7 @@ impl MasterOrder {
             first_seen_ms: self.first_seen_ms,
             open_time_ms: None,
             contract_size: self.contract_size,
+            broker_ticket: None,
         }
     }
 }

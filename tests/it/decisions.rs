@@ -589,6 +589,7 @@ fn master_position(ticket: i64, volume: f64) -> MasterPosition {
         first_seen_ms: Some(4_000_000_000_000),
         open_time_ms: None,
         contract_size: None,
+        broker_ticket: None,
     }
 }
 

@@ -136,3 +136,95 @@ async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeover
     // Two trims and the remainder's close: no copy closed as an orphan.
     assert_eq!(accepted("close"), 3, "{lines:#?}");
 }
+
+/// The master on an MT4 server: its partial close renumbers the position (`to #`, `from #`), and
+/// its followers see a partial close: the copy is trimmed, never closed and opened again, also
+/// when the master's owner is killed between two partial closes (the new owner follows the
+/// renumbering from the stored snapshot). Judged from the follower's server (one that keeps its
+/// tickets): its journal and positions.
+#[tokio::test]
+async fn an_mt4_masters_partial_closes_trim_its_copies_through_renumbering_and_a_takeover() {
+    let mut s = CopySetup::unprotected("mt4-master").await;
+    let mt4 = SimBroker::start(ServeOptions {
+        fence_check: false,
+        dedupe: false,
+        mt4: true,
+        ..ServeOptions::new("127.0.0.1:0", s.dir.path("mt4-journal.jsonl"))
+    })
+    .await
+    .unwrap();
+    let mt4_addr = mt4.addr.to_string();
+    let master = Trader {
+        addr: mt4_addr.clone(),
+    };
+    add_account(&mut s.conn, 1, "master", &mt4_addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let mut nodes: Vec<NodeProcess> = ["na", "nb"]
+        .iter()
+        .map(|id| NodeProcess::spawn(&s.db, id, 100, FAST, &[]))
+        .collect();
+    let copy_at = async |s: &CopySetup, what: &str, volume: f64| {
+        eventually(format!("f2: {what}"), WAIT, async || {
+            let p = s.t.positions("f2").await;
+            (p.len() == 1 && p[0].magic == magic && lots_close(p[0].volume, volume))
+                .then(|| p[0].clone())
+        })
+        .await
+    };
+    let master_rest = async |from: i64| {
+        let p = master.positions("m1").await;
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_ne!(p[0].ticket, from, "MT4 renumbers the rest");
+        assert_eq!(p[0].comment, format!("from #{from}"));
+        p[0].ticket
+    };
+
+    let ticket = master
+        .open("m1", "EURUSD", Side::Buy, 1.0, None, None)
+        .await;
+    let copy = copy_at(&s, "the copy", 1.0).await;
+    master.close("m1", ticket, Some(0.4)).await;
+    let trimmed = copy_at(&s, "the copy trimmed to 0.6", 0.6).await;
+    assert_eq!(trimmed.ticket, copy.ticket, "the same copy, trimmed");
+    let rest = master_rest(ticket).await;
+
+    // kill -9 of the master's owner: the new owner knows 0.6 under `rest` is the position.
+    let victim = owner(&mut s.conn, 1).await.expect("owned");
+    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
+    nodes[idx].kill9();
+    eventually("the master owned again", WAIT, async || {
+        owner(&mut s.conn, 1)
+            .await
+            .filter(|o| *o != victim)
+            .map(|_| ())
+    })
+    .await;
+    master.close("m1", rest, Some(0.3)).await;
+    copy_at(&s, "the copy trimmed to 0.3", 0.3).await;
+    let last = master_rest(rest).await;
+    master.close("m1", last, None).await;
+    eventually("f2: the copy closed", WAIT, async || {
+        s.t.positions("f2").await.is_empty().then_some(())
+    })
+    .await;
+
+    let lines = journal(&s.dir.path("journal.jsonl"));
+    let accepted: Vec<(String, Option<f64>)> = lines
+        .iter()
+        .filter(|l| l.login == "f2" && l.accepted && l.client != "manual")
+        .filter(|l| l.action == "open" || l.action == "close")
+        .map(|l| (l.action.clone(), l.volume))
+        .collect();
+    let actions: Vec<&str> = accepted.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(
+        actions,
+        ["open", "close", "close", "close"],
+        "one open, two trims and the close: {accepted:?}"
+    );
+    assert_eq!(
+        (accepted[1].1, accepted[2].1),
+        (Some(0.4), Some(0.3)),
+        "the trims"
+    );
+}
