@@ -38,10 +38,10 @@ pub struct CopyIndex {
     ever: HashSet<Key>,
     /// Copy ticket -> its volume when it was opened (partial closes scale against it).
     original: HashMap<i64, f64>,
-    /// Key -> the volume the copy ledger recorded its copy opened with (the largest row of an
-    /// MT4 lineage: a remainder's row holds what was left of it): a floor for the opening volume
-    /// that holds however little history the broker keeps.
-    recorded: HashMap<Key, f64>,
+    /// Copy ticket -> the volume the copy ledger recorded it opened with: a floor for its opening
+    /// volume (an MT4 remainder's, its lineage's largest) that holds however little history the
+    /// broker keeps.
+    recorded: HashMap<i64, f64>,
     /// Copy tickets seen closed: a late update about one changes nothing.
     closed: HashSet<i64>,
     /// Pending copies (a master's pending order copied as one) by key.
@@ -132,12 +132,7 @@ impl CopyIndex {
             self.closed.remove(&p.ticket);
             let read = p.volume + closed_volume.get(&p.ticket).copied().unwrap_or(0.0);
             let read = (read * 1e8).round() / 1e8;
-            let recorded = parse_marker(&p.comment)
-                .map(|t| (p.magic, t))
-                .or_else(|| self.keys.get(&p.ticket).copied())
-                .and_then(|key| self.recorded.get(&key))
-                .copied()
-                .unwrap_or(0.0);
+            let recorded = self.recorded_opening(p.ticket);
             let original = known
                 .get(&p.ticket)
                 .map_or(read, |k| k.max(read))
@@ -322,15 +317,30 @@ impl CopyIndex {
         }
     }
 
-    /// Learns from the copy ledger that `key`'s copy opened with `volume` (one row of it: an MT4
-    /// remainder's row holds less). Counts as learned when it raises what was known, so the read
-    /// is resolved again.
-    pub fn learn_opening(&mut self, key: Key, volume: f64) {
-        let known = self.recorded.entry(key).or_insert(0.0);
+    /// Learns from the copy ledger that copy `ticket` opened with `volume`. Counts as learned
+    /// when it is news, so the read is resolved again.
+    pub fn learn_opening(&mut self, ticket: i64, volume: f64) {
+        let known = self.recorded.entry(ticket).or_insert(0.0);
         if volume > *known + 1e-9 {
             *known = volume;
             self.learned = true;
         }
+    }
+
+    /// The largest opening volume the copy ledger recorded for `ticket` or, for an MT4
+    /// remainder, for any ticket of its lineage (0 when none).
+    fn recorded_opening(&self, ticket: i64) -> f64 {
+        let mut t = ticket;
+        let mut seen = HashSet::new();
+        let mut most = 0.0_f64;
+        while seen.insert(t) {
+            most = most.max(self.recorded.get(&t).copied().unwrap_or(0.0));
+            match self.parent.get(&t) {
+                Some(&up) => t = up,
+                None => break,
+            }
+        }
+        most
     }
 
     /// True (once) when a copy ticket was learned since the last call: a read then resolves
@@ -675,38 +685,38 @@ mod tests {
     }
 
     /// A new owner whose broker keeps no history of the copy's partial close (or of an MT4
-    /// lineage's) still scales from the volume the copy ledger recorded at the open; a ledger
-    /// row of less (a remainder's) lowers nothing, and the ledger never makes a copy opened
-    /// larger than the largest row of its key.
+    /// lineage's) still scales from the volume the copy ledger recorded at the open; a lower row
+    /// changes nothing, and one copy's row never raises another's (a duplicate sized larger
+    /// under the same key keeps its own).
     #[test]
     fn a_new_owner_takes_the_opening_volume_the_copy_ledger_recorded() {
         let a = copy(1, 10, 0.2);
         let mut index = CopyIndex::default();
         index.rebuild(std::slice::from_ref(&a), &[]);
         assert_eq!(index.original_volume(&a), 0.2, "nothing else known yet");
-        index.learn_opening((77, 10), 0.5);
-        index.learn_opening((77, 10), 0.2);
+        index.learn_opening(1, 0.5);
+        index.learn_opening(1, 0.2);
         assert!(index.take_learned(), "a higher opening volume is news");
         index.rebuild(std::slice::from_ref(&a), &[]);
         assert_eq!(index.original_volume(&a), 0.5);
-        index.learn_opening((77, 10), 0.3);
-        assert!(!index.take_learned(), "a remainder's row changes nothing");
+        index.learn_opening(1, 0.3);
+        assert!(!index.take_learned(), "a lower row changes nothing");
         index.rebuild(std::slice::from_ref(&a), &[]);
         assert_eq!(index.original_volume(&a), 0.5);
-        // An MT4 remainder, tied to the copy by a ticket the ledger taught: the lineage's.
+        // A duplicate of the same master position (same key), recorded larger: its own row only.
+        let b = copy(2, 10, 0.2);
+        index.learn_opening(2, 0.9);
+        index.rebuild(&[a.clone(), b.clone()], &[]);
+        assert_eq!(index.original_volume(&a), 0.5);
+        assert_eq!(index.original_volume(&b), 0.9);
+        // An MT4 remainder, tied to the copy by a ticket the ledger taught: the lineage's row.
         let mut rest = copy(91, 10, 0.1);
         rest.comment = "from #90".into();
         let mut index = CopyIndex::default();
         index.learn(90, (77, 10));
-        index.learn(91, (77, 10));
-        index.learn_opening((77, 10), 0.6);
+        index.learn_opening(90, 0.6);
         index.rebuild(std::slice::from_ref(&rest), &[]);
         assert_eq!(index.original_volume(&rest), 0.6);
-        // Another link's copy of the same master position keeps its own.
-        let mut other = copy(5, 10, 0.2);
-        other.magic = 78;
-        index.rebuild(std::slice::from_ref(&other), &[]);
-        assert_eq!(index.original_volume(&other), 0.2);
     }
 
     /// MT4 renumbers a partially closed copy: the remainder (`from #N`, the copy's magic) is the

@@ -103,6 +103,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "skip codes",
         include_str!("../../migrations/0018_skip_codes.sql"),
     ),
+    (
+        19,
+        "copy opened volume",
+        include_str!("../../migrations/0019_copy_opened_volume.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

@@ -347,6 +347,7 @@ async fn a_batch_writer_whose_connection_was_cut_writes_its_next_batch_anyway() 
             decided_ms: None,
             accepted_ms: None,
             found_by_reconcile: false,
+            opened_volume: None,
         },
     };
     assert_eq!(writer.write(write(1)).await, Ok(true));

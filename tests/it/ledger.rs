@@ -309,6 +309,7 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
             decided_ms: None,
             accepted_ms: Some(4),
             found_by_reconcile: false,
+            opened_volume: None,
         },
     };
     // 19 followers' copies (ten each), a stale owner's, and one copy twice, all at once.

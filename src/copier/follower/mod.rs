@@ -290,7 +290,9 @@ impl Follower<'_> {
                 // Its ticket too: an MT4 remainder names it (`from #<ticket>`).
                 self.index.learn(ticket, (*magic, master_ticket));
                 // And what it opened with, whatever history the broker still keeps.
-                self.index.learn_opening((*magic, master_ticket), volume);
+                if let Some(volume) = volume {
+                    self.index.learn_opening(ticket, volume);
+                }
             }
             recorded.insert(ticket);
         }

@@ -109,7 +109,7 @@ impl Follower<'_> {
                         info!(link_id = link.id, master_ticket, ticket = fill.ticket, symbol = %order.symbol, side = ?order.side, volume = opened.volume, asked = order.volume, duplicate = fill.duplicate, "copy opened");
                         self.index
                             .opened(opened.position(fill.ticket, fill.price, 0));
-                        let record = copy_record(
+                        let mut record = copy_record(
                             link,
                             master_ticket,
                             &opened,
@@ -119,6 +119,11 @@ impl Follower<'_> {
                             Some(decided_ms),
                             Some(crate::wall_clock::unix_ms()),
                         );
+                        if fill.duplicate && fill.volume.is_none() {
+                            // The first attempt's fill, which may have been sized otherwise: what
+                            // it opened is not known from this reply.
+                            record.opened_volume = None;
+                        }
                         self.record_copy(&record);
                         if let Some(master_volume) = base {
                             self.record_base(link, master_ticket, fill.ticket, master_volume)
@@ -634,5 +639,6 @@ pub(super) fn copy_record(
         decided_ms,
         accepted_ms,
         found_by_reconcile: accepted_ms.is_none(),
+        opened_volume: Some(order.volume),
     }
 }

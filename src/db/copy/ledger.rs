@@ -27,18 +27,22 @@ pub struct CopyRecord {
     pub decided_ms: Option<i64>,
     pub accepted_ms: Option<i64>,
     pub found_by_reconcile: bool,
+    /// What the copy opened with, when known (`migrations/0019_copy_opened_volume.sql`): a new
+    /// owner's floor for its opening volume. Not shown by `copies`.
+    #[serde(skip)]
+    pub opened_volume: Option<f64>,
 }
 
-/// Every (link, master ticket, follower ticket, volume opened) the follower ever held a copy of
-/// (an MT4 remainder's row: the volume left of its lineage when it was recorded).
+/// Every (link, master ticket, follower ticket, volume opened if recorded) the follower ever held
+/// a copy of.
 pub async fn copied(
     conn: &mut PgConnection,
     follower_id: i64,
     server: &str,
     login: &str,
-) -> Result<Vec<(i64, i64, i64, f64)>, sqlx::Error> {
+) -> Result<Vec<(i64, i64, i64, Option<f64>)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT l.link_id, l.master_ticket, l.follower_ticket, l.volume
+        "SELECT l.link_id, l.master_ticket, l.follower_ticket, l.opened_volume
            FROM copy_ledger l JOIN trading_accounts m ON m.id = l.master_id
           WHERE l.follower_id = $1 AND l.server = $2 AND l.login = $3
             AND l.master_server = m.server AND l.master_login = m.login",
@@ -88,6 +92,7 @@ pub async fn recent(
                 decided_ms: r.try_get("decided_ms")?,
                 accepted_ms: r.try_get("accepted_ms")?,
                 found_by_reconcile: r.try_get("found_by_reconcile")?,
+                opened_volume: None,
             })
         })
         .collect()
@@ -266,19 +271,20 @@ pub async fn record_copies(
 INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
                          requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
                          event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
-                         server, login, master_server, master_login, slippage_points)
+                         server, login, master_server, master_login, slippage_points, opened_volume)
 SELECT a.id, r.follower_ticket, r.link_id, r.master_id, r.master_ticket, r.symbol, r.side, r.volume,
        r.requested_price, r.filled_price, r.slippage, r.slippage_bps, r.master_fill_ms,
        r.event_committed_ms, r.decided_ms, r.accepted_ms, r.found_by_reconcile, r.node_id, r.owner_epoch,
-       r.server, r.login, coalesce(m.server, ''), coalesce(m.login, ''), r.slippage_points
+       r.server, r.login, coalesce(m.server, ''), coalesce(m.login, ''), r.slippage_points,
+       r.opened_volume
   FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
               $7::bigint[], $8::text[], $9::text[], $10::float8[], $11::float8[], $12::float8[],
               $13::float8[], $14::float8[], $15::bigint[], $16::bigint[], $17::bigint[],
-              $18::bigint[], $19::bool[], $20::text[], $21::text[], $22::float8[])
+              $18::bigint[], $19::bool[], $20::text[], $21::text[], $22::float8[], $23::float8[])
        AS r(follower_id, node_id, owner_epoch, follower_ticket, link_id, master_id, master_ticket,
             symbol, side, volume, requested_price, filled_price, slippage, slippage_bps,
             master_fill_ms, event_committed_ms, decided_ms, accepted_ms, found_by_reconcile,
-            server, login, slippage_points)
+            server, login, slippage_points, opened_volume)
   JOIN trading_accounts a
     ON a.id = r.follower_id AND a.node_id = r.node_id AND a.owner_epoch = r.owner_epoch
   LEFT JOIN trading_accounts m ON m.id = r.master_id
@@ -326,6 +332,7 @@ RETURNING follower_id, server, login, follower_ticket, owner_epoch
         .bind(text(|w| &w.record.server))
         .bind(text(|w| &w.record.login))
         .bind(opt(|r| r.slippage_points))
+        .bind(opt(|r| r.opened_volume))
         .fetch_all(conn)
         .await?;
     let written: std::collections::HashSet<(i64, String, String, i64, i64)> =
