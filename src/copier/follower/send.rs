@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | accepted | copy indexed (from the reply: the stream may come later) | indexed |
 //! | rejected, transient (market closed, requote) | retried until `max_delay_ms`, then `too_late` (final) | retried until confirmed |
-//! | rejected, definitive | final skip (`rejected`, `slippage`): never retried | retried until confirmed (an unknown ticket is already closed) |
+//! | rejected, definitive | final skip (`rejected`, `slippage`): never retried | retried until confirmed (an unknown ticket: closed, or renumbered by MT4; a read tells) |
 //! | unknown, unavailable | reconcile by marker first, then as transient | reconcile, then retried |
 //! | gate closed | not sent; reconcile when trust returns | the same |
 
@@ -221,8 +221,14 @@ impl Follower<'_> {
                         self.index.stops(ticket, sl, tp);
                     }
                     Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
-                        debug!(ticket, "copy already closed; its stops need no change");
+                        // Closed, or (MT4) renumbered by a trim whose remainder the index does
+                        // not know yet: a read tells, and the remainder gets its stops.
+                        debug!(
+                            ticket,
+                            "the copy's ticket is gone; reconciling to find out whether it was renumbered"
+                        );
                         self.index.reduced(ticket, 0.0);
+                        self.owe("a copy's ticket is gone");
                     }
                     Err(e) => {
                         warn!(link_id = link.id, master_ticket, ticket, error = %e, "modifying a copy's stops failed; retried until confirmed");
@@ -312,8 +318,14 @@ impl Follower<'_> {
                 self.index.reduced(ticket, fill.remaining_volume);
             }
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownTicket => {
-                debug!(ticket, "copy already closed");
+                // Closed, or (MT4) renumbered by an earlier trim whose remainder the index does
+                // not know yet: a read tells, and the remainder is closed or trimmed then.
+                debug!(
+                    ticket,
+                    "the copy's ticket is gone; reconciling to find out whether it was renumbered"
+                );
                 self.index.reduced(ticket, 0.0);
+                self.owe("a copy's ticket is gone");
             }
             Err(BrokerError::Rejected(r)) if r.code == RejectCode::MarketClosed => {
                 // Never dropped: tried again every few seconds until the market opens.

@@ -113,6 +113,9 @@ pub struct Suite {
     observed: Vec<checker::Release>,
     /// After a failover: the promoted standby's URL and address.
     promoted: Option<(String, String)>,
+    /// The broker runs in MT4's ways (`--mt4`): the oracle reads its records through
+    /// [`oracle::as_tickets_kept`].
+    mt4: bool,
 }
 
 impl Suite {
@@ -204,6 +207,7 @@ impl Suite {
             masters: Vec::new(),
             generator: None,
             started: Instant::now(),
+            mt4: broker_args.contains(&"--mt4"),
             timing: TIMING,
             fence_ms: FENCE_MS,
             standby: None,
@@ -720,6 +724,23 @@ impl Suite {
     /// What the followers still owe, by the independent oracle ([`oracle`]).
     async fn pending(&self, client: &BridgeClient) -> Result<Vec<String>, String> {
         let mut out = Vec::new();
+        // On an MT4 broker: each ticket's comment as it was opened, by login (the journal).
+        let lines = if self.mt4 {
+            checker::load(&self.dir.path("journal.jsonl"))
+        } else {
+            Vec::new()
+        };
+        let kept = |login: &str, account: oracle::Account| {
+            if !self.mt4 {
+                return account;
+            }
+            let opened: HashMap<i64, String> = lines
+                .iter()
+                .filter(|l| l.login == login && l.action == "open" && l.accepted)
+                .filter_map(|l| Some((l.ticket?, l.comment.clone().unwrap_or_default())))
+                .collect();
+            oracle::as_tickets_kept(&account, &opened)
+        };
         for l in &self.links {
             let (m_open, m_hist) = read(client, &l.master_login).await?;
             let (f_open, f_hist) = read(client, &l.follower_login).await?;
@@ -730,14 +751,20 @@ impl Suite {
                     lot_value: l.link.lot_value,
                     reverse: l.link.reverse,
                 },
-                &oracle::Account {
-                    open: m_open,
-                    history: m_hist,
-                },
-                &oracle::Account {
-                    open: f_open,
-                    history: f_hist,
-                },
+                &kept(
+                    &l.master_login,
+                    oracle::Account {
+                        open: m_open,
+                        history: m_hist,
+                    },
+                ),
+                &kept(
+                    &l.follower_login,
+                    oracle::Account {
+                        open: f_open,
+                        history: f_hist,
+                    },
+                ),
             ));
         }
         Ok(out)

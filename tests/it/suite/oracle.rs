@@ -245,6 +245,93 @@ pub fn closed_while_master_open(
     out
 }
 
+/// An MT4 server's record of an account as a server that keeps its tickets would show it. MT4
+/// closes a partially closed ticket whole (its history entry: the part closed, comment
+/// `to #<new>`) and opens the rest under a new ticket (comment `from #<old>`). Here every ticket
+/// of such a lineage becomes its first one, with that one's comment as it was opened (from the
+/// broker's journal: `opened`, ticket -> comment), and each `to #` entry a partial close whose
+/// `remaining_volume` is what the lineage held after it. Worked out from the broker's records
+/// alone, for the oracle above.
+pub fn as_tickets_kept(account: &Account, opened: &HashMap<i64, String>) -> Account {
+    let lineage = |comment: &str, prefix: &str| -> Option<i64> {
+        comment.strip_prefix(prefix)?.trim().parse().ok()
+    };
+    // Old ticket -> the ticket its rest went on under, and back.
+    let next: HashMap<i64, i64> = account
+        .history
+        .iter()
+        .filter_map(|h| Some((h.position.ticket, lineage(&h.position.comment, "to #")?)))
+        .collect();
+    let prev: HashMap<i64, i64> = next.iter().map(|(a, b)| (*b, *a)).collect();
+    let first = |mut t: i64| {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(&p) = prev.get(&t) {
+            if !seen.insert(t) {
+                break;
+            }
+            t = p;
+        }
+        t
+    };
+    // What a ticket of a lineage held when it opened: its own open volume and closes, and its
+    // rest's, down the chain.
+    let held = |t: i64| -> f64 {
+        let mut total = 0.0;
+        let mut cur = Some(t);
+        let mut seen = std::collections::HashSet::new();
+        while let Some(c) = cur.filter(|c| seen.insert(*c)) {
+            total += account
+                .open
+                .iter()
+                .filter(|p| p.ticket == c)
+                .map(|p| p.volume)
+                .sum::<f64>();
+            total += account
+                .history
+                .iter()
+                .filter(|h| h.position.ticket == c)
+                .map(|h| h.position.volume)
+                .sum::<f64>();
+            cur = next.get(&c).copied();
+        }
+        round2(total)
+    };
+    let renamed = |p: &Position| -> Position {
+        let root = first(p.ticket);
+        if root == p.ticket {
+            return p.clone();
+        }
+        Position {
+            ticket: root,
+            comment: opened.get(&root).cloned().unwrap_or_default(),
+            ..p.clone()
+        }
+    };
+    let open = account.open.iter().map(renamed).collect();
+    let history = account
+        .history
+        .iter()
+        .map(|h| {
+            let root = first(h.position.ticket);
+            let mut position = renamed(&h.position);
+            let remaining_volume = match next.get(&h.position.ticket) {
+                Some(&rest) => held(rest),
+                None => h.remaining_volume,
+            };
+            if root == h.position.ticket && next.contains_key(&h.position.ticket) {
+                // The first ticket's own entry lost its comment to `to #`: it gets it back.
+                position.comment = opened.get(&root).cloned().unwrap_or_default();
+            }
+            ClosedPosition {
+                position,
+                remaining_volume,
+                ..h.clone()
+            }
+        })
+        .collect();
+    Account { open, history }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,5 +464,63 @@ mod tests {
             history: vec![closed(&early, 0.5, 0.0, 50), closed(&keeper, 0.5, 0.0, 101)],
         };
         assert!(closed_while_master_open(&link(), &master, &follower).is_empty());
+    }
+
+    /// A copy opened at 1.0 (`mc7`), 0.4 closed (renumbered 10 -> 11), then 0.3 (11 -> 12),
+    /// 0.3 left open: as a ticket-keeping server shows it, ticket 10 throughout, two partial
+    /// closes leaving 0.6 and 0.3, the marker back on every entry.
+    #[test]
+    fn an_mt4_lineage_reads_as_one_ticket_with_partial_closes() {
+        let part = |ticket: i64, volume: f64, to: i64, at: i64| ClosedPosition {
+            position: Position {
+                ticket,
+                symbol: "EURUSD".into(),
+                side: Side::Buy,
+                volume,
+                open_price: 1.1,
+                sl: None,
+                tp: None,
+                magic: 5,
+                comment: format!("to #{to}"),
+                open_time_ms: 1,
+            },
+            close_price: 1.1,
+            close_time_ms: at,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.0,
+            profit: 0.0,
+        };
+        let mut rest = part(12, 0.3, 0, 0).position;
+        rest.comment = "from #11".into();
+        let account = Account {
+            open: vec![rest],
+            history: vec![part(10, 0.4, 11, 100), part(11, 0.3, 12, 200)],
+        };
+        let opened: HashMap<i64, String> = [(10, "mc7".to_string())].into();
+        let kept = as_tickets_kept(&account, &opened);
+        assert_eq!(
+            kept.open
+                .iter()
+                .map(|p| (p.ticket, p.comment.as_str(), p.volume))
+                .collect::<Vec<_>>(),
+            vec![(10, "mc7", 0.3)]
+        );
+        assert_eq!(
+            kept.history
+                .iter()
+                .map(|h| (
+                    h.position.ticket,
+                    h.position.comment.as_str(),
+                    h.remaining_volume
+                ))
+                .collect::<Vec<_>>(),
+            vec![(10, "mc7", 0.6), (10, "mc7", 0.3)]
+        );
+        // A ticket-keeping record is left as it is.
+        let plain = Account {
+            open: kept.open.clone(),
+            history: Vec::new(),
+        };
+        assert_eq!(as_tickets_kept(&plain, &opened).open, plain.open);
     }
 }

@@ -90,6 +90,77 @@ async fn kill9_of_the_followers_node() {
     }
 }
 
+/// On a broker in MT4's ways (`--mt4`, besides no fence check and no deduplication): a partial
+/// close renumbers the position, the master's and the copy's alike (`to #`, `from #`). While the
+/// masters trade, the node holding the most followers is killed (-9). Judged as the other
+/// scenarios are (the journal's checker; the oracle, reading the broker's records through the
+/// renumbering with [`super::oracle::as_tickets_kept`]): no duplicate, no copy or remainder closed
+/// while its master position was open, every partial close followed. It shows it ran in MT4's
+/// ways: both masters' and followers' histories hold renumbered tickets. (The copy ledger is not
+/// held to the journal here: a remainder's row names a ticket no open in the journal made.)
+#[tokio::test]
+async fn mt4_renumbering_through_a_kill9_of_the_followers_node() {
+    for round in 0..rounds() {
+        let mut s = three_nodes(
+            &format!("suite-mt4-{round}"),
+            &["--no-fence-check", "--no-dedupe", "--mt4"],
+            Vec::new(),
+        )
+        .await;
+        trade_for(
+            &mut s,
+            jitter(Duration::from_secs(3), Duration::from_secs(5)),
+        )
+        .await;
+        let victim = s.busiest_follower_node().await;
+        let held = s.owned_by(&victim).await;
+        assert!(!held.is_empty(), "the victim holds followers");
+        s.node(&victim).process.kill9();
+        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
+        eprintln!(
+            "[{}] failover after kill -9 of {victim}: {} ms (lease 3 s)",
+            s.name,
+            moved.as_millis()
+        );
+        trade_for(&mut s, Duration::from_secs(3)).await;
+        let orders = s.stop_trading().await;
+        let converged = s.converged(CONVERGE).await;
+        eprintln!(
+            "[{}] {orders} master orders; converged {} ms after trading stopped",
+            s.name,
+            converged.as_millis()
+        );
+        s.check(false).await;
+        let client = copier_node::broker::client::BridgeClient::with_timeout(
+            s.broker.addr.clone(),
+            "manual",
+            Duration::from_secs(5),
+        );
+        client.wait_ready(Duration::from_secs(10)).await.unwrap();
+        let mut renumbered = (0, 0);
+        for l in &s.links {
+            for (login, count) in [
+                (&l.master_login, &mut renumbered.0),
+                (&l.follower_login, &mut renumbered.1),
+            ] {
+                let (_, history) = super::read(&client, login).await.unwrap();
+                *count += history
+                    .iter()
+                    .filter(|h| h.position.comment.starts_with("to #"))
+                    .count();
+            }
+        }
+        eprintln!(
+            "[{}] renumbered by partial closes: {} master and {} follower tickets",
+            s.name, renumbered.0, renumbered.1
+        );
+        assert!(
+            renumbered.0 > 0 && renumbered.1 > 0,
+            "the broker renumbered no master or no follower ticket: {renumbered:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn kill9_of_the_masters_node() {
     for round in 0..rounds() {
