@@ -42,7 +42,7 @@ async fn check(server: String) -> Report {
 #[tokio::test]
 async fn the_simulated_broker_passes_every_check_in_each_of_its_modes() {
     type Tune = fn(&mut ServeOptions);
-    let modes: [(&str, Tune); 5] = [
+    let modes: [(&str, Tune); 6] = [
         ("default", |_| {}),
         ("--mt4", |o| o.mt4 = true),
         ("--no-fence-check --no-dedupe", |o| {
@@ -51,6 +51,11 @@ async fn the_simulated_broker_passes_every_check_in_each_of_its_modes() {
         }),
         ("--reply-first", |o| o.reply_first = true),
         ("--no-fence-request", |o| o.fence_request = false),
+        ("--mt4 --no-fence-check --no-dedupe", |o| {
+            o.mt4 = true;
+            o.fence_check = false;
+            o.dedupe = false;
+        }),
     ];
     for (mode, tune) in modes {
         let dir = Scratch::new("bridge-check-modes");
@@ -65,7 +70,7 @@ async fn the_simulated_broker_passes_every_check_in_each_of_its_modes() {
             assert_eq!(c.result, Outcome::Passed, "{mode}: {}", report.text());
         }
         assert!(report.passed, "{mode}");
-        if mode == "--mt4" {
+        if mode.starts_with("--mt4") {
             let partial = report.check("partial_close").unwrap();
             assert!(partial.detail.contains("renumbered"), "{}", partial.detail);
         }
@@ -127,6 +132,16 @@ enum Wrong {
     ReplayOnDrop,
     /// An amend is answered done and never passed on.
     AmendIgnored,
+    /// The login's reply carries no `fence`.
+    NoFence,
+    /// The account's currency is not an ISO 4217 code.
+    BadCurrency,
+    /// The first close of a whole position is answered done and never passed on.
+    CloseIgnored,
+    /// The logout is refused.
+    LogoutRefused,
+    /// `orders` is answered as by a bridge older than pending orders (not a fault).
+    OrdersInvalid,
 }
 
 impl Wrong {
@@ -143,6 +158,11 @@ impl Wrong {
             Wrong::NoCodes => "refusals",
             Wrong::ReplayOnDrop => "unknown_outcome",
             Wrong::AmendIgnored => "pending",
+            Wrong::NoFence => "login",
+            Wrong::BadCurrency => "account",
+            Wrong::CloseIgnored => "close",
+            Wrong::LogoutRefused => "logout",
+            Wrong::OrdersInvalid => "pending",
         }
     }
 }
@@ -165,6 +185,8 @@ struct Seen {
     requests: HashMap<u64, Value>,
     /// Tickets whose partial close was answered.
     partial: HashSet<i64>,
+    /// A whole position's close was answered without being passed on.
+    close_ignored: bool,
 }
 
 async fn relay(client: TcpStream, upstream: SocketAddr, wrong: Wrong) {
@@ -225,6 +247,30 @@ async fn relay(client: TcpStream, upstream: SocketAddr, wrong: Wrong) {
                 continue;
             }
             (Wrong::ReplayOnDrop, Some("open")) => opens.push(request.clone()),
+            (Wrong::CloseIgnored, Some("close"))
+                if request["volume"].is_null()
+                    && !std::mem::replace(&mut seen.lock().unwrap().close_ignored, true) =>
+            {
+                let done = json!({"id": request["id"], "ok": true,
+                                  "result": {"ticket": request["ticket"], "closed_volume": 0.0,
+                                             "remaining_volume": 0.0, "price": 1.1,
+                                             "duplicate": false}});
+                let _ = to_client.send(done);
+                continue;
+            }
+            (Wrong::OrdersInvalid, Some("orders")) => {
+                let invalid = json!({"id": request["id"], "ok": false,
+                                     "error": {"kind": "invalid", "reason": "unknown op orders"}});
+                let _ = to_client.send(invalid);
+                continue;
+            }
+            (Wrong::LogoutRefused, Some("logout")) => {
+                let refused = json!({"id": request["id"], "ok": false,
+                                     "error": {"kind": "rejected", "reason": "logout refused",
+                                               "code": "rejected"}});
+                let _ = to_client.send(refused);
+                continue;
+            }
             _ => {}
         }
         if server_write
@@ -292,6 +338,12 @@ fn mangle_reply(wrong: Wrong, request: &Value, reply: &mut Value, seen: &mut See
             }
         }
         (Wrong::NoHistory, "history") => result["history"] = json!([]),
+        (Wrong::NoFence, "login") => {
+            if let Some(r) = result.as_object_mut() {
+                r.remove("fence");
+            }
+        }
+        (Wrong::BadCurrency, "account") => result["currency"] = json!("usd"),
         (Wrong::NoCodes, _) => {
             if let Some(error) = reply.get_mut("error").and_then(Value::as_object_mut) {
                 error.remove("code");
@@ -314,7 +366,16 @@ async fn each_wrong_bridge_fails_the_check_for_what_it_gets_wrong() {
         Wrong::NoCodes,
         Wrong::ReplayOnDrop,
         Wrong::AmendIgnored,
+        Wrong::NoFence,
+        Wrong::BadCurrency,
+        Wrong::CloseIgnored,
+        Wrong::LogoutRefused,
     ];
+    // Every check the kit makes is shown to fail by one of them.
+    let shown: HashSet<&str> = wrongs.iter().map(|w| w.check()).collect();
+    for check in CHECKS {
+        assert!(shown.contains(&check), "no wrong bridge fails {check}");
+    }
     let dir = Scratch::new("bridge-check-doubles");
     let sim = broker(&dir, |_| {}).await;
     // Each double relays everything else as it is, so the checks before its wrong pass.
@@ -338,8 +399,11 @@ async fn each_wrong_bridge_fails_the_check_for_what_it_gets_wrong() {
             );
         }
         // Only what the double gets wrong (and what needs it) fails: the refusals need nothing
-        // before them but the symbols.
-        if !matches!(wrong, Wrong::Protocol | Wrong::ZeroStep | Wrong::NoCodes) {
+        // before them but the login and the symbols.
+        if !matches!(
+            wrong,
+            Wrong::Protocol | Wrong::ZeroStep | Wrong::NoCodes | Wrong::NoFence
+        ) {
             assert_eq!(
                 report.check("refusals").unwrap().result,
                 Outcome::Passed,
@@ -347,6 +411,25 @@ async fn each_wrong_bridge_fails_the_check_for_what_it_gets_wrong() {
                 report.text()
             );
         }
+    }
+    sim.stop().await;
+}
+
+/// A bridge that offers no pending orders (`orders` answered as invalid, as by a bridge older
+/// than them) passes: the check says "not offered", and every other check still runs.
+#[tokio::test]
+async fn a_bridge_without_pending_orders_passes_with_pending_not_offered() {
+    let dir = Scratch::new("bridge-check-no-pending");
+    let sim = broker(&dir, |_| {}).await;
+    let report = check(double(sim.addr, Wrong::OrdersInvalid).await).await;
+    assert!(report.passed, "{}", report.text());
+    for c in &report.checks {
+        let want = if c.check == "pending" {
+            Outcome::NotOffered
+        } else {
+            Outcome::Passed
+        };
+        assert_eq!(c.result, want, "{}: {}", c.check, report.text());
     }
     sim.stop().await;
 }

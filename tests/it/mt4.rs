@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use copier_node::broker::types::Side;
+use copier_node::broker::types::{Position, Side};
 use copier_node::sim_broker::server::{ServeOptions, SimBroker};
 use copier_node::sim_broker::tools;
 
@@ -226,5 +226,108 @@ async fn an_mt4_masters_partial_closes_trim_its_copies_through_renumbering_and_a
         (accepted[1].1, accepted[2].1),
         (Some(0.4), Some(0.3)),
         "the trims"
+    );
+}
+
+/// R2 on an MT4 server (the follower on it, the master on one that keeps its tickets, neither
+/// checking fences or deduplicating): a
+/// copy the trim renumbered (its remainder `from #N`, without the marker) that the follower then
+/// closes by hand, and another whose remainder its stop loss closes (the history says `[sl]`,
+/// the lineage gone from it), are never opened again, while their master positions stay open
+/// and trim again, across a takeover of the follower. Judged from the server's journal.
+#[tokio::test]
+async fn renumbered_copies_closed_by_hand_or_by_their_stop_are_never_opened_again() {
+    let mut s = CopySetup::unprotected("mt4-r2").await;
+    let journal_path = s.dir.path("mt4-journal.jsonl");
+    let mt4 = SimBroker::start(ServeOptions {
+        fence_check: false,
+        dedupe: false,
+        mt4: true,
+        ..ServeOptions::new("127.0.0.1:0", journal_path.clone())
+    })
+    .await
+    .unwrap();
+    let addr = mt4.addr.to_string();
+    let t = Trader { addr: addr.clone() };
+    add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &addr, "f2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let mut nodes: Vec<NodeProcess> = ["ra", "rb"]
+        .iter()
+        .map(|id| NodeProcess::spawn(&s.db, id, 100, FAST, &[]))
+        .collect();
+    let copies = async |what: &str, want: &dyn Fn(&[Position]) -> bool| {
+        eventually(format!("f2: {what}"), WAIT, async || {
+            let p: Vec<Position> = t
+                .positions("f2")
+                .await
+                .into_iter()
+                .filter(|p| p.magic == magic)
+                .collect();
+            want(&p).then_some(p)
+        })
+        .await
+    };
+    let of = |symbol: &'static str, volume: f64| {
+        move |p: &Position| p.symbol == symbol && lots_close(p.volume, volume)
+    };
+
+    // Two master positions, each copied, then trimmed: both copies renumbered.
+    let eur = s.t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    let gbp =
+        s.t.open("m1", "GBPUSD", Side::Buy, 0.4, Some(1.26), None)
+            .await;
+    copies("two copies", &|p| p.len() == 2).await;
+    s.t.close("m1", eur, Some(0.4)).await;
+    s.t.close("m1", gbp, Some(0.2)).await;
+    let trimmed = copies("both trimmed", &|p| {
+        p.len() == 2 && p.iter().any(of("EURUSD", 0.6)) && p.iter().any(of("GBPUSD", 0.2))
+    })
+    .await;
+    assert!(
+        trimmed.iter().all(|p| p.comment.starts_with("from #")),
+        "MT4 renumbered both: {trimmed:?}"
+    );
+    // The follower closes one by hand; the other's stop loss closes it.
+    let eur_rest = trimmed.iter().find(|p| p.symbol == "EURUSD").unwrap();
+    t.close("f2", eur_rest.ticket, None).await;
+    tools::set_price(&addr, "GBPUSD", 1.255).await.unwrap();
+    copies("both copies gone", &|p| p.is_empty()).await;
+    let history = tools::history(&addr, "f2").await.unwrap();
+    assert!(
+        history.iter().any(|h| h.position.comment == "[sl]"),
+        "{history:?}"
+    );
+
+    // A takeover of the follower; the masters trim again: nothing is opened again.
+    let victim = owner(&mut s.conn, 2).await.expect("owned");
+    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
+    nodes[idx].kill9();
+    eventually("the follower owned again", WAIT, async || {
+        owner(&mut s.conn, 2)
+            .await
+            .filter(|o| *o != victim)
+            .map(|_| ())
+    })
+    .await;
+    let masters = s.t.positions("m1").await;
+    for p in &masters {
+        s.t.close("m1", p.ticket, Some(0.1)).await;
+    }
+    // The new owner has reconciled (it copies a new master trade), and reopened nothing.
+    let usd = s.t.open("m1", "USDJPY", Side::Sell, 0.1, None, None).await;
+    copies("the new trade's copy", &|p| {
+        p.len() == 1 && p[0].symbol == "USDJPY"
+    })
+    .await;
+    let opens: Vec<String> = journal(&journal_path)
+        .iter()
+        .filter(|l| l.login == "f2" && l.action == "open" && l.accepted && l.client != "manual")
+        .map(|l| l.comment.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        opens,
+        vec![format!("mc{eur}"), format!("mc{gbp}"), format!("mc{usd}")],
+        "one open per master position, none again"
     );
 }
