@@ -12,7 +12,9 @@
 //! journal, and the FIX venue's positions and journal. The broker's fence check and
 //! deduplication are off, as on MT4/MT5 servers.
 //!
-//! Each run draws its cases from a seed it prints; `COPIER_PARTIAL_SEED=<n>` replays one.
+//! Each run draws its cases from a seed it prints; `COPIER_PARTIAL_SEED=<n>` replays one. An odd
+//! seed runs the simulated broker (the master's and the bridge follower's) in MT4's ways: every
+//! partial close, the master's and the copy's, renumbers the position.
 
 use std::time::Duration;
 
@@ -157,6 +159,13 @@ impl World {
         ));
     }
 
+    /// The master's one open position's ticket now (in MT4's ways, a partial close renumbers it).
+    async fn master_ticket(&self) -> i64 {
+        let open = self.s.t.positions("m1").await;
+        assert_eq!(open.len(), 1, "the master's one position: {open:?}");
+        open[0].ticket
+    }
+
     /// The open copies' volumes: (bridge follower, FIX follower).
     async fn copies(&self) -> (Vec<i64>, Vec<i64>) {
         let bridge = self
@@ -268,17 +277,16 @@ impl World {
 async fn run_case(w: &mut World, case: &Case) {
     let bridge = Follower::new(w.multipliers.0, case.master_opened);
     let fix = Follower::new(w.multipliers.1, case.master_opened);
-    let ticket =
-        w.s.t
-            .open(
-                "m1",
-                "EURUSD",
-                Side::Buy,
-                lots(case.master_opened),
-                None,
-                None,
-            )
-            .await;
+    w.s.t
+        .open(
+            "m1",
+            "EURUSD",
+            Side::Buy,
+            lots(case.master_opened),
+            None,
+            None,
+        )
+        .await;
     w.converged("opened", bridge.opened, fix.opened).await;
     let bridge_closes = World::closes(&w.bridge_journal(), "b2");
     let fix_closes = World::closes(&w.venue_journal(), "f3");
@@ -288,6 +296,7 @@ async fn run_case(w: &mut World, case: &Case) {
     for step in &case.steps {
         match *step {
             Step::PartialClose(n) => {
+                let ticket = w.master_ticket().await;
                 w.s.t.close("m1", ticket, Some(lots(n))).await;
                 master_now -= n;
                 let next = (
@@ -351,6 +360,7 @@ async fn run_case(w: &mut World, case: &Case) {
         trims,
         "one trim per change of the target, no more: {case:?}"
     );
+    let ticket = w.master_ticket().await;
     w.s.t.close("m1", ticket, None).await;
     eventually("the copies closed", WAIT, async || {
         let (b, f) = w.copies().await;
@@ -374,7 +384,15 @@ async fn trims_follow_the_master_through_reconciles_takeovers_and_handoffs_on_br
     // The venue answers positions requests with RequestForPositionsAck, or (as cTrader does)
     // with the reports alone: a rebuild must read the same positions either way.
     let without_ack = fastrand::Rng::with_seed(seed ^ 0xa0).bool(); // apart: old seeds replay
-    let s = CopySetup::unprotected("partial-closes").await;
+    // The simulated broker (master and bridge follower) keeps its tickets, or renumbers a
+    // partially closed position as MT4 does (`--mt4`).
+    let mt4 = seed % 2 == 1;
+    let s = CopySetup::with("partial-closes", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.mt4 = mt4;
+    })
+    .await;
     let v = FixVenue::start(
         &s.dir.0,
         &[VenueAccount {
@@ -411,7 +429,7 @@ async fn trims_follow_the_master_through_reconciles_takeovers_and_handoffs_on_br
     w.spawn_node();
     w.all_owned().await;
     eprintln!(
-        "multipliers (bridge, FIX): {multipliers:?}; positions without an ack: {without_ack}"
+        "multipliers (bridge, FIX): {multipliers:?}; positions without an ack: {without_ack}; MT4's ways: {mt4}"
     );
     for n in 0..3 {
         let case = draw(&mut w.rng);
