@@ -142,6 +142,8 @@ enum Wrong {
     LogoutRefused,
     /// `orders` is answered as by a bridge older than pending orders (not a fault).
     OrdersInvalid,
+    /// An `opened` event is held back until the account's next event has gone out.
+    EventsOutOfOrder,
 }
 
 impl Wrong {
@@ -163,6 +165,7 @@ impl Wrong {
             Wrong::CloseIgnored => "close",
             Wrong::LogoutRefused => "logout",
             Wrong::OrdersInvalid => "pending",
+            Wrong::EventsOutOfOrder => "events",
         }
     }
 }
@@ -212,11 +215,21 @@ async fn relay(client: TcpStream, upstream: SocketAddr, wrong: Wrong) {
     let down_client = to_client.clone();
     tokio::spawn(async move {
         let mut lines = BufReader::new(server_read).lines();
+        let mut held: Option<Value> = None;
         while let Ok(Some(line)) = lines.next_line().await {
             let mut frame: Value = serde_json::from_str(&line).unwrap();
             if frame.get("event").is_some() {
-                if wrong != Wrong::NoEvents {
-                    let _ = down_client.send(frame);
+                match wrong {
+                    Wrong::NoEvents => {}
+                    Wrong::EventsOutOfOrder if held.is_none() && frame["change"] == "opened" => {
+                        held = Some(frame);
+                    }
+                    _ => {
+                        let _ = down_client.send(frame);
+                        if let Some(opened) = held.take() {
+                            let _ = down_client.send(opened);
+                        }
+                    }
                 }
                 continue;
             }
@@ -370,6 +383,7 @@ async fn each_wrong_bridge_fails_the_check_for_what_it_gets_wrong() {
         Wrong::BadCurrency,
         Wrong::CloseIgnored,
         Wrong::LogoutRefused,
+        Wrong::EventsOutOfOrder,
     ];
     // Every check the kit makes is shown to fail by one of them.
     let shown: HashSet<&str> = wrongs.iter().map(|w| w.check()).collect();
@@ -390,6 +404,9 @@ async fn each_wrong_bridge_fails_the_check_for_what_it_gets_wrong() {
             report.text()
         );
         assert!(!report.passed, "{wrong:?}");
+        if wrong == Wrong::EventsOutOfOrder {
+            assert!(failed.detail.contains("out of order"), "{}", failed.detail);
+        }
         if wrong != Wrong::Protocol {
             assert_eq!(
                 report.check("hello").unwrap().result,
