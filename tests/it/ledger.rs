@@ -91,6 +91,26 @@ async fn every_copy_has_its_ledger_row_with_prices_and_latency_legs() {
     node.shutdown();
 }
 
+/// A node in-process whose broker client shows follower f2 no history (as a broker that keeps
+/// none).
+async fn start_without_history(s: &CopySetup, id: &str) -> copier_node::app::NodeHandle {
+    let brokers = FaultyBrokers::new(id);
+    brokers
+        .faults
+        .no_history
+        .lock()
+        .unwrap()
+        .insert("f2".into());
+    start_node_with(
+        &config(&s.db, id, 10, FAST),
+        RunOptions {
+            brokers: Some(brokers),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 /// A follower whose broker keeps no history (and, as MT4/MT5 servers, deduplicates nothing and
 /// checks no fence): a copy closed by hand is still never reopened by a new session, because the
 /// ledger remembers it was copied. Judged from the journal alone: one open request, ever.
@@ -98,24 +118,7 @@ async fn every_copy_has_its_ledger_row_with_prices_and_latency_legs() {
 async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
     let mut s = CopySetup::unprotected("ledger-r2").await;
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
-    let start = async |s: &CopySetup, id: &str| {
-        let brokers = FaultyBrokers::new(id);
-        brokers
-            .faults
-            .no_history
-            .lock()
-            .unwrap()
-            .insert("f2".into());
-        start_node_with(
-            &config(&s.db, id, 10, FAST),
-            RunOptions {
-                brokers: Some(brokers),
-                ..Default::default()
-            },
-        )
-        .await
-    };
-    let first = start(&s, "r2-a").await;
+    let first = start_without_history(&s, "r2-a").await;
     wait_ready(&mut s.conn).await;
     let ticket = s.t.open("m1", "GBPUSD", Side::Buy, 0.2, None, None).await;
     let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
@@ -134,7 +137,7 @@ async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
     s.t.close("f2", copy.ticket, None).await;
 
     // A new session reads positions (the copy is gone) and no history at all.
-    let second = start(&s, "r2-b").await;
+    let second = start_without_history(&s, "r2-b").await;
     eventually("the new session to reconcile", WAIT, async || {
         let by: Option<Option<String>> = sqlx::query_scalar(
             "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",
@@ -166,24 +169,7 @@ async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
 async fn a_trimmed_copy_is_not_trimmed_again_by_a_new_session_when_the_broker_keeps_no_history() {
     let mut s = CopySetup::unprotected("ledger-trim").await;
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
-    let start = async |s: &CopySetup, id: &str| {
-        let brokers = FaultyBrokers::new(id);
-        brokers
-            .faults
-            .no_history
-            .lock()
-            .unwrap()
-            .insert("f2".into());
-        start_node_with(
-            &config(&s.db, id, 10, FAST),
-            RunOptions {
-                brokers: Some(brokers),
-                ..Default::default()
-            },
-        )
-        .await
-    };
-    let first = start(&s, "trim-a").await;
+    let first = start_without_history(&s, "trim-a").await;
     wait_ready(&mut s.conn).await;
     let ticket = s.t.open("m1", "GBPUSD", Side::Buy, 0.5, None, None).await;
     let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
@@ -204,7 +190,7 @@ async fn a_trimmed_copy_is_not_trimmed_again_by_a_new_session_when_the_broker_ke
     first.wait().await.unwrap();
 
     // A new session reads the copy at 0.2 and no history of the trim.
-    let second = start(&s, "trim-b").await;
+    let second = start_without_history(&s, "trim-b").await;
     eventually("the new session to reconcile", WAIT, async || {
         let by: Option<Option<String>> = sqlx::query_scalar(
             "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",

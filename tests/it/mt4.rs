@@ -30,18 +30,25 @@ async fn owner(conn: &mut sqlx::PgConnection, id: i64) -> Option<String> {
         .unwrap()
 }
 
-#[tokio::test]
-async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeovers() {
-    let mut s = CopySetup::unprotected("mt4-lineage").await;
-    let mt4_journal = s.dir.path("mt4-journal.jsonl");
-    let mt4 = SimBroker::start(ServeOptions {
+/// A second simulated broker, in MT4's ways, checking no fence and deduplicating nothing, with
+/// its journal in the test's scratch directory.
+async fn mt4_broker(s: &CopySetup) -> (SimBroker, std::path::PathBuf) {
+    let journal = s.dir.path("mt4-journal.jsonl");
+    let broker = SimBroker::start(ServeOptions {
         fence_check: false,
         dedupe: false,
         mt4: true,
-        ..ServeOptions::new("127.0.0.1:0", mt4_journal.clone())
+        ..ServeOptions::new("127.0.0.1:0", journal.clone())
     })
     .await
     .unwrap();
+    (broker, journal)
+}
+
+#[tokio::test]
+async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeovers() {
+    let mut s = CopySetup::unprotected("mt4-lineage").await;
+    let (mt4, mt4_journal) = mt4_broker(&s).await;
     let mt4_addr = mt4.addr.to_string();
     let follower = Trader {
         addr: mt4_addr.clone(),
@@ -145,14 +152,7 @@ async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeover
 #[tokio::test]
 async fn an_mt4_masters_partial_closes_trim_its_copies_through_renumbering_and_a_takeover() {
     let mut s = CopySetup::unprotected("mt4-master").await;
-    let mt4 = SimBroker::start(ServeOptions {
-        fence_check: false,
-        dedupe: false,
-        mt4: true,
-        ..ServeOptions::new("127.0.0.1:0", s.dir.path("mt4-journal.jsonl"))
-    })
-    .await
-    .unwrap();
+    let (mt4, _) = mt4_broker(&s).await;
     let mt4_addr = mt4.addr.to_string();
     let master = Trader {
         addr: mt4_addr.clone(),
@@ -238,15 +238,7 @@ async fn an_mt4_masters_partial_closes_trim_its_copies_through_renumbering_and_a
 #[tokio::test]
 async fn renumbered_copies_closed_by_hand_or_by_their_stop_are_never_opened_again() {
     let mut s = CopySetup::unprotected("mt4-r2").await;
-    let journal_path = s.dir.path("mt4-journal.jsonl");
-    let mt4 = SimBroker::start(ServeOptions {
-        fence_check: false,
-        dedupe: false,
-        mt4: true,
-        ..ServeOptions::new("127.0.0.1:0", journal_path.clone())
-    })
-    .await
-    .unwrap();
+    let (mt4, journal_path) = mt4_broker(&s).await;
     let addr = mt4.addr.to_string();
     let t = Trader { addr: addr.clone() };
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;

@@ -70,24 +70,26 @@ async fn kill9_of_the_followers_node() {
             Vec::new(),
         )
         .await;
-        trade_for(
-            &mut s,
-            jitter(Duration::from_secs(2), Duration::from_secs(5)),
-        )
-        .await;
-        let victim = s.busiest_follower_node().await;
-        let held = s.owned_by(&victim).await;
-        assert!(!held.is_empty(), "the victim holds followers");
-        s.node(&victim).process.kill9();
-        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
-        eprintln!(
-            "[{}] failover after kill -9 of {victim}: {} ms (lease 3 s)",
-            s.name,
-            moved.as_millis()
-        );
-        trade_for(&mut s, Duration::from_secs(2)).await;
+        kill9_of_the_busiest_follower_node(&mut s).await;
         finish(&mut s).await;
     }
+}
+
+/// Masters trade; the node holding the most followers is killed (-9) and its followers move;
+/// the masters trade on.
+async fn kill9_of_the_busiest_follower_node(s: &mut Suite) {
+    trade_for(s, jitter(Duration::from_secs(2), Duration::from_secs(5))).await;
+    let victim = s.busiest_follower_node().await;
+    let held = s.owned_by(&victim).await;
+    assert!(!held.is_empty(), "the victim holds followers");
+    s.node(&victim).process.kill9();
+    let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
+    eprintln!(
+        "[{}] failover after kill -9 of {victim}: {} ms (lease 3 s)",
+        s.name,
+        moved.as_millis()
+    );
+    trade_for(s, Duration::from_secs(2)).await;
 }
 
 /// On a broker in MT4's ways (`--mt4`, besides no fence check and no deduplication): a partial
@@ -107,22 +109,7 @@ async fn mt4_renumbering_through_a_kill9_of_the_followers_node() {
             Vec::new(),
         )
         .await;
-        trade_for(
-            &mut s,
-            jitter(Duration::from_secs(3), Duration::from_secs(5)),
-        )
-        .await;
-        let victim = s.busiest_follower_node().await;
-        let held = s.owned_by(&victim).await;
-        assert!(!held.is_empty(), "the victim holds followers");
-        s.node(&victim).process.kill9();
-        let moved = s.wait_owned_by_others(&held, &[&victim], MOVE).await;
-        eprintln!(
-            "[{}] failover after kill -9 of {victim}: {} ms (lease 3 s)",
-            s.name,
-            moved.as_millis()
-        );
-        trade_for(&mut s, Duration::from_secs(3)).await;
+        kill9_of_the_busiest_follower_node(&mut s).await;
         let orders = s.stop_trading().await;
         let converged = s.converged(CONVERGE).await;
         eprintln!(
