@@ -30,6 +30,17 @@ async fn owner(conn: &mut sqlx::PgConnection, id: i64) -> Option<String> {
         .unwrap()
 }
 
+/// kill -9 of the node owning account `id`; returns once another node owns it.
+async fn kill_owner(conn: &mut sqlx::PgConnection, nodes: &mut [NodeProcess], id: i64) {
+    let victim = owner(conn, id).await.expect("owned");
+    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
+    nodes[idx].kill9();
+    eventually(format!("account {id} owned again"), WAIT, async || {
+        owner(conn, id).await.filter(|o| *o != victim).map(|_| ())
+    })
+    .await;
+}
+
 /// A second simulated broker, in MT4's ways, checking no fence and deduplicating nothing, with
 /// its journal in the test's scratch directory.
 async fn mt4_broker(s: &CopySetup) -> (SimBroker, std::path::PathBuf) {
@@ -86,16 +97,7 @@ async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeover
     assert_eq!(trimmed[0].comment, format!("from #{}", first[0].ticket));
 
     // kill -9 of the follower's owner: the new owner knows the remainder by its lineage.
-    let victim = owner(&mut s.conn, 2).await.expect("owned");
-    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
-    nodes[idx].kill9();
-    eventually("the follower owned again", WAIT, async || {
-        owner(&mut s.conn, 2)
-            .await
-            .filter(|o| *o != victim)
-            .map(|_| ())
-    })
-    .await;
+    kill_owner(&mut s.conn, &mut nodes, 2).await;
     s.t.close("m1", ticket, Some(0.3)).await;
     holding("the remainder trimmed to 0.3", &copy_of(0.3)).await;
 
@@ -113,16 +115,7 @@ async fn an_mt4_copy_is_followed_through_renumbering_partial_closes_and_takeover
         "{history:?}"
     );
     nodes.push(NodeProcess::spawn(&s.db, "mc", 100, FAST, &[]));
-    let owner_now = owner(&mut s.conn, 2).await.expect("owned");
-    let idx = nodes.iter().position(|n| n.node_id == owner_now).unwrap();
-    nodes[idx].kill9();
-    eventually("the follower owned again", WAIT, async || {
-        owner(&mut s.conn, 2)
-            .await
-            .filter(|o| *o != owner_now)
-            .map(|_| ())
-    })
-    .await;
+    kill_owner(&mut s.conn, &mut nodes, 2).await;
 
     // The master closes both: the remainder is closed, nothing is left or reopened.
     s.t.close("m1", ticket, None).await;
@@ -190,16 +183,7 @@ async fn an_mt4_masters_partial_closes_trim_its_copies_through_renumbering_and_a
     let rest = master_rest(ticket).await;
 
     // kill -9 of the master's owner: the new owner knows 0.6 under `rest` is the position.
-    let victim = owner(&mut s.conn, 1).await.expect("owned");
-    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
-    nodes[idx].kill9();
-    eventually("the master owned again", WAIT, async || {
-        owner(&mut s.conn, 1)
-            .await
-            .filter(|o| *o != victim)
-            .map(|_| ())
-    })
-    .await;
+    kill_owner(&mut s.conn, &mut nodes, 1).await;
     master.close("m1", rest, Some(0.3)).await;
     copy_at(&s, "the copy trimmed to 0.3", 0.3).await;
     let last = master_rest(rest).await;
@@ -292,16 +276,7 @@ async fn renumbered_copies_closed_by_hand_or_by_their_stop_are_never_opened_agai
     );
 
     // A takeover of the follower; the masters trim again: nothing is opened again.
-    let victim = owner(&mut s.conn, 2).await.expect("owned");
-    let idx = nodes.iter().position(|n| n.node_id == victim).unwrap();
-    nodes[idx].kill9();
-    eventually("the follower owned again", WAIT, async || {
-        owner(&mut s.conn, 2)
-            .await
-            .filter(|o| *o != victim)
-            .map(|_| ())
-    })
-    .await;
+    kill_owner(&mut s.conn, &mut nodes, 2).await;
     let masters = s.t.positions("m1").await;
     for p in &masters {
         s.t.close("m1", p.ticket, Some(0.1)).await;
