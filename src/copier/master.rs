@@ -307,7 +307,8 @@ impl Master<'_> {
         let kept = self
             .view
             .keys()
-            .filter(|t| next.contains_key(t) && !positions.iter().any(|p| p.ticket == **t))
+            .filter_map(|t| next.get(t))
+            .filter(|p| !positions.iter().any(|q| q.ticket == now_ticket(p)))
             .count();
         if kept > 0 {
             warn!(
@@ -331,12 +332,19 @@ impl Master<'_> {
     async fn on_change(&mut self, change: PositionChange) -> anyhow::Result<()> {
         let event = match change {
             PositionChange::Opened { position } => {
-                if let Some(ticket) = self.remainder_of(&position) {
-                    // MT4 renumbered the rest of a partial close: the same position, smaller.
+                let known = self
+                    .published_of(position.ticket)
+                    .or_else(|| self.remainder_of(&position));
+                if let Some(ticket) = known.filter(|t| *t != position.ticket) {
+                    // MT4's remainder of a partial close (followed from the closed part's
+                    // `to #`, a read, or here): the same position, as large as it shows.
                     let p = self.view.get_mut(&ticket).expect("found in the view");
+                    p.broker_ticket = Some(position.ticket);
+                    if (p.volume - position.volume).abs() < 1e-9 {
+                        return Ok(());
+                    }
                     let before = p.volume;
                     p.volume = position.volume;
-                    p.broker_ticket = (position.ticket != ticket).then_some(position.ticket);
                     let event = MasterEvent::Partial {
                         ticket,
                         before,
@@ -347,11 +355,18 @@ impl Master<'_> {
                     }
                     return self.publish(event).await;
                 }
-                if self.view.contains_key(&position.ticket) {
+                if known.is_some() {
                     // Known from a read; an order of its ticket left behind goes now.
                     if self.orders.remove(&position.ticket).is_some() {
                         return self.publish(MasterEvent::Snapshot).await;
                     }
+                    return Ok(());
+                }
+                if lineage(&position.comment, "from #").is_some() {
+                    // Perhaps the remainder of a renumbering whose events were lost: a read of
+                    // positions and history tells (and publishes it as new if it is).
+                    debug!(ticket = position.ticket, comment = %position.comment, "a position names a ticket this session does not know: reading the account");
+                    self.dirty = true;
                     return Ok(());
                 }
                 let mut p = from_broker(&position, None);
@@ -399,14 +414,26 @@ impl Master<'_> {
                 let Some(ticket) = self.published_of(closed.position.ticket) else {
                     return Ok(());
                 };
-                if lineage(&closed.position.comment, "to #").is_some() {
-                    // MT4 closed the ticket to renumber the rest: the position goes on under the
-                    // new ticket, whose `opened` follows (or the next read finds it).
-                    debug!(master_ticket = ticket, comment = %closed.position.comment, "master position renumbered by a partial close");
-                    return Ok(());
+                let p = self.view.get_mut(&ticket).expect("found in the view");
+                match lineage(&closed.position.comment, "to #") {
+                    // MT4 closed the ticket to renumber the rest (a part of it, not all): the
+                    // position goes on, smaller, under the new ticket, whatever order the
+                    // remainder's `opened` comes in.
+                    Some(rest) if closed.position.volume < p.volume - 1e-9 => {
+                        let before = p.volume;
+                        p.volume = ((before - closed.position.volume) * 1e8).round() / 1e8;
+                        p.broker_ticket = Some(rest);
+                        MasterEvent::Partial {
+                            ticket,
+                            before,
+                            after: p.volume,
+                        }
+                    }
+                    _ => {
+                        self.view.remove(&ticket);
+                        MasterEvent::Close { ticket }
+                    }
                 }
-                self.view.remove(&ticket);
-                MasterEvent::Close { ticket }
             }
             // A late update of an order that has already filled changes nothing.
             PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order }
@@ -467,8 +494,7 @@ impl Master<'_> {
     fn remainder_of(&self, position: &Position) -> Option<i64> {
         let old = lineage(&position.comment, "from #")?;
         let ticket = self.published_of(old)?;
-        let p = &self.view[&ticket];
-        (p.symbol == position.symbol && p.side == position.side).then_some(ticket)
+        continues(&self.view[&ticket], position).then_some(ticket)
     }
 
     /// Publishes `event` with the current view as (epoch, seq + 1).
@@ -646,33 +672,41 @@ pub fn merge_view(
     positions: &[Position],
     history: &[ClosedPosition],
 ) -> BTreeMap<i64, MasterPosition> {
-    // MT4's renumbering, old ticket -> new, from the history's `to #<new>` entries.
-    let renumbered: HashMap<i64, i64> = history
-        .iter()
-        .filter_map(|h| Some((h.position.ticket, lineage(&h.position.comment, "to #")?)))
-        .collect();
     let open: HashMap<i64, &Position> = positions.iter().map(|p| (p.ticket, p)).collect();
-    // Each known position's ticket now, followed through renumbering (the last one if the
-    // chain leads to no open position).
-    let latest = |k: &MasterPosition| {
-        let mut t = now_ticket(k);
+    // A known position's broker ticket now, followed through MT4's renumbering (a closing
+    // entry `to #<new>` that closed only a part of what the lineage held), and whether the
+    // history shows it closed: (ticket, closed). A closing entry that took all it held is a
+    // close whatever its comment says (on another broker `to #123` is only a comment).
+    let follow = |k: &MasterPosition| -> (i64, bool) {
+        let (mut t, mut held) = (now_ticket(k), k.volume);
         let mut seen = HashSet::new();
-        while !open.contains_key(&t) && seen.insert(t) {
-            match renumbered.get(&t) {
-                Some(&next) => t = next,
-                None => break,
+        loop {
+            if open.contains_key(&t) {
+                return (t, false);
+            }
+            let Some(h) = history
+                .iter()
+                .find(|h| h.position.ticket == t && h.remaining_volume <= 0.0)
+            else {
+                return (t, false); // not closed as far as the history shows
+            };
+            match lineage(&h.position.comment, "to #") {
+                Some(rest) if h.position.volume < held - 1e-9 && seen.insert(t) => {
+                    held -= h.position.volume;
+                    t = rest;
+                }
+                _ => return (t, true),
             }
         }
-        t
     };
     let mut published: HashMap<i64, i64> = HashMap::new();
     for (ticket, k) in known {
-        let t = latest(k);
+        let (t, _) = follow(k);
         if open
             .get(&t)
-            .is_some_and(|p| p.symbol == k.symbol && p.side == k.side)
+            .is_some_and(|p| t == now_ticket(k) || continues(k, p))
         {
-            published.insert(t, *ticket);
+            published.entry(t).or_insert(*ticket);
         }
     }
     let mut next: BTreeMap<i64, MasterPosition> = BTreeMap::new();
@@ -687,14 +721,8 @@ pub fn merge_view(
         if next.contains_key(ticket) {
             continue;
         }
-        // Closed when the history shows its ticket now closed with nothing left, and not
-        // renumbered.
-        let t = latest(k);
-        let closed = history.iter().any(|h| {
-            h.position.ticket == t
-                && h.remaining_volume <= 0.0
-                && lineage(&h.position.comment, "to #").is_none()
-        });
+        // Kept unless the history shows it closed (glitch guard).
+        let (_, closed) = follow(k);
         if !closed {
             next.insert(*ticket, k.clone());
         }
@@ -705,6 +733,15 @@ pub fn merge_view(
 /// The broker's ticket for a position of the view now.
 fn now_ticket(p: &MasterPosition) -> i64 {
     p.broker_ticket.unwrap_or(p.ticket)
+}
+
+/// Whether `p` can be MT4's remainder of `known`: the same symbol, side and open price (MT4
+/// keeps them), and no more than it held.
+fn continues(known: &MasterPosition, p: &Position) -> bool {
+    known.symbol == p.symbol
+        && known.side == p.side
+        && (known.open_price - p.open_price).abs() < 1e-9
+        && p.volume <= known.volume + 1e-9
 }
 
 #[cfg(test)]
@@ -841,5 +878,33 @@ mod tests {
         };
         let next = merge_view(&k, &[stranger], &history);
         assert!(next.contains_key(&9) && next.contains_key(&1));
+    }
+
+    /// On a broker that keeps its tickets, comments that merely read like MT4's are comments: a
+    /// full close commented `to #123` (no such ticket) closes the position, and a new position
+    /// commented `from #1` at another price is a position of its own.
+    #[test]
+    fn comments_that_look_like_mt4_lineage_are_only_comments() {
+        let k: BTreeMap<i64, MasterPosition> = [(1, known(1, 1.0, 5))].into();
+        let closed = ClosedPosition {
+            position: Position {
+                comment: "to #123".into(),
+                ..pos(1, 1.0)
+            },
+            close_price: 1.1,
+            close_time_ms: 0,
+            closed_by: ClosedBy::Client,
+            remaining_volume: 0.0,
+            profit: 0.0,
+        };
+        assert!(merge_view(&k, &[], std::slice::from_ref(&closed)).is_empty());
+        let other = Position {
+            comment: "from #1".into(),
+            open_price: 1.2,
+            ..pos(2, 0.5)
+        };
+        let next = merge_view(&k, std::slice::from_ref(&other), &[]);
+        assert_eq!(next.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!((next[&1].volume, next[&2].broker_ticket), (1.0, None));
     }
 }

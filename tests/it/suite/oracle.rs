@@ -318,9 +318,10 @@ pub fn as_tickets_kept(account: &Account, opened: &HashMap<i64, String>) -> Acco
                 Some(&rest) => held(rest),
                 None => h.remaining_volume,
             };
-            if root == h.position.ticket && next.contains_key(&h.position.ticket) {
-                // The first ticket's own entry lost its comment to `to #`: it gets it back.
-                position.comment = opened.get(&root).cloned().unwrap_or_default();
+            // Every entry carries its first ticket's comment as opened: MT4 rewrites a closed
+            // part's to `to #`, and a stop's close to `[sl]` / `[tp]`.
+            if let Some(comment) = opened.get(&root) {
+                position.comment = comment.clone();
             }
             ClosedPosition {
                 position,
