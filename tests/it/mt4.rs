@@ -181,6 +181,20 @@ async fn an_mt4_masters_partial_closes_trim_its_copies_through_renumbering_and_a
     let trimmed = copy_at(&s, "the copy trimmed to 0.6", 0.6).await;
     assert_eq!(trimmed.ticket, copy.ticket, "the same copy, trimmed");
     let rest = master_rest(ticket).await;
+    // `why`, asked with the broker's ticket now, answers for the position under its first one.
+    let (code, out, err) = crate::support::process::run_to_end(
+        &["why", "2", &rest.to_string(), "--json"],
+        &[("DATABASE_URL", s.db.url.as_str())],
+    );
+    assert_eq!(code, 0, "{err}");
+    let why: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(why[0]["master_ticket"], ticket, "{out}");
+    assert!(
+        why[0]["verdict"]
+            .as_str()
+            .is_some_and(|v| v.starts_with(&format!("copied as ticket {}", copy.ticket))),
+        "{out}"
+    );
 
     // kill -9 of the master's owner: the new owner knows 0.6 under `rest` is the position.
     kill_owner(&mut s.conn, &mut nodes, 1).await;

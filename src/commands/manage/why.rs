@@ -13,6 +13,9 @@ use crate::db::admin::why::{self as rows, Decision, LedgerOrder};
 struct WhyLink {
     link_id: i64,
     master_id: i64,
+    /// The ticket the master publishes the position under: the one asked about, or (MT4, which
+    /// renumbers a position at each partial close) the one it opened under.
+    master_ticket: i64,
     link_enabled: bool,
     /// The master's last published state names the position (open when published).
     master_position_published: bool,
@@ -21,6 +24,9 @@ struct WhyLink {
     /// FIX followers: the copy's orders in the order ledger (marker `mc<ticket>`).
     fix_orders: Vec<LedgerOrder>,
     verdict: String,
+    /// The ticket asked about.
+    #[serde(skip)]
+    asked: i64,
 }
 
 impl std::fmt::Display for WhyLink {
@@ -30,6 +36,13 @@ impl std::fmt::Display for WhyLink {
             "link {} (master {}): {}",
             self.link_id, self.master_id, self.verdict
         )?;
+        if self.master_ticket != self.asked {
+            writeln!(
+                f,
+                "  the master's broker now calls position {} ticket {} (MT4 renumbered it at a partial close)",
+                self.master_ticket, self.asked
+            )?;
+        }
         for d in &self.decisions {
             writeln!(
                 f,
@@ -83,16 +96,19 @@ pub(crate) async fn why(args: WhyArgs) -> Result<(), CommandError> {
     let links = rows::links(&mut conn, args.follower)
         .await
         .map_err(sql(&what))?;
-    let marker = crate::model::marker(args.master_ticket);
-    let orders = rows::fix_orders(&mut conn, args.follower, &marker)
-        .await
-        .map_err(sql(&what))?;
     let mut out = Vec::new();
     for (link_id, master_id, enabled) in links {
-        let published = rows::published(&mut conn, master_id, args.master_ticket)
+        let ticket = rows::published_as(&mut conn, master_id, args.master_ticket)
+            .await
+            .map_err(sql(&what))?
+            .unwrap_or(args.master_ticket);
+        let orders = rows::fix_orders(&mut conn, args.follower, &crate::model::marker(ticket))
             .await
             .map_err(sql(&what))?;
-        let decisions = rows::decisions(&mut conn, link_id, args.master_ticket)
+        let published = rows::published(&mut conn, master_id, ticket)
+            .await
+            .map_err(sql(&what))?;
+        let decisions = rows::decisions(&mut conn, link_id, ticket)
             .await
             .map_err(sql(&what))?;
         let fix_orders: Vec<LedgerOrder> = orders
@@ -105,13 +121,15 @@ pub(crate) async fn why(args: WhyArgs) -> Result<(), CommandError> {
                 position_id: o.position_id,
             })
             .collect();
-        let copied = rows::copied(&mut conn, args.follower, link_id, args.master_ticket)
+        let copied = rows::copied(&mut conn, args.follower, link_id, ticket)
             .await
             .map_err(sql(&what))?;
         let verdict = verdict(&copied, &decisions, &fix_orders, enabled, published);
         out.push(WhyLink {
             link_id,
             master_id,
+            master_ticket: ticket,
+            asked: args.master_ticket,
             link_enabled: enabled,
             master_position_published: published,
             decisions,

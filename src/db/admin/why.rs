@@ -72,6 +72,24 @@ pub async fn fix_orders(
         .collect())
 }
 
+/// The ticket the master publishes the position under that its broker now calls `broker`: MT4
+/// renumbers a position at every partial close, and the master session keeps publishing it
+/// under the ticket it opened under, with the broker's ticket beside it.
+pub async fn published_as(
+    conn: &mut PgConnection,
+    master: i64,
+    broker: i64,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT (p ->> 'ticket')::bigint FROM master_state m, jsonb_array_elements(m.positions) p
+          WHERE m.master_id = $1 AND (p ->> 'broker_ticket')::bigint = $2",
+    )
+    .bind(master)
+    .bind(broker)
+    .fetch_optional(conn)
+    .await
+}
+
 /// Whether the master's last published state holds the position `ticket`.
 pub async fn published(
     conn: &mut PgConnection,
