@@ -417,17 +417,17 @@ impl Master<'_> {
                 let p = self.view.get_mut(&ticket).expect("found in the view");
                 match lineage(&closed.position.comment, "to #") {
                     // MT4 closed the ticket to renumber the rest (a part of it, not all): the
-                    // position goes on, smaller, under the new ticket, whatever order the
-                    // remainder's `opened` comes in.
+                    // position goes on under the new ticket, whatever order the remainder's
+                    // `opened` comes in. Its volume is the broker's word, from that `opened`
+                    // (or the next read), never worked out here.
                     Some(rest) if closed.position.volume < p.volume - 1e-9 => {
-                        let before = p.volume;
-                        p.volume = ((before - closed.position.volume) * 1e8).round() / 1e8;
+                        debug!(
+                            master_ticket = ticket,
+                            broker_ticket = rest,
+                            "master position renumbered by a partial close"
+                        );
                         p.broker_ticket = Some(rest);
-                        MasterEvent::Partial {
-                            ticket,
-                            before,
-                            after: p.volume,
-                        }
+                        return Ok(());
                     }
                     _ => {
                         self.view.remove(&ticket);
