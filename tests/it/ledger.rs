@@ -91,6 +91,20 @@ async fn every_copy_has_its_ledger_row_with_prices_and_latency_legs() {
     node.shutdown();
 }
 
+/// Waits until node `node` owns follower 2 and its session has reconciled.
+async fn reconciled_by(conn: &mut sqlx::PgConnection, node: &str) {
+    eventually("the new session to reconcile", WAIT, async || {
+        let by: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap();
+        (by.flatten().as_deref() == Some(node)).then_some(())
+    })
+    .await;
+}
+
 /// A node in-process whose broker client shows follower f2 no history (as a broker that keeps
 /// none).
 async fn start_without_history(s: &CopySetup, id: &str) -> copier_node::app::NodeHandle {
@@ -138,16 +152,7 @@ async fn a_copy_closed_by_hand_stays_closed_when_the_broker_keeps_no_history() {
 
     // A new session reads positions (the copy is gone) and no history at all.
     let second = start_without_history(&s, "r2-b").await;
-    eventually("the new session to reconcile", WAIT, async || {
-        let by: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",
-        )
-        .fetch_optional(&mut s.conn)
-        .await
-        .unwrap();
-        (by.flatten().as_deref() == Some("r2-b")).then_some(())
-    })
-    .await;
+    reconciled_by(&mut s.conn, "r2-b").await;
     // A later master trade is copied (the session works), and the closed copy is not reopened.
     let next = s.t.open("m1", "EURUSD", Side::Sell, 0.1, None, None).await;
     s.t.copy_of("f2", magic, next, WAIT).await;
@@ -191,16 +196,7 @@ async fn a_trimmed_copy_is_not_trimmed_again_by_a_new_session_when_the_broker_ke
 
     // A new session reads the copy at 0.2 and no history of the trim.
     let second = start_without_history(&s, "trim-b").await;
-    eventually("the new session to reconcile", WAIT, async || {
-        let by: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT node_id FROM trading_accounts WHERE id = 2 AND status LIKE 'follower: master%'",
-        )
-        .fetch_optional(&mut s.conn)
-        .await
-        .unwrap();
-        (by.flatten().as_deref() == Some("trim-b")).then_some(())
-    })
-    .await;
+    reconciled_by(&mut s.conn, "trim-b").await;
     // A later master trade is copied (the session has reconciled and works).
     let next = s.t.open("m1", "EURUSD", Side::Sell, 0.1, None, None).await;
     s.t.copy_of("f2", magic, next, WAIT).await;

@@ -49,7 +49,8 @@ async fn trade_for(s: &mut Suite, d: Duration) {
     tokio::time::sleep(d).await; // trading continues for this long: the workload, not a wait for a condition
 }
 
-async fn finish(s: &mut Suite) {
+/// Stops the trading, waits for the followers to converge and checks the journal.
+async fn settle(s: &mut Suite) {
     let orders = s.stop_trading().await;
     let converged = s.converged(CONVERGE).await;
     eprintln!(
@@ -58,6 +59,10 @@ async fn finish(s: &mut Suite) {
         converged.as_millis()
     );
     s.check(false).await;
+}
+
+async fn finish(s: &mut Suite) {
+    settle(s).await;
     s.ledger_matches_journal(CONVERGE).await;
 }
 
@@ -110,14 +115,7 @@ async fn mt4_renumbering_through_a_kill9_of_the_followers_node() {
         )
         .await;
         kill9_of_the_busiest_follower_node(&mut s).await;
-        let orders = s.stop_trading().await;
-        let converged = s.converged(CONVERGE).await;
-        eprintln!(
-            "[{}] {orders} master orders; converged {} ms after trading stopped",
-            s.name,
-            converged.as_millis()
-        );
-        s.check(false).await;
+        settle(&mut s).await;
         let client = copier_node::broker::client::BridgeClient::with_timeout(
             s.broker.addr.clone(),
             "manual",
