@@ -39,9 +39,10 @@ struct Args {
     fence: f64,
     #[arg(long, default_value_t = 5.0)]
     cycle: f64,
-    /// Faults: `all` (every kind, often) or `scale` (crashes, pauses, stalls, lost replies and
+    /// Faults: `all` (every kind, often); `scale` (crashes, pauses, stalls, lost replies and
     /// notifications, at rates per node that suit a thousand nodes; no failovers, whose lost
-    /// tails need a copy of the database per commit).
+    /// tails need a copy of the database per commit); `scale-all` (the scale rates with
+    /// database failovers, joins and leaves as well, for the long scale run).
     #[arg(long, default_value = "all")]
     faults: String,
     /// No orders (the model broker stays idle; for the scale run).
@@ -81,8 +82,21 @@ fn main() {
             toggle_per_s: 0.02,
             ..Faults::all()
         },
+        // A few failovers, tens of joins and leaves in half an hour of faults, whatever the size.
+        "scale-all" => Faults {
+            pause_per_s: 0.0002,
+            crash_per_s: 0.0001,
+            leave_per_s: 0.01,
+            join_per_s: 0.01,
+            stall_per_s: 0.002,
+            stall_max: Duration::from_secs(4),
+            failover_per_s: 0.01,
+            lost_tail_max: Duration::from_secs(3),
+            toggle_per_s: 0.02,
+            ..Faults::all()
+        },
         "none" => Faults::none(),
-        other => panic!("--faults is all, scale or none, not {other}"),
+        other => panic!("--faults is all, scale, scale-all or none, not {other}"),
     };
     let duration = Duration::from_secs_f64(a.minutes * 60.0);
     let cfg = Config {
@@ -99,6 +113,13 @@ fn main() {
         orders: !a.no_orders,
         trace: a.trace,
         progress: a.seed.is_some(),
+        // The scale run's failovers go back to a state kept every 200 ms (a copy of the whole
+        // database after every commit would not fit at that size).
+        history_every: if a.faults == "scale-all" {
+            Duration::from_millis(200)
+        } else {
+            Duration::ZERO
+        },
         ..Config::small()
     };
     if a.envelope {

@@ -162,14 +162,6 @@ impl<H: Host> Core<H> {
         }
     }
 
-    /// A deliberate bug, for the simulator's own tests only (never in a build that is not a
-    /// test): keep through a database grace the epochs of the last read-back instead of the
-    /// gates open without a break.
-    #[cfg(test)]
-    pub(crate) fn keep_held_instead(&self, p: &mut Prepared) {
-        p.kept = self.held.clone();
-    }
-
     /// The most accounts the node may own by its capacity and fair share.
     fn share_limit(&self) -> u32 {
         self.target
