@@ -66,8 +66,24 @@ struct Args {
     envelope: bool,
 }
 
+/// The commit the run started from and whether the tree had changes then (read at the start: a
+/// long run's tree may change before its report is written).
+static SOURCE: std::sync::OnceLock<(Option<String>, bool)> = std::sync::OnceLock::new();
+
+fn git(args: &[&str]) -> Option<String> {
+    std::process::Command::new("git")
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
 fn main() {
     let a = Args::parse();
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let _ = SOURCE.set((git(&["rev-parse", "--short", "HEAD"]), dirty));
     let faults = match a.faults.as_str() {
         "all" => Faults::all(),
         "scale" => Faults {
@@ -130,7 +146,7 @@ fn main() {
         let started = Instant::now();
         match world::run(seed, &cfg) {
             Ok(r) => {
-                print(&r, 1, started.elapsed());
+                print(&r, 1, started.elapsed(), cfg.cycle);
                 println!(
                     "settled {} s after the faults healed",
                     r.settled_after.map_or("-".into(), |s| format!("{s:.1}"))
@@ -172,7 +188,7 @@ fn main() {
             }
         }
         done += n;
-        print(&total, done, started.elapsed());
+        print(&total, done, started.elapsed(), cfg.cycle);
     }
     println!("repeat: --master-seed {master} --seeds {done} (with the same shape options)");
     print_memory();
@@ -211,16 +227,7 @@ fn report_json(
     r: &Report,
     wall: Duration,
 ) -> serde_json::Value {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let (commit, dirty) = SOURCE.get().cloned().unwrap_or_default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     serde_json::json!({
         "command": format!("cargo run --release --example simulate -- {}", args.join(" ")),
@@ -234,7 +241,7 @@ fn report_json(
                 shape_args(a)
             ),
         },
-        "commit": git(&["rev-parse", "--short", "HEAD"]),
+        "commit": commit,
         "uncommitted_changes": dirty,
         "master_seed": match seeds { Seeds::Master(m) => Some(m), Seeds::One(_) => None },
         "seed": match seeds { Seeds::One(s) => Some(s), Seeds::Master(_) => None },
@@ -252,6 +259,13 @@ fn report_json(
         "invariant_checks": r.checks,
         "faults": r.faults,
         "faults_total": r.faults_total(),
+        "cycles_per_period": (r.cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
+        "release_to_owner_ms": {
+            "releases": r.release_to_owner_ms.values().sum::<u64>(),
+            "p50": r.release_to_owner_quantile(0.5),
+            "p99": r.release_to_owner_quantile(0.99),
+            "max": r.release_to_owner_quantile(1.0),
+        },
         "violations": 0,
         "peak_memory_kib": peak_memory_kib(),
     })
@@ -280,7 +294,7 @@ fn peak_memory_kib() -> Option<u64> {
         .ok()
 }
 
-fn print(r: &Report, schedules: u64, wall: Duration) {
+fn print(r: &Report, schedules: u64, wall: Duration, cycle: Duration) {
     let secs = wall.as_secs_f64();
     println!(
         "{schedules} schedules in {secs:.1} s ({:.0} per second): {} events, {} cycles, {} orders, {} faults {:?}, {} invariant checks, no violation",
@@ -291,6 +305,13 @@ fn print(r: &Report, schedules: u64, wall: Duration) {
         r.faults_total(),
         r.faults,
         r.checks
+    );
+    println!(
+        "{} releases owned again: p50 {} ms, p99 {} ms after the release; {:.3} cycles per node per period",
+        r.release_to_owner_ms.values().sum::<u64>(),
+        r.release_to_owner_quantile(0.5).map_or("-".into(), |v| v.to_string()),
+        r.release_to_owner_quantile(0.99).map_or("-".into(), |v| v.to_string()),
+        r.cycles_per_period(cycle)
     );
 }
 

@@ -245,11 +245,49 @@ pub struct Report {
     /// When every account was first owned by a node with an open gate after the faults healed,
     /// in true seconds after the heal (when checked).
     pub settled_after: Option<f64>,
+    /// From a release's commit to the commit of the claim that next owned the account (enabled
+    /// accounts released and claimed again), in milliseconds of true time: a histogram of
+    /// [`Report::bucket`]s.
+    pub release_to_owner_ms: BTreeMap<u64, u64>,
+    /// Node-seconds of running nodes: the steady rate is one cycle per node per period.
+    pub node_seconds: f64,
 }
 
 impl Report {
     pub fn faults_total(&self) -> u64 {
         self.faults.values().sum()
+    }
+
+    /// A histogram's bucket for `ms`: exact below 100 ms, then two significant digits.
+    fn bucket(ms: u64) -> u64 {
+        let mut scale = 1;
+        while ms / scale >= 100 {
+            scale *= 10;
+        }
+        ms / scale * scale
+    }
+
+    /// The `q` quantile (0 to 1) of the release-to-owner times, in milliseconds (its bucket's
+    /// lower edge).
+    pub fn release_to_owner_quantile(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.release_to_owner_ms.values().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64 * q).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (ms, n) in &self.release_to_owner_ms {
+            seen += n;
+            if seen >= rank {
+                return Some(*ms);
+            }
+        }
+        self.release_to_owner_ms.keys().last().copied()
+    }
+
+    /// Cycles per node per cycle period: one at the steady rate.
+    pub fn cycles_per_period(&self, cycle: Duration) -> f64 {
+        self.cycles as f64 * cycle.as_secs_f64() / self.node_seconds.max(f64::MIN_POSITIVE)
     }
 
     /// Adds another schedule's figures.
@@ -263,6 +301,10 @@ impl Report {
         for (k, v) in &other.faults {
             *self.faults.entry(k).or_default() += v;
         }
+        for (k, v) in &other.release_to_owner_ms {
+            *self.release_to_owner_ms.entry(*k).or_default() += v;
+        }
+        self.node_seconds += other.node_seconds;
     }
 }
 
@@ -543,6 +585,8 @@ struct World {
     db: Model,
     /// Database states by the true time of their commit (for failovers that lose a tail).
     history: VecDeque<(Us, Model)>,
+    /// Enabled accounts released and not yet owned again: when each release committed.
+    released_at: HashMap<i64, Us>,
     db_free_at: Us,
     failovers: i64,
     origin: Instant,
@@ -629,6 +673,7 @@ impl World {
             queue: BinaryHeap::new(),
             nodes,
             history: VecDeque::new(),
+            released_at: HashMap::new(),
             db,
             db_free_at: 0,
             failovers: 0,
@@ -780,6 +825,8 @@ impl World {
                 if self.faulty() {
                     self.inject()?;
                 }
+                self.report.node_seconds +=
+                    self.nodes.iter().filter(|n| n.core.is_some()).count() as f64;
                 next_tick += SEC;
             }
             self.now = s.at;
@@ -894,6 +941,8 @@ impl World {
         promoted.now = self.db.now;
         self.db = promoted;
         self.history.clear();
+        // Releases the failover may have undone are not timed.
+        self.released_at.clear();
         self.committed();
     }
 
@@ -1044,6 +1093,18 @@ impl World {
                 let outcome = self.db.cycle(&statement.params());
                 self.report.cycles += 1;
                 self.committed();
+                for row in &outcome.owned {
+                    if !before.contains_key(&row.id)
+                        && let Some(at) = self.released_at.remove(&row.id)
+                    {
+                        let ms = (self.now - at) / (SEC / 1000);
+                        *self
+                            .report
+                            .release_to_owner_ms
+                            .entry(Report::bucket(ms))
+                            .or_default() += 1;
+                    }
+                }
                 let graced = !outcome.database.grace.is_zero();
                 for row in &outcome.owned {
                     self.check_epoch(row)?;
@@ -1168,10 +1229,10 @@ impl World {
             Ev::ReleaseExec(account, epoch, incarnation) => {
                 self.set_db_clock();
                 let node_id = self.nodes[i].id.clone();
-                self.db.release(&node_id, &[epoch]);
+                let released = self.db.release(&node_id, &[epoch]);
                 self.committed();
                 self.note(|_| format!("n{i} released account {account} (epoch {epoch})"));
-                self.announce(i);
+                self.announce(i, &released);
                 let at = self.now + self.latency();
                 self.push_for(at, i, incarnation, Ev::Released(account, epoch));
             }
@@ -1274,7 +1335,7 @@ impl World {
                 let out = self.db.leave(&id, &instance, &epochs);
                 self.committed();
                 self.note(|_| format!("n{i} left: released {:?}", out.released));
-                self.announce(i);
+                self.announce(i, &out.released);
                 if self.nodes[i].incarnation != incarnation {
                     // Started again meanwhile: that instance is not the one that left.
                     return Ok(());
@@ -1348,7 +1409,13 @@ impl World {
     }
 
     /// A release or a leave committed: the node announces it; each listener hears it (or not).
-    fn announce(&mut self, from: usize) {
+    /// The enabled accounts among `released` are timed until a node owns them again.
+    fn announce(&mut self, from: usize, released: &[i64]) {
+        for id in released {
+            if self.db.account(*id).is_some_and(|a| a.enabled) {
+                self.released_at.insert(*id, self.now);
+            }
+        }
         for j in 0..self.nodes.len() {
             if j == from || self.nodes[j].core.is_none() {
                 continue;

@@ -184,14 +184,15 @@ fn simulation_reports() -> String {
         .collect();
     paths.sort();
     let mut out = String::from(
-        "\n| report | shape | schedules | faults injected | invariant checks | violations | wall time | commit, seeds |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "\n| report | shape | schedules | faults injected | of which failovers / joins / leaves / crashes | orders | invariant checks | violations | wall time | peak memory | commit, seeds |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for path in paths {
         let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let shape = &r["shape"];
+        let kind = |k: &str| r["faults"][k].as_u64().unwrap_or(0);
         out.push_str(&format!(
-            "| `{}` | {} nodes, {} accounts, {} simulated minutes each, faults `{}`{} | {} | {} | {} | {} | {:.0} s | `{}`, {} |\n",
+            "| `{}` | {} nodes, {} accounts, {} simulated minutes each, faults `{}`{} | {} | {} | {} / {} / {} / {} | {} | {} | {} | {:.0} s | {:.1} GiB | `{}`, {} |\n",
             path.file_name().unwrap().to_string_lossy(),
             shape["nodes"],
             shape["accounts"],
@@ -200,9 +201,15 @@ fn simulation_reports() -> String {
             if shape["orders"] == true { ", orders" } else { ", no orders" },
             r["schedules"],
             r["faults_total"],
+            kind("database failover"),
+            kind("join"),
+            kind("leave"),
+            kind("crash"),
+            r["orders"],
             r["invariant_checks"],
             r["violations"],
             r["wall_s"].as_f64().unwrap_or(f64::NAN),
+            r["peak_memory_kib"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
             r["commit"].as_str().unwrap_or("?"),
             if r["master_seed"].is_null() {
                 format!("seed {}", r["seed"])
