@@ -309,8 +309,10 @@ fn print(r: &Report, schedules: u64, wall: Duration, cycle: Duration) {
     println!(
         "{} releases owned again: p50 {} ms, p99 {} ms after the release; {:.3} cycles per node per period",
         r.release_to_owner_ms.values().sum::<u64>(),
-        r.release_to_owner_quantile(0.5).map_or("-".into(), |v| v.to_string()),
-        r.release_to_owner_quantile(0.99).map_or("-".into(), |v| v.to_string()),
+        r.release_to_owner_quantile(0.5)
+            .map_or("-".into(), |v| v.to_string()),
+        r.release_to_owner_quantile(0.99)
+            .map_or("-".into(), |v| v.to_string()),
         r.cycles_per_period(cycle)
     );
 }

@@ -173,9 +173,8 @@ fn documents() -> Vec<PathBuf> {
     files
 }
 
-/// The committed simulation reports (`reports/simulation/*.json`, written by `--report`), one
-/// row each: what ran, what it found, and how to repeat it.
-fn simulation_reports() -> String {
+/// The committed simulation reports (`reports/simulation/*.json`), sorted by name.
+fn simulation_report_paths() -> Vec<PathBuf> {
     let dir = root().join("reports/simulation");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -183,6 +182,40 @@ fn simulation_reports() -> String {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     paths.sort();
+    paths
+}
+
+/// What the committed simulation reports that carry them say of release announcements: cycles
+/// per node per period (one is the steady rate) and how soon a released account is owned again.
+fn simulation_herd() -> String {
+    let mut out = String::from(
+        "\n| report | cycles per node per period | releases owned again | p50 | p99 | max |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    for path in simulation_report_paths() {
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let Some(cycles) = r["cycles_per_period"].as_f64() else {
+            continue;
+        };
+        let t = &r["release_to_owner_ms"];
+        let ms = |k: &str| t[k].as_u64().map_or("-".to_string(), |v| format!("{v} ms"));
+        out.push_str(&format!(
+            "| `{}` | {cycles:.2} | {} | {} | {} | {} |\n",
+            path.file_name().unwrap().to_string_lossy(),
+            t["releases"],
+            ms("p50"),
+            ms("p99"),
+            ms("max"),
+        ));
+    }
+    out.push('\n');
+    out
+}
+
+/// The committed simulation reports (`reports/simulation/*.json`, written by `--report`), one
+/// row each: what ran, what it found, and how to repeat it.
+fn simulation_reports() -> String {
+    let paths = simulation_report_paths();
     let mut out = String::from(
         "\n| report | shape | schedules | faults injected | of which failovers / joins / leaves / crashes | orders | invariant checks | violations | wall time | peak memory | commit, seeds |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
@@ -262,6 +295,7 @@ fn rendered_figures_match_the_committed_benchmarks() {
             match name {
                 "headline" => headline(&bench),
                 "simulation" => simulation_reports(),
+                "simulation-herd" => simulation_herd(),
                 "ci" => ci_runs(),
                 other => panic!("{}: no renderer named {other:?}", path.display()),
             }

@@ -25,6 +25,7 @@ mod mt4;
 mod nodes;
 mod operate;
 mod partial_closes;
+mod pending_rules;
 mod pooler;
 mod suite;
 mod support;
