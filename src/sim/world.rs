@@ -249,6 +249,8 @@ pub struct Report {
     /// accounts released and claimed again), in milliseconds of true time: a histogram of
     /// [`Report::bucket`]s.
     pub release_to_owner_ms: BTreeMap<u64, u64>,
+    /// The longest of them, exactly.
+    pub release_to_owner_max_ms: u64,
     /// Node-seconds of running nodes: the steady rate is one cycle per node per period.
     pub node_seconds: f64,
 }
@@ -304,6 +306,9 @@ impl Report {
         for (k, v) in &other.release_to_owner_ms {
             *self.release_to_owner_ms.entry(*k).or_default() += v;
         }
+        self.release_to_owner_max_ms = self
+            .release_to_owner_max_ms
+            .max(other.release_to_owner_max_ms);
         self.node_seconds += other.node_seconds;
     }
 }
@@ -908,6 +913,8 @@ impl World {
             self.note(|_| format!("account {id} enabled <-> disabled"));
             self.db.update_account(id, |a| a.enabled = !a.enabled);
             self.committed();
+            // A release of it is not timed across a toggle (it may wait disabled for long).
+            self.released_at.remove(&id);
         }
         if self.rng.f64() < f.failover_per_s {
             let lost = self.rng.u64(0..=us(f.lost_tail_max));
@@ -949,10 +956,11 @@ impl World {
     /// Records the database's state after a commit (only when failovers may lose it).
     fn committed(&mut self) {
         if self.cfg.faults.failover_per_s > 0.0 && self.faulty() {
-            if self
-                .history
-                .back()
-                .is_some_and(|(at, _)| self.now < *at + us(self.cfg.history_every))
+            if !self.cfg.history_every.is_zero()
+                && self
+                    .history
+                    .back()
+                    .is_some_and(|(at, _)| self.now < *at + us(self.cfg.history_every))
             {
                 return;
             }
@@ -1098,6 +1106,8 @@ impl World {
                         && let Some(at) = self.released_at.remove(&row.id)
                     {
                         let ms = (self.now - at) / (SEC / 1000);
+                        self.report.release_to_owner_max_ms =
+                            self.report.release_to_owner_max_ms.max(ms);
                         *self
                             .report
                             .release_to_owner_ms
