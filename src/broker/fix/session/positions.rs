@@ -466,3 +466,49 @@ pub(super) fn history_entry(r: FixPosition) -> Option<ClosedPosition> {
         profit: 0.0,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(volume: f64, opened_volume: Option<f64>, closed_ms: Option<i64>) -> FixPosition {
+        FixPosition {
+            position_id: 9,
+            symbol: "EURUSD".into(),
+            side: "buy".into(),
+            volume,
+            open_price: 1.1,
+            magic: 7,
+            comment: "mc3".into(),
+            opened_ms: 1_000,
+            closed_ms,
+            close_price: closed_ms.map(|_| 1.2),
+            ticket: None,
+            opened_volume,
+        }
+    }
+
+    /// The adapter's history of an open position is what was closed of it since it opened
+    /// (opening lots less current lots), with the rest still open; a position nothing was closed
+    /// of, or whose opening lots are not recorded yet, is no history; a closed one is its last
+    /// lots, closed.
+    #[test]
+    fn an_open_positions_history_is_what_was_closed_of_its_opening_lots() {
+        let trimmed = history_entry(row(0.6, Some(1.0), None)).expect("a partial close");
+        assert_eq!(
+            (trimmed.position.volume, trimmed.remaining_volume),
+            (0.4, 0.6)
+        );
+        assert!(history_entry(row(1.0, Some(1.0), None)).is_none());
+        assert!(history_entry(row(0.6, None, None)).is_none());
+        let closed = history_entry(row(0.6, Some(1.0), Some(2_000))).expect("a close");
+        assert_eq!(
+            (
+                closed.position.volume,
+                closed.remaining_volume,
+                closed.close_time_ms
+            ),
+            (0.6, 0.0, 2_000)
+        );
+    }
+}
