@@ -349,16 +349,12 @@ async fn case(seed: u64, tally: &mut Tally) {
     add_account(&mut s.conn, 1, "master", &s.addr, "m1").await;
     let mut links = Vec::new();
     for f in 2..2 + FOLLOWERS {
+        // f2 a multiplier link, f3 the same reversed, f4 a fixed lot reversed or not.
         let rule = match f {
-            2 => Rule {
+            2 | 3 => Rule {
                 fixed: false,
                 lot_value: [0.5, 1.0, 2.0][rng.usize(..3)],
-                reverse: false,
-            },
-            3 => Rule {
-                fixed: false,
-                lot_value: [0.5, 1.0, 2.0][rng.usize(..3)],
-                reverse: true,
+                reverse: f == 3,
             },
             _ => Rule {
                 fixed: true,
