@@ -260,11 +260,14 @@ fn report_json(
         "faults": r.faults,
         "faults_total": r.faults_total(),
         "cycles_per_period": (r.cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
+        "cycles_per_period_after_faults": (r.calm_cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
         "release_to_owner_ms": {
             "releases": r.release_to_owner_ms.values().sum::<u64>(),
             "p50": r.release_to_owner_quantile(0.5),
             "p99": r.release_to_owner_quantile(0.99),
             "max": (!r.release_to_owner_ms.is_empty()).then_some(r.release_to_owner_max_ms),
+            "named": r.releases_named,
+            "claimed_by_named": r.claimed_by_named,
         },
         "violations": 0,
         "peak_memory_kib": peak_memory_kib(),
@@ -307,13 +310,16 @@ fn print(r: &Report, schedules: u64, wall: Duration, cycle: Duration) {
         r.checks
     );
     println!(
-        "{} releases owned again: p50 {} ms, p99 {} ms after the release; {:.3} cycles per node per period",
+        "{} releases owned again ({} named a receiver, {} claimed by it): p50 {} ms, p99 {} ms after the release; {:.3} cycles per node per period ({:.3} once the faults were over)",
         r.release_to_owner_ms.values().sum::<u64>(),
+        r.releases_named,
+        r.claimed_by_named,
         r.release_to_owner_quantile(0.5)
             .map_or("-".into(), |v| v.to_string()),
         r.release_to_owner_quantile(0.99)
             .map_or("-".into(), |v| v.to_string()),
-        r.cycles_per_period(cycle)
+        r.cycles_per_period(cycle),
+        r.calm_cycles_per_period(cycle)
     );
 }
 

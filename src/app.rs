@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sqlx::{ConnectOptions, Connection};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -197,7 +197,7 @@ pub async fn start(
             });
         }
         let tracker = TaskTracker::new();
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(crate::hub::Wake::default());
         let background = CancellationToken::new();
         // Spawned inside the node's span, so its log lines carry node_id.
         let hub = match config.events_poll {

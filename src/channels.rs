@@ -5,14 +5,15 @@
 //!
 //! | channel | sent by | payload |
 //! | --- | --- | --- |
-//! | [`RELEASED`] | a node's release or departure ([`crate::db::lease`]) | `<platform> <node_id>` |
+//! | [`RELEASED`] | a node's release or departure ([`crate::db::lease`]) | `<platform> ` and a [`Release`] as JSON (who released, and the receiver a hand-off named; older nodes sent `<platform> <node_id>`) |
 //! | [`ACCOUNTS`] | triggers on `copy_links` and on `trading_accounts`' connection columns (migrations 5, 6) | the account's id |
 //! | [`HANDOFF`] | a node handing an account off for fair share, and the receiver answering ([`crate::handoff`]) | a [`Handoff`] as JSON (an offer, or the receiver's answer; announces, grants nothing) |
 //! | [`master`]`(id)` | a master's fenced publish ([`crate::db::copy::publish_many`]: many masters' NOTIFYs may share a commit, one per event) | a [`MasterNotice`] as JSON |
 
 use crate::model::events::MasterNotice;
 
-/// Released accounts or a departed node: peers of the platform claim at once.
+/// Released accounts or a departed node: the hand-off's receiver, or (when none is named) every
+/// peer of the platform, claims at once ([`Release::wakes`]).
 pub const RELEASED: &str = "copier_released";
 
 /// An account's links or its connection row changed: its session re-reads them.
@@ -33,6 +34,11 @@ pub struct Handoff {
     pub from: String,
     /// The node expected to claim it.
     pub to: String,
+    /// In an answer: the receiver has room and is not shutting down, so it will claim the
+    /// account once released (the release then names it, and wakes it alone). Older nodes'
+    /// answers lack it: their releases name nobody.
+    #[serde(default)]
+    pub claims: bool,
 }
 
 impl Handoff {
@@ -46,31 +52,66 @@ pub fn master(master_id: i64) -> String {
     format!("copier_master_{master_id}")
 }
 
+/// A [`RELEASED`] announcement, after its platform.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Release {
+    /// The node that released (or left).
+    pub from: String,
+    /// The node a hand-off named to take the accounts (it answered that it will claim them);
+    /// `None`: anyone may (a departure, an account disabled elsewhere, a hand-off whose
+    /// receiver did not say it would claim).
+    pub to: Option<String>,
+}
+
+impl Release {
+    /// Whether node `me` of `platform` claims at once on this announcement, heard on
+    /// `from_platform` (a peer's, of its platform): the named receiver, and any node `hungry`
+    /// (below its fair share by more than its margin), when a hand-off named one (the releaser
+    /// chose it from peers' counts up to a cycle old, so the node that lacks accounts now may
+    /// be another); every peer when none is named (a departure grows every peer's share, which
+    /// its next cycle learns). So a prepared hand-off wakes its receiver, not every node.
+    pub fn wakes(&self, from_platform: &str, platform: &str, me: &str, hungry: bool) -> bool {
+        from_platform == platform
+            && self.from != me
+            && (hungry || self.to.as_deref().is_none_or(|to| to == me))
+    }
+}
+
 /// A decoded notification.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Notice {
-    Released { platform: String, node_id: String },
+    Released { platform: String, release: Release },
     AccountChanged(i64),
     Master(MasterNotice),
     Handoff(Handoff),
 }
 
-/// The [`RELEASED`] payload the SQL builds (`platform || ' ' || node_id`).
-pub fn released_payload(platform: &str, node_id: &str) -> String {
-    format!("{platform} {node_id}")
+/// The [`RELEASED`] payload the SQL builds (`platform || ' ' || json_build_object(...)`).
+pub fn released_payload(platform: &str, release: &Release) -> String {
+    format!(
+        "{platform} {}",
+        serde_json::to_string(release).expect("releases serialise")
+    )
 }
 
 /// Decodes a payload received on `channel`; the error says what was wrong with it.
 pub fn decode(channel: &str, payload: &str) -> Result<Notice, String> {
     match channel {
         RELEASED => match payload.split_once(' ') {
-            Some((platform, node_id)) if !platform.is_empty() && !node_id.is_empty() => {
+            Some((platform, rest)) if !platform.is_empty() && !rest.is_empty() => {
+                // An older node's announcement names only itself: every peer wakes, as it did.
+                let release = serde_json::from_str(rest).unwrap_or_else(|_| Release {
+                    from: rest.to_string(),
+                    to: None,
+                });
                 Ok(Notice::Released {
                     platform: platform.to_string(),
-                    node_id: node_id.to_string(),
+                    release,
                 })
             }
-            _ => Err(format!("expected `<platform> <node_id>`, got {payload:?}")),
+            _ => Err(format!(
+                "expected `<platform> <release as JSON>`, got {payload:?}"
+            )),
         },
         ACCOUNTS => payload
             .parse()
@@ -93,11 +134,26 @@ mod tests {
 
     #[test]
     fn every_payload_round_trips_and_bad_ones_say_why() {
+        let named = Release {
+            from: "mt5 host a".into(),
+            to: Some("mt5-host-b".into()),
+        };
         assert_eq!(
-            decode(RELEASED, &released_payload("mt5", "mt5-host-a")),
+            decode(RELEASED, &released_payload("mt5", &named)),
             Ok(Notice::Released {
                 platform: "mt5".into(),
-                node_id: "mt5-host-a".into()
+                release: named
+            })
+        );
+        // What an older node sends: its node id alone.
+        assert_eq!(
+            decode(RELEASED, "mt5 mt5-host-a"),
+            Ok(Notice::Released {
+                platform: "mt5".into(),
+                release: Release {
+                    from: "mt5-host-a".into(),
+                    to: None
+                }
             })
         );
         assert_eq!(decode(ACCOUNTS, "42"), Ok(Notice::AccountChanged(42)));
@@ -122,12 +178,46 @@ mod tests {
             account_id: 5,
             from: "node a".into(),
             to: "b".into(),
+            claims: false,
         };
         assert_eq!(
             decode(HANDOFF, &offer.payload()),
-            Ok(Notice::Handoff(offer))
+            Ok(Notice::Handoff(offer.clone()))
         );
         assert!(decode(HANDOFF, "offer 5 a b").is_err());
+        // An older node's answer: it says nothing of claiming.
+        assert_eq!(
+            decode(
+                HANDOFF,
+                r#"{"ready":true,"account_id":5,"from":"node a","to":"b"}"#
+            ),
+            Ok(Notice::Handoff(Handoff {
+                ready: true,
+                ..offer
+            }))
+        );
         assert_eq!(master(12), "copier_master_12");
+    }
+
+    #[test]
+    fn a_release_wakes_its_named_receiver_and_the_hungry_and_an_unnamed_one_every_peer() {
+        let release = |to: Option<&str>| Release {
+            from: "a".into(),
+            to: to.map(str::to_string),
+        };
+        let named = release(Some("b"));
+        assert!(named.wakes("mt5", "mt5", "b", false), "the named receiver");
+        assert!(
+            !named.wakes("mt5", "mt5", "c", false),
+            "a peer not hungry keeps its cycle"
+        );
+        assert!(named.wakes("mt5", "mt5", "c", true), "a hungry peer claims");
+        assert!(
+            !named.wakes("mt4", "mt5", "b", true),
+            "another platform's release"
+        );
+        let anyone = release(None);
+        assert!(anyone.wakes("mt5", "mt5", "c", false), "every peer");
+        assert!(!anyone.wakes("mt5", "mt5", "a", true), "its own release");
     }
 }

@@ -5,7 +5,8 @@
 //! Nothing here grants or reserves anything: the old owner O offers the account on
 //! [`crate::channels::HANDOFF`] to the node it expects to claim it (the most starved peer), keeps
 //! copying with its gate open until that node answers or [`crate::session::Handoffs::wait`] passes, then stops
-//! as before (gate closed, orders in flight finished, release committed and announced). The
+//! as before (gate closed, orders in flight finished, release committed and announced: naming R
+//! when R answered that it will claim, so R's lease loop, not every node's, cycles at once). The
 //! claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
 //! old owner's orders still pass at a fencing server) and holds the login; R's account task,
 //! once its claim committed, raises the fence to its epoch with the bridge's `fence` request and
@@ -45,13 +46,14 @@ const PREPARE_WITHIN: Duration = Duration::from_secs(10);
 
 /// Offers `account_id` to `to` and waits, the session still copying, for `to`'s answer, at most
 /// [`crate::session::Handoffs::wait`], or until `stopped` fires (the session was stopped for good: shutdown, a
-/// lost lease). True when `to` answered.
+/// lost lease). `Some(claims)` when `to` answered: `claims` when it said it will claim the
+/// account (it has room and is not shutting down).
 pub async fn offer(
     node: &NodeServices,
     account_id: i64,
     to: &str,
     stopped: &CancellationToken,
-) -> bool {
+) -> Option<bool> {
     let handoffs = &node.handoffs;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let wait = async {
@@ -61,6 +63,7 @@ pub async fn offer(
             account_id,
             from: handoffs.node_id().to_string(),
             to: to.to_string(),
+            claims: false,
         };
         if let Err(e) = node
             .db
@@ -76,20 +79,20 @@ pub async fn offer(
                 && h.account_id == account_id
                 && h.to == to
             {
-                return Some(());
+                return Some(h.claims);
             }
         }
         None
     };
     tokio::select! {
         answered = tokio::time::timeout(handoffs.wait(), wait) => {
-            let answered = matches!(answered, Ok(Some(())));
-            if !answered {
+            let answered = answered.ok().flatten();
+            if answered.is_none() {
                 info!(account_id, to, wait_ms = handoffs.wait().as_millis() as u64, "the receiving node did not answer the hand-off offer in time; handing off anyway");
             }
             answered
         }
-        _ = stopped.cancelled() => false,
+        _ = stopped.cancelled() => None,
     }
 }
 
@@ -198,8 +201,10 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             let _ = done.send(None);
         }
     }
+    // Read as the answer leaves: the receiver's share may have changed while it logged in.
     let answer = Handoff {
         ready: true,
+        claims: !shutdown.is_cancelled() && node.hub.room(),
         ..offer.clone()
     };
     if let Err(e) = node

@@ -2,7 +2,9 @@
 //! breaks LISTEN), fanned out to whoever needs notifications:
 //!
 //! * release announcements (`copier_released`) from other nodes of the platform wake the lease
-//!   loop to claim at once (instant handoff);
+//!   loop to claim at once (instant handoff): a hand-off's release wakes its receiver and the
+//!   nodes well below their shares, any other release every node
+//!   ([`crate::channels::Release::wakes`]);
 //! * master events (`copier_master_<id>`) go to every follower session subscribed to that master;
 //! * account changes (`copier_links`, from triggers on `copy_links` and on the connection
 //!   columns of `trading_accounts`) go to the session of the account whose links or row changed.
@@ -14,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
@@ -25,6 +27,43 @@ use tracing::{debug, info, warn};
 use crate::channels::{self, Notice};
 use crate::db;
 use crate::model::events::MasterNotice;
+
+/// How the hub wakes the lease loop, and what the lease loop tells it (and the hand-off
+/// receiver) of its appetite for accounts after each cycle and event.
+#[derive(Debug, Default)]
+pub struct Wake {
+    notify: Notify,
+    hungry: AtomicBool,
+    room: AtomicBool,
+}
+
+impl Wake {
+    /// Wakes the lease loop to claim now (permits coalesce, as [`Notify::notify_one`]'s).
+    pub fn now(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Resolves once woken.
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// The lease core's appetite: `hungry` (below its share by more than its margin: any
+    /// release of the platform wakes it) and `room` (below its share: it takes what is handed
+    /// off to it, so it accepts an offer).
+    pub fn set_appetite(&self, hungry: bool, room: bool) {
+        self.hungry.store(hungry, Ordering::Relaxed);
+        self.room.store(room, Ordering::Relaxed);
+    }
+
+    pub fn hungry(&self) -> bool {
+        self.hungry.load(Ordering::Relaxed)
+    }
+
+    pub fn room(&self) -> bool {
+        self.room.load(Ordering::Relaxed)
+    }
+}
 
 /// What a subscriber receives.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +121,7 @@ enum Command {
 pub struct Hub {
     commands: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicU64>,
+    wake: Arc<Wake>,
 }
 
 /// A live subscription; dropping it stops the LISTEN of a master's channel when nobody else on
@@ -103,13 +143,13 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    /// Starts the hub: `wake` is notified on release announcements from other nodes of
-    /// `platform` and after every reconnect.
+    /// Starts the hub: `wake` is woken on release announcements from other nodes of `platform`
+    /// that it should claim ([`crate::channels::Release::wakes`]) and after every reconnect.
     pub fn spawn(
         options: PgConnectOptions,
         platform: String,
         node_id: String,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
         cancel: CancellationToken,
     ) -> Hub {
         Self::spawn_measured(options, platform, node_id, wake, cancel, None)
@@ -121,7 +161,7 @@ impl Hub {
         options: PgConnectOptions,
         platform: String,
         node_id: String,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
         cancel: CancellationToken,
         notify_usage: Option<prometheus::Gauge>,
     ) -> Hub {
@@ -130,7 +170,7 @@ impl Hub {
             options,
             platform,
             node_id,
-            wake,
+            wake.clone(),
             rx,
             cancel,
             notify_usage,
@@ -138,7 +178,13 @@ impl Hub {
         Hub {
             commands: tx,
             next_id: Arc::new(AtomicU64::new(1)),
+            wake,
         }
+    }
+
+    /// Whether the lease loop takes accounts handed off to it ([`Wake::room`]).
+    pub fn room(&self) -> bool {
+        self.wake.room()
     }
 
     /// Subscribes `sender` to `topic`. Resolves once the LISTEN is confirmed (waiting while the
@@ -178,16 +224,23 @@ impl Hub {
         session: db::Session,
         platform: String,
         every: Duration,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
         cancel: CancellationToken,
     ) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(tracing::Instrument::in_current_span(poll::run(
-            options, session, platform, every, wake, rx, cancel,
+            options,
+            session,
+            platform,
+            every,
+            wake.clone(),
+            rx,
+            cancel,
         )));
         Hub {
             commands: tx,
             next_id: Arc::new(AtomicU64::new(1)),
+            wake,
         }
     }
 
@@ -271,7 +324,7 @@ async fn run(
     options: PgConnectOptions,
     platform: String,
     node_id: String,
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     cancel: CancellationToken,
     notify_usage: Option<prometheus::Gauge>,
@@ -367,7 +420,7 @@ async fn run(
             let _ = ready.send(());
         }
         first = false;
-        wake.notify_one();
+        wake.now();
 
         // Traffic until the connection fails.
         let mut measure = tokio::time::interval(NOTIFY_USAGE_EVERY);
@@ -467,18 +520,18 @@ fn dispatch(
     subs: &Subscribers,
     platform: &str,
     node_id: &str,
-    wake: &Notify,
+    wake: &Wake,
     channel_name: &str,
     payload: &str,
 ) {
     match channels::decode(channel_name, payload) {
         Ok(Notice::Released {
             platform: from_platform,
-            node_id: from_node,
+            release,
         }) => {
-            if from_platform == platform && from_node != node_id {
-                debug!(from_node, "release announced");
-                wake.notify_one();
+            if release.wakes(&from_platform, platform, node_id, wake.hungry()) {
+                debug!(from_node = release.from.as_str(), to = ?release.to, "release announced");
+                wake.now();
             }
         }
         Ok(Notice::AccountChanged(account)) => {
@@ -539,11 +592,11 @@ mod poll {
     use std::time::Duration;
 
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    use tokio::sync::{Notify, mpsc};
+    use tokio::sync::mpsc;
     use tokio_util::sync::CancellationToken;
     use tracing::{info, warn};
 
-    use super::{Command, Signal, Subscribers, Topic};
+    use super::{Command, Signal, Subscribers, Topic, Wake};
     use crate::db;
 
     /// Each subscribed master's (epoch, seq) as last read.
@@ -561,7 +614,7 @@ mod poll {
         session: db::Session,
         platform: String,
         every: Duration,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
         mut commands: mpsc::UnboundedReceiver<Command>,
         cancel: CancellationToken,
     ) {
@@ -675,7 +728,7 @@ mod poll {
                         }
                     }
                     if free.is_some_and(|f| count > f) {
-                        wake.notify_one();
+                        wake.now();
                     }
                     free = Some(count);
                 }

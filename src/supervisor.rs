@@ -90,8 +90,9 @@ pub trait Host {
     fn handoff_wait(&self) -> Duration {
         Duration::ZERO
     }
-    /// Releases (account, epoch) (fenced, announced to peers); reports [`Event::Released`].
-    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str);
+    /// Releases (account, epoch) (fenced, announced to `to`, the hand-off's receiver, or to
+    /// every peer); reports [`Event::Released`].
+    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str, to: Option<&str>);
     /// Reports [`Event::Restart`] for (account, epoch) after `delay` (the node's host adds up to
     /// half as long again, at random).
     fn restart_later(&mut self, account_id: i64, epoch: i64, delay: Duration);
@@ -113,6 +114,9 @@ pub trait Host {
 pub struct NodeHost {
     shared: NodeShared,
     events: mpsc::UnboundedSender<Event>,
+    /// Hand-offs, by (account, epoch), whose receiver answered that it will claim: their
+    /// releases name it, so only it (and hungry peers) wake ([`crate::channels::Release`]).
+    claimed_by_receiver: Arc<std::sync::Mutex<HashSet<(i64, i64)>>>,
 }
 
 impl Host for NodeHost {
@@ -174,10 +178,18 @@ impl Host for NodeHost {
             return;
         };
         let (gate, session, to) = (gate.clone(), session.clone(), to.to_string());
+        let claimed_by_receiver = self.claimed_by_receiver.clone();
         self.shared.tracker.spawn(
             async move {
                 // The session copies on, behind its gate, until the receiver is ready.
                 let answered = crate::handoff::offer(&services, account_id, &to, &session).await;
+                if answered == Some(true) {
+                    let epoch = gate.epoch();
+                    claimed_by_receiver
+                        .lock()
+                        .expect("never poisoned")
+                        .insert((account_id, epoch));
+                }
                 gate.close();
                 session.cancel();
                 debug!(
@@ -193,15 +205,24 @@ impl Host for NodeHost {
         self.shared.services.handoffs.wait()
     }
 
-    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
+    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str, to: Option<&str>) {
         let pool = self.shared.services.db.clone();
         let node_id = self.shared.services.node_id.clone();
+        // Named only when the receiver said it will claim; otherwise every peer wakes.
+        let claims = self
+            .claimed_by_receiver
+            .lock()
+            .expect("never poisoned")
+            .remove(&(account_id, epoch));
+        let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {
             let mut retry = retry::RELEASE.start();
             for attempt in 1..=5 {
                 let result = pool
-                    .run(async |c| db::lease::release(c, &node_id, &[epoch], status).await)
+                    .run(async |c| {
+                        db::lease::release(c, &node_id, &[epoch], status, to.as_deref()).await
+                    })
                     .await;
                 match result {
                     Ok(ids) if ids.is_empty() => {
@@ -262,6 +283,8 @@ struct Active<S> {
 struct Stopping<S> {
     /// Release the row once the task has returned, with this status text.
     release: Option<&'static str>,
+    /// The hand-off's receiver, named in the release's announcement.
+    to: Option<String>,
     since: Instant,
     /// Closed already, unless the session is handed off and still copying until its receiver
     /// is ready: then a shutdown or a lost row closes it.
@@ -281,7 +304,11 @@ pub struct Supervisor<H: Host = NodeHost> {
 
 impl Supervisor<NodeHost> {
     pub fn new(shared: NodeShared, events: mpsc::UnboundedSender<Event>) -> Self {
-        Supervisor::with_host(NodeHost { shared, events })
+        Supervisor::with_host(NodeHost {
+            shared,
+            events,
+            claimed_by_receiver: Arc::default(),
+        })
     }
 }
 
@@ -348,6 +375,7 @@ impl<H: Host> Supervisor<H> {
                             "account disabled or moved to another platform while handed off: closing its gate"
                         );
                         stop.release = Some("released: disabled");
+                        stop.to = None;
                     } else {
                         warn!(
                             account_id = *id,
@@ -407,7 +435,7 @@ impl<H: Host> Supervisor<H> {
                     epoch = row.epoch,
                     "owned account is disabled or on another platform: releasing it"
                 );
-                self.release(row.id, row.epoch, "released: disabled");
+                self.release(row.id, row.epoch, "released: disabled", None);
             }
         }
         restored
@@ -429,7 +457,7 @@ impl<H: Host> Supervisor<H> {
                         "account session stopped"
                     );
                     if let Some(status) = stop.release {
-                        self.release(account_id, epoch, status);
+                        self.release(account_id, epoch, status, stop.to.as_deref());
                     }
                     return;
                 }
@@ -611,6 +639,11 @@ impl<H: Host> Supervisor<H> {
         self.host.starting()
     }
 
+    /// How many accounts have a live session ([`Supervisor::owned`]'s length, without the map).
+    pub fn running(&self) -> usize {
+        self.active.len()
+    }
+
     /// Accounts with a live session: id -> epoch.
     pub fn owned(&self) -> BTreeMap<i64, i64> {
         self.active.iter().map(|(id, a)| (*id, a.epoch)).collect()
@@ -659,7 +692,7 @@ impl<H: Host> Supervisor<H> {
         };
         a.gate.close();
         self.host.cancel(&a.session);
-        self.stopped(account_id, a, release);
+        self.stopped(account_id, a, release, None);
     }
 
     /// Hands the account off to `to`, released with `release` once its task has returned: the
@@ -674,14 +707,22 @@ impl<H: Host> Supervisor<H> {
         } else {
             self.host.hand_off(account_id, &a.gate, &a.session, to);
         }
-        self.stopped(account_id, a, Some(release));
+        self.stopped(account_id, a, Some(release), to);
     }
 
-    fn stopped(&mut self, account_id: i64, a: Active<H::Session>, release: Option<&'static str>) {
+    /// The account's task was asked to stop: released with `release` (announced to `to`, if
+    /// named) once it has returned.
+    fn stopped(
+        &mut self,
+        account_id: i64,
+        a: Active<H::Session>,
+        release: Option<&'static str>,
+        to: Option<&str>,
+    ) {
         if a.parked {
             // No task is running: nothing in flight to wait for.
             if let Some(status) = release {
-                self.release(account_id, a.epoch, status);
+                self.release(account_id, a.epoch, status, to);
             }
             return;
         }
@@ -689,6 +730,7 @@ impl<H: Host> Supervisor<H> {
             (account_id, a.epoch),
             Stopping {
                 release,
+                to: to.map(str::to_string),
                 since: self.host.now(),
                 gate: a.gate,
                 session: a.session,
@@ -696,12 +738,12 @@ impl<H: Host> Supervisor<H> {
         );
     }
 
-    /// Releases (account, epoch) in the background; fenced, announced to peers.
-    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str) {
+    /// Releases (account, epoch) in the background; fenced, announced to `to` or every peer.
+    fn release(&mut self, account_id: i64, epoch: i64, status: &'static str, to: Option<&str>) {
         if !self.releasing.insert((account_id, epoch)) {
             return;
         }
-        self.host.release(account_id, epoch, status);
+        self.host.release(account_id, epoch, status, to);
     }
 }
 
@@ -769,7 +811,7 @@ mod tests {
                 options,
                 "mt5".into(),
                 "n".into(),
-                Arc::new(tokio::sync::Notify::new()),
+                Arc::new(crate::hub::Wake::default()),
                 CancellationToken::new(),
             ),
             brokers: Arc::new(crate::brokers::Brokers::new("n")),

@@ -366,8 +366,9 @@ pub async fn cycle(
 
 /// Releases rows this node owns at the given epochs (`node_id = NULL, lease_until = NULL`),
 /// recording `status`, and announces the release on [`RELEASED_CHANNEL`] in the same
-/// transaction so peers claim at once. Fenced by node and epoch: a row that was lost, or lost
-/// and re-claimed, is not touched. Returns the ids released.
+/// transaction, naming `to` (a hand-off's receiver, which claims at once; `None`: every peer
+/// does). Rows released disabled are not announced (nobody can claim them). Fenced by node and
+/// epoch: a row that was lost, or lost and re-claimed, is not touched. Returns the ids released.
 ///
 /// Callers release only after the account's gate is closed and its in-flight work has finished.
 pub async fn release(
@@ -375,6 +376,7 @@ pub async fn release(
     node_id: &str,
     epochs: &[i64],
     status: &str,
+    to: Option<&str>,
 ) -> Result<Vec<i64>, sqlx::Error> {
     const SQL: &str = r#"
 WITH locked AS (
@@ -388,17 +390,19 @@ released AS (
        SET node_id = NULL, lease_until = NULL, status = $3, status_at = now()
      WHERE a.id IN (SELECT id FROM locked)
        AND a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
-    RETURNING a.id, a.platform
+    RETURNING a.id, a.platform, a.enabled
 )
 SELECT id FROM released
 UNION ALL
-SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || $1) FROM (SELECT DISTINCT platform FROM released) p) n
+SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || json_build_object('from', $1::text, 'to', $5::text)::text)
+                    FROM (SELECT DISTINCT platform FROM released WHERE enabled) p) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)
         .bind(epochs)
         .bind(status)
         .bind(RELEASED_CHANNEL)
+        .bind(to)
         .fetch_all(conn)
         .await?;
     rows.iter()
@@ -428,7 +432,8 @@ pub struct LeaveOutcome {
 }
 
 /// Clean shutdown in one statement: release the given epochs, delete this instance's
-/// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`].
+/// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`] to every
+/// peer (the node left their fair shares).
 pub async fn leave(
     conn: &mut PgConnection,
     node_id: &str,
@@ -461,7 +466,7 @@ SELECT 'released' AS kind, id FROM released
 UNION ALL
 SELECT 'left', NULL FROM gone
 UNION ALL
-SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || $1)) n
+SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_object('from', $1::text, 'to', NULL::text)::text)) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgConnection};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -78,7 +78,7 @@ pub struct LeaseLoop {
     pub session: db::Session,
     pub supervisor: Supervisor,
     pub events: mpsc::UnboundedReceiver<Event>,
-    pub wake: Arc<Notify>,
+    pub wake: Arc<crate::hub::Wake>,
     pub state: watch::Sender<NodeState>,
     pub metrics: Arc<Metrics>,
 }
@@ -110,6 +110,7 @@ impl LeaseLoop {
         let mut next = Instant::now();
         // Cycles since the database's replication promise was last read.
         let mut unread: u32 = 0;
+        wake.set_appetite(core.hungry(), core.has_room());
         loop {
             let lapse_at = core.lapse_at();
             let draining = core.draining();
@@ -143,6 +144,8 @@ impl LeaseLoop {
                     next = Instant::now();
                 }
             }
+            // What the hub and the hand-off receiver go by until the next turn.
+            wake.set_appetite(core.hungry(), core.has_room());
             if core.drained() {
                 break;
             }

@@ -638,6 +638,91 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
     broker.stop().await;
 }
 
+/// A release names the hand-off's receiver: the hub wakes that node's lease loop, and a node
+/// below its share by more than its margin (hungry), but no other node; a release naming nobody
+/// wakes every peer; a node's own release wakes no one. Notices reach the hub in commit order,
+/// so a hand-off offer sent after each release, once heard, shows the release was dispatched.
+#[tokio::test]
+async fn a_release_wakes_its_named_receiver_and_the_hungry_but_not_a_peer_at_its_share() {
+    use copier_node::channels::{HANDOFF, Handoff, RELEASED, Release, released_payload};
+    use copier_node::hub::{Hub, Signal, Topic, Wake};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let wake = std::sync::Arc::new(Wake::default());
+    let hub = Hub::spawn(
+        db.url.parse().unwrap(),
+        "mt5".into(),
+        "c".into(),
+        wake.clone(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _offers = hub.subscribe(Topic::Handoffs, tx).await.unwrap();
+    // The wake every (re)connection gives.
+    tokio::time::timeout(WAIT, wake.notified())
+        .await
+        .expect("the wake after connecting");
+    let mut marker = 0;
+    let mut woken = async |release: Release, hungry: bool| -> bool {
+        wake.set_appetite(hungry, hungry);
+        marker += 1;
+        let offer = Handoff {
+            ready: false,
+            account_id: marker,
+            from: "a".into(),
+            to: "c".into(),
+            claims: false,
+        };
+        sqlx::query("SELECT pg_notify($1, $2), pg_notify($3, $4)")
+            .bind(RELEASED)
+            .bind(released_payload("mt5", &release))
+            .bind(HANDOFF)
+            .bind(offer.payload())
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        loop {
+            let signal = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .expect("the marker offer")
+                .unwrap();
+            if signal == Signal::Handoff(offer.clone()) {
+                break;
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = wake.notified() => true,
+            _ = std::future::ready(()) => false,
+        }
+    };
+    let release = |to: Option<&str>| Release {
+        from: "a".into(),
+        to: to.map(str::to_string),
+    };
+    assert!(
+        !woken(release(Some("b")), false).await,
+        "a peer not hungry woke for b's release"
+    );
+    assert!(
+        woken(release(Some("c")), false).await,
+        "the named receiver did not wake"
+    );
+    assert!(
+        woken(release(Some("b")), true).await,
+        "a hungry peer did not wake"
+    );
+    assert!(
+        woken(release(None), false).await,
+        "a release naming nobody did not wake a peer"
+    );
+    let own = Release {
+        from: "c".into(),
+        to: None,
+    };
+    assert!(!woken(own, true).await, "its own release woke the node");
+}
+
 #[tokio::test]
 async fn link_and_account_row_changes_are_announced_to_that_accounts_subscribers_only() {
     use copier_node::hub::{Hub, Signal, Topic};
@@ -650,7 +735,7 @@ async fn link_and_account_row_changes_are_announced_to_that_accounts_subscribers
         db.url.parse().unwrap(),
         "mt5".into(),
         "t".into(),
-        std::sync::Arc::new(tokio::sync::Notify::new()),
+        std::sync::Arc::new(copier_node::hub::Wake::default()),
         tokio_util::sync::CancellationToken::new(),
     );
     let (tx2, mut rx2) = tokio::sync::mpsc::unbounded_channel();
@@ -1099,7 +1184,7 @@ async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
         db.url_via(port).parse().unwrap(),
         "mt5".into(),
         "t".into(),
-        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(copier_node::hub::Wake::default()),
         tokio_util::sync::CancellationToken::new(),
     );
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();

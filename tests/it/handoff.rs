@@ -42,6 +42,11 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
 
     let mut offers = PgListener::connect(&db.url).await.unwrap();
     offers.listen("copier_handoff").await.unwrap();
+    let mut releases = PgListener::connect(&db.url).await.unwrap();
+    releases
+        .listen(copier_node::channels::RELEASED)
+        .await
+        .unwrap();
     let b = start_node(&config(&db, "b", 100, FAST)).await;
     // The first follower offered to b: trade at once, while b logs in (LOGIN_DELAY).
     let offered = first_offer(&mut offers, "a", "b").await;
@@ -89,6 +94,26 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
         .collect();
     assert_eq!(moved.len(), 3, "{owners:?}");
     assert!(moved.contains(&offered_login), "{moved:?}");
+    // b answered each offer that it would claim (it was below its share), so each of a's
+    // releases named b: b's lease loop alone woke for them.
+    for _ in 0..3 {
+        let n = tokio::time::timeout(WAIT, releases.recv())
+            .await
+            .expect("a release announced")
+            .unwrap();
+        assert_eq!(
+            copier_node::channels::decode(n.channel(), n.payload()),
+            Ok(copier_node::channels::Notice::Released {
+                platform: "mt5".into(),
+                release: copier_node::channels::Release {
+                    from: "a".into(),
+                    to: Some("b".into())
+                }
+            }),
+            "{}",
+            n.payload()
+        );
+    }
     let logged_in_at_b: std::collections::BTreeSet<&str> = lines
         .iter()
         .filter(|l| l.client == "b" && l.action == "login")

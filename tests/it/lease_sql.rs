@@ -384,21 +384,21 @@ async fn release_is_fenced_by_epoch_and_announced() {
         .unwrap();
     let e1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
     assert!(
-        lease::release(&mut conn, "a", &[e1 + 1000], "x")
+        lease::release(&mut conn, "a", &[e1 + 1000], "x", None)
             .await
             .unwrap()
             .is_empty(),
         "a wrong epoch releases nothing"
     );
     assert!(
-        lease::release(&mut conn, "b", &[e1], "x")
+        lease::release(&mut conn, "b", &[e1], "x", None)
             .await
             .unwrap()
             .is_empty(),
         "another node releases nothing"
     );
     assert_eq!(
-        lease::release(&mut conn, "a", &[e1], "released: test")
+        lease::release(&mut conn, "a", &[e1], "released: test", Some("b"))
             .await
             .unwrap(),
         vec![1]
@@ -407,7 +407,19 @@ async fn release_is_fenced_by_epoch_and_announced() {
         .await
         .expect("announcement")
         .unwrap();
-    assert_eq!(n.payload(), "mt5 a");
+    let named = copier_node::channels::Release {
+        from: "a".into(),
+        to: Some("b".into()),
+    };
+    assert_eq!(
+        copier_node::channels::decode(n.channel(), n.payload()),
+        Ok(copier_node::channels::Notice::Released {
+            platform: "mt5".into(),
+            release: named
+        }),
+        "the release names its receiver: {}",
+        n.payload()
+    );
     let row: (Option<String>, Option<String>, Option<String>) = sqlx::query_as(
         "SELECT node_id, lease_until::text, status FROM trading_accounts WHERE id = 1",
     )
@@ -415,6 +427,34 @@ async fn release_is_fenced_by_epoch_and_announced() {
     .await
     .unwrap();
     assert_eq!(row, (None, None, Some("released: test".into())));
+
+    // A row released disabled is nobody's to claim: its release wakes no one. (Notifications
+    // arrive in commit order, so the marker sent after it is the next one heard.)
+    let e2 = a.owned.iter().find(|r| r.id == 2).unwrap().epoch;
+    sqlx::query("UPDATE trading_accounts SET enabled = false WHERE id = 2")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        lease::release(&mut conn, "a", &[e2], "released: disabled", None)
+            .await
+            .unwrap(),
+        vec![2]
+    );
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(copier_node::channels::RELEASED)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("marker")
+        .unwrap();
+    assert_eq!(
+        n.payload(),
+        "marker",
+        "the disabled row's release was announced"
+    );
 }
 
 #[tokio::test]
@@ -820,7 +860,7 @@ async fn the_cycle_never_deadlocks_with_the_nodes_other_writes_to_its_rows() {
                     .take(500)
                     .map(|(_, epoch)| epoch)
                     .collect();
-                match lease::release(&mut conn, "n", &some, "released: test").await {
+                match lease::release(&mut conn, "n", &some, "released: test", None).await {
                     Ok(_) => {}
                     Err(e) if is_deadlock(&e) => deadlocks += 1,
                     Err(e) => panic!("release: {e}"),

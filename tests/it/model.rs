@@ -347,7 +347,7 @@ async fn run(seed: u64) -> usize {
                     "release {} {epochs:?} (held by {})",
                     node.id, nodes[from].id
                 );
-                let mut real = lease::release(&mut conn, &node.id, &epochs, "released: test")
+                let mut real = lease::release(&mut conn, &node.id, &epochs, "released: test", None)
                     .await
                     .unwrap();
                 real.sort_unstable();
