@@ -12,8 +12,9 @@
 
 use crate::model::events::MasterNotice;
 
-/// Released accounts or a departed node: the hand-off's receiver, or (when none is named) every
-/// peer of the platform, claims at once ([`Release::wakes`]).
+/// Released accounts or a departed node: the hand-off's receiver and the peers below their
+/// shares, or (when none is named) every peer of the platform, claim at once
+/// ([`Release::wakes`]).
 pub const RELEASED: &str = "copier_released";
 
 /// An account's links or its connection row changed: its session re-reads them.
@@ -65,15 +66,16 @@ pub struct Release {
 
 impl Release {
     /// Whether node `me` of `platform` claims at once on this announcement, heard on
-    /// `from_platform` (a peer's, of its platform): the named receiver, and any node `hungry`
-    /// (below its fair share by more than its margin), when a hand-off named one (the releaser
-    /// chose it from peers' counts up to a cycle old, so the node that lacks accounts now may
-    /// be another); every peer when none is named (a departure grows every peer's share, which
-    /// its next cycle learns). So a prepared hand-off wakes its receiver, not every node.
-    pub fn wakes(&self, from_platform: &str, platform: &str, me: &str, hungry: bool) -> bool {
+    /// `from_platform` (a peer's, of its platform): when a hand-off named its receiver, that
+    /// node and any node with `room` (below its fair share: the receiver's answer reserves
+    /// nothing, and it may have filled up, stopped or paused since; a node at its share could
+    /// claim nothing, its claim being bounded by its share, and a hand-off changes no share);
+    /// when none is named, every peer (a departure grows every peer's share, which its next
+    /// cycle learns). So a hand-off wakes the nodes that can take the account, not every node.
+    pub fn wakes(&self, from_platform: &str, platform: &str, me: &str, room: bool) -> bool {
         from_platform == platform
             && self.from != me
-            && (hungry || self.to.as_deref().is_none_or(|to| to == me))
+            && (room || self.to.as_deref().is_none_or(|to| to == me))
     }
 }
 
@@ -200,7 +202,7 @@ mod tests {
     }
 
     #[test]
-    fn a_release_wakes_its_named_receiver_and_the_hungry_and_an_unnamed_one_every_peer() {
+    fn a_release_wakes_its_named_receiver_and_those_with_room_and_an_unnamed_one_every_peer() {
         let release = |to: Option<&str>| Release {
             from: "a".into(),
             to: to.map(str::to_string),
@@ -209,9 +211,12 @@ mod tests {
         assert!(named.wakes("mt5", "mt5", "b", false), "the named receiver");
         assert!(
             !named.wakes("mt5", "mt5", "c", false),
-            "a peer not hungry keeps its cycle"
+            "a peer at its share keeps its cycle"
         );
-        assert!(named.wakes("mt5", "mt5", "c", true), "a hungry peer claims");
+        assert!(
+            named.wakes("mt5", "mt5", "c", true),
+            "a peer with room claims"
+        );
         assert!(
             !named.wakes("mt4", "mt5", "b", true),
             "another platform's release"

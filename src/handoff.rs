@@ -6,8 +6,8 @@
 //! [`crate::channels::HANDOFF`] to the node it expects to claim it (the most starved peer), keeps
 //! copying with its gate open until that node answers or [`crate::session::Handoffs::wait`] passes, then stops
 //! as before (gate closed, orders in flight finished, release committed and announced: naming R
-//! when R answered that it will claim, so R's lease loop, not every node's, cycles at once). The
-//! claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
+//! when R answered that it will claim, so R's lease loop and those of nodes below their shares,
+//! not every node's, cycle at once). The claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
 //! old owner's orders still pass at a fencing server) and holds the login; R's account task,
 //! once its claim committed, raises the fence to its epoch with the bridge's `fence` request and
 //! then runs its whole session start (positions, orders, history, ledger) as after any login: a

@@ -3,7 +3,7 @@
 //!
 //! * release announcements (`copier_released`) from other nodes of the platform wake the lease
 //!   loop to claim at once (instant handoff): a hand-off's release wakes its receiver and the
-//!   nodes well below their shares, any other release every node
+//!   nodes below their shares, any other release every node
 //!   ([`crate::channels::Release::wakes`]);
 //! * master events (`copier_master_<id>`) go to every follower session subscribed to that master;
 //! * account changes (`copier_links`, from triggers on `copy_links` and on the connection
@@ -29,11 +29,10 @@ use crate::db;
 use crate::model::events::MasterNotice;
 
 /// How the hub wakes the lease loop, and what the lease loop tells it (and the hand-off
-/// receiver) of its appetite for accounts after each cycle and event.
+/// receiver) after each cycle and event: whether it has room for accounts.
 #[derive(Debug, Default)]
 pub struct Wake {
     notify: Notify,
-    hungry: AtomicBool,
     room: AtomicBool,
 }
 
@@ -48,16 +47,10 @@ impl Wake {
         self.notify.notified().await;
     }
 
-    /// The lease core's appetite: `hungry` (below its share by more than its margin: any
-    /// release of the platform wakes it) and `room` (below its share: it takes what is handed
-    /// off to it, so it accepts an offer).
-    pub fn set_appetite(&self, hungry: bool, room: bool) {
-        self.hungry.store(hungry, Ordering::Relaxed);
+    /// The lease core's room ([`crate::lease::Core::has_room`]: below its share, not shutting
+    /// down): any release of the platform wakes it, and it answers offers that it will claim.
+    pub fn set_room(&self, room: bool) {
         self.room.store(room, Ordering::Relaxed);
-    }
-
-    pub fn hungry(&self) -> bool {
-        self.hungry.load(Ordering::Relaxed)
     }
 
     pub fn room(&self) -> bool {
@@ -529,7 +522,7 @@ fn dispatch(
             platform: from_platform,
             release,
         }) => {
-            if release.wakes(&from_platform, platform, node_id, wake.hungry()) {
+            if release.wakes(&from_platform, platform, node_id, wake.room()) {
                 debug!(from_node = release.from.as_str(), to = ?release.to, "release announced");
                 wake.now();
             }

@@ -115,7 +115,7 @@ pub struct NodeHost {
     shared: NodeShared,
     events: mpsc::UnboundedSender<Event>,
     /// Hand-offs, by (account, epoch), whose receiver answered that it will claim: their
-    /// releases name it, so only it (and hungry peers) wake ([`crate::channels::Release`]).
+    /// releases name it, so only it and the peers with room wake ([`crate::channels::Release`]).
     claimed_by_receiver: Arc<std::sync::Mutex<HashSet<(i64, i64)>>>,
 }
 

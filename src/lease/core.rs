@@ -162,30 +162,9 @@ impl<H: Host> Core<H> {
         }
     }
 
-    /// Below its fair share by more than the margin (or not knowing its share yet), with room,
-    /// and not shutting down: a node that claims at once whatever a peer releases, whether or
-    /// not the release named it ([`crate::channels::Release::wakes`]), since the peer's view of
-    /// who lacks accounts may be a cycle old.
-    pub fn hungry(&self) -> bool {
-        if self.draining.is_some() {
-            return false;
-        }
-        let owned = self.supervisor.running() as u32;
-        let limit = self.share_limit();
-        let margin = self.target.map_or(0, |t| {
-            balance::margin(
-                t,
-                balance::Knobs {
-                    margin: self.node.rebalance_margin,
-                    step: self.node.rebalance_step,
-                },
-            )
-        });
-        owned.saturating_add(margin) < limit
-    }
-
     /// Below its fair share (or not knowing it yet) and not shutting down: a node that claims
-    /// what is handed off to it (a receiver at its share declines the offer).
+    /// what is handed off to it (a receiver at its share answers an offer that it will not), and
+    /// that a hand-off's release to another node wakes too ([`crate::channels::Release::wakes`]).
     pub fn has_room(&self) -> bool {
         self.draining.is_none() && (self.supervisor.running() as u32) < self.share_limit()
     }

@@ -110,7 +110,7 @@ impl LeaseLoop {
         let mut next = Instant::now();
         // Cycles since the database's replication promise was last read.
         let mut unread: u32 = 0;
-        wake.set_appetite(core.hungry(), core.has_room());
+        wake.set_room(core.has_room());
         loop {
             let lapse_at = core.lapse_at();
             let draining = core.draining();
@@ -145,7 +145,7 @@ impl LeaseLoop {
                 }
             }
             // What the hub and the hand-off receiver go by until the next turn.
-            wake.set_appetite(core.hungry(), core.has_room());
+            wake.set_room(core.has_room());
             if core.drained() {
                 break;
             }

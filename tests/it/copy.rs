@@ -639,11 +639,11 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
 }
 
 /// A release names the hand-off's receiver: the hub wakes that node's lease loop, and a node
-/// below its share by more than its margin (hungry), but no other node; a release naming nobody
+/// below its share (with room), but not a node at its share; a release naming nobody
 /// wakes every peer; a node's own release wakes no one. Notices reach the hub in commit order,
 /// so a hand-off offer sent after each release, once heard, shows the release was dispatched.
 #[tokio::test]
-async fn a_release_wakes_its_named_receiver_and_the_hungry_but_not_a_peer_at_its_share() {
+async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_its_share() {
     use copier_node::channels::{HANDOFF, Handoff, RELEASED, Release, released_payload};
     use copier_node::hub::{Hub, Signal, Topic, Wake};
     let db = TestDb::new().await;
@@ -663,8 +663,8 @@ async fn a_release_wakes_its_named_receiver_and_the_hungry_but_not_a_peer_at_its
         .await
         .expect("the wake after connecting");
     let mut marker = 0;
-    let mut woken = async |release: Release, hungry: bool| -> bool {
-        wake.set_appetite(hungry, hungry);
+    let mut woken = async |release: Release, room: bool| -> bool {
+        wake.set_room(room);
         marker += 1;
         let offer = Handoff {
             ready: false,
@@ -702,7 +702,7 @@ async fn a_release_wakes_its_named_receiver_and_the_hungry_but_not_a_peer_at_its
     };
     assert!(
         !woken(release(Some("b")), false).await,
-        "a peer not hungry woke for b's release"
+        "a peer at its share woke for b's release"
     );
     assert!(
         woken(release(Some("c")), false).await,
@@ -710,7 +710,7 @@ async fn a_release_wakes_its_named_receiver_and_the_hungry_but_not_a_peer_at_its
     );
     assert!(
         woken(release(Some("b")), true).await,
-        "a hungry peer did not wake"
+        "a peer with room did not wake"
     );
     assert!(
         woken(release(None), false).await,
