@@ -114,9 +114,11 @@ pub trait Host {
 pub struct NodeHost {
     shared: NodeShared,
     events: mpsc::UnboundedSender<Event>,
-    /// Hand-offs, by (account, epoch), whose receiver answered that it will claim: their
-    /// releases name it, so only it and the peers with room wake ([`crate::channels::Release`]).
-    claimed_by_receiver: Arc<std::sync::Mutex<HashSet<(i64, i64)>>>,
+    /// Hand-offs offered, by (account, epoch): `true` once the receiver answered that it will
+    /// claim (the release then names it, so only it and the peers with room wake:
+    /// [`crate::channels::Release`]). The release takes the entry, so an answer arriving after
+    /// it (the session ended on its own meanwhile) finds none and leaves none behind.
+    claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), bool>>>,
 }
 
 impl Host for NodeHost {
@@ -179,16 +181,21 @@ impl Host for NodeHost {
         };
         let (gate, session, to) = (gate.clone(), session.clone(), to.to_string());
         let claimed_by_receiver = self.claimed_by_receiver.clone();
+        claimed_by_receiver
+            .lock()
+            .expect("never poisoned")
+            .insert((account_id, gate.epoch()), false);
         self.shared.tracker.spawn(
             async move {
                 // The session copies on, behind its gate, until the receiver is ready.
                 let answered = crate::handoff::offer(&services, account_id, &to, &session).await;
-                if answered == Some(true) {
-                    let epoch = gate.epoch();
-                    claimed_by_receiver
+                if answered == Some(true)
+                    && let Some(claims) = claimed_by_receiver
                         .lock()
                         .expect("never poisoned")
-                        .insert((account_id, epoch));
+                        .get_mut(&(account_id, gate.epoch()))
+                {
+                    *claims = true;
                 }
                 gate.close();
                 session.cancel();
@@ -213,7 +220,8 @@ impl Host for NodeHost {
             .claimed_by_receiver
             .lock()
             .expect("never poisoned")
-            .remove(&(account_id, epoch));
+            .remove(&(account_id, epoch))
+            .unwrap_or(false);
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {

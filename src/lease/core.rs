@@ -162,11 +162,17 @@ impl<H: Host> Core<H> {
         }
     }
 
-    /// Below its fair share (or not knowing it yet) and not shutting down: a node that claims
-    /// what is handed off to it (a receiver at its share answers an offer that it will not), and
-    /// that a hand-off's release to another node wakes too ([`crate::channels::Release::wakes`]).
+    /// Below its fair share and able to claim at its next cycle (a member that knows its share,
+    /// its last cycle on time, not shutting down): a node that claims what is handed off to it
+    /// (a receiver without room answers an offer that it will not, so the release names no one
+    /// and wakes every peer), and that a hand-off's release to another node wakes too
+    /// ([`crate::channels::Release::wakes`]).
     pub fn has_room(&self) -> bool {
-        self.draining.is_none() && (self.supervisor.running() as u32) < self.share_limit()
+        self.draining.is_none()
+            && !self.late
+            && self
+                .target
+                .is_some_and(|t| (self.supervisor.running() as u32) < t.min(self.node.capacity))
     }
 
     /// The most accounts the node may own by its capacity and fair share.

@@ -1840,8 +1840,12 @@ mod tests {
             "trust counted from the reply (mutant trust-from-the-reply): two open gates on one account",
         ),
         (
+            5_688_493_754_273_315_857,
+            "the grace keeps the last read-back (mutant grace-keeps-the-read-back): two open gates on one account",
+        ),
+        (
             3,
-            "the grace keeps the last read-back (mutant grace-keeps-the-read-back): two open gates on one account; earlier, a release's reply handled before the read-back of a cycle in flight",
+            "earlier: a release's reply handled before the read-back of a cycle in flight",
         ),
         (
             8,
@@ -2151,7 +2155,8 @@ mod tests {
     }
 
     /// A node has room (it answers offers that it will claim, and a hand-off to another node
-    /// wakes it) below its fair share, none at it, and none once shutting down.
+    /// wakes it) below its fair share; none before it knows its share, at it, after a failed or
+    /// late cycle, or once shutting down.
     #[test]
     fn a_node_has_room_below_its_share_not_at_it_nor_while_shutting_down() {
         use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
@@ -2159,7 +2164,10 @@ mod tests {
         // Owning `mine` of the 10 accounts, the other 10 - mine on a trusted peer: a share of 5.
         let after = |mine: i64| {
             let mut core = lone_core(t);
-            assert!(core.has_room(), "before its first cycle it knows no share");
+            assert!(
+                !core.has_room(),
+                "before its first cycle it knows no share (and may not be a member yet)"
+            );
             let outcome = CycleOutcome {
                 member: true,
                 owned: (1..=mine)
@@ -2188,6 +2196,9 @@ mod tests {
         };
         assert!(after(4).has_room(), "one below its share");
         assert!(!after(5).has_room(), "at its share");
+        let mut late = after(4);
+        late.failed(t, "timeout".into());
+        assert!(!late.has_room(), "after a failed cycle (it renews only)");
         let mut core = after(4);
         core.begin_shutdown(t);
         assert!(!core.has_room(), "shutting down");

@@ -95,7 +95,7 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
     assert_eq!(moved.len(), 3, "{owners:?}");
     assert!(moved.contains(&offered_login), "{moved:?}");
     // b answered each offer that it would claim (it was below its share), so each of a's
-    // releases named b: b's lease loop alone woke for them.
+    // releases named b.
     for _ in 0..3 {
         let n = tokio::time::timeout(WAIT, releases.recv())
             .await
