@@ -2154,12 +2154,38 @@ mod tests {
         assert_eq!(limit(&core), 10, "then its capacity again");
     }
 
+    /// A lone core's cycle read-back: it owns accounts `1..=mine` of 10, a trusted peer `p` of
+    /// capacity 10 the rest, that peer publishing `starting` sessions still starting.
+    fn beside_one_peer(mine: i64, starting: u32) -> crate::db::lease::CycleOutcome {
+        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
+        CycleOutcome {
+            member: true,
+            owned: (1..=mine)
+                .map(|id| OwnedRow {
+                    id,
+                    epoch: id,
+                    wanted: true,
+                    claimed_ms: id,
+                })
+                .collect(),
+            peers: vec![Peer {
+                node_id: "p".into(),
+                expires_in: Duration::from_secs(3),
+                live: true,
+                trusted: true,
+                capacity: 10,
+                owned: (10 - mine) as u32,
+                starting,
+            }],
+            ..CycleOutcome::default()
+        }
+    }
+
     /// A node has room (it answers offers that it will claim, and a hand-off to another node
     /// wakes it) below its fair share; none before it knows its share, at it, after a failed or
     /// late cycle, or once shutting down.
     #[test]
     fn a_node_has_room_below_its_share_not_at_it_nor_while_shutting_down() {
-        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
         let t = Instant::now();
         // Owning `mine` of the 10 accounts, the other 10 - mine on a trusted peer: a share of 5.
         let after = |mine: i64| {
@@ -2168,28 +2194,8 @@ mod tests {
                 !core.has_room(),
                 "before its first cycle it knows no share (and may not be a member yet)"
             );
-            let outcome = CycleOutcome {
-                member: true,
-                owned: (1..=mine)
-                    .map(|id| OwnedRow {
-                        id,
-                        epoch: id,
-                        wanted: true,
-                        claimed_ms: id,
-                    })
-                    .collect(),
-                peers: vec![Peer {
-                    node_id: "p".into(),
-                    expires_in: Duration::from_secs(3),
-                    live: true,
-                    trusted: true,
-                    capacity: 10,
-                    owned: (10 - mine) as u32,
-                    // Starting all it may: no hand-off to it this cycle.
-                    starting: crate::lease::STARTING_AT_ONCE as u32,
-                }],
-                ..CycleOutcome::default()
-            };
+            // The peer starting all it may: no hand-off to it this cycle.
+            let outcome = beside_one_peer(mine, crate::lease::STARTING_AT_ONCE as u32);
             core.acknowledged(t, t, &outcome).unwrap();
             assert_eq!(core.target(), Some(5));
             core
@@ -2209,30 +2215,9 @@ mod tests {
     /// ahead.
     #[test]
     fn fair_share_waits_for_a_receiver_still_starting_its_sessions() {
-        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
         let t = Instant::now();
         let mut core = lone_core(t);
-        let outcome = |starting: u32| CycleOutcome {
-            member: true,
-            owned: (1..=10)
-                .map(|id| OwnedRow {
-                    id,
-                    epoch: id,
-                    wanted: true,
-                    claimed_ms: id,
-                })
-                .collect(),
-            peers: vec![Peer {
-                node_id: "p".into(),
-                expires_in: Duration::from_secs(3),
-                live: true,
-                trusted: true,
-                capacity: 10,
-                owned: 0,
-                starting,
-            }],
-            ..CycleOutcome::default()
-        };
+        let outcome = |starting: u32| beside_one_peer(10, starting);
         let full = crate::lease::STARTING_AT_ONCE as u32;
         core.acknowledged(t, t, &outcome(full)).unwrap();
         assert_eq!(core.target(), Some(5));
