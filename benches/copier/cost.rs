@@ -102,7 +102,7 @@ pub(crate) async fn cost_per_account(
         let rss = rss_kib(pid);
         let per = (rss.saturating_sub(base) as f64 * 1024.0) / total as f64;
         let idle = cpu_percent(pid, window).await;
-        let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+        let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
         trader.wait_ready(Duration::from_secs(10)).await?;
         let trading = {
             let addr_masters = masters;

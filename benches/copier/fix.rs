@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use crate::nodes::Setup;
 use crate::stats::Stats;
-use crate::trades::{copy_closed, fills, trimmed, wait_journal};
+use crate::trades::{copy_closed, fills, served_again, trimmed, wait_journal};
 use crate::{Options, Pg, Report};
 use anyhow::Context;
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::Request;
 use copier_node::broker::types::Side;
-use copier_node::sim_broker::journal::JournalEntry;
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 
@@ -47,21 +46,19 @@ pub(crate) async fn fix_latency(
         let (venue, journal_path) = on_broker(&setup, protocol, &["m1", "f1"]).await?;
         setup.spawn_node("x0", ["--lease", "10s", "--fence", "3s", "--cycle", "2s"])?;
         setup.wait_settled(2, Duration::from_secs(120)).await?;
-        let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+        let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
         trader.wait_ready(Duration::from_secs(10)).await?;
         let mut samples = Vec::new();
         let mut trims = Vec::new();
         for i in 0..trades {
             let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
             let ticket = hand_open(venue.as_ref(), &trader, side).await?;
-            let (master, copy) =
-                wait_journal(&journal_path, "the copy", |l| fills(l, ticket)).await?;
-            samples.push(Duration::from_millis((copy - master).max(0) as u64));
+            samples.push(wait_journal(&journal_path, "the copy", |l| fills(l, ticket)).await?);
             // Half of it closed: the copy's trim, timed the same way.
             hand_close(venue.as_ref(), &trader, ticket, Some(0.1)).await?;
-            let (master, trim) =
-                wait_journal(&journal_path, "the copy's trim", |l| trimmed(l, ticket)).await?;
-            trims.push(Duration::from_millis((trim - master).max(0) as u64));
+            trims.push(
+                wait_journal(&journal_path, "the copy's trim", |l| trimmed(l, ticket)).await?,
+            );
             // Closed (not measured), and the copy's close awaited.
             hand_close(venue.as_ref(), &trader, ticket, None).await?;
             wait_journal(&journal_path, "the copy's close", |lines| {
@@ -98,7 +95,7 @@ pub(crate) async fn fix_latency(
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency over FIX beside the bridge\n\nOne master and one follower on one node, {trades} master opens per protocol: from the master's fill to the copy's fill, both by the venue's own clock (its journal, millisecond resolution); then the master closes half of each position, and the trim latency runs from the master's partial close to the copy's (the copy's opening volume is recorded once, so no later reconcile trims it again). The bridge rows use the simulated broker; the FIX rows the QuickFIX test venue (`tests/fix/acceptor.cpp`), with the master's trades arriving by drop copy and every copy recorded in the FIX ledger before it is sent (one more database round trip than the bridge). Floor, measured in the same run: one NOTIFY delivered after commit plus one broker round trip = {floor:.2} ms.\n\n{md}"
+        "## Copy latency over FIX beside the bridge\n\nOne master and one follower on one node, {trades} master opens per protocol: from the master's fill to the copy's fill, both by the venue's own clock (its journal's microsecond `ts_us`); then the master closes half of each position, and the trim latency runs from the master's partial close to the copy's (the copy's opening volume is recorded once, so no later reconcile trims it again). The bridge rows use the simulated broker; the FIX rows the QuickFIX test venue (`tests/fix/acceptor.cpp`), with the master's trades arriving by drop copy and every copy recorded in the FIX ledger before it is sent (one more database round trip than the bridge). Floor, measured in the same run: one NOTIFY delivered after commit plus one broker round trip = {floor:.2} ms.\n\n{md}"
     ));
     Ok(())
 }
@@ -115,36 +112,6 @@ pub(crate) struct FixHandoffRow {
     /// How many of those copies the stopping node sent (it copies on while a prepared receiver
     /// logs in).
     pub(crate) sent_by_the_stopping_node: usize,
-}
-
-/// The copies of master ticket `ticket` on followers `f1..=fN`, once all are in: (sender, fill
-/// ms) each, and the master's fill ms.
-fn copies_of(
-    lines: &[JournalEntry],
-    ticket: i64,
-    followers: usize,
-) -> Option<(i64, Vec<(String, i64)>)> {
-    let master = lines.iter().find(|l| {
-        l.login == "m1" && l.action == "open" && l.accepted && l.ticket == Some(ticket)
-    })?;
-    let intent = format!("-m{ticket}-open");
-    let copies: Vec<(String, i64)> = (1..=followers)
-        .filter_map(|g| {
-            let login = format!("f{g}");
-            lines
-                .iter()
-                .find(|l| {
-                    l.login == login
-                        && l.action == "open"
-                        && l.accepted
-                        && l.client_order_id
-                            .as_deref()
-                            .is_some_and(|c| c.contains(&intent))
-                })
-                .map(|l| (l.client.clone(), l.ts_ms))
-        })
-        .collect();
-    (copies.len() == followers).then_some((master.ts_ms, copies))
 }
 
 /// A SIGTERM hand-off over FIX beside the bridge, in the same run: one master and ten followers
@@ -187,33 +154,15 @@ pub(crate) async fn fix_handoff(
             setup
                 .wait_settled(followers + 1, Duration::from_secs(120))
                 .await?;
-            let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+            let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
             trader.wait_ready(Duration::from_secs(10)).await?;
-            let signalled_ms = copier_node::wall_clock::unix_ms();
-            let _ = tokio::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(first.to_string())
-                .status()
-                .await;
-            let last = loop {
-                let ticket = hand_open(venue.as_ref(), &trader, Side::Buy).await?;
-                let (master, copies) = wait_journal(&journal_path, "every follower's copy", |l| {
-                    copies_of(l, ticket, followers)
-                })
-                .await?;
-                for (_, ts) in &copies {
-                    meanwhile.push(Duration::from_millis((ts - master).max(0) as u64));
-                }
-                by_stopping += copies.iter().filter(|(c, _)| c == "ha").count();
-                if copies.iter().all(|(c, _)| c == "hb") {
-                    break copies
-                        .iter()
-                        .map(|(_, ts)| *ts)
-                        .max()
-                        .context("no copies")?;
-                }
-            };
-            samples.push(Duration::from_millis((last - signalled_ms).max(0) as u64));
+            let run = served_again(&journal_path, followers, "ha", first, "TERM", async || {
+                hand_open(venue.as_ref(), &trader, Side::Buy).await
+            })
+            .await?;
+            meanwhile.extend(run.meanwhile);
+            by_stopping += run.by_the_signalled;
+            samples.push(run.after);
             trader.close();
             drop(venue);
             setup.stop().await;
@@ -243,7 +192,7 @@ pub(crate) async fn fix_handoff(
         });
     }
     report.markdown.push(format!(
-        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM, and from the signal on the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the receiving node: the time from the signal to that position's last copy, by the broker's journal (millisecond clock; the journal names each copy's sender, so a copy the stopping node sent does not count as served by the receiver). Every copy of those positions is also timed from the master's fill. Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time: the stopping node logs each account out (and waits for the venue's answer) before its release commits, and the new owner's logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see [prepared hand-offs](docs/design/prepared-handoff.md)).\n\n{md}"
+        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM, and from the signal on the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the receiving node: the time from the signal to that position's last copy, by the broker's journal (its microsecond clock; the journal names each copy's sender, so a copy the stopping node sent does not count as served by the receiver). Every copy of those positions is also timed from the master's fill. Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time: the stopping node logs each account out (and waits for the venue's answer) before its release commits, and the new owner's logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see [prepared hand-offs](docs/design/prepared-handoff.md)).\n\n{md}"
     ));
     Ok(())
 }

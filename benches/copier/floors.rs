@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use crate::nodes::BrokerProcess;
 use crate::stats::Stats;
 use crate::{Options, Pg, Report};
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::protocol::Request;
-use copier_node::sim_broker::{ServeOptions, SimBroker};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::time::Instant;
 
@@ -64,7 +64,7 @@ pub(crate) async fn machine(report: &mut Report, pg: &Pg) {
 
 // ---------------------------------------------------------------------------------------------
 // Floors: one PostgreSQL round trip, one single-row UPDATE, one NOTIFY delivered, one broker
-// round trip.
+// round trip (to the simulated broker in a process of its own, as every section runs it).
 
 pub(crate) async fn floors(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Result<()> {
     let n = if options.smoke { 30 } else { 300 };
@@ -102,9 +102,8 @@ pub(crate) async fn floors(options: &Options, pg: &Pg, report: &mut Report) -> a
     }
     let dir = std::env::temp_dir().join(format!("copier-bench-floor-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let broker =
-        SimBroker::start(ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"))).await?;
-    let client = BridgeClient::connect(broker.addr.to_string(), "bench");
+    let broker = BrokerProcess::start(&dir, &[]).await?;
+    let client = BridgeClient::connect(broker.addr.clone(), "bench");
     client.wait_ready(Duration::from_secs(10)).await?;
     let mut broker_rt = Vec::new();
     for _ in 0..n {

@@ -101,15 +101,18 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
     .into_iter()
     .enumerate()
     {
-        let mut setup = Setup::with_broker(pg, &format!("bench_handoff_{i}"), 1, followers, |o| {
-            if matches!(
-                scenario,
-                Scenario::SlowLoginMove { .. } | Scenario::SlowLoginSigterm { .. }
-            ) {
-                o.login_delay = SLOW_LOGIN;
-            }
-        })
-        .await?;
+        let slow_login = format!("{}ms", SLOW_LOGIN.as_millis());
+        let broker_args: &[&str] = if matches!(
+            scenario,
+            Scenario::SlowLoginMove { .. } | Scenario::SlowLoginSigterm { .. }
+        ) {
+            &["--login-delay", &slow_login]
+        } else {
+            &[]
+        };
+        let mut setup =
+            Setup::with_broker(pg, &format!("bench_handoff_{i}"), 1, followers, broker_args)
+                .await?;
         let mut timing = timing.to_vec();
         if matches!(
             scenario,
@@ -131,8 +134,8 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         }
         let before = setup.owners().await?;
         let logins: Vec<String> = (1..=followers).map(|g| format!("f{g}")).collect();
-        let mut observer = Observer::new(&setup.broker.addr.to_string(), &logins).await?;
-        let trader = BridgeClient::connect(setup.broker.addr.to_string(), "manual");
+        let mut observer = Observer::new(&setup.broker.addr.clone(), &logins).await?;
+        let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
         trader.wait_ready(Duration::from_secs(10)).await?;
         // A steady stream of master opens; the hand-off starts a fifth of the way in.
         let mut sent: HashMap<i64, Instant> = HashMap::new();

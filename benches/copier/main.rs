@@ -13,7 +13,8 @@
 //!                                               # node processes of another build (A/B runs)
 //!
 //! Everything it needs starts here: a throwaway PostgreSQL cluster (or the server DATABASE_URL
-//! names), the simulated broker in-process, and node processes of the real binary.
+//! names), the simulated broker and node processes of the real binary, each a process of its
+//! own, and for the floor of N orders sender processes (this executable again, `--floor-sender`).
 
 mod copy;
 mod cost;
@@ -25,6 +26,7 @@ mod floors;
 mod handoff;
 mod nodes;
 mod notify;
+mod orders_floor;
 mod poll;
 mod pooler;
 mod rebalance;
@@ -88,6 +90,9 @@ pub(crate) struct Report {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "--floor-sender") {
+        orders_floor::sender_main(&args[2..]);
+    }
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)

@@ -6,20 +6,99 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::Pg;
-use anyhow::bail;
+use anyhow::{Context, bail};
 use copier_node::broker::client::BridgeClient;
 use copier_node::broker::types::PositionChange;
 use copier_node::broker::{AccountLogin, Broker, SessionEvent};
-use copier_node::sim_broker::{ServeOptions, SimBroker};
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
+
+/// The node binary the benchmark runs (`COPIER_BENCH_NODE`: another build of it, for A/B runs).
+fn node_binary() -> std::ffi::OsString {
+    std::env::var_os("COPIER_BENCH_NODE")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_copier-node").into())
+}
+
+/// The simulated broker as a process of its own (`copier-node sim-broker serve`), as the nodes
+/// are: no benchmark task shares its runtime.
+pub(crate) struct BrokerProcess {
+    child: tokio::process::Child,
+    pub(crate) addr: String,
+}
+
+impl BrokerProcess {
+    /// Starts it on a free port with its journal at `dir/journal.jsonl` and its log at
+    /// `dir/broker.log`; `args` are more `serve` flags.
+    pub(crate) async fn start(
+        dir: &std::path::Path,
+        args: &[&str],
+    ) -> anyhow::Result<BrokerProcess> {
+        let log_path = dir.join("broker.log");
+        let log = std::fs::File::create(&log_path)?;
+        // This build's broker, also in A/B runs of another build's nodes.
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_copier-node"))
+            .args([
+                "sim-broker",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--journal",
+            ])
+            .arg(dir.join("journal.jsonl"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(rest) = text.split("sim-broker listening on ").nth(1) {
+                let addr = rest
+                    .split_whitespace()
+                    .next()
+                    .context("the broker's address")?;
+                return Ok(BrokerProcess {
+                    child,
+                    addr: addr.to_string(),
+                });
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("the simulated broker exited ({status}): {text}");
+            }
+            if Instant::now() > deadline {
+                bail!("the simulated broker did not start within 20 s: {text}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, then wait (at most 10 s, then kill).
+    pub(crate) async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = tokio::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await;
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.start_kill();
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Node processes and accounts for the copy, failover and cost benchmarks.
 
 pub(crate) struct Setup {
     pub(crate) url: String,
-    pub(crate) broker: SimBroker,
+    pub(crate) broker: BrokerProcess,
     pub(crate) dir: PathBuf,
     pub(crate) nodes: Vec<tokio::process::Child>,
 }
@@ -31,26 +110,24 @@ impl Setup {
         masters: usize,
         followers_per_master: usize,
     ) -> anyhow::Result<Setup> {
-        Self::with_broker(pg, name, masters, followers_per_master, |_| {}).await
+        Self::with_broker(pg, name, masters, followers_per_master, &[]).await
     }
 
-    /// As [`Setup::new`], with the simulated broker's options tuned first.
+    /// As [`Setup::new`], with more flags for the simulated broker (`sim-broker serve`).
     pub(crate) async fn with_broker(
         pg: &Pg,
         name: &str,
         masters: usize,
         followers_per_master: usize,
-        tune: impl FnOnce(&mut ServeOptions),
+        broker_args: &[&str],
     ) -> anyhow::Result<Setup> {
         let url = pg.database(name).await?;
         let dir = std::env::temp_dir().join(format!("copier-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let mut options = ServeOptions::new("127.0.0.1:0", dir.join("journal.jsonl"));
-        tune(&mut options);
-        let broker = SimBroker::start(options).await?;
+        let broker = BrokerProcess::start(&dir, broker_args).await?;
         let mut conn = PgConnection::connect(&url).await?;
-        let server = broker.addr.to_string();
+        let server = broker.addr.clone();
         sqlx::query("INSERT INTO trading_accounts (id, platform, role, server, login) SELECT g, 'mt5', 'master', $2, 'm' || g FROM generate_series(1, $1) g")
             .bind(masters as i64)
             .bind(&server)
@@ -82,10 +159,7 @@ impl Setup {
         timing: impl IntoIterator<Item = &'a str>,
     ) -> anyhow::Result<u32> {
         let log = std::fs::File::create(self.dir.join(format!("{id}.log")))?;
-        // `COPIER_BENCH_NODE`: another build of the node (an A/B run against this one).
-        let binary = std::env::var_os("COPIER_BENCH_NODE")
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_copier-node").into());
-        let child = tokio::process::Command::new(binary)
+        let child = tokio::process::Command::new(node_binary())
             .args([
                 "run",
                 "--platform",

@@ -73,15 +73,17 @@ fn headline(b: &Value) -> String {
     ));
     for (followers, nodes) in [(100, 4), (1000, 4)] {
         let r = copy(followers, nodes);
-        let last = r["last_follower"]["p50_ms"].as_f64().unwrap_or(f64::NAN);
-        let floor = r["orders_floor_observed_last"]["p50_ms"]
+        let last = r["last_follower_journal"]["p50_ms"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        let floor = r["orders_floor_journal_last"]["p50_ms"]
             .as_f64()
             .unwrap_or(f64::NAN);
         rows.push((
-            format!("the last of {followers} followers served, {nodes} nodes"),
+            format!("the last of {followers} followers served, {nodes} nodes (broker's clock)"),
             format!(
                 "{} ({:.1}× the floor of {followers} orders)",
-                ms(&r["last_follower"]["p50_ms"]),
+                ms(&r["last_follower_journal"]["p50_ms"]),
                 last / floor
             ),
             "The floor for N orders".into(),
@@ -90,7 +92,7 @@ fn headline(b: &Value) -> String {
     let kill = find(&b["failover"], |r| r["fault"] == "kill -9");
     rows.push((
         format!(
-            "served again after kill -9 (lease {} s)",
+            "every follower served by another node after kill -9 (lease {} s)",
             kill["lease_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0
         ),
         ms(&kill["served_again"]["p50_ms"]),
