@@ -1,9 +1,10 @@
-//! Copy latency at fan-outs of 1, 100 and 1,000 followers.
+//! Copy latency at fan-outs of 1, 100, 200 and 1,000 followers.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::legs::{LegsUs, legs_us};
 use crate::nodes::{Observer, Setup};
 use crate::orders_floor::OrdersFloor;
 use crate::stats::Stats;
@@ -29,8 +30,8 @@ pub(crate) struct CopyRow {
     pub(crate) latency_journal: Stats,
     pub(crate) last_follower_journal: Stats,
     pub(crate) floor_ms: f64,
-    /// Where the time goes, from the copy ledger's legs (millisecond clocks).
-    pub(crate) legs: Legs,
+    /// Where the time goes: each live copy's path in µs, from the copy ledger and the journal.
+    pub(crate) legs_us: LegsUs,
     /// The floor for this fan-out: as many orders sent at once by as many sender processes
     /// (one connection each) as there are nodes, with no copier in the way; time until each
     /// reply, and until the last.
@@ -45,63 +46,13 @@ pub(crate) struct CopyRow {
     pub(crate) orders_floor_journal: Stats,
     pub(crate) orders_floor_journal_last: Stats,
     /// The median over trades of the last follower served ÷ the floor round run right after it
-    /// (its last order observed).
+    /// (both by the journal).
     pub(crate) paired_ratio_p50: f64,
-}
-
-/// A copy's legs as the copy ledger records them (each clock at millisecond resolution): the
-/// master's fill at its broker to the event committed (the master's session), the event to the
-/// follower's decision (NOTIFY delivery, the follower session's wake-up and decision), and the
-/// decision to the broker's acceptance (the order's round trip, and any wait for the broker
-/// connection).
-#[derive(Serialize)]
-pub(crate) struct Legs {
-    pub(crate) copies: usize,
-    pub(crate) fill_to_event: Stats,
-    pub(crate) event_to_decision: Stats,
-    pub(crate) decision_to_accept: Stats,
-}
-
-/// A ledger row's clocks: master fill, event committed, decided, accepted (Unix ms).
-type LegClocks = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
-
-/// The legs of every copy in the ledger of `url` (waiting up to 10 s for `expected` rows: a copy's
-/// row is written just after its acceptance).
-pub(crate) async fn legs(url: &str, expected: usize) -> anyhow::Result<Legs> {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url).await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let rows: Vec<LegClocks> = loop {
-        let rows = sqlx::query_as(
-            "SELECT master_fill_ms, event_committed_ms, decided_ms, accepted_ms FROM copy_ledger",
-        )
-        .fetch_all(&mut conn)
-        .await?;
-        if rows.len() >= expected || Instant::now() >= deadline {
-            break rows;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    conn.close().await?;
-    let leg = |pick: fn(&LegClocks) -> Option<(i64, i64)>| {
-        let samples: Vec<Duration> = rows
-            .iter()
-            .filter_map(pick)
-            .map(|(from, to)| Duration::from_millis((to - from).max(0) as u64))
-            .collect();
-        Stats::of(&samples)
-    };
-    Ok(Legs {
-        copies: rows.len(),
-        fill_to_event: leg(|r| r.0.zip(r.1)),
-        event_to_decision: leg(|r| r.1.zip(r.2)),
-        decision_to_accept: leg(|r| r.2.zip(r.3)),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Copy latency: from the master's order accepted at the broker to each follower's copy accepted,
-// for 1, 100 and 1,000 followers over 1, 2 and 4 nodes.
+// for 1, 100, 200 and 1,000 followers over 1, 2 and 4 nodes.
 
 pub(crate) async fn copy_latency(
     options: &Options,
@@ -118,6 +69,9 @@ pub(crate) async fn copy_latency(
             (100, 1),
             (100, 2),
             (100, 4),
+            (200, 1),
+            (200, 2),
+            (200, 4),
             (1000, 1),
             (1000, 2),
             (1000, 4),
@@ -126,16 +80,16 @@ pub(crate) async fn copy_latency(
     let trades = options.trades.unwrap_or(if options.smoke { 3 } else { 20 });
     let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
     let mut md = String::from(
-        "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| followers | nodes | copy latency p50 | p99 | max | last follower served p50 / max | by the journal: each p50 / p99 | the last p50 | p50 ÷ floor | p99 ÷ floor |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut floor_md = String::from(
-        "| followers | nodes | N orders at once, by the journal: each p50 / p99 | the last p50 / max | the last reply p50 | the last observed p50 | last follower served, by the journal p50 / p99 | observed p50 | ÷ the floor, by the journal | ÷ the floor, observed | per trade, ÷ its own round (observed, p50) | ÷ (the floor + the master's leg, by the journal) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| followers | nodes | N orders at once, by the journal: each p50 / p99 | the last p50 / max | the last reply p50 | the last observed p50 | last follower served, by the journal p50 / p99 | observed p50 | ÷ the floor, by the journal (p50 / p99) | ÷ the floor, observed | per trade, ÷ its own round (by the journal, p50) | ÷ (the floor + the master's leg, by the journal) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut legs_md = String::from(
-        "| followers | nodes | copies | master fill → event committed p50 / p99 | event → follower decided p50 / p99 | decided → broker accepted p50 / p99 |\n|---:|---:|---:|---:|---:|---:|\n",
+        "| followers | nodes | copies | master fill → event committed | → notice received | → decided | → order sent | → at the broker | → reply received |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     // The master's leg (its fill published and announced, up to a follower's decision): one
-    // follower's copy less its one order, by the journal, from the first row.
+    // follower's copy less its one order, by the journal, from the one-follower row.
     let mut master_leg: Option<f64> = None;
     for &(followers, nodes) in configs {
         let mut setup =
@@ -156,8 +110,6 @@ pub(crate) async fn copy_latency(
         let mut floor_rounds = OrdersFloor::start(&setup.broker.addr, followers, nodes).await?;
         let mut samples = Vec::new();
         let mut last = Vec::new();
-        // Per trade: its last follower served over the floor round right after it.
-        let mut paired = Vec::new();
         let mut tickets = Vec::with_capacity(trades);
         for i in 0..trades {
             let side = if i % 2 == 0 { Side::Buy } else { Side::Sell };
@@ -180,7 +132,6 @@ pub(crate) async fn copy_latency(
                     }
                 }
             }
-            let served = *last.last().expect("every follower served");
             // Close it again, so positions stay few; the closes are not measured.
             trader
                 .call(Request::Close {
@@ -193,8 +144,7 @@ pub(crate) async fn copy_latency(
                 .await?;
             tokio::time::sleep(Duration::from_millis(200)).await; // spacing between measured trades
             // The floor's round, on the machine as this trade found it (its closes done).
-            let floor_round = floor_rounds.round().await?;
-            paired.push(served.as_secs_f64() / floor_round.as_secs_f64().max(1e-6));
+            floor_rounds.round().await?;
         }
         let s = Stats::of(&samples);
         let l = Stats::of(&last);
@@ -204,24 +154,32 @@ pub(crate) async fn copy_latency(
             s.max_ms,
             l.p50_ms
         );
+        // The broker's journal, read once: every copy of the measured trades and every floor
+        // order by its one clock.
+        let journal = copier_node::sim_broker::journal::read(&setup.dir.join("journal.jsonl"))?;
+        let legs = legs_us(&setup.url, &journal, followers * trades).await?;
+        let (each_journal, last_journal) = copies_by_the_journal(&journal, &tickets, followers)?;
+        let (sj, lj) = (Stats::of(&each_journal), Stats::of(&last_journal));
         let _ = writeln!(
             md,
-            "| {followers} | {nodes} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} / {:.2} ms | {:.1}× | {:.1}× |",
+            "| {followers} | {nodes} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} / {:.2} ms | {} | {:.2} ms | {:.1}× | {:.1}× |",
             s.p50_ms,
             s.p99_ms,
             s.max_ms,
             l.p50_ms,
             l.max_ms,
+            sj.show(),
+            lj.p50_ms,
             s.p50_ms / floor,
             s.p99_ms / floor
         );
-        let legs = legs(&setup.url, followers * trades).await?;
-        // The broker's journal, read once: every copy of the measured trades and every floor
-        // order by its one clock.
-        let journal = copier_node::sim_broker::journal::read(&setup.dir.join("journal.jsonl"))?;
-        let (each_journal, last_journal) = copies_by_the_journal(&journal, &tickets, followers)?;
-        let (sj, lj) = (Stats::of(&each_journal), Stats::of(&last_journal));
         let f = floor_rounds.close(&journal).await?;
+        // Per trade: its last follower served over the floor round right after it.
+        let mut paired: Vec<f64> = last_journal
+            .iter()
+            .zip(&f.rounds_journal)
+            .map(|(copy, floor)| copy.as_secs_f64() / floor.as_secs_f64().max(1e-6))
+            .collect();
         paired.sort_by(|a, b| a.total_cmp(b));
         let paired_p50 = paired[(paired.len() - 1) / 2];
         println!(
@@ -236,15 +194,16 @@ pub(crate) async fn copy_latency(
             l.p50_ms / f.last_observed.p50_ms
         );
         let with_leg = match master_leg {
-            None => {
+            _ if followers == 1 => {
                 master_leg = Some((lj.p50_ms - f.last_journal.p50_ms).max(0.0));
                 "(gives the leg)".to_string()
             }
             Some(leg) => format!("{:.1}×", lj.p50_ms / (f.last_journal.p50_ms + leg)),
+            None => "(no one-follower row before it)".to_string(),
         };
         let _ = writeln!(
             floor_md,
-            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.2} ms | {:.1}× | {:.1}× | {paired_p50:.1}× | {with_leg} |",
+            "| {followers} | {nodes} | {} | {:.2} / {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.2} ms | {:.1}× / {:.1}× | {:.1}× | {paired_p50:.1}× | {with_leg} |",
             f.each_journal.show(),
             f.last_journal.p50_ms,
             f.last_journal.max_ms,
@@ -253,15 +212,19 @@ pub(crate) async fn copy_latency(
             lj.show(),
             l.p50_ms,
             lj.p50_ms / f.last_journal.p50_ms,
+            lj.p99_ms / f.last_journal.p99_ms,
             l.p50_ms / f.last_observed.p50_ms
         );
         let _ = writeln!(
             legs_md,
-            "| {followers} | {nodes} | {} | {} | {} | {} |",
+            "| {followers} | {nodes} | {} | {} | {} | {} | {} | {} | {} |",
             legs.copies,
-            legs.fill_to_event.show(),
-            legs.event_to_decision.show(),
-            legs.decision_to_accept.show()
+            legs.fill_to_event.show_us(),
+            legs.event_to_notice.show_us(),
+            legs.notice_to_decided.show_us(),
+            legs.decided_to_sent.show_us(),
+            legs.sent_to_broker.show_us(),
+            legs.broker_to_reply.show_us()
         );
         report.copy.push(CopyRow {
             followers,
@@ -272,7 +235,7 @@ pub(crate) async fn copy_latency(
             latency_journal: sj,
             last_follower_journal: lj,
             floor_ms: floor,
-            legs,
+            legs_us: legs,
             orders_floor: f.each,
             orders_floor_last: f.last,
             orders_floor_observed: f.each_observed,
@@ -286,7 +249,7 @@ pub(crate) async fn copy_latency(
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample. Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' legs from the copy ledger (every copy a sample; each clock at millisecond resolution, so a leg under a millisecond reads 0 or 1): the master's fill at its broker to the event committed by the master's session, the event to the follower's decision (NOTIFY delivery and the follower session's turn), and the decision to the broker's acceptance (the order's round trip, including any wait for the node's broker connection).\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, one round after each measured trade (after the 200 ms that follow it, in which its master position and the copies are closed): as many market orders as the row has followers, sent at once with no copier in the way, {trades} rounds. They are sent by as many separate OS processes as the row has nodes, each with one bridge connection to the broker (a node has one per server), to the simulated broker in a process of its own, as the copies are. Each sender process logs its share of the floor's accounts in as a node's follower sessions are: with a fence, its orders carrying the fence and a client order id of the copies' form, its own position events coming back to it (taken by a task of its own). The floor's accounts are watched as the followers are, so the broker sends the same events in both. Each order is timed three ways: by the broker's journal (its acceptance, on the journal's microsecond clock, from the instant the benchmark told the senders to go), by its reply at its sender, and by its `opened` event at an observer watching every floor account. The copies are timed the same ways: by the journal from the master's fill to each copy's acceptance, and at the observer as in the table above. The journal is the one clock of both, so the journal's ratio is the like-for-like one: the last follower served divided by the floor's last order says how far the copies are from what the broker connections allow. The paired column divides each trade's last follower served by the round after it (the machine as that trade found it; both observed) and takes the median. The floor leaves out the master's leg, which no copy can skip: the master's fill reaching its session, published and announced to the followers' node. The last column adds it, measured in the same run by the journal as the one-follower row's copy less its one floor order ({:.2} ms). Runs before 2026-12-05 sent the floor from the benchmark's own process, whose runtime also ran the simulated broker, and timed it by the observer only; runs before 2026-12-02 timed it by the replies.\n\n{floor_md}",
+        "## Copy latency\n\nFrom the master's order accepted at the broker (its reply at the benchmark) to each follower's copy accepted (its `opened` event at the benchmark, which watches every follower's position stream): {trades} master opens per row, every follower's copy a sample; and by the broker's journal alone, from the master's fill to each copy's journal line (see below). Nodes are `copier-node run` processes; the master and followers spread over them by fair share. Floor, measured in the same run: one NOTIFY delivered to a listener after commit ({:.2} ms) plus one broker round trip ({:.2} ms) = {floor:.2} ms.\n\n{md}\n### Where the time goes\n\nThe same copies' path, each leg p50 / p99 in microseconds (every copy a sample), from the copy ledger's µs instants joined with the broker's journal, all on this machine's one wall clock: the master's fill (its journal line, stamped as the broker takes the request) to the event committed (the database's clock when the master's session first recorded the position, in the publish statement), to the notice received by the follower's node (its LISTEN connection), to the follower's decision (its session's turn), to the order handed to the node's broker connection (after any wait for the copy ledger), to the order at the broker (the copy's journal line), to the broker's reply back at the follower's session. Runs before 2026-12-05 showed three legs on the ledger's millisecond clocks.\n\n{legs_md}\n### The floor for N orders\n\nIn the same run, one round after each measured trade (after the 200 ms that follow it, in which its master position and the copies are closed): as many market orders as the row has followers, sent at once with no copier in the way, {trades} rounds. They are sent by as many separate OS processes as the row has nodes, each with one bridge connection to the broker (a node has one per server), to the simulated broker in a process of its own, as the copies are. Each sender process logs its share of the floor's accounts in as a node's follower sessions are: with a fence, its orders carrying the fence and a client order id of the copies' form, its own position events coming back to it (taken by a task of its own). The floor's accounts are watched as the followers are, so the broker sends the same events in both. Each order is timed from the instant its sender read the benchmark's go (its sender's wall clock, as a node's order starts from its decision) three ways: to its journal line (the same machine's wall clock, stamped as the broker takes the request), to its reply at its sender, and, from the benchmark's go, to its `opened` event at an observer watching every floor account. The copies are timed from the master's fill to each copy's journal line, and at the observer as in the table above. The last follower served divided by the floor's last order, both by the journal, says how far the copies are from what the broker connections allow (the p50 over the p50, and the p99 over the p99); the observed ratio is beside it. The paired column divides each trade's last follower served by the round after it (the machine as that trade found it; both by the journal) and takes the median. The floor leaves out the master's leg, which no copy can skip: the master's fill reaching its session, published and announced to the followers' node. The last column adds it, measured in the same run by the journal as the one-follower row's copy less its one floor order ({:.2} ms). Runs before 2026-12-05 sent the floor from the benchmark's own process, whose runtime also ran the simulated broker, and timed it by its replies and at the observer; runs before 2026-12-02 timed it by the replies only.\n\n{floor_md}",
         report.floors["notify_delivery"].p50_ms,
         report.floors["broker_round_trip"].p50_ms,
         master_leg.unwrap_or(f64::NAN)

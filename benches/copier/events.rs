@@ -225,6 +225,7 @@ async fn run(
                     tp: None,
                     magic: 0,
                     first_seen_ms: None,
+                    first_seen_us: None,
                     open_time_ms: None,
                     contract_size: None,
                     broker_ticket: None,

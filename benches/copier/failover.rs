@@ -65,7 +65,7 @@ pub(crate) async fn failover(
             let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
             trader.wait_ready(Duration::from_secs(10)).await?;
             let journal = setup.dir.join("journal.jsonl");
-            let served = served_again(&journal, followers, "fa", a, signal, async || {
+            let served = served_again(&journal, followers, ("fa", "fb"), a, signal, async || {
                 trader
                     .call(Request::hand_open("m1", "EURUSD", Side::Buy, 0.1))
                     .await?["ticket"]
@@ -110,7 +110,7 @@ pub(crate) async fn failover(
         });
     }
     report.markdown.push(format!(
-        "## Failover and handoff\n\nTwo node processes (lease 3 s, fence 1 s, cycle 500 ms), one master, {followers} followers spread by fair share. The node that started first is killed (`kill -9`) or stopped (SIGTERM); from the signal on, the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the other node. The time runs from the signal to that position's last copy, by the broker's journal (its microsecond clock). The journal names each copy's sender, so a copy the signalled node sent (a stopping node copies on while its prepared receiver logs in) does not count as served by the other. Every copy of those positions is also timed from the master's fill. Floor for kill -9: the lease (3 s), which a crashed node's accounts must wait out.\n\n{md}"
+        "## Failover and handoff\n\nTwo node processes (lease 3 s, fence 1 s, cycle 500 ms), one master, {followers} followers spread by fair share. The node that started first is killed (`kill -9`) or stopped (SIGTERM); from the signal on, the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the other node. The time runs from the signal (the benchmark's wall clock, read just before it sends the signal) to that position's last copy in the broker's journal (its `ts_us`, the same machine's wall clock, stamped as the broker takes the request). The journal names each copy's sender, so a copy the signalled node sent (a stopping node copies on while its prepared receiver logs in) does not count as served by the other. Every copy of those positions is also timed from the master's fill. Floor for kill -9: the lease (3 s), which a crashed node's accounts must wait out.\n\n{md}"
     ));
     Ok(())
 }

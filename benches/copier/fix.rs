@@ -156,9 +156,14 @@ pub(crate) async fn fix_handoff(
                 .await?;
             let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
             trader.wait_ready(Duration::from_secs(10)).await?;
-            let run = served_again(&journal_path, followers, "ha", first, "TERM", async || {
-                hand_open(venue.as_ref(), &trader, Side::Buy).await
-            })
+            let run = served_again(
+                &journal_path,
+                followers,
+                ("ha", "hb"),
+                first,
+                "TERM",
+                async || hand_open(venue.as_ref(), &trader, Side::Buy).await,
+            )
             .await?;
             meanwhile.extend(run.meanwhile);
             by_stopping += run.by_the_signalled;
@@ -192,7 +197,7 @@ pub(crate) async fn fix_handoff(
         });
     }
     report.markdown.push(format!(
-        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM, and from the signal on the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the receiving node: the time from the signal to that position's last copy, by the broker's journal (its microsecond clock; the journal names each copy's sender, so a copy the stopping node sent does not count as served by the receiver). Every copy of those positions is also timed from the master's fill. Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time: the stopping node logs each account out (and waits for the venue's answer) before its release commits, and the new owner's logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see [prepared hand-offs](docs/design/prepared-handoff.md)).\n\n{md}"
+        "## Hand-off over FIX beside the bridge\n\nOne master and {followers} followers on two node processes (lease 3 s, fence 1 s, cycle 500 ms), all on the simulated broker (bridge) or all on the QuickFIX test venue (FIX); the node that started first gets SIGTERM, and from the signal on the master opens a position, waits for every follower's copy and opens the next, until one is copied to every follower by the receiving node: the time from the signal (the benchmark's wall clock) to that position's last copy in the broker's journal (its `ts_us`, the same machine's wall clock; the journal names each copy's sender, so a copy the stopping node sent does not count as served by the receiver). Every copy of those positions is also timed from the master's fill. Over FIX a session identity (SenderCompID, TargetCompID) holds one logon at a time: the stopping node logs each account out (and waits for the venue's answer) before its release commits, and the new owner's logon, the positions and orders it reads and its drop-copy subscription all come after the release. Over the bridge the SIGTERM hand-off is prepared: the receiving node logs each account in without a fence while the stopping node still copies, and raises the fence after its claim (see [prepared hand-offs](docs/design/prepared-handoff.md)).\n\n{md}"
     ));
     Ok(())
 }

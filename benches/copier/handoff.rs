@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::copy::{Legs, legs};
+use crate::legs::{Legs, legs};
 use crate::nodes::{Observer, Setup};
 use crate::stats::Stats;
 use crate::{Options, Pg, Report};

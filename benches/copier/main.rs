@@ -24,6 +24,7 @@ mod failover;
 mod fix;
 mod floors;
 mod handoff;
+mod legs;
 mod nodes;
 mod notify;
 mod orders_floor;

@@ -8,7 +8,9 @@
 //! session takes the session's own position events, as the node's follower tasks do), says
 //! `ready`, and then for each `open <marker> <buy|sell>` line on its stdin sends one market order
 //! per session at once (the copies' marker comment and a client order id of the copies' form) and
-//! answers `done` with each reply's instant (Unix µs); `close` closes them again (not timed).
+//! answers `done <go> <replies>`: the instant it read the line and each reply's (Unix µs); `close`
+//! closes them again (not timed). Each order is timed from its own sender's `go`, so the pipe and
+//! the sender's wake-up are not in the floor (a node's decision starts its order the same way).
 
 use std::collections::HashSet;
 use std::process::Stdio;
@@ -72,8 +74,10 @@ pub(crate) struct OrdersFloor {
     senders: Vec<Sender>,
     observer: Observer,
     n: usize,
-    /// Each round's marker and its start (Unix µs), for the journal's figures.
-    starts: Vec<(i64, i64)>,
+    /// The first floor account of each sender, and one past the last sender's.
+    bounds: Vec<usize>,
+    /// Each round's marker and each sender's `go` (Unix µs), for the journal's figures.
+    starts: Vec<(i64, Vec<i64>)>,
     /// Every order's time to its reply, at its sender.
     each: Vec<Duration>,
     /// The last reply's, per round.
@@ -94,6 +98,8 @@ pub(crate) struct FloorFigures {
     /// start.
     pub(crate) each_journal: Stats,
     pub(crate) last_journal: Stats,
+    /// The last order's by the journal, per round in order (to pair each with its trade).
+    pub(crate) rounds_journal: Vec<Duration>,
 }
 
 impl OrdersFloor {
@@ -107,8 +113,9 @@ impl OrdersFloor {
         let observer = Observer::new(broker, &logins).await?;
         let exe = std::env::current_exe().context("the benchmark's own executable")?;
         let mut started = Vec::with_capacity(senders);
+        let bounds: Vec<usize> = (0..=senders).map(|c| c * n / senders).collect();
         for c in 0..senders {
-            let (from, to) = (c * n / senders, (c + 1) * n / senders);
+            let (from, to) = (bounds[c], bounds[c + 1]);
             let mut child = tokio::process::Command::new(&exe)
                 .args(["--floor-sender", broker, &format!("floor{c}")])
                 .args([from.to_string(), (to - from).to_string()])
@@ -134,6 +141,7 @@ impl OrdersFloor {
             senders: started,
             observer,
             n,
+            bounds,
             starts: Vec::new(),
             each: Vec::new(),
             last: Vec::new(),
@@ -151,8 +159,6 @@ impl OrdersFloor {
         };
         let marker = FLOOR_MARKER + self.starts.len() as i64;
         let start = Instant::now();
-        let start_us = unix_us();
-        self.starts.push((marker, start_us));
         for s in &mut self.senders {
             s.say(&format!("open {marker} {side}")).await?;
         }
@@ -171,19 +177,24 @@ impl OrdersFloor {
         }
         self.last_observed.push(observed);
         let mut slowest = Duration::ZERO;
+        let mut gos = Vec::with_capacity(self.senders.len());
         for s in &mut self.senders {
             let line = s.hear().await?;
-            let replies = line
+            let (go, replies) = line
                 .strip_prefix("done ")
+                .and_then(|rest| rest.split_once(' '))
                 .with_context(|| format!("a floor sender said {line:?}, not done"))?;
+            let go: i64 = go.parse().context("a sender's go")?;
+            gos.push(go);
             for at in replies.split(',').filter(|r| !r.is_empty()) {
                 let at: i64 = at.parse().context("a reply's instant")?;
-                let took = between(start_us, at);
+                let took = between(go, at);
                 slowest = slowest.max(took);
                 self.each.push(took);
             }
         }
         self.last.push(slowest);
+        self.starts.push((marker, gos));
         // Closed again, so the floor accounts' positions stay few (not timed).
         for s in &mut self.senders {
             s.say("close").await?;
@@ -211,7 +222,7 @@ impl OrdersFloor {
         let opens = opens_by_ticket(journal);
         let mut each_journal = Vec::new();
         let mut last_journal = Vec::new();
-        for (marker, start_us) in &self.starts {
+        for (marker, gos) in &self.starts {
             let orders = opens.get(marker).map(Vec::as_slice).unwrap_or_default();
             anyhow::ensure!(
                 orders.len() == self.n,
@@ -219,10 +230,16 @@ impl OrdersFloor {
                 orders.len(),
                 self.n
             );
-            let took: Vec<Duration> = orders
-                .iter()
-                .map(|(_, _, at)| between(*start_us, *at))
-                .collect();
+            let mut took = Vec::with_capacity(orders.len());
+            for (login, _, at) in orders {
+                let i: usize = login
+                    .strip_prefix('x')
+                    .and_then(|i| i.parse().ok())
+                    .with_context(|| format!("a floor order on {login}"))?;
+                // Its sender: the one whose accounts run from bounds[c] to bounds[c + 1].
+                let c = self.bounds.partition_point(|b| *b <= i) - 1;
+                took.push(between(gos[c], *at));
+            }
             last_journal.push(took.iter().copied().max().unwrap_or_default());
             each_journal.extend(took);
         }
@@ -233,6 +250,7 @@ impl OrdersFloor {
             last_observed: Stats::of(&self.last_observed),
             each_journal: Stats::of(&each_journal),
             last_journal: Stats::of(&last_journal),
+            rounds_journal: last_journal,
         })
     }
 }
@@ -285,6 +303,7 @@ async fn sender(args: &[String]) -> anyhow::Result<()> {
         let words: Vec<&str> = line.split_whitespace().collect();
         let answer = match words.as_slice() {
             ["open", marker, side] => {
+                let go = unix_us();
                 let marker: i64 = marker.parse().context("marker")?;
                 let side = if *side == "buy" {
                     Side::Buy
@@ -318,7 +337,7 @@ async fn sender(args: &[String]) -> anyhow::Result<()> {
                     replies.push(at.to_string());
                     opened.push((api, ticket));
                 }
-                format!("done {}", replies.join(","))
+                format!("done {go} {}", replies.join(","))
             }
             ["close"] => {
                 let mut closes = tokio::task::JoinSet::new();

@@ -37,4 +37,13 @@ impl Stats {
     pub(crate) fn show(&self) -> String {
         format!("{:.2} / {:.2} ms", self.p50_ms, self.p99_ms)
     }
+
+    /// p50 / p99 in microseconds.
+    pub(crate) fn show_us(&self) -> String {
+        format!(
+            "{:.0} / {:.0} µs",
+            self.p50_ms * 1000.0,
+            self.p99_ms * 1000.0
+        )
+    }
 }

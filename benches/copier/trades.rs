@@ -82,11 +82,11 @@ pub(crate) fn copies_of(
     (copies.len() == followers).then_some((us(master), copies))
 }
 
-/// A node stopped (SIGTERM) or killed (`kill -9`), until the others serve every follower, by the
-/// broker's journal alone.
+/// A node stopped (SIGTERM) or killed (`kill -9`), until the receiving node serves every
+/// follower, by the broker's journal (and the signal's instant on the same wall clock).
 pub(crate) struct ServedAgain {
-    /// From the signal to the last copy of the first master trade that nodes other than the
-    /// signalled one copied to every follower.
+    /// From the signal to the last copy of the first master trade that the receiving node copied
+    /// to every follower.
     pub(crate) after: Duration,
     /// Every copy of the master trades placed from the signal until then: master fill to copy.
     pub(crate) meanwhile: Vec<Duration>,
@@ -97,16 +97,18 @@ pub(crate) struct ServedAgain {
 
 /// Sends `signal` to the node process `pid` (node id `node`); from the signal on, `open` places a
 /// master trade by hand, the journal is read until every one of `followers` has its copy, and the
-/// next is placed, until one is copied to every follower by other nodes (the journal names each
-/// copy's sender, so a copy the signalled node sent does not count as served by its receivers).
+/// next is placed, until one is copied to every follower by node `receiver` (the journal names
+/// each copy's sender, so a copy the signalled node sent does not count as served by the
+/// receiver). At most a minute from the signal.
 pub(crate) async fn served_again(
     journal: &Path,
     followers: usize,
-    node: &str,
+    (node, receiver): (&str, &str),
     pid: u32,
     signal: &str,
     mut open: impl AsyncFnMut() -> anyhow::Result<i64>,
 ) -> anyhow::Result<ServedAgain> {
+    let deadline = Instant::now() + Duration::from_secs(60);
     let signalled = copier_node::wall_clock::unix_us();
     let status = tokio::process::Command::new("kill")
         .arg(format!("-{signal}"))
@@ -117,6 +119,11 @@ pub(crate) async fn served_again(
     let mut meanwhile = Vec::new();
     let mut by_the_signalled = 0;
     loop {
+        if Instant::now() > deadline {
+            bail!(
+                "{receiver} did not copy a master trade to every follower within 60 s of the {signal} of {node}"
+            );
+        }
         let ticket = open().await?;
         let (master, copies) = wait_journal(journal, "every follower's copy", |l| {
             copies_of(l, ticket, followers)
@@ -126,7 +133,7 @@ pub(crate) async fn served_again(
             meanwhile.push(between(master, *at));
         }
         by_the_signalled += copies.iter().filter(|(c, _)| c == node).count();
-        if copies.iter().all(|(c, _)| c != node) {
+        if copies.iter().all(|(c, _)| c == receiver) {
             let last = copies
                 .iter()
                 .map(|(_, at)| *at)

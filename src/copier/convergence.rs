@@ -390,6 +390,7 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
                     tp: stops.then_some(if *buy { 1.2 } else { 1.0 }),
                     magic: 0,
                     first_seen_ms: Some(1),
+                    first_seen_us: None,
                     open_time_ms: None,
                     contract_size: None,
                     broker_ticket: None,

@@ -512,13 +512,13 @@ impl Master<'_> {
         );
         let result = self.ctx.node.master_publisher.write(write).await;
         match result {
-            Ok(Published::Stored { first_seen_ms }) => {
+            Ok(Published::Stored { first_seen }) => {
                 debug!(seq, kind = event.kind(), "master event published");
                 self.ctx.node.metrics.events_published.inc();
                 self.seq = seq;
                 self.dirty = false;
                 let (mut positions, mut orders) = (positions, orders);
-                db::copy::stamp_first_seen(first_seen_ms, &mut positions, &mut orders);
+                db::copy::stamp_first_seen(first_seen, &mut positions, &mut orders);
                 self.adopt_stored(positions, orders);
                 self.ctx.set_status(format!(
                     "master: published epoch {epoch} seq {seq} ({} open positions, {} pending orders)",
@@ -600,12 +600,14 @@ impl Master<'_> {
         for (t, p) in &self.published {
             if let Some(v) = self.view.get_mut(t) {
                 v.first_seen_ms = p.first_seen_ms;
+                v.first_seen_us = p.first_seen_us;
             }
         }
         self.published_orders = orders.into_iter().map(|o| (o.ticket, o)).collect();
         for (t, o) in &self.published_orders {
             if let Some(v) = self.orders.get_mut(t) {
                 v.first_seen_ms = o.first_seen_ms;
+                v.first_seen_us = o.first_seen_us;
             }
         }
     }
@@ -631,6 +633,7 @@ fn from_broker(p: &Position, known: Option<&MasterPosition>) -> MasterPosition {
         tp: p.tp,
         magic: p.magic,
         first_seen_ms: known.and_then(|k| k.first_seen_ms),
+        first_seen_us: known.and_then(|k| k.first_seen_us),
         open_time_ms: (p.open_time_ms > 0)
             .then_some(p.open_time_ms)
             .or(known.and_then(|k| k.open_time_ms)),
@@ -660,6 +663,7 @@ fn from_order(o: &PendingOrder, known: Option<&MasterOrder>, offset_ms: i64) -> 
         expiry_utc_ms,
         magic: o.magic,
         first_seen_ms: known.and_then(|k| k.first_seen_ms),
+        first_seen_us: known.and_then(|k| k.first_seen_us),
         contract_size: known.and_then(|k| k.contract_size),
     }
 }
@@ -767,6 +771,7 @@ mod tests {
     fn known(ticket: i64, volume: f64, seen: i64) -> MasterPosition {
         MasterPosition {
             first_seen_ms: Some(seen),
+            first_seen_us: None,
             open_time_ms: None,
             contract_size: None,
             ..from_broker(&pos(ticket, volume), None)

@@ -520,6 +520,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                     expiry_utc_ms: None,
                     magic: 0,
                     first_seen_ms: Some(1),
+                    first_seen_us: None,
                     contract_size: None,
                 };
                 master.orders.push(o.clone());
@@ -538,6 +539,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 let o = master.orders.remove(i);
                 let position = MasterPosition {
                     first_seen_ms: Some(2),
+                    first_seen_us: None,
                     ..o.as_position()
                 };
                 master.positions.push(position.clone());

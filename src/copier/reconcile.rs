@@ -695,6 +695,7 @@ mod tests {
             tp: None,
             magic: 0,
             first_seen_ms: Some(2_000),
+            first_seen_us: None,
             open_time_ms: None,
             contract_size: None,
             broker_ticket: None,
@@ -1133,6 +1134,7 @@ mod tests {
             expiry_utc_ms: Some(10_000_000),
             magic: 0,
             first_seen_ms: Some(2_000),
+            first_seen_us: None,
             contract_size: None,
         }
     }

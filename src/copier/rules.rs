@@ -678,6 +678,7 @@ mod tests {
             tp: Some(1.12),
             magic: 0,
             first_seen_ms: Some(2_000),
+            first_seen_us: None,
             open_time_ms: None,
             contract_size: None,
             broker_ticket: None,
@@ -1010,6 +1011,7 @@ mod tests {
     fn links_copy_only_later_positions_unless_copy_existing() {
         let earlier = MasterPosition {
             first_seen_ms: Some(500),
+            first_seen_us: None,
             open_time_ms: None,
             contract_size: None,
             ..position(1.0)

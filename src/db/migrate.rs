@@ -108,6 +108,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "copy opened volume",
         include_str!("../../migrations/0019_copy_opened_volume.sql"),
     ),
+    (
+        20,
+        "copy legs us",
+        include_str!("../../migrations/0020_copy_legs_us.sql"),
+    ),
 ];
 
 /// The migrator over the embedded migrations. Applied versions this binary does not know

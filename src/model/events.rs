@@ -85,6 +85,7 @@ mod tests {
                     tp: Some(1990.0),
                     magic: 0,
                     first_seen_ms: Some(1_796_000_000_000),
+                    first_seen_us: None,
                     open_time_ms: None,
                     contract_size: None,
                     broker_ticket: None,

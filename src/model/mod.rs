@@ -32,6 +32,9 @@ pub struct MasterPosition {
     /// When a master session first recorded the position, on the database's clock (Unix ms);
     /// `None` until the database stamps it.
     pub first_seen_ms: Option<i64>,
+    /// The same instant in microseconds (`None` in snapshots from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen_us: Option<i64>,
     /// When the master's broker filled it, on the broker's clock (Unix ms; `None` when the
     /// broker did not say, or in snapshots from before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -72,6 +75,9 @@ pub struct MasterOrder {
     /// When a master session first recorded the order (database clock, Unix ms); `None` until the
     /// database stamps it.
     pub first_seen_ms: Option<i64>,
+    /// The same instant in microseconds (`None` in snapshots from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contract_size: Option<f64>,
 }
@@ -90,6 +96,7 @@ impl MasterOrder {
             tp: self.tp,
             magic: self.magic,
             first_seen_ms: self.first_seen_ms,
+            first_seen_us: self.first_seen_us,
             open_time_ms: None,
             contract_size: self.contract_size,
             broker_ticket: None,

@@ -587,6 +587,7 @@ fn master_position(ticket: i64, volume: f64) -> MasterPosition {
         magic: 0,
         // Recorded long after any link here took effect.
         first_seen_ms: Some(4_000_000_000_000),
+        first_seen_us: None,
         open_time_ms: None,
         contract_size: None,
         broker_ticket: None,
@@ -840,6 +841,7 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
     let known = master_position(7, 0.2);
     let known = MasterPosition {
         first_seen_ms: Some(SEEN),
+        first_seen_us: None,
         ..known
     };
     let order = MasterOrder {
@@ -855,6 +857,7 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
         expiry_utc_ms: None,
         magic: 0,
         first_seen_ms: None,
+        first_seen_us: None,
         contract_size: None,
     };
     let clock = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -875,15 +878,29 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    let Published::Stored {
-        first_seen_ms: stamp,
-    } = outcome
-    else {
+    let Published::Stored { first_seen } = outcome else {
         panic!("the owner's publish was refused: {outcome:?}");
     };
+    let (stamp, stamp_us) = (first_seen.ms, first_seen.us);
     assert!(
         (before..=after).contains(&stamp),
         "stamped {stamp}, the database's clock read {before}..{after}"
+    );
+    assert!(
+        (stamp * 1000 - stamp_us).abs() <= 500,
+        "the µs stamp {stamp_us} is the ms stamp {stamp}'s instant"
+    );
+    let stored_us: (Option<i64>, Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT (positions -> 0 ->> 'first_seen_us')::bigint, (positions -> 1 ->> 'first_seen_us')::bigint, \
+                (orders -> 0 ->> 'first_seen_us')::bigint FROM master_state WHERE master_id = 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored_us,
+        (Some(stamp_us), None, Some(stamp_us)),
+        "the new position and order stamped in µs too, the known one left without"
     );
     let stored: (i64, Option<i64>, String, i64, Option<i64>, Option<i64>) = sqlx::query_as(
         "SELECT (positions -> 0 ->> 'ticket')::bigint, (positions -> 0 ->> 'first_seen_ms')::bigint, \
@@ -912,9 +929,10 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
         .unwrap();
     let notice: serde_json::Value = serde_json::from_str(notice.payload()).unwrap();
     assert_eq!(notice["position"]["first_seen_ms"], stamp, "{notice}");
+    assert_eq!(notice["position"]["first_seen_us"], stamp_us, "{notice}");
     assert_eq!(notice["position"]["symbol"], tricky, "{notice}");
     // The caller's copy of what was stored, stamped the same way; the next publish stamps nothing.
-    stamp_first_seen(stamp, &mut positions, &mut orders);
+    stamp_first_seen(first_seen, &mut positions, &mut orders);
     assert_eq!(
         (
             positions[1].first_seen_ms,
@@ -922,6 +940,15 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
             orders[0].first_seen_ms
         ),
         (Some(stamp), Some(SEEN), Some(stamp))
+    );
+    assert_eq!(
+        (
+            positions[1].first_seen_us,
+            positions[0].first_seen_us,
+            orders[0].first_seen_us
+        ),
+        (Some(stamp_us), None, Some(stamp_us)),
+        "the known position keeps its time, and gains no µs one"
     );
     let c = &mut conn;
     eventually("the database's clock moves on", WAIT, async || {

@@ -63,11 +63,11 @@ fn headline(b: &Value) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
     let one = copy(1, 1);
     rows.push((
-        "a copy, one follower (master's fill to the copy's)".into(),
+        "a copy, one follower (master's fill to the copy's, broker's clock)".into(),
         format!(
             "{} / {}",
-            ms(&one["latency"]["p50_ms"]),
-            ms(&one["latency"]["p99_ms"])
+            ms(&one["latency_journal"]["p50_ms"]),
+            ms(&one["latency_journal"]["p99_ms"])
         ),
         "Copy latency".into(),
     ));

@@ -74,6 +74,25 @@ async fn every_copy_has_its_ledger_row_with_prices_and_latency_legs() {
     assert!(decided <= accepted, "{row}");
     // All clocks are this machine's here: the legs are short and in order within a loose bound.
     assert!(event - fill > -1000 && decided - event > -1000, "{row}");
+    // The same path in µs: the node-clock instants in order, each the ms column's instant.
+    let (event_us, notice_us, decided_us, sent_us, accepted_us) = (
+        at("event_committed_us"),
+        at("notice_us"),
+        at("decided_us"),
+        at("sent_us"),
+        at("accepted_us"),
+    );
+    assert!(
+        notice_us <= decided_us && decided_us <= sent_us && sent_us <= accepted_us,
+        "{row}"
+    );
+    assert_eq!(
+        (decided_us.div_euclid(1000), accepted_us.div_euclid(1000)),
+        (decided, accepted),
+        "{row}"
+    );
+    assert!((event_us - event * 1000).abs() <= 1000, "{row}");
+    assert!(notice_us - event_us > -1_000_000, "{row}");
     assert_eq!(row["found_by_reconcile"], false);
 
     let text = run_to_end(&["copies", "2"], &[("DATABASE_URL", s.db.url.as_str())]).1;
@@ -290,6 +309,11 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
             event_committed_ms: Some(2),
             decided_ms: None,
             accepted_ms: Some(4),
+            event_committed_us: Some(2_000),
+            notice_us: Some(2_500),
+            decided_us: None,
+            sent_us: Some(3_500),
+            accepted_us: Some(4_000),
             found_by_reconcile: false,
             opened_volume: None,
         },
@@ -331,6 +355,18 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
     .await
     .unwrap();
     assert_eq!((master_login.as_str(), decided), ("m1", None));
+    let us: Vec<Option<i64>> = sqlx::query_scalar(
+        "SELECT ARRAY[event_committed_us, notice_us, decided_us, sent_us, accepted_us] \
+           FROM copy_ledger WHERE follower_id = 5 AND follower_ticket = 503",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        us,
+        [Some(2_000), Some(2_500), None, Some(3_500), Some(4_000)],
+        "each µs instant in its own column"
+    );
 }
 
 /// A follower sends no order while one of its earlier copies has no ledger row yet: a later owner

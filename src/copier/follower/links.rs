@@ -122,7 +122,7 @@ impl Follower<'_> {
                     reason: "its link was removed (on_remove = close)",
                     client_order_id: intent::cancel(r.link_id, master_ticket, ticket),
                 };
-                if self.execute(&link, action, None).await == Sent::Gated {
+                if self.execute(&link, action, None, None).await == Sent::Gated {
                     return;
                 }
             }
@@ -247,7 +247,7 @@ impl Follower<'_> {
             reason,
             client_order_id: intent::close(link.id, master_ticket, ticket),
         };
-        self.execute(link, action, None).await
+        self.execute(link, action, None, None).await
     }
 }
 

@@ -327,8 +327,7 @@ impl Follower<'_> {
                     p.ticket,
                     p.open_price,
                     source,
-                    None,
-                    None,
+                    send::Clocks::default(),
                 );
                 self.record_copy(&record);
             }
@@ -570,7 +569,7 @@ impl Follower<'_> {
                     .iter()
                     .find(|p| p.ticket == action.master_ticket())
                     .cloned();
-                if self.execute(&link, action, source.as_ref()).await == Sent::Gated {
+                if self.execute(&link, action, source.as_ref(), None).await == Sent::Gated {
                     break;
                 }
             }
@@ -634,6 +633,8 @@ impl Follower<'_> {
     }
 
     async fn on_notice(&mut self, n: std::sync::Arc<MasterNotice>, received: Instant) {
+        // When the notice reached the node, on the wall clock the copy ledger's instants use.
+        let heard_us = crate::wall_clock::unix_us() - received.elapsed().as_micros() as i64;
         let Some(view) = self.masters.get(&n.master) else {
             if self.links.list.iter().any(|l| l.master_id == n.master) {
                 self.reconcile_master(n.master, "event before the first reconcile")
@@ -718,7 +719,10 @@ impl Follower<'_> {
                     continue;
                 }
                 let opens = matches!(action, Action::Open { .. });
-                match self.execute(&link, action, position.as_ref()).await {
+                match self
+                    .execute(&link, action, position.as_ref(), Some(heard_us))
+                    .await
+                {
                     Sent::Accepted if opens => self
                         .ctx
                         .node

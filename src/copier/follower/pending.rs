@@ -301,8 +301,10 @@ impl Follower<'_> {
             p.ticket,
             p.open_price,
             source.as_ref(),
-            None,
-            Some(crate::wall_clock::unix_ms()),
+            super::send::Clocks {
+                accepted_us: Some(crate::wall_clock::unix_us()),
+                ..Default::default()
+            },
         );
         self.record_copy(&record);
     }

@@ -52,13 +52,16 @@ impl Follower<'_> {
     /// Sends one action. `Gated` when the gate refused it (the rest of a plan is not sent either).
     /// Carries out one action of the plan. `source`: the master position it copies, as the
     /// follower knows it (its price and times go to the copy ledger).
+    /// `heard_us`: when the master event's notice it acts on reached the node (Unix µs; `None`
+    /// when a reconcile decided it).
     pub(super) async fn execute(
         &mut self,
         link: &Link,
         action: Action,
         source: Option<&MasterPosition>,
+        heard_us: Option<i64>,
     ) -> Sent {
-        let decided_ms = crate::wall_clock::unix_ms();
+        let decided_us = crate::wall_clock::unix_us();
         let master_ticket = action.master_ticket();
         match &action {
             Action::Skip { code, reason, .. } => {
@@ -94,6 +97,7 @@ impl Follower<'_> {
         );
         let (kind, result) = match action {
             Action::Open { order, base, .. } => {
+                let sent_us = crate::wall_clock::unix_us();
                 let result = {
                     let _sending = self.ctx.node.orders.sending();
                     self.api.open(order.clone()).await
@@ -116,8 +120,12 @@ impl Follower<'_> {
                             fill.ticket,
                             fill.price,
                             source,
-                            Some(decided_ms),
-                            Some(crate::wall_clock::unix_ms()),
+                            Clocks {
+                                notice_us: heard_us,
+                                decided_us: Some(decided_us),
+                                sent_us: Some(sent_us),
+                                accepted_us: Some(crate::wall_clock::unix_us()),
+                            },
                         );
                         if fill.duplicate && fill.volume.is_none() {
                             // The first attempt's fill, which may have been sized otherwise: what
@@ -483,22 +491,42 @@ impl Follower<'_> {
             ..record.clone()
         };
         let metrics = &self.ctx.node.metrics;
+        // Each leg in seconds: from the µs instants where both ends have one, else from the ms
+        // ones (the master's fill is the broker's, in ms).
+        let seconds = |us: (Option<i64>, Option<i64>), ms: (Option<i64>, Option<i64>)| {
+            us.0.zip(us.1)
+                .map(|(from, to)| (to - from).max(0) as f64 / 1e6)
+                .or_else(|| {
+                    ms.0.zip(ms.1)
+                        .map(|(from, to)| (to - from).max(0) as f64 / 1e3)
+                })
+        };
         let legs = [
             (
                 "master_fill_to_event",
-                record.master_fill_ms,
-                record.event_committed_ms,
+                seconds(
+                    (None, None),
+                    (record.master_fill_ms, record.event_committed_ms),
+                ),
             ),
             (
                 "event_to_decision",
-                record.event_committed_ms,
-                record.decided_ms,
+                seconds(
+                    (record.event_committed_us, record.decided_us),
+                    (record.event_committed_ms, record.decided_ms),
+                ),
             ),
-            ("decision_to_accept", record.decided_ms, record.accepted_ms),
+            (
+                "decision_to_accept",
+                seconds(
+                    (record.decided_us, record.accepted_us),
+                    (record.decided_ms, record.accepted_ms),
+                ),
+            ),
         ];
-        for (leg, from, to) in legs {
-            if let (Some(from), Some(to)) = (from, to) {
-                metrics.copy_leg(leg, (to - from).max(0) as f64 / 1000.0);
+        for (leg, took) in legs {
+            if let Some(took) = took {
+                metrics.copy_leg(leg, took);
             }
         }
         let ticket = record.follower_ticket;
@@ -611,8 +639,18 @@ fn ledger_outcome(ticket: i64, outcome: Result<bool, String>) {
     }
 }
 
+/// A copy's instants on the follower node's clock (Unix µs), where it went through them: the
+/// notice of the master event it copies received, its decision, its order handed to the broker
+/// connection, and the broker's reply. A copy without a reply is one a reconcile found.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Clocks {
+    pub(super) notice_us: Option<i64>,
+    pub(super) decided_us: Option<i64>,
+    pub(super) sent_us: Option<i64>,
+    pub(super) accepted_us: Option<i64>,
+}
+
 /// The ledger's row for a copy of `master_ticket` under `link`, filled as `ticket` at `price`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn copy_record(
     link: &Link,
     master_ticket: i64,
@@ -620,9 +658,9 @@ pub(super) fn copy_record(
     ticket: i64,
     price: f64,
     source: Option<&MasterPosition>,
-    decided_ms: Option<i64>,
-    accepted_ms: Option<i64>,
+    clocks: Clocks,
 ) -> CopyRecord {
+    let ms = |us: Option<i64>| us.map(|us| us.div_euclid(1000));
     let requested = source.map(|m| m.open_price).filter(|p| *p > 0.0);
     // Positive when the copy filled worse than the master's price, for the copy's side.
     let slippage = requested.map(|r| (price - r) * order.side.sign());
@@ -648,9 +686,14 @@ pub(super) fn copy_record(
         slippage_points: None,
         master_fill_ms: source.and_then(|m| m.open_time_ms),
         event_committed_ms: source.and_then(|m| m.first_seen_ms),
-        decided_ms,
-        accepted_ms,
-        found_by_reconcile: accepted_ms.is_none(),
+        decided_ms: ms(clocks.decided_us),
+        accepted_ms: ms(clocks.accepted_us),
+        event_committed_us: source.and_then(|m| m.first_seen_us),
+        notice_us: clocks.notice_us,
+        decided_us: clocks.decided_us,
+        sent_us: clocks.sent_us,
+        accepted_us: clocks.accepted_us,
+        found_by_reconcile: clocks.accepted_us.is_none(),
         opened_volume: Some(order.volume),
     }
 }

@@ -26,6 +26,15 @@ pub struct CopyRecord {
     pub event_committed_ms: Option<i64>,
     pub decided_ms: Option<i64>,
     pub accepted_ms: Option<i64>,
+    /// A live copy's path in microseconds (`migrations/0020_copy_legs_us.sql`): the event
+    /// committed (the database's clock), and on the follower node's clock the master event's
+    /// notice received, the decision, the order handed to the broker connection and the broker's
+    /// reply. `None` where the copy did not go through it, or where it was not recorded.
+    pub event_committed_us: Option<i64>,
+    pub notice_us: Option<i64>,
+    pub decided_us: Option<i64>,
+    pub sent_us: Option<i64>,
+    pub accepted_us: Option<i64>,
     pub found_by_reconcile: bool,
     /// What the copy opened with, when known (`migrations/0019_copy_opened_volume.sql`): a new
     /// owner's floor for its opening volume. Not shown by `copies`.
@@ -63,7 +72,8 @@ pub async fn recent(
     let rows = sqlx::query(
         "SELECT server, login, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume, requested_price,
                 filled_price, slippage, slippage_bps, slippage_points, master_fill_ms, event_committed_ms,
-                decided_ms, accepted_ms, found_by_reconcile
+                decided_ms, accepted_ms, event_committed_us, notice_us, decided_us, sent_us, accepted_us,
+                found_by_reconcile
            FROM copy_ledger WHERE follower_id = $1 ORDER BY recorded_at DESC, follower_ticket DESC LIMIT $2",
     )
     .bind(follower_id)
@@ -91,6 +101,11 @@ pub async fn recent(
                 event_committed_ms: r.try_get("event_committed_ms")?,
                 decided_ms: r.try_get("decided_ms")?,
                 accepted_ms: r.try_get("accepted_ms")?,
+                event_committed_us: r.try_get("event_committed_us")?,
+                notice_us: r.try_get("notice_us")?,
+                decided_us: r.try_get("decided_us")?,
+                sent_us: r.try_get("sent_us")?,
+                accepted_us: r.try_get("accepted_us")?,
                 found_by_reconcile: r.try_get("found_by_reconcile")?,
                 opened_volume: None,
             })
@@ -271,20 +286,23 @@ pub async fn record_copies(
 INSERT INTO copy_ledger (follower_id, follower_ticket, link_id, master_id, master_ticket, symbol, side, volume,
                          requested_price, filled_price, slippage, slippage_bps, master_fill_ms,
                          event_committed_ms, decided_ms, accepted_ms, found_by_reconcile, node_id, owner_epoch,
-                         server, login, master_server, master_login, slippage_points, opened_volume)
+                         server, login, master_server, master_login, slippage_points, opened_volume,
+                         event_committed_us, notice_us, decided_us, sent_us, accepted_us)
 SELECT a.id, r.follower_ticket, r.link_id, r.master_id, r.master_ticket, r.symbol, r.side, r.volume,
        r.requested_price, r.filled_price, r.slippage, r.slippage_bps, r.master_fill_ms,
        r.event_committed_ms, r.decided_ms, r.accepted_ms, r.found_by_reconcile, r.node_id, r.owner_epoch,
        r.server, r.login, coalesce(m.server, ''), coalesce(m.login, ''), r.slippage_points,
-       r.opened_volume
+       r.opened_volume, r.event_committed_us, r.notice_us, r.decided_us, r.sent_us, r.accepted_us
   FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
               $7::bigint[], $8::text[], $9::text[], $10::float8[], $11::float8[], $12::float8[],
               $13::float8[], $14::float8[], $15::bigint[], $16::bigint[], $17::bigint[],
-              $18::bigint[], $19::bool[], $20::text[], $21::text[], $22::float8[], $23::float8[])
+              $18::bigint[], $19::bool[], $20::text[], $21::text[], $22::float8[], $23::float8[],
+              $24::bigint[], $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[])
        AS r(follower_id, node_id, owner_epoch, follower_ticket, link_id, master_id, master_ticket,
             symbol, side, volume, requested_price, filled_price, slippage, slippage_bps,
             master_fill_ms, event_committed_ms, decided_ms, accepted_ms, found_by_reconcile,
-            server, login, slippage_points, opened_volume)
+            server, login, slippage_points, opened_volume,
+            event_committed_us, notice_us, decided_us, sent_us, accepted_us)
   JOIN trading_accounts a
     ON a.id = r.follower_id AND a.node_id = r.node_id AND a.owner_epoch = r.owner_epoch
   LEFT JOIN trading_accounts m ON m.id = r.master_id
@@ -295,6 +313,7 @@ RETURNING follower_id, server, login, follower_ticket, owner_epoch
     let col = |f: fn(&CopyWrite) -> i64| writes.iter().map(f).collect::<Vec<_>>();
     let opt =
         |f: fn(&CopyRecord) -> Option<f64>| writes.iter().map(|w| f(&w.record)).collect::<Vec<_>>();
+    // An instant column (ms or µs).
     let ms =
         |f: fn(&CopyRecord) -> Option<i64>| writes.iter().map(|w| f(&w.record)).collect::<Vec<_>>();
     let text =
@@ -333,6 +352,11 @@ RETURNING follower_id, server, login, follower_ticket, owner_epoch
         .bind(text(|w| &w.record.login))
         .bind(opt(|r| r.slippage_points))
         .bind(opt(|r| r.opened_volume))
+        .bind(ms(|r| r.event_committed_us))
+        .bind(ms(|r| r.notice_us))
+        .bind(ms(|r| r.decided_us))
+        .bind(ms(|r| r.sent_us))
+        .bind(ms(|r| r.accepted_us))
         .fetch_all(conn)
         .await?;
     let written: std::collections::HashSet<(i64, String, String, i64, i64)> =

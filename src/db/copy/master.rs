@@ -76,24 +76,34 @@ pub enum Published {
     /// Stored and announced. The positions and orders published without a `first_seen_ms` were
     /// stored (and announced) with this one, the database's clock ([`stamp_first_seen`] gives the
     /// caller the stored snapshot).
-    Stored { first_seen_ms: i64 },
+    Stored { first_seen: FirstSeen },
     /// Nothing stored: this (node, epoch) no longer owns the master, or (epoch, seq) does not
     /// follow what is stored. The caller re-reads the state to tell which.
     Refused,
 }
 
-/// Stamps what a publish stored with `first_seen_ms` (from [`Published::Stored`]): every
-/// position and order that went out without a first-seen time, as the database did.
+/// The instant a publish stamped on what it first recorded (the database's clock): Unix ms, as
+/// `first_seen_ms` has always been, and the same instant in µs (`first_seen_us`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirstSeen {
+    pub ms: i64,
+    pub us: i64,
+}
+
+/// Stamps what a publish stored with `first_seen` (from [`Published::Stored`]): every position
+/// and order that went out without a first-seen time, as the database did.
 pub fn stamp_first_seen(
-    first_seen_ms: i64,
+    first_seen: FirstSeen,
     positions: &mut [MasterPosition],
     orders: &mut [MasterOrder],
 ) {
-    for p in positions {
-        p.first_seen_ms.get_or_insert(first_seen_ms);
+    for p in positions.iter_mut().filter(|p| p.first_seen_ms.is_none()) {
+        p.first_seen_ms = Some(first_seen.ms);
+        p.first_seen_us = Some(first_seen.us);
     }
-    for o in orders {
-        o.first_seen_ms.get_or_insert(first_seen_ms);
+    for o in orders.iter_mut().filter(|o| o.first_seen_ms.is_none()) {
+        o.first_seen_ms = Some(first_seen.ms);
+        o.first_seen_us = Some(first_seen.us);
     }
 }
 
@@ -245,19 +255,21 @@ owner AS (
        FOR KEY SHARE OF a
 ),
 clock AS (
-    SELECT (extract(epoch FROM now()) * 1000)::bigint AS now_ms
+    SELECT now_ms, now_us,
+           '"first_seen_ms":' || now_ms || ',"first_seen_us":' || now_us AS stamp
+      FROM (SELECT (extract(epoch FROM now()) * 1000)::bigint AS now_ms,
+                   (extract(epoch FROM now()) * 1000000)::bigint AS now_us) t
 ),
 stamped AS (
-    -- A position or order first recorded now goes out with `"first_seen_ms":null`: the text is
-    -- stamped, once, with the database's clock. Only a key can match (a quote inside a JSON
-    -- string is escaped), and a text replace costs far less than rebuilding the arrays as jsonb.
+    -- A position or order first recorded now goes out with `"first_seen_ms":null` (and no
+    -- `first_seen_us`): the text is stamped, once, with the database's clock, in ms and in µs.
+    -- Only a key can match (a quote inside a JSON string is escaped), and a text replace costs
+    -- far less than rebuilding the arrays as jsonb.
     SELECT o.master_id, o.epoch, o.seq, o.channel,
-           replace(o.notice, '"first_seen_ms":null', '"first_seen_ms":' || clock.now_ms) AS notice,
-           replace(o.positions, '"first_seen_ms":null', '"first_seen_ms":' || clock.now_ms)::jsonb
-               AS positions,
-           replace(o.orders, '"first_seen_ms":null', '"first_seen_ms":' || clock.now_ms)::jsonb
-               AS orders,
-           clock.now_ms
+           replace(o.notice, '"first_seen_ms":null', clock.stamp) AS notice,
+           replace(o.positions, '"first_seen_ms":null', clock.stamp)::jsonb AS positions,
+           replace(o.orders, '"first_seen_ms":null', clock.stamp)::jsonb AS orders,
+           clock.now_ms, clock.now_us
       FROM owner o, clock
 ),
 stored AS (
@@ -270,7 +282,7 @@ stored AS (
      WHERE s.epoch < excluded.epoch OR (s.epoch = excluded.epoch AND s.seq = excluded.seq - 1)
     RETURNING s.master_id, s.epoch, s.seq
 )
-SELECT stored.master_id, stored.epoch, stored.seq, t.now_ms, pg_notify(t.channel, t.notice) AS notified
+SELECT stored.master_id, stored.epoch, stored.seq, t.now_ms, t.now_us, pg_notify(t.channel, t.notice) AS notified
   FROM stored
   JOIN stamped t ON (t.master_id, t.epoch, t.seq) = (stored.master_id, stored.epoch, stored.seq)
 "#;
@@ -302,7 +314,10 @@ SELECT stored.master_id, stored.epoch, stored.seq, t.now_ms, pg_notify(t.channel
         stored.insert(
             key,
             Published::Stored {
-                first_seen_ms: r.try_get("now_ms")?,
+                first_seen: FirstSeen {
+                    ms: r.try_get("now_ms")?,
+                    us: r.try_get("now_us")?,
+                },
             },
         );
     }

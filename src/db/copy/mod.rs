@@ -24,7 +24,7 @@ pub use links::{
     RemovedLink, follower_max_open_copies, forget_removed_link, load_links, removed_links,
 };
 pub use master::{
-    MasterPublisher, MasterState, PublishWrite, Published, master_state, publish, publish_many,
-    stamp_first_seen,
+    FirstSeen, MasterPublisher, MasterState, PublishWrite, Published, master_state, publish,
+    publish_many, stamp_first_seen,
 };
 pub use risk::{Saved, load_risk_limits, save_risk_state};
