@@ -6,7 +6,7 @@
 //!   cargo test --bench copier -- --smoke        # a small version of every benchmark (CI)
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
 //!                                               #   fix, failover, handoff, rebalance, cost,
-//!                                               #   notify, events, poll, pooler)
+//!                                               #   notify, events, poll, pooler, scale)
 //!   cargo bench --bench copier -- --only copy --rows 100x1,1000x1 --trades 40
 //!                                               # chosen copy rows (followers x nodes)
 //!   COPIER_BENCH_NODE=/path/to/other/copier-node cargo bench ...
@@ -31,6 +31,7 @@ mod orders_floor;
 mod poll;
 mod pooler;
 mod rebalance;
+mod scale;
 mod stats;
 mod storm;
 mod trades;
@@ -54,6 +55,7 @@ use notify::{NotifyRow, notification_path};
 use poll::{PollCostRow, PollRow, poll_latency};
 use pooler::{PoolerRow, pooler};
 use rebalance::{RebalanceRow, rebalance};
+use scale::{ScaleRow, scale};
 use stats::Stats;
 use storm::{StormRow, claim_storm};
 
@@ -86,6 +88,7 @@ pub(crate) struct Report {
     poll: Vec<PollRow>,
     poll_cost: Vec<PollCostRow>,
     pooler: Vec<PoolerRow>,
+    scale: Vec<ScaleRow>,
     markdown: Vec<String>,
 }
 
@@ -223,6 +226,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
     }
     if wanted(&options, "pooler") {
         pooler(&options, &pg, &mut report).await?;
+    }
+    if wanted(&options, "scale") {
+        scale(&options, &pg, &mut report).await?;
     }
     write(&options, &report)?;
     Ok(())

@@ -158,6 +158,16 @@ impl Setup {
         id: &str,
         timing: impl IntoIterator<Item = &'a str>,
     ) -> anyhow::Result<u32> {
+        self.spawn_node_with(id, 100_000, timing)
+    }
+
+    /// As [`Setup::spawn_node`], with a capacity of `capacity` accounts.
+    pub(crate) fn spawn_node_with<'a>(
+        &mut self,
+        id: &str,
+        capacity: usize,
+        timing: impl IntoIterator<Item = &'a str>,
+    ) -> anyhow::Result<u32> {
         let log = std::fs::File::create(self.dir.join(format!("{id}.log")))?;
         let child = tokio::process::Command::new(node_binary())
             .args([
@@ -167,7 +177,7 @@ impl Setup {
                 "--node-id",
                 id,
                 "--capacity",
-                "100000",
+                &capacity.to_string(),
                 "--http-listen",
                 "127.0.0.1:0",
             ])
