@@ -266,6 +266,41 @@ fn simulation_reports() -> String {
 
 /// The recorded clean-clone runs of `.ci/run` (`reports/ci.json`: each as `.ci/run` reported
 /// it in `target/ci-report.json`, or as the project's CI recorded a landing), the last two.
+/// The scale section's runs, for operators sizing their nodes: what this machine did with many
+/// accounts, per core.
+fn scale_runs(b: &Value) -> String {
+    let cores: f64 = b["machine"]["cores"]
+        .as_str()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(f64::NAN);
+    let mut out = format!(
+        "Measured {} on {} ({} cores, everything on the one machine):\n\n\
+         | accounts | nodes | lease / fence / cycle | accounts per core | until steady | logins per account | last of 100 followers p99 (missed) | lease cycles failed after steady |\n\
+         | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        b["machine"]["date"].as_str().unwrap_or("?"),
+        b["machine"]["cpu"].as_str().unwrap_or("?"),
+        b["machine"]["cores"].as_str().unwrap_or("?"),
+    );
+    for r in b["scale"].as_array().into_iter().flatten() {
+        let accounts = r["accounts"].as_f64().unwrap_or(f64::NAN);
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {} | {:.2} | {} ({}) | {} |\n",
+            r["accounts"],
+            r["nodes"],
+            r["timing"].as_str().unwrap_or("?"),
+            accounts / cores,
+            r["until_steady_s"]
+                .as_f64()
+                .map_or("not steady".to_string(), |s| format!("{s:.0} s")),
+            r["logins_per_account"].as_f64().unwrap_or(f64::NAN),
+            ms(&r["last_follower"]["p99_ms"]),
+            r["trades_missed"],
+            r["cycles_failed_after_steady"],
+        ));
+    }
+    out
+}
+
 fn ci_runs() -> String {
     let r: Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("reports/ci.json")).unwrap())
@@ -303,6 +338,7 @@ fn rendered_figures_match_the_committed_benchmarks() {
             blocks += 1;
             match name {
                 "headline" => headline(&bench),
+                "scale" => scale_runs(&bench),
                 "simulation" => simulation_reports(),
                 "simulation-herd" => simulation_herd(),
                 "ci" => ci_runs(),
