@@ -167,6 +167,11 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
             }
             Err(e) => return Err(e),
         };
+        let copied = if row.last_follower.runs == 0 {
+            "none copied".to_string()
+        } else {
+            row.last_follower.show()
+        };
         println!(
             "scale {}: {} accounts, steady after {:?} s (reached {:?}), {:.3} logins per account, last follower {} ({} trades, {} missed), {} failed cycles after steady, {} deadlocks, warnings {} / {}",
             row.name,
@@ -174,7 +179,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
             row.until_steady_s,
             row.reached,
             row.logins_per_account,
-            row.last_follower.show(),
+            copied,
             row.trades,
             row.trades_missed,
             row.cycles_failed_after_steady,
@@ -197,7 +202,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
             row.timing,
             seconds(row.until_steady_s, row.reached, row.accounts),
             row.logins_per_account,
-            row.last_follower.show(),
+            copied,
             row.trades,
             row.trades_missed,
             row.cycles_failed_after_steady,

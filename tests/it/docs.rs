@@ -293,7 +293,11 @@ fn scale_runs(b: &Value) -> String {
                 .as_f64()
                 .map_or("not steady".to_string(), |s| format!("{s:.0} s")),
             r["logins_per_account"].as_f64().unwrap_or(f64::NAN),
-            ms(&r["last_follower"]["p99_ms"]),
+            match r["last_follower"]["p99_ms"].as_f64() {
+                None => "none copied".to_string(),
+                Some(p) if p >= 10_000.0 => format!("{:.0} s", p / 1000.0),
+                Some(_) => ms(&r["last_follower"]["p99_ms"]),
+            },
             r["trades_missed"],
             r["cycles_failed_after_steady"],
         ));
