@@ -241,9 +241,14 @@ impl Host for NodeHost {
                         info!(account_id, epoch, reason = status, "account released");
                         break;
                     }
-                    Err(e) => {
-                        warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying (a later cycle retries too)");
+                    // A failed attempt that a retry may mend is no warning (a node shedding
+                    // thousands of accounts at once would log one per account); the last is.
+                    Err(e) if attempt < 5 => {
+                        debug!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying");
                         tokio::time::sleep(retry.failed()).await;
+                    }
+                    Err(e) => {
+                        warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed after every attempt; a later cycle retries, or the lease runs out");
                     }
                 }
             }

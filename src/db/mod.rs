@@ -461,6 +461,9 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// any database error (whether it committed is unknown).
 pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration, session: Session) -> PgPool {
     PgPoolOptions::new()
+        // A slow acquire is the histogram `copier_db_pool_wait_seconds` ([`Db::run`]), not a
+        // warning per acquire: a node short of connections for a while would log thousands.
+        .acquire_slow_level(log::LevelFilter::Debug)
         .max_connections(8)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
@@ -499,6 +502,7 @@ pub fn writer_pool(
         Pooler::Session | Pooler::Transaction => options,
     };
     PgPoolOptions::new()
+        .acquire_slow_level(log::LevelFilter::Debug)
         .max_connections(1)
         .min_connections(1)
         .idle_timeout(None)
