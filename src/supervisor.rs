@@ -225,8 +225,9 @@ impl Host for NodeHost {
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
         self.shared.tracker.spawn(async move {
+            const ATTEMPTS: u32 = 5;
             let mut retry = retry::RELEASE.start();
-            for attempt in 1..=5 {
+            for attempt in 1..=ATTEMPTS {
                 let result = pool
                     .run(async |c| {
                         db::lease::release(c, &node_id, &[epoch], status, to.as_deref()).await
@@ -243,12 +244,13 @@ impl Host for NodeHost {
                     }
                     // A failed attempt that a retry may mend is no warning (a node shedding
                     // thousands of accounts at once would log one per account); the last is.
-                    Err(e) if attempt < 5 => {
-                        debug!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying");
-                        tokio::time::sleep(retry.failed()).await;
-                    }
                     Err(e) => {
-                        warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed after every attempt; a later cycle retries, or the lease runs out");
+                        if attempt < ATTEMPTS {
+                            debug!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying");
+                        } else {
+                            warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed after every attempt; a later cycle retries, or the lease runs out");
+                        }
+                        tokio::time::sleep(retry.failed()).await;
                     }
                 }
             }
