@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::nodes::{Observer, Setup};
 use crate::stats::Stats;
-use crate::trades::{between, opens_by_ticket};
+use crate::trades::{between, opens_by_ticket, send_signal};
 use crate::{Options, Pg, Report};
 use anyhow::Context;
 use copier_node::broker::client::BridgeClient;
@@ -172,28 +172,12 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
         } else {
             row.last_follower.show()
         };
-        println!(
-            "scale {}: {} accounts, steady after {:?} s (reached {:?}), {:.3} logins per account, last follower {} ({} trades, {} missed), {} failed cycles after steady, {} deadlocks, warnings {} / {}",
-            row.name,
-            row.accounts,
-            row.until_steady_s,
-            row.reached,
-            row.logins_per_account,
-            copied,
-            row.trades,
-            row.trades_missed,
-            row.cycles_failed_after_steady,
-            row.deadlocks,
-            row.warnings_max_per_node,
-            row.warnings_total
-        );
         let top: Vec<String> = row
             .top_warnings
             .iter()
             .map(|(w, n)| format!("`{w}` ({n})"))
             .collect();
-        let _ = writeln!(
-            md,
+        let line = format!(
             "| {} | {} | {} ({}) | {} | {} | {:.3} | {} ({}, {}) | {} | {} | {} / {} | {} |",
             row.name,
             row.accounts,
@@ -215,6 +199,8 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
                 top.join(", ")
             }
         );
+        println!("scale: {line}");
+        let _ = writeln!(md, "{line}");
         for (fault, f) in [("SIGTERM", &row.sigterm), ("kill -9", &row.kill)] {
             if let Some(f) = f {
                 println!(
@@ -487,12 +473,9 @@ async fn fault(
         sqlx::query(sql).execute(&mut *conn).await?;
     }
     let signalled = Instant::now();
-    let status = tokio::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .await?;
-    anyhow::ensure!(status.success(), "kill -{signal} {victim} failed");
+    send_signal(pid, signal)
+        .await
+        .with_context(|| format!("signalling {victim}"))?;
     let until_owned_s = loop {
         let owned: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM trading_accounts WHERE node_id IS NOT NULL AND node_id <> $1 \

@@ -82,6 +82,17 @@ pub(crate) fn copies_of(
     (copies.len() == followers).then_some((us(master), copies))
 }
 
+/// Sends `signal` (`TERM`, `KILL`) to process `pid`.
+pub(crate) async fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed: {status}");
+    Ok(())
+}
+
 /// A node stopped (SIGTERM) or killed (`kill -9`), until the receiving node serves every
 /// follower, by the broker's journal (and the signal's instant on the same wall clock).
 pub(crate) struct ServedAgain {
@@ -110,12 +121,7 @@ pub(crate) async fn served_again(
 ) -> anyhow::Result<ServedAgain> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let signalled = copier_node::wall_clock::unix_us();
-    let status = tokio::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .await?;
-    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed: {status}");
+    send_signal(pid, signal).await?;
     let mut meanwhile = Vec::new();
     let mut by_the_signalled = 0;
     loop {
