@@ -522,6 +522,14 @@ pub struct ServeArgs {
     /// login takes hundreds of milliseconds); other requests are not held up by it.
     #[arg(long, value_name = "DURATION", default_value = "0s")]
     pub login_delay: String,
+    /// How long each read (positions, history, pending orders, account, symbols) takes before
+    /// it is answered, e.g. `200ms` (a slow trade server); other requests are not held up by it.
+    #[arg(long, value_name = "DURATION", default_value = "0s")]
+    pub read_delay: String,
+    /// Journal every read too (`action` the read: `positions`, `history`, `orders`, `account`,
+    /// or `symbols` with an empty `login`), to tell from the journal alone what a client read.
+    #[arg(long)]
+    pub journal_reads: bool,
     /// Send each reply before the position updates it caused (the bridge protocol allows either
     /// order; by default updates go first).
     #[arg(long)]

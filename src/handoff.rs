@@ -10,9 +10,16 @@
 //! not every node's, cycle at once). The claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
 //! old owner's orders still pass at a fencing server) and holds the login; R's account task,
 //! once its claim committed, raises the fence to its epoch with the bridge's `fence` request and
-//! then runs its whole session start (positions, orders, history, ledger) as after any login: a
-//! prepared login saves the login, never a read. A login nobody claims is logged out after
-//! [`KEPT`]; a broker that cannot prepare (FIX, a bridge without `fence`) leaves today's path.
+//! then starts its session. Where the bridge promises an ordered stream (`ordered_stream` in its
+//! `hello`: a change made before a request reaches the connection before that request's reply),
+//! R also reads the account's pending orders, positions, history and the server's symbols while
+//! prepared ([`crate::broker::PreparedLogin::read_ahead`]); the changes its stream carries up to
+//! the fence's reply (which follows the old owner's last order, since that order was answered
+//! before the release and the release before the claim) bring them current, and the session
+//! starts from them without a read of the trade server. Its reads of the database (links, the
+//! masters' snapshots, the copy ledger) stay after the claim: the old owner's last ledger rows
+//! are in only at its release. A login nobody claims is logged out after [`KEPT`]; a broker that
+//! cannot prepare (FIX, a bridge without `fence`) leaves today's path.
 //!
 //! What keeps two owners from both sending is unchanged: R can send nothing before its claim
 //! (the prepared login is not a [`crate::broker::Session`] until raised), and its claim cannot
@@ -126,6 +133,14 @@ pub async fn serve(node: std::sync::Arc<NodeServices>, shutdown: CancellationTok
     }
 }
 
+/// A login made ahead of a claim: how long it took, and whether the account was read too (why
+/// not, if not).
+struct Prepared {
+    login: Box<dyn PreparedLogin>,
+    login_ms: u64,
+    read_ahead: Result<(), String>,
+}
+
 /// Prepares one offered account's login, answers the offer, and drops the login if nobody took
 /// it within [`KEPT`].
 async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationToken) {
@@ -170,21 +185,50 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             account_id: Some(account_id),
         };
         let broker = node.brokers.broker(&row.server);
-        let login = tokio::time::timeout(PREPARE_WITHIN, broker.prepare(&account))
+        let deadline = tokio::time::Instant::now() + PREPARE_WITHIN;
+        let mut login = tokio::time::timeout_at(deadline, broker.prepare(&account))
             .await
             .map_err(|_| anyhow::anyhow!("no login within {PREPARE_WITHIN:?}"))??;
-        Ok(login)
+        let login_ms = started.elapsed().as_millis() as u64;
+        // The account's orders, positions, history and symbols too, so that the session
+        // starts from them after its claim instead of reading. A broker that cannot keep them
+        // current leaves the session to read, as after any login.
+        let read_ahead = match tokio::time::timeout_at(deadline, login.read_ahead()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no read within {PREPARE_WITHIN:?}")),
+        };
+        Ok(Prepared {
+            login,
+            login_ms,
+            read_ahead,
+        })
     };
-    let outcome: anyhow::Result<Box<dyn PreparedLogin>> = prepared.await;
-    let login_ms = started.elapsed().as_millis() as u64;
+    let outcome: anyhow::Result<Prepared> = prepared.await;
+    let prepared_ms = started.elapsed().as_millis() as u64;
     match outcome {
-        Ok(login) => {
-            info!(
-                account_id,
-                from = %offer.from,
-                login_ms,
-                "hand-off offered: logged in ahead of the claim (no fence: nothing can be sent until the claim raises it)"
-            );
+        Ok(Prepared {
+            login,
+            login_ms,
+            read_ahead,
+        }) => {
+            match &read_ahead {
+                Ok(()) => info!(
+                    account_id,
+                    from = %offer.from,
+                    login_ms,
+                    prepared_ms,
+                    "hand-off offered: logged in and read ahead of the claim (no fence: nothing can be sent until the claim raises it)"
+                ),
+                Err(why) => info!(
+                    account_id,
+                    from = %offer.from,
+                    login_ms,
+                    prepared_ms,
+                    not_read = %why,
+                    "hand-off offered: logged in ahead of the claim, not read (the session reads after its claim; no fence: nothing can be sent until the claim raises it)"
+                ),
+            }
             node.metrics
                 .handoff_logins
                 .with_label_values(&["prepared"])

@@ -20,8 +20,9 @@ pub(crate) const ACTIONS: &[&str] = &["open", "close", "modify"];
 pub(crate) const RESULTS: &[&str] = &["accepted", "rejected", "unknown", "unavailable"];
 
 /// Outcomes in `copier_handoff_logins_total`: a login prepared for an offered account, raised at
-/// this node's claim, logged out unclaimed, or not made (or not raised) for an error.
-pub(crate) const HANDOFF_OUTCOMES: &[&str] = &["prepared", "raised", "unused", "failed"];
+/// this node's claim (and of those, raised with what it read ahead current), logged out
+/// unclaimed, or not made (or not raised) for an error.
+pub(crate) const HANDOFF_OUTCOMES: &[&str] = &["prepared", "raised", "current", "unused", "failed"];
 
 /// The legs of a copy's latency in `copier_copy_leg_seconds`.
 pub(crate) const LEGS: &[&str] = &[
@@ -128,7 +129,7 @@ impl Metrics {
         let handoff_logins = IntCounterVec::new(
             Opts::new(
                 "copier_handoff_logins_total",
-                "Logins prepared for accounts peers offered this node, by outcome (prepared, raised at the claim, unused, failed)",
+                "Logins prepared for accounts peers offered this node, by outcome (prepared, raised at the claim, current: raised with what it read ahead current, unused, failed)",
             ),
             &["outcome"],
         )

@@ -22,17 +22,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::protocol::{
-    FEATURE_FENCE, HelloResult, HistoryResult, LoginResult, OrderResult, OrdersResult,
-    PROTOCOL_VERSION, PositionsResult, ReplyFrame, Request, RequestFrame, ServerFrame,
-    SymbolsResult,
+    FEATURE_FENCE, FEATURE_ORDERED_STREAM, HelloResult, HistoryResult, LoginResult, OrderResult,
+    OrdersResult, PROTOCOL_VERSION, PositionsResult, ReplyFrame, Request, RequestFrame,
+    ServerFrame, SymbolsResult,
 };
 use super::types::{
     AccountInfo, AmendOrder, CancelOrder, CloseFill, CloseOrder, ClosedPosition, ModifyOrder,
     OpenFill, OpenOrder, PendingOrder, PlaceOrder, Position, SymbolSpec,
 };
 use super::{
-    AccountLogin, BoxFuture, Broker, BrokerError, PreparedLogin, RejectCode, Rejection, Session,
-    SessionEvent, TradeApi,
+    AccountLogin, BoxFuture, Broker, BrokerError, PreparedLogin, ReadAhead, RejectCode, Rejection,
+    Session, SessionEvent, TradeApi,
 };
 
 /// How long a request waits for its reply before its outcome is called unknown.
@@ -74,6 +74,9 @@ struct Inner {
     state: Mutex<State>,
     /// The bridge's `hello` listed the `fence` request.
     fence_request: AtomicBool,
+    /// The bridge's `hello` listed `ordered_stream`: a change made before a request reaches
+    /// this connection before that request's reply.
+    ordered_stream: AtomicBool,
     ready: watch::Sender<bool>,
     cancel: CancellationToken,
 }
@@ -119,6 +122,7 @@ impl BridgeClient {
             next_session: AtomicU64::new(1),
             state: Mutex::new(State::default()),
             fence_request: AtomicBool::new(false),
+            ordered_stream: AtomicBool::new(false),
             ready,
             cancel: CancellationToken::new(),
         });
@@ -189,6 +193,7 @@ impl Broker for BridgeClient {
                 api,
                 events,
                 account: result.account,
+                ahead: None,
             })
         })
     }
@@ -217,6 +222,7 @@ impl Broker for BridgeClient {
                 id: Some(id),
                 login: account.login.clone(),
                 events: Some(events),
+                ahead: None,
             }) as Box<dyn PreparedLogin>)
         })
     }
@@ -229,6 +235,8 @@ struct PreparedBridge {
     id: Option<u64>,
     login: String,
     events: Option<mpsc::UnboundedReceiver<SessionEvent>>,
+    /// What [`PreparedLogin::read_ahead`] read, its stream's changes since still to apply.
+    ahead: Option<Box<ReadAhead>>,
 }
 
 impl Drop for PreparedBridge {
@@ -240,6 +248,40 @@ impl Drop for PreparedBridge {
 }
 
 impl PreparedLogin for PreparedBridge {
+    fn read_ahead(&mut self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            if !self.inner.ordered_stream.load(Ordering::Relaxed) {
+                return Err(BrokerError::Rejected(Rejection::new(
+                    RejectCode::InvalidRequest,
+                    format!(
+                        "the bridge at {} does not promise an ordered stream (`{FEATURE_ORDERED_STREAM}` not in its hello): what it reads ahead could be stale at the claim",
+                        self.inner.addr
+                    ),
+                )));
+            }
+            let login = || self.login.clone();
+            // Read at once: a slow trade server's reads overlap.
+            let (orders, positions, history, symbols) = tokio::try_join!(
+                self.inner.call(Request::Orders { login: login() }, false),
+                self.inner
+                    .call(Request::Positions { login: login() }, false),
+                self.inner.call(Request::History { login: login() }, false),
+                self.inner.call(Request::Symbols, false),
+            )?;
+            let orders: OrdersResult = decode(orders)?;
+            let positions: PositionsResult = decode(positions)?;
+            let history: HistoryResult = decode(history)?;
+            let symbols: SymbolsResult = decode(symbols)?;
+            self.ahead = Some(Box::new(ReadAhead {
+                orders: orders.orders,
+                positions: positions.positions,
+                history: history.history,
+                symbols: symbols.symbols,
+            }));
+            Ok(())
+        })
+    }
+
     fn raise(mut self: Box<Self>, fence: i64) -> BoxFuture<'static, Result<Session, BrokerError>> {
         Box::pin(async move {
             let result: LoginResult = decode(
@@ -254,11 +296,20 @@ impl PreparedLogin for PreparedBridge {
                     .await?,
             )?;
             let id = self.id.take().expect("raised once");
-            // What the stream carried while prepared (position changes, a reconnect) is older
-            // than the reads the session starts with: dropped, as a fresh login would not have
-            // heard it.
+            // What the stream carried while prepared: with a read ahead, the changes bring it
+            // current (the fence's reply came after every change made before the fence: the
+            // `ordered_stream` promise); a reconnect may have lost some, and the session then
+            // reads. Without one, older than the reads the session starts with: dropped, as a
+            // fresh login would not have heard it.
             let mut events = self.events.take().expect("raised once");
-            while events.try_recv().is_ok() {}
+            let mut ahead = self.ahead.take();
+            while let Ok(event) = events.try_recv() {
+                match (&mut ahead, event) {
+                    (Some(state), SessionEvent::Position(change)) => state.apply(&change),
+                    (Some(_), _) => ahead = None,
+                    (None, _) => {}
+                }
+            }
             if let Some(s) = self
                 .inner
                 .state
@@ -280,6 +331,7 @@ impl PreparedLogin for PreparedBridge {
                 api,
                 events,
                 account: result.account,
+                ahead,
             })
         })
     }
@@ -516,6 +568,10 @@ async fn serve_connection(
         debug!(broker = %client.addr, server = %hello.server, features = ?hello.features, "connected");
         client.fence_request.store(
             hello.features.iter().any(|f| f == FEATURE_FENCE),
+            Ordering::Relaxed,
+        );
+        client.ordered_stream.store(
+            hello.features.iter().any(|f| f == FEATURE_ORDERED_STREAM),
             Ordering::Relaxed,
         );
         // Log every session in again, lowest fence first, so a newer owner's fence wins.

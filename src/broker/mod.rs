@@ -191,6 +191,9 @@ pub struct Session {
     pub events: mpsc::UnboundedReceiver<SessionEvent>,
     /// Balance and equity at login.
     pub account: AccountInfo,
+    /// What a prepared login read of the account ahead of its claim, current at the raise
+    /// ([`PreparedLogin::read_ahead`]); `None` for any other login: the session reads.
+    pub ahead: Option<Box<ReadAhead>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -205,10 +208,94 @@ impl std::fmt::Debug for Session {
 /// the old owner's orders still pass), its position changes queued, and no way to send an order
 /// until [`PreparedLogin::raise`]. Dropping it logs out.
 pub trait PreparedLogin: Send {
+    /// Reads the account's pending orders, positions, history and the server's symbols while
+    /// prepared, and keeps them to be brought current at the raise from the position changes
+    /// the login heard meanwhile. Refused with [`RejectCode::InvalidRequest`] by a broker whose
+    /// stream could leave them stale at the raise (one that does not promise, in its `hello`,
+    /// that every change made before a request reaches the connection before that request's
+    /// reply): its session reads after the raise.
+    fn read_ahead(&mut self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async {
+            Err(BrokerError::Rejected(Rejection::new(
+                RejectCode::InvalidRequest,
+                "this broker cannot read an account ahead of its claim",
+            )))
+        })
+    }
+
     /// Raises the login's fence to `fence` (the new owner's epoch, once its claim committed) and
     /// returns the session; every order of it carries that fence. Once this returns, the
-    /// server refuses every order with an older fence (where it checks fences).
+    /// server refuses every order with an older fence (where it checks fences). The session
+    /// carries the [`ReadAhead`] brought current, when one was read and the stream is whole.
     fn raise(self: Box<Self>, fence: i64) -> BoxFuture<'static, Result<Session, BrokerError>>;
+}
+
+/// An account as a prepared login read it ahead of its claim: its pending orders, positions and
+/// history, and the server's symbols. Brought current with [`ReadAhead::apply`] from every
+/// position change heard since the login, in order, it is the account as the server holds it
+/// after the last of them, whether a change reached the read or not: each change carries the
+/// whole position or order it leaves, and a close's history entry is added once.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReadAhead {
+    pub orders: Vec<PendingOrder>,
+    pub positions: Vec<Position>,
+    pub history: Vec<ClosedPosition>,
+    pub symbols: Vec<SymbolSpec>,
+}
+
+impl ReadAhead {
+    /// Applies one position change heard on the login's stream.
+    pub fn apply(&mut self, change: &PositionChange) {
+        match change {
+            PositionChange::Opened { position } | PositionChange::Modified { position } => {
+                self.put_position(position)
+            }
+            PositionChange::PartiallyClosed { position, closed } => {
+                // MT4 renumbers the remainder: the closed ticket is gone from the open ones.
+                self.positions
+                    .retain(|p| p.ticket != closed.position.ticket);
+                self.put_position(position);
+                self.add_history(closed);
+            }
+            PositionChange::Closed { closed } => {
+                self.positions
+                    .retain(|p| p.ticket != closed.position.ticket);
+                self.add_history(closed);
+            }
+            PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order } => {
+                match self.orders.iter_mut().find(|o| o.ticket == order.ticket) {
+                    Some(o) => *o = order.clone(),
+                    None => self.orders.push(order.clone()),
+                }
+            }
+            PositionChange::OrderGone { ticket, .. } => self.orders.retain(|o| o.ticket != *ticket),
+        }
+    }
+
+    fn put_position(&mut self, position: &Position) {
+        match self
+            .positions
+            .iter_mut()
+            .find(|p| p.ticket == position.ticket)
+        {
+            Some(p) => *p = position.clone(),
+            None => self.positions.push(position.clone()),
+        }
+    }
+
+    /// A close's history entry, unless the read already holds it: one close of a ticket is told
+    /// from another by when it happened and what it left open (each close leaves less).
+    fn add_history(&mut self, closed: &ClosedPosition) {
+        let same = |h: &ClosedPosition| {
+            h.position.ticket == closed.position.ticket
+                && h.close_time_ms == closed.close_time_ms
+                && h.remaining_volume == closed.remaining_volume
+                && h.position.volume == closed.position.volume
+        };
+        if !self.history.iter().any(same) {
+            self.history.push(closed.clone());
+        }
+    }
 }
 
 /// A trade server the node can log accounts in to.

@@ -315,6 +315,12 @@ pub struct HelloResult {
 /// The `hello` feature of bridges that take the `fence` request.
 pub const FEATURE_FENCE: &str = "fence";
 
+/// The `hello` feature of bridges whose stream is ordered with their replies: every change a
+/// bridge made to a login (or learned of) before it answers a request reaches each connection
+/// subscribed to the login before that reply. A prepared login then reads ahead of its claim,
+/// and the changes up to the fence's reply bring the read current.
+pub const FEATURE_ORDERED_STREAM: &str = "ordered_stream";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,15 +63,9 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 } else {
                     args.symbol_suffix
                 },
-                login_delay: parse_duration(&args.login_delay)
-                    .and_then(|d| {
-                        if d <= Duration::from_secs(5) {
-                            Ok(d)
-                        } else {
-                            Err("at most 5s (clients give a request 10 s)".to_string())
-                        }
-                    })
-                    .map_err(|e| CommandError::usage(format!("invalid --login-delay: {e}")))?,
+                login_delay: request_delay(&args.login_delay, "--login-delay")?,
+                read_delay: request_delay(&args.read_delay, "--read-delay")?,
+                journal_reads: args.journal_reads,
                 fence_request: !args.no_fence_request,
             };
             let server = SimBroker::start(options).await?;
@@ -227,6 +221,19 @@ fn parse_utc_offset(text: &str) -> Result<i64, String> {
         return Err(bad());
     }
     Ok(sign * (h * 3_600_000 + m * 60_000))
+}
+
+/// A delay option's value: at most 5 s (clients give a request 10 s).
+fn request_delay(value: &str, option: &str) -> Result<Duration, CommandError> {
+    parse_duration(value)
+        .and_then(|d| {
+            if d <= Duration::from_secs(5) {
+                Ok(d)
+            } else {
+                Err("at most 5s (clients give a request 10 s)".to_string())
+            }
+        })
+        .map_err(|e| CommandError::usage(format!("invalid {option}: {e}")))
 }
 
 #[cfg(test)]

@@ -26,13 +26,23 @@ use tracing::{debug, info, warn};
 use super::events::MasterEvent;
 use super::index::lineage;
 use super::{MasterOrder, MasterPosition, spread_interval};
-use crate::broker::types::{ClosedPosition, OrderEnd, PendingOrder, Position, PositionChange};
-use crate::broker::{BrokerError, SessionEvent, TradeApi};
+use crate::broker::types::{
+    AccountInfo, ClosedPosition, OrderEnd, PendingOrder, Position, PositionChange,
+};
+use crate::broker::{BrokerError, ReadAhead, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::{AccountRow, Published};
 use crate::hub::{Signal, Topic};
 use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
+
+/// A read of the master: its pending orders (`None`: its bridge lists none), positions and
+/// history.
+type Read = (
+    Option<Vec<PendingOrder>>,
+    Vec<Position>,
+    Vec<ClosedPosition>,
+);
 
 /// How often the session re-reads the broker to catch a lost stream event, and reports
 /// balance and equity.
@@ -84,7 +94,20 @@ async fn serve(
         "master logged in; publishing its positions"
     );
     let offset_ms = crate::wall_clock::server_offset_ms(session.account.server_time_ms);
-    report_funds(ctx, session.api.as_ref()).await;
+    // What a prepared login read ahead of the claim, current at the raise: the first snapshot
+    // is published from it, with the figures the fence's reply carried, without a read.
+    let ahead = session.ahead.take();
+    match &ahead {
+        Some(_) => {
+            info!(
+                "publishing from what the prepared login read ahead of the claim: no read of the trade server first"
+            );
+            store_funds(ctx, session.account);
+        }
+        None => {
+            report_funds(ctx, session.api.as_ref()).await;
+        }
+    }
     // Changes to the row (server, login, role, credentials) are announced: start again from it.
     let (tx, mut changes) = mpsc::unbounded_channel();
     let _row_changes = tokio::select! {
@@ -105,7 +128,10 @@ async fn serve(
         orders_unsupported: false,
         seq: 0,
         dirty: false,
-        contracts: match session.api.symbols().await {
+        contracts: match match &ahead {
+            Some(a) => Ok(a.symbols.clone()),
+            None => session.api.symbols().await,
+        } {
             Ok(list) => list
                 .into_iter()
                 .filter(|s| s.contract_size > 0.0)
@@ -121,7 +147,7 @@ async fn serve(
         return Ok(Ended::Stopped);
     }
     // A new owner always publishes once under its epoch, so followers reconcile early.
-    m.sync(session.api.as_ref(), true).await?;
+    m.sync_from(session.api.as_ref(), true, ahead).await?;
     ctx.started();
     let mut background = spread_interval(BACKGROUND_SYNC);
     let mut funds = spread_interval(FUNDS_EVERY);
@@ -172,6 +198,12 @@ async fn serve(
 /// Reports balance and equity; the server's clock offset, when it shows its time.
 async fn report_funds(ctx: &AccountContext, api: &dyn TradeApi) -> Option<i64> {
     let info = api.account().await.ok()?;
+    store_funds(ctx, info)
+}
+
+/// Reports the master's figures as read (or as the fence's reply carried them); the server's
+/// clock offset.
+fn store_funds(ctx: &AccountContext, info: AccountInfo) -> Option<i64> {
     ctx.status.send(StatusUpdate {
         account_id: ctx.account_id,
         epoch: ctx.epoch(),
@@ -222,9 +254,9 @@ impl Master<'_> {
         }
     }
 
-    /// Compares the broker with the view and publishes a snapshot if anything differs (or if
-    /// `force`). A read failure leaves everything as it was (the next sync retries).
-    async fn sync(&mut self, api: &dyn TradeApi, force: bool) -> anyhow::Result<()> {
+    /// The master's pending orders (`None`: its bridge lists none), positions and history, read
+    /// together; `None` (and the sync owed) when a read failed.
+    async fn read(&mut self, api: &dyn TradeApi) -> Option<Read> {
         // Orders before positions: an order that fills between the reads is in the positions.
         // Both are taken together or not at all (an order gone without its position would read
         // as cancelled).
@@ -247,7 +279,7 @@ impl Master<'_> {
                     // both are read again together.
                     warn!(error = %e, "reading the master's pending orders failed; keeping the published snapshot");
                     self.dirty = true;
-                    return Ok(());
+                    return None;
                 }
             }
         };
@@ -256,8 +288,32 @@ impl Master<'_> {
             Err(e) => {
                 warn!(error = %e, "reading the master's positions failed; keeping the published snapshot");
                 self.dirty = true;
-                return Ok(());
+                return None;
             }
+        };
+        Some((orders, positions, history))
+    }
+
+    /// Compares the broker with the view and publishes a snapshot if anything differs (or if
+    /// `force`). A read failure leaves everything as it was (the next sync retries).
+    async fn sync(&mut self, api: &dyn TradeApi, force: bool) -> anyhow::Result<()> {
+        self.sync_from(api, force, None).await
+    }
+
+    /// [`Self::sync`], from `ahead` instead of a read when there is one (a prepared login's,
+    /// current at the raise).
+    async fn sync_from(
+        &mut self,
+        api: &dyn TradeApi,
+        force: bool,
+        ahead: Option<Box<ReadAhead>>,
+    ) -> anyhow::Result<()> {
+        let (orders, positions, history) = match ahead {
+            Some(a) => (Some(a.orders), a.positions, a.history),
+            None => match self.read(api).await {
+                Some(read) => read,
+                None => return Ok(()),
+            },
         };
         if self.contracts.is_empty()
             && let Ok(list) = api.symbols().await

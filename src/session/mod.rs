@@ -174,7 +174,14 @@ impl AccountContext {
                             .handoff_logins
                             .with_label_values(&["raised"])
                             .inc();
-                        info!(server = %row.server, login = %row.login, "logged in ahead of the claim (prepared hand-off): fence raised to this epoch");
+                        if session.ahead.is_some() {
+                            self.node
+                                .metrics
+                                .handoff_logins
+                                .with_label_values(&["current"])
+                                .inc();
+                        }
+                        info!(server = %row.server, login = %row.login, read_ahead = session.ahead.is_some(), "logged in ahead of the claim (prepared hand-off): fence raised to this epoch");
                         return Ok(Some(counted(session, &self.node.metrics)));
                     }
                     Err(e) => {

@@ -20,13 +20,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use super::book::{Book, Effects};
-use super::journal::Journal;
+use super::journal::{Journal, JournalEntry};
 use super::market::Sessions;
 use super::store::Store;
 use crate::broker::RejectCode;
 use crate::broker::protocol::{
-    ErrorBody, EventFrame, FEATURE_FENCE, HelloResult, HistoryResult, OrdersResult,
-    PROTOCOL_VERSION, PositionsResult, ReplyFrame, Request, RequestFrame, SymbolsResult,
+    ErrorBody, EventFrame, FEATURE_FENCE, FEATURE_ORDERED_STREAM, HelloResult, HistoryResult,
+    OrdersResult, PROTOCOL_VERSION, PositionsResult, ReplyFrame, Request, RequestFrame,
+    SymbolsResult,
 };
 use crate::broker::types::{AccountInfo, Currency};
 use crate::broker::types::{CloseOrder, ModifyOrder, OpenOrder, PositionChange};
@@ -70,6 +71,13 @@ pub struct ServeOptions {
     /// server's login takes hundreds of milliseconds; other requests on the connection are not
     /// held up by it.
     pub login_delay: Duration,
+    /// How long each read (`positions`, `history`, `orders`, `account`, `symbols`) takes
+    /// before it is answered (read when answered), as a slow trade server's reads take hundreds
+    /// of milliseconds; other requests on the connection are not held up by it.
+    pub read_delay: Duration,
+    /// Journal every read too (`action` the read's op, `login` empty for `symbols`), so that
+    /// a check can tell from the journal alone what a client read and when.
+    pub journal_reads: bool,
     /// Take the `fence` request and list it in `hello` (on by default; off: a bridge that
     /// predates it, answering `invalid`).
     pub fence_request: bool,
@@ -96,6 +104,8 @@ impl ServeOptions {
             sessions: HashMap::new(),
             clock_offset_ms: 0,
             login_delay: Duration::ZERO,
+            read_delay: Duration::ZERO,
+            journal_reads: false,
             fence_request: true,
             mt4: false,
         }
@@ -111,12 +121,14 @@ struct Core {
     /// Send replies before the updates they caused: updates wait here until the reply is queued.
     reply_first: bool,
     deferred: Vec<(String, PositionChange)>,
+    journal_reads: bool,
 }
 
 struct Shared {
     core: Mutex<Core>,
     next_conn: AtomicU64,
     login_delay: Duration,
+    read_delay: Duration,
     fence_request: bool,
 }
 
@@ -166,9 +178,11 @@ impl SimBroker {
                 subscribers: HashMap::new(),
                 reply_first: options.reply_first,
                 deferred: Vec::new(),
+                journal_reads: options.journal_reads,
             }),
             next_conn: AtomicU64::new(1),
             login_delay: options.login_delay,
+            read_delay: options.read_delay,
             fence_request: options.fence_request,
         });
         let shutdown = CancellationToken::new();
@@ -318,20 +332,21 @@ async fn connection(
                 if line.trim().is_empty() {
                     continue;
                 }
-                if !shared.login_delay.is_zero()
-                    && conn.client.is_some()
-                    && serde_json::from_str::<RequestFrame>(line.trim_end())
-                        .is_ok_and(|f| matches!(f.request, Request::Login { .. }))
-                {
-                    // A slow login: answered (and in effect) after the delay, while the
-                    // connection's other requests go on; dropped with the connection or the
-                    // server.
+                let delay = match conn.client {
+                    Some(_) => serde_json::from_str::<RequestFrame>(line.trim_end())
+                        .map_or(Duration::ZERO, |f| delay_of(&shared, &f.request)),
+                    None => Duration::ZERO,
+                };
+                if !delay.is_zero() {
+                    // A slow login or read: answered (and in effect, or read) after the delay,
+                    // while the connection's other requests go on; dropped with the connection
+                    // or the server.
                     let (shared, mut conn, line) =
                         (shared.clone(), conn.clone(), line.trim_end().to_string());
                     let closed = closed.clone();
                     tokio::spawn(async move {
                         tokio::select! {
-                            _ = tokio::time::sleep(shared.login_delay) => {}
+                            _ = tokio::time::sleep(delay) => {}
                             _ = closed.cancelled() => return,
                         }
                         let reply = handle(&shared, &mut conn, &line);
@@ -340,10 +355,13 @@ async fn connection(
                     continue;
                 }
                 let reply = handle(&shared, &mut conn, line.trim_end());
+                // The reply and the changes it held back leave under one lock: a request
+                // anyone makes after this reply arrived is answered after those changes went
+                // to every connection (the `ordered_stream` promise).
+                let mut core = shared.core.lock().expect("sim-broker state lock");
                 if tx.send(reply).is_err() {
                     break;
                 }
-                let mut core = shared.core.lock().expect("sim-broker state lock");
                 if !core.deferred.is_empty() {
                     let deferred = std::mem::take(&mut core.deferred);
                     broadcast(&mut core, deferred);
@@ -410,9 +428,12 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                     server: format!("copier-node sim-broker {}", env!("CARGO_PKG_VERSION")),
                     protocol: PROTOCOL_VERSION,
                     features: if shared.fence_request {
-                        vec![FEATURE_FENCE.to_string()]
+                        vec![
+                            FEATURE_FENCE.to_string(),
+                            FEATURE_ORDERED_STREAM.to_string(),
+                        ]
                     } else {
-                        Vec::new()
+                        vec![FEATURE_ORDERED_STREAM.to_string()]
                     },
                 },
             );
@@ -424,6 +445,17 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
     let now_us = now_us();
     let now = now_us.div_euclid(1000);
     let mut core = shared.core.lock().expect("sim-broker state lock");
+    if core.journal_reads
+        && let Some((op, login)) = read_of(&frame.request)
+    {
+        let mut entry = JournalEntry::new(now, login, &client, op);
+        entry.ts_us = Some(now_us);
+        entry.accepted = true;
+        if let Err(e) = core.journal.append(&entry) {
+            error!(error = %e, "writing the journal failed");
+            return rejected(id, "the server could not write its journal");
+        }
+    }
     match frame.request {
         Request::Hello { .. } => unreachable!("handled above"),
         Request::Login {
@@ -670,6 +702,28 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
             );
             commit(&mut core, id, effects, now_us)
         }
+    }
+}
+
+/// How long `request` waits before it is answered: a login the login delay, a read the read
+/// delay.
+fn delay_of(shared: &Shared, request: &Request) -> Duration {
+    match request {
+        Request::Login { .. } => shared.login_delay,
+        _ if read_of(request).is_some() => shared.read_delay,
+        _ => Duration::ZERO,
+    }
+}
+
+/// A read's op and login (empty for the server's symbols); `None` for any other request.
+fn read_of(request: &Request) -> Option<(&'static str, &str)> {
+    match request {
+        Request::Positions { login } => Some(("positions", login)),
+        Request::History { login } => Some(("history", login)),
+        Request::Orders { login } => Some(("orders", login)),
+        Request::Account { login } => Some(("account", login)),
+        Request::Symbols => Some(("symbols", "")),
+        _ => None,
     }
 }
 

@@ -221,6 +221,129 @@ async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies
     broker.stop().await;
 }
 
+/// A prepared hand-off's receiver reads the account ahead of its claim, and its stream brings the
+/// read current: its first order after the claim needs no read. Judged from the broker's journal
+/// with every read journaled: for each follower the new node took, the new node read its pending
+/// orders, positions and history between its prepared login and the raise, and read nothing of
+/// it (nor the server's symbols) between the raise and its first order, a copy of a trade made
+/// after the move. The reads are slow (as a real trade server's), and nothing is copied twice.
+#[tokio::test]
+async fn a_receivers_first_order_after_a_prepared_claim_needs_no_read() {
+    let (
+        CopySetup {
+            db,
+            dir,
+            broker,
+            t,
+            mut conn,
+            ..
+        },
+        a,
+    ) = seven_accounts_on_a_with("handoff-read-ahead", |o| {
+        o.journal_reads = true;
+        o.login_delay = Duration::from_millis(300);
+        o.read_delay = Duration::from_millis(200);
+    })
+    .await;
+    let b = start_node(&config(&db, "b", 100, FAST)).await;
+    let held_by_a = settled_split(&mut conn, &a, &b).await;
+    // b's sessions through their start (the trade below is then a copy each, not a snapshot a
+    // slow start could find already closed).
+    eventually("b's sessions started", WAIT, async || {
+        let (_, metrics) = get(b.http_addr, "/metrics").await;
+        (sample(&metrics, "copier_sessions_starting") == 0.0).then_some(())
+    })
+    .await;
+    let trade = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    t.close("m1", trade, None).await;
+    let lines = copied_once_each(&dir, 1).await;
+
+    let moved: Vec<String> = (2..=7)
+        .map(|id| format!("f{id}"))
+        .filter(|l| !held_by_a.contains(l))
+        .collect();
+    // b's share is three or more of the seven; the master may be one of them.
+    let master_moved = !held_by_a.iter().any(|l| l == "m1");
+    assert!(
+        moved.len() + usize::from(master_moved) >= 3,
+        "b took its share: a holds {held_by_a:?}"
+    );
+    const READS: [&str; 5] = ["positions", "history", "orders", "account", "symbols"];
+    for login in &moved {
+        let at_b: Vec<(usize, &copier_node::sim_broker::journal::JournalEntry)> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.client == "b" && l.login == *login)
+            .collect();
+        let prepared = at_b
+            .iter()
+            .find(|(_, l)| l.action == "login" && l.fence.is_none())
+            .map(|(i, _)| *i)
+            .unwrap_or_else(|| panic!("{login}: b made no prepared login"));
+        let raise = at_b
+            .iter()
+            .find(|(_, l)| l.action == "login" && l.fence.is_some())
+            .map(|(i, _)| *i)
+            .unwrap_or_else(|| panic!("{login}: b never raised its fence"));
+        let first_order = at_b
+            .iter()
+            .find(|(i, l)| *i > raise && l.login == *login && !READS.contains(&l.action.as_str()))
+            .map(|(i, l)| (*i, l.action.as_str(), l.comment.clone()))
+            .unwrap_or_else(|| panic!("{login}: b sent no order after its claim"));
+        assert_eq!(
+            (first_order.1, first_order.2.as_deref()),
+            ("open", Some(format!("mc{trade}").as_str())),
+            "{login}: b's first order copies the trade"
+        );
+        let read_ahead: Vec<&str> = at_b
+            .iter()
+            .filter(|(i, l)| *i > prepared && *i < raise && l.login == *login)
+            .map(|(_, l)| l.action.as_str())
+            .collect();
+        for read in ["orders", "positions", "history"] {
+            assert!(
+                read_ahead.contains(&read),
+                "{login}: b read {read:?} ahead of its claim: {read_ahead:?}"
+            );
+        }
+        let read_after: Vec<&str> = at_b
+            .iter()
+            .filter(|(i, l)| *i > raise && *i < first_order.0 && READS.contains(&l.action.as_str()))
+            .map(|(_, l)| l.action.as_str())
+            .collect();
+        assert!(
+            read_after.is_empty(),
+            "{login}: b read between its claim and its first order: {read_after:?}"
+        );
+    }
+    // The server's symbols name no login: b read them once per prepared login (its read ahead)
+    // and never for a session it started from one.
+    let at_b = |action: &str, fenced: bool| {
+        lines
+            .iter()
+            .filter(|l| l.client == "b" && l.action == action && l.fence.is_some() == fenced)
+            .count()
+    };
+    assert_eq!(
+        at_b("symbols", false),
+        at_b("login", false),
+        "b read the symbols once per read ahead"
+    );
+    // Every login b raised carried its read ahead, current.
+    let (_, metrics) = get(b.http_addr, "/metrics").await;
+    let raised = sample(&metrics, "copier_handoff_logins_total{outcome=\"raised\"}");
+    assert!(raised >= 3.0, "{raised}");
+    assert_eq!(
+        sample(&metrics, "copier_handoff_logins_total{outcome=\"current\"}"),
+        raised
+    );
+    for n in [a, b] {
+        n.shutdown();
+        n.wait().await.unwrap();
+    }
+    broker.stop().await;
+}
+
 /// `login` moved from `old` to `new` by a prepared hand-off, judged from the journal: `new`
 /// logged it in twice, first without a fence (the prepared login) and then with one (the raise),
 /// every order of `old` precedes that raise and every order of `new` follows it.
@@ -275,10 +398,19 @@ fn assert_prepared_then_raised(
 /// A master and six followers (fence check and dedupe off, a slow login), all owned by node a
 /// (`handoff_prepare` 10 s), every follower's session reconciled.
 async fn seven_accounts_on_a(name: &str) -> (CopySetup, copier_node::app::NodeHandle) {
+    seven_accounts_on_a_with(name, |_| {}).await
+}
+
+/// As [`seven_accounts_on_a`], the broker's options then tuned.
+async fn seven_accounts_on_a_with(
+    name: &str,
+    tune: impl FnOnce(&mut copier_node::sim_broker::ServeOptions),
+) -> (CopySetup, copier_node::app::NodeHandle) {
     let mut setup = CopySetup::with(name, |o| {
         o.fence_check = false;
         o.dedupe = false;
         o.login_delay = LOGIN_DELAY;
+        tune(o);
     })
     .await;
     let (conn, addr) = (&mut setup.conn, setup.addr.clone());

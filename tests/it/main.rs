@@ -27,5 +27,6 @@ mod operate;
 mod partial_closes;
 mod pending_rules;
 mod pooler;
+mod read_ahead;
 mod suite;
 mod support;

@@ -40,8 +40,8 @@ use super::reconcile::{
 };
 use super::rules::{Inputs, Link};
 use super::{MasterOrder, MasterPosition, spread_interval};
-use crate::broker::types::{ClosedPosition, PendingOrder, Position, SymbolSpec};
-use crate::broker::{BrokerError, SessionEvent, TradeApi};
+use crate::broker::types::{AccountInfo, ClosedPosition, PendingOrder, Position, SymbolSpec};
+use crate::broker::{BrokerError, ReadAhead, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::AccountRow;
 use crate::hub::{Signal, Topic};
@@ -100,6 +100,9 @@ struct Follower<'a> {
     owing: Owing,
     /// Pending copies whose fill the stream announced, until their position's update arrives.
     fills: HashSet<i64>,
+    /// What a prepared login read ahead of the claim, current at the raise: the session start's
+    /// first read of the trade server (and its symbols), then gone.
+    ahead: Option<Box<ReadAhead>>,
 }
 
 /// A reconcile is owed; retried at `at` ([`crate::retry::FOLLOWER_RECONCILE`]).
@@ -172,6 +175,7 @@ async fn follow(
             at: Instant::now(),
         },
         fills: HashSet::new(),
+        ahead: session.ahead.take(),
     };
     let ended = serve(&mut f, session, row, &mut signals).await;
     // The session's ledger rows are in before it ends (and so before the account is released).
@@ -187,11 +191,21 @@ async fn serve(
     signals: &mut mpsc::UnboundedReceiver<Signal>,
 ) -> anyhow::Result<Ended> {
     let ctx = f.ctx;
-    f.report_funds().await;
+    if f.ahead.is_some() {
+        // Read ahead of the claim, and the fence's reply carried the figures.
+        info!(
+            "starting from what the prepared login read ahead of the claim: no read of the trade server before the first order"
+        );
+        f.take_funds(Ok(session.account)).await;
+    } else {
+        f.report_funds().await;
+    }
     if !f.reload_links().await {
         return Ok(Ended::Stopped);
     }
     f.reconcile_all("session start").await;
+    // Current at the raise only: what came since is on the stream, and a later reconcile reads.
+    f.ahead = None;
     ctx.started();
     // A slow reconcile of every master, so a lost last event is repaired too.
     let mut background = spread_interval(ctx.node.reconcile_every);
@@ -378,6 +392,11 @@ impl Follower<'_> {
 
     async fn report_funds(&mut self) {
         let read = self.api.account().await;
+        self.take_funds(read).await;
+    }
+
+    /// Takes the account's figures as read (or as the fence's reply carried them).
+    async fn take_funds(&mut self, read: Result<AccountInfo, BrokerError>) {
         // With risk limits, no new copy is decided on figures that could not be read.
         self.funds.risk_unread = read.is_err() && !self.risk.limits.is_empty();
         if let Ok(info) = read {
@@ -436,6 +455,13 @@ impl Follower<'_> {
             );
             self.owe("gate closed");
             return;
+        }
+        if self.specs.is_empty()
+            && let Some(ahead) = self.ahead.as_mut()
+            && !ahead.symbols.is_empty()
+        {
+            let list = std::mem::take(&mut ahead.symbols);
+            self.specs = list.into_iter().map(|s| (s.symbol.clone(), s)).collect();
         }
         if self.specs.is_empty() {
             match self.api.symbols().await {
@@ -760,6 +786,15 @@ impl Follower<'_> {
     pub(super) async fn read_broker(
         &mut self,
     ) -> Result<(Vec<PendingOrder>, Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+        if let Some(ahead) = self.ahead.take() {
+            let ReadAhead {
+                orders,
+                positions,
+                history,
+                ..
+            } = *ahead;
+            return Ok((orders, positions, history));
+        }
         let orders = match self.api.orders().await {
             Ok(orders) => orders,
             Err(BrokerError::Rejected(r))

@@ -91,6 +91,7 @@ impl Broker for FaultyBroker {
                 api,
                 events: session.events,
                 account: session.account,
+                ahead: session.ahead,
             })
         })
     }

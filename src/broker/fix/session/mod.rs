@@ -336,6 +336,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<Session, BrokerError> {
             currency: None,
             server_time_ms: None,
         },
+        ahead: None,
     })
 }
 
