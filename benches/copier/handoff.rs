@@ -28,12 +28,16 @@ pub(crate) struct HandoffRow {
     /// Copies that had not arrived 30 s after the last master open.
     pub(crate) missed: usize,
     pub(crate) latency: Stats,
+    /// The copies to the followers that moved (before, during and after their move).
+    pub(crate) moved_latency: Stats,
     pub(crate) legs: Legs,
 }
 
 #[derive(Clone, Copy, PartialEq)]
 enum Scenario {
     Steady,
+    /// No hand-off, with the slow trade server of the rows below.
+    SlowSteady,
     FairShareMove,
     Sigterm,
     /// A fair-share move with a broker whose login takes [`SLOW_LOGIN`]: the receiver logs in
@@ -48,28 +52,45 @@ enum Scenario {
     },
 }
 
-/// The slow broker login of the [`Scenario::SlowLoginMove`] rows.
+/// The slow trade server of the [`Scenario::SlowLoginMove`] rows: its login, and each read.
 const SLOW_LOGIN: Duration = Duration::from_millis(300);
+const SLOW_READ: Duration = Duration::from_millis(200);
 
 impl Scenario {
     fn name(self) -> &'static str {
         match self {
             Scenario::Steady => "no hand-off (two nodes)",
+            Scenario::SlowSteady => "no hand-off, slow trade server (two nodes)",
             Scenario::FairShareMove => "fair-share move (a second node joins)",
             Scenario::Sigterm => "SIGTERM hand-off (one of two nodes stops)",
             Scenario::SlowLoginMove { prepared: true } => {
-                "fair-share move, 300 ms broker login, prepared (default)"
+                "fair-share move, slow trade server, prepared (default)"
             }
             Scenario::SlowLoginMove { prepared: false } => {
-                "fair-share move, 300 ms broker login, not prepared (`handoff_prepare = 0s`)"
+                "fair-share move, slow trade server, not prepared (`handoff_prepare = 0s`)"
             }
             Scenario::SlowLoginSigterm { prepared: true } => {
-                "SIGTERM hand-off, 300 ms broker login, prepared (default)"
+                "SIGTERM hand-off, slow trade server, prepared (default)"
             }
             Scenario::SlowLoginSigterm { prepared: false } => {
-                "SIGTERM hand-off, 300 ms broker login, not prepared (`handoff_prepare = 0s`)"
+                "SIGTERM hand-off, slow trade server, not prepared (`handoff_prepare = 0s`)"
             }
         }
+    }
+
+    /// On the slow trade server.
+    fn slow(self) -> bool {
+        matches!(
+            self,
+            Scenario::SlowSteady
+                | Scenario::SlowLoginMove { .. }
+                | Scenario::SlowLoginSigterm { .. }
+        )
+    }
+
+    /// A row where accounts change hands.
+    fn moves_any(self) -> bool {
+        !matches!(self, Scenario::Steady | Scenario::SlowSteady)
     }
 
     fn moves(self) -> bool {
@@ -87,12 +108,16 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
     let timing = ["--lease", "3s", "--fence", "1s", "--cycle", "500ms"];
     let floor = report.floors["notify_delivery"].p50_ms + report.floors["broker_round_trip"].p50_ms;
     let mut md = String::from(
-        "| scenario | followers moved | copies (missed) | copy latency p50 / p99 | max | p99 ÷ floor | master fill → event p50 / p99 | event → decided p50 / p99 | decided → accepted p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| scenario | followers moved | copies (missed) | copy latency p50 / p99 | max | p99 ÷ floor | moved followers' copies p50 / p99 | their p99 ÷ no hand-off's | master fill → event p50 / p99 | event → decided p50 / p99 | decided → accepted p50 / p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
+    // Each hand-off row's moved followers against the copies of the same load without one, on
+    // the same broker (measured first in this run).
+    let mut no_handoff_p99: HashMap<bool, f64> = HashMap::new();
     for (i, scenario) in [
         Scenario::Steady,
         Scenario::FairShareMove,
         Scenario::Sigterm,
+        Scenario::SlowSteady,
         Scenario::SlowLoginMove { prepared: true },
         Scenario::SlowLoginMove { prepared: false },
         Scenario::SlowLoginSigterm { prepared: true },
@@ -102,11 +127,10 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
     .enumerate()
     {
         let slow_login = format!("{}ms", SLOW_LOGIN.as_millis());
-        let broker_args: &[&str] = if matches!(
-            scenario,
-            Scenario::SlowLoginMove { .. } | Scenario::SlowLoginSigterm { .. }
-        ) {
-            &["--login-delay", &slow_login]
+        let slow_read = format!("{}ms", SLOW_READ.as_millis());
+        let slow = scenario.slow();
+        let broker_args: &[&str] = if slow {
+            &["--login-delay", &slow_login, "--read-delay", &slow_read]
         } else {
             &[]
         };
@@ -143,7 +167,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         for t in 0..trades {
             if t == trades / 5 {
                 match scenario {
-                    Scenario::Steady => {}
+                    Scenario::Steady | Scenario::SlowSteady => {}
                     Scenario::FairShareMove | Scenario::SlowLoginMove { .. } => {
                         setup.spawn_node("hb", timing.iter().copied())?;
                     }
@@ -183,20 +207,43 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
             }
         }
         let mut seen = HashSet::new();
-        let samples: Vec<Duration> = arrivals
+        let timed: Vec<(&str, Duration)> = arrivals
             .iter()
             .filter_map(|(login, t, at)| {
                 let from = sent.get(t)?;
                 seen.insert((login.clone(), *t))
-                    .then(|| at.saturating_duration_since(*from))
+                    .then(|| (login.as_str(), at.saturating_duration_since(*from)))
             })
             .collect();
+        let samples: Vec<Duration> = timed.iter().map(|(_, d)| *d).collect();
         let after = setup.owners().await?;
-        let moved = before
+        let moved_logins: HashSet<String> = before
             .iter()
             .filter(|(id, node)| **id >= 1_000_000 && after.get(id) != Some(*node))
-            .count();
+            .map(|(id, _)| format!("f{}", id - 1_000_000))
+            .collect();
+        let moved = moved_logins.len();
         let s = Stats::of(&samples);
+        let moved_s = Stats::of(
+            &timed
+                .iter()
+                .filter(|(login, _)| moved_logins.contains(*login))
+                .map(|(_, d)| *d)
+                .collect::<Vec<_>>(),
+        );
+        if !scenario.moves_any() {
+            no_handoff_p99.insert(slow, s.p99_ms);
+        }
+        let (moved_cell, ratio_cell) = if moved == 0 {
+            ("–".to_string(), "–".to_string())
+        } else {
+            (
+                moved_s.show(),
+                no_handoff_p99
+                    .get(&slow)
+                    .map_or("–".into(), |p99| format!("{:.1}×", moved_s.p99_ms / p99)),
+            )
+        };
         let legs = legs(&setup.url, samples.len()).await?;
         let missed = expected - samples.len();
         println!(
@@ -208,7 +255,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         );
         let _ = writeln!(
             md,
-            "| {} | {moved} | {} ({missed}) | {} | {:.2} ms | {:.1}× | {} | {} | {} |",
+            "| {} | {moved} | {} ({missed}) | {} | {:.2} ms | {:.1}× | {moved_cell} | {ratio_cell} | {} | {} | {} |",
             scenario.name(),
             samples.len(),
             s.show(),
@@ -225,6 +272,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
             copies: samples.len(),
             missed,
             latency: s,
+            moved_latency: moved_s,
             legs,
         });
         trader.close();
@@ -232,9 +280,10 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share, prepared as below: each moved account is released by its owner once the newcomer has logged it in ahead or the preparation's bound passed, then claimed by the newcomer at once on the release's announcement), or one of two nodes gets SIGTERM (it hands each account to the other, prepared as below, and releases it; the other claims it at once). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last four rows use a broker whose every login takes {} ms (`sim-broker --login-delay`, as a real trade server's login takes hundreds of milliseconds): the fair-share move and the SIGTERM hand-off, each prepared (the default: the old owner offers each account to the node that will take it and copies on until that node has logged in without a fence, then releases; the receiver raises the fence after its claim) and not prepared (`--handoff-prepare 0s`: the receiver logs in after its claim; on SIGTERM every gate closes at once). Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
+        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share, prepared as below: each moved account is released by its owner once the newcomer has logged it in ahead or the preparation's bound passed, then claimed by the newcomer at once on the release's announcement), or one of two nodes gets SIGTERM (it hands each account to the other, prepared as below, and releases it; the other claims it at once). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last five rows use a slow trade server, whose every login takes {} ms and every read (positions, history, pending orders, account, symbols) {} ms (`sim-broker --login-delay --read-delay`, as a real trade server's take hundreds of milliseconds): the same load without a hand-off, then the fair-share move and the SIGTERM hand-off, each prepared (the default: the old owner offers each account to the node that will take it and copies on until that node has logged in without a fence and read the account ahead, then releases; the receiver raises the fence after its claim and starts from what it read, brought current by its stream) and not prepared (`--handoff-prepare 0s`: the receiver logs in and reads after its claim; on SIGTERM every gate closes at once). The moved followers' copies are every copy to a follower whose owner changed, over the whole stream, and their p99 is set against the p99 of the row without a hand-off on the same broker. Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
         spacing.as_millis(),
-        SLOW_LOGIN.as_millis()
+        SLOW_LOGIN.as_millis(),
+        SLOW_READ.as_millis()
     ));
     Ok(())
 }

@@ -284,13 +284,15 @@ impl ReadAhead {
     }
 
     /// A close's history entry, unless the read already holds it: one close of a ticket is told
-    /// from another by when it happened and what it left open (each close leaves less).
+    /// from another by when it happened and what it left open (each close leaves less). A
+    /// bridge that lists `ordered_stream` gives a close's event the entry its `history` shows.
     fn add_history(&mut self, closed: &ClosedPosition) {
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
         let same = |h: &ClosedPosition| {
             h.position.ticket == closed.position.ticket
                 && h.close_time_ms == closed.close_time_ms
-                && h.remaining_volume == closed.remaining_volume
-                && h.position.volume == closed.position.volume
+                && near(h.remaining_volume, closed.remaining_volume)
+                && near(h.position.volume, closed.position.volume)
         };
         if !self.history.iter().any(same) {
             self.history.push(closed.clone());
@@ -319,5 +321,62 @@ pub trait Broker: Send + Sync {
                 "this broker cannot log an account in ahead of a hand-off",
             )))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use types::Side;
+
+    fn position(ticket: i64, volume: f64) -> Position {
+        Position {
+            ticket,
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            volume,
+            open_price: 1.1,
+            sl: None,
+            tp: None,
+            magic: 7,
+            comment: "mc1".into(),
+            open_time_ms: 1,
+        }
+    }
+
+    fn closed(ticket: i64, volume: f64, remaining: f64, at: i64) -> ClosedPosition {
+        ClosedPosition {
+            position: position(ticket, volume),
+            close_price: 1.2,
+            close_time_ms: at,
+            closed_by: types::ClosedBy::Client,
+            remaining_volume: remaining,
+            profit: 0.0,
+        }
+    }
+
+    /// A bridge may tell an MT4 partial close as one change: the closed ticket's part, and the
+    /// remainder under a new ticket. The read then holds the remainder alone, and the part once
+    /// however often it is heard.
+    #[test]
+    fn a_renumbered_partial_close_leaves_the_remainder_alone_and_its_part_once() {
+        let mut ahead = ReadAhead {
+            positions: vec![position(10, 1.0)],
+            ..ReadAhead::default()
+        };
+        let change = PositionChange::PartiallyClosed {
+            position: position(11, 0.6),
+            closed: closed(10, 0.4, 0.6, 5),
+        };
+        ahead.apply(&change);
+        ahead.apply(&change);
+        assert_eq!(ahead.positions, vec![position(11, 0.6)]);
+        assert_eq!(ahead.history, vec![closed(10, 0.4, 0.6, 5)]);
+        // A second close of the remainder at the same instant is another entry.
+        ahead.apply(&PositionChange::Closed {
+            closed: closed(11, 0.6, 0.0, 5),
+        });
+        assert!(ahead.positions.is_empty());
+        assert_eq!(ahead.history.len(), 2);
     }
 }

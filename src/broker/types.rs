@@ -72,6 +72,16 @@ pub struct AccountInfo {
     pub server_time_ms: Option<i64>,
 }
 
+impl AccountInfo {
+    /// Figures a session may start from without reading `account`: the currency copies are
+    /// converted by and the server's clock pending copies' expiries are shifted by are both
+    /// there (the protocol asks them of `account` only; a login's or fence's reply may leave
+    /// them out).
+    pub fn complete(&self) -> bool {
+        self.currency.is_some() && self.server_time_ms.is_some()
+    }
+}
+
 /// A currency from a broker: a code that is not one (`USDT`, `USc`) reads as unknown, so one odd
 /// field never makes a whole reply unreadable.
 fn lenient_currency<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Currency>, D::Error> {

@@ -97,16 +97,16 @@ async fn serve(
     // What a prepared login read ahead of the claim, current at the raise: the first snapshot
     // is published from it, with the figures the fence's reply carried, without a read.
     let ahead = session.ahead.take();
-    match &ahead {
-        Some(_) => {
-            info!(
-                "publishing from what the prepared login read ahead of the claim: no read of the trade server first"
-            );
-            store_funds(ctx, session.account);
-        }
-        None => {
-            report_funds(ctx, session.api.as_ref()).await;
-        }
+    if ahead.is_some() {
+        info!(
+            "publishing from what the prepared login read ahead of the claim: no read of the trade server first"
+        );
+    }
+    if ahead.is_some() && session.account.complete() {
+        // The fence's reply carried the figures, with the currency and the server's clock.
+        store_funds(ctx, session.account);
+    } else {
+        report_funds(ctx, session.api.as_ref()).await;
     }
     // Changes to the row (server, login, role, credentials) are announced: start again from it.
     let (tx, mut changes) = mpsc::unbounded_channel();

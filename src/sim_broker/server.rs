@@ -46,7 +46,8 @@ pub struct ServeOptions {
     /// Execute a client order id once, answering a repeat with the first result (on by
     /// default; MT4/MT5 servers do not).
     pub dedupe: bool,
-    /// Send each reply before the position updates it caused (off by default: updates first).
+    /// Send each reply before the position updates it caused, to the connection that asked
+    /// (off by default: updates first); every other connection has them at once either way.
     pub reply_first: bool,
     /// Balance of a new account.
     pub balance: f64,
@@ -118,9 +119,12 @@ struct Core {
     store: Option<Store>,
     /// login -> connection id -> that connection's outbound lines.
     subscribers: HashMap<String, HashMap<u64, mpsc::UnboundedSender<String>>>,
-    /// Send replies before the updates they caused: updates wait here until the reply is queued.
+    /// Send replies before the updates they caused, to the connection that asked: its updates
+    /// wait here until its reply is queued (every other connection has them at once).
     reply_first: bool,
-    deferred: Vec<(String, PositionChange)>,
+    deferred: HashMap<u64, Vec<(String, PositionChange)>>,
+    /// The connection whose request is being handled (its updates are the deferred ones).
+    requester: u64,
     journal_reads: bool,
 }
 
@@ -177,7 +181,8 @@ impl SimBroker {
                 store,
                 subscribers: HashMap::new(),
                 reply_first: options.reply_first,
-                deferred: Vec::new(),
+                deferred: HashMap::new(),
+                requester: 0,
                 journal_reads: options.journal_reads,
             }),
             next_conn: AtomicU64::new(1),
@@ -355,17 +360,14 @@ async fn connection(
                     continue;
                 }
                 let reply = handle(&shared, &mut conn, line.trim_end());
-                // The reply and the changes it held back leave under one lock: a request
-                // anyone makes after this reply arrived is answered after those changes went
-                // to every connection (the `ordered_stream` promise).
                 let mut core = shared.core.lock().expect("sim-broker state lock");
+                // Only this connection's own updates were held back (every other connection
+                // had them when the change was made: the `ordered_stream` promise).
+                let deferred = core.deferred.remove(&id).unwrap_or_default();
                 if tx.send(reply).is_err() {
                     break;
                 }
-                if !core.deferred.is_empty() {
-                    let deferred = std::mem::take(&mut core.deferred);
-                    broadcast(&mut core, deferred);
-                }
+                broadcast_where(&mut core, deferred, |c| c == id);
             }
             Err(e) => {
                 warn!(%peer, error = %e, "connection read failed");
@@ -376,6 +378,7 @@ async fn connection(
     closed.cancel();
     {
         let mut core = shared.core.lock().expect("sim-broker state lock");
+        core.deferred.remove(&id);
         for login in conn.subscriptions.lock().expect("subscriptions").iter() {
             if let Some(subs) = core.subscribers.get_mut(login) {
                 subs.remove(&id);
@@ -445,6 +448,7 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
     let now_us = now_us();
     let now = now_us.div_euclid(1000);
     let mut core = shared.core.lock().expect("sim-broker state lock");
+    core.requester = conn.id;
     if core.journal_reads
         && let Some((op, login)) = read_of(&frame.request)
     {
@@ -747,7 +751,12 @@ fn commit<T: Serialize>(core: &mut Core, id: u64, mut effects: Effects<T>, now_u
         error!(error = %e, path = %store.path().display(), "writing the state file failed");
     }
     if core.reply_first {
-        core.deferred.extend(effects.events);
+        let requester = core.requester;
+        broadcast_where(core, effects.events.clone(), |c| c != requester);
+        core.deferred
+            .entry(requester)
+            .or_default()
+            .extend(effects.events);
     } else {
         broadcast(core, effects.events);
     }
@@ -758,17 +767,29 @@ fn commit<T: Serialize>(core: &mut Core, id: u64, mut effects: Effects<T>, now_u
 }
 
 fn broadcast(core: &mut Core, events: Vec<(String, PositionChange)>) {
+    broadcast_where(core, events, |_| true);
+}
+
+/// Pushes `events` to the connections subscribed to their logins that `to` keeps.
+fn broadcast_where(
+    core: &mut Core,
+    events: Vec<(String, PositionChange)>,
+    to: impl Fn(u64) -> bool,
+) {
     for (login, change) in events {
         let Some(subs) = core.subscribers.get_mut(&login) else {
             continue;
         };
+        if !subs.keys().any(|c| to(*c)) {
+            continue;
+        }
         let frame = EventFrame {
             event: "position".into(),
             login: login.clone(),
             change,
         };
         let line = serde_json::to_string(&frame).expect("event frames serialise");
-        subs.retain(|_, tx| tx.send(line.clone()).is_ok());
+        subs.retain(|c, tx| !to(*c) || tx.send(line.clone()).is_ok());
     }
 }
 

@@ -891,3 +891,109 @@ async fn a_prepared_login_raises_nothing_until_its_fence_request() {
     );
     server.stop().await;
 }
+
+/// A prepared login's read ahead, brought current at the raise from what its stream carried, is
+/// the account as a fresh read shows it after the raise, over the wire: with changes made before
+/// the prepared login (in the read), between the login and the read (in both), and between the
+/// read and the raise (on the stream alone): opens, partial and full closes, a stop change, and
+/// pending orders placed, cancelled and left resting. Both of the broker's orders of a reply and
+/// the updates it caused, and slow reads.
+#[tokio::test]
+async fn a_prepared_logins_read_ahead_is_the_account_at_the_raise() {
+    use copier_node::broker::types::{CancelOrder, PendingKind, PlaceOrder};
+    for reply_first in [false, true] {
+        let dir = Scratch::new(&format!("broker-read-ahead-{reply_first}"));
+        let mut options = ServeOptions::new("127.0.0.1:0", dir.path("journal.jsonl"));
+        options.reply_first = reply_first;
+        options.read_delay = Duration::from_millis(30);
+        let server = SimBroker::start(options).await.unwrap();
+        let addr = server.addr.to_string();
+        let old = BridgeClient::connect(addr.clone(), "node-old");
+        let new = BridgeClient::connect(addr.clone(), "node-new");
+        let o = old.login(&account("4005", Some(5))).await.unwrap();
+        let api = o.api.clone();
+        let close = |ticket: i64, volume: Option<f64>| CloseOrder {
+            ticket,
+            volume,
+            client_order_id: None,
+        };
+        let place = |price: f64| PlaceOrder {
+            symbol: "EURUSD".into(),
+            side: Side::Buy,
+            kind: PendingKind::Limit,
+            price,
+            volume: 0.1,
+            sl: None,
+            tp: None,
+            expiry_ms: None,
+            magic: 100_001,
+            comment: "mc43".into(),
+            client_order_id: None,
+        };
+        // Before the prepared login: in the read only.
+        let a = api.open(buy("EURUSD", 0.5, None)).await.unwrap();
+        let gone = api.place(place(1.05)).await.unwrap();
+
+        let mut prepared = new.prepare(&account("4005", Some(6))).await.unwrap();
+        // Between the login and the read: on the stream, and in the read too.
+        api.close(close(a.ticket, Some(0.1))).await.unwrap();
+        let b = api.open(buy("GBPUSD", 0.3, None)).await.unwrap();
+        prepared.read_ahead().await.unwrap();
+        // Between the read and the raise: on the stream alone.
+        api.close(close(a.ticket, Some(0.2))).await.unwrap();
+        api.modify(ModifyOrder {
+            ticket: b.ticket,
+            sl: Some(1.2),
+            tp: None,
+            client_order_id: None,
+        })
+        .await
+        .unwrap();
+        api.close(close(b.ticket, None)).await.unwrap();
+        let c = api.open(buy("EURUSD", 0.2, None)).await.unwrap();
+        api.cancel(CancelOrder {
+            ticket: gone,
+            client_order_id: None,
+        })
+        .await
+        .unwrap();
+        api.place(place(1.04)).await.unwrap();
+
+        let raised = prepared.raise(6).await.unwrap();
+        let ahead = raised
+            .ahead
+            .clone()
+            .expect("read ahead, and its stream whole");
+        // The truth: the account read after the raise, by another client.
+        let check = BridgeClient::connect(addr.clone(), "checker");
+        let s = check.login(&account("4005", None)).await.unwrap();
+        let mut positions = s.api.positions().await.unwrap();
+        let mut orders = s.api.orders().await.unwrap();
+        let mut history = s.api.history().await.unwrap();
+        let mut got = ahead.clone();
+        for list in [&mut positions, &mut got.positions] {
+            list.sort_by_key(|p| p.ticket);
+        }
+        for list in [&mut orders, &mut got.orders] {
+            list.sort_by_key(|o| o.ticket);
+        }
+        for list in [&mut history, &mut got.history] {
+            list.sort_by(|x, y| {
+                (x.position.ticket, x.close_time_ms)
+                    .cmp(&(y.position.ticket, y.close_time_ms))
+                    .then(y.remaining_volume.total_cmp(&x.remaining_volume))
+            });
+        }
+        let what = format!("reply_first {reply_first}");
+        assert_eq!(got.positions, positions, "{what}");
+        assert_eq!(got.orders, orders, "{what}");
+        assert_eq!(got.history, history, "{what}");
+        // What it holds: a's remainder and c open, two partial closes of a and b's close.
+        let tickets: Vec<i64> = positions.iter().map(|p| p.ticket).collect();
+        assert_eq!(tickets, vec![a.ticket, c.ticket], "{what}");
+        assert_eq!(history.len(), 3, "{what}");
+        assert!(!ahead.symbols.is_empty(), "{what}");
+        drop((raised, s, o));
+        server.stop().await;
+    }
+}

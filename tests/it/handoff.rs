@@ -316,6 +316,31 @@ async fn a_receivers_first_order_after_a_prepared_claim_needs_no_read() {
             "{login}: b read between its claim and its first order: {read_after:?}"
         );
     }
+    // The master, if b took it, published its first snapshot from its read ahead: b read
+    // nothing of it after the raise (its next reads come on its own periods, 15 s at the
+    // earliest).
+    if master_moved {
+        let of_m1: Vec<(usize, &str, Option<i64>)> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.client == "b" && l.login == "m1")
+            .map(|(i, l)| (i, l.action.as_str(), l.fence))
+            .collect();
+        let raise = of_m1
+            .iter()
+            .find(|(_, action, fence)| *action == "login" && fence.is_some())
+            .map(|(i, ..)| *i)
+            .expect("b raised m1's fence");
+        let read_after: Vec<&str> = of_m1
+            .iter()
+            .filter(|(i, action, _)| *i > raise && READS.contains(action))
+            .map(|(_, action, _)| *action)
+            .collect();
+        assert!(
+            read_after.is_empty(),
+            "m1: b read after its claim: {read_after:?}"
+        );
+    }
     // The server's symbols name no login: b read them once per prepared login (its read ahead)
     // and never for a session it started from one.
     let at_b = |action: &str, fenced: bool| {
@@ -341,6 +366,112 @@ async fn a_receivers_first_order_after_a_prepared_claim_needs_no_read() {
         n.shutdown();
         n.wait().await.unwrap();
     }
+    broker.stop().await;
+}
+
+/// A master's hand-off costs its followers no read: the new owner publishes the master's
+/// snapshot under its epoch, and followers whose copies already follow exactly that take it
+/// without reconciling (a reconcile reads each follower's broker account: with a slow trade
+/// server every follower would stall). Judged from the journal with every read journaled: from
+/// the master's raise at its new owner until every follower's copy of its position is closed,
+/// the followers' node read nothing of any follower, and each copy was opened once.
+#[tokio::test]
+async fn a_masters_hand_off_costs_its_followers_no_read() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        t,
+        mut conn,
+        addr,
+        ..
+    } = CopySetup::with("handoff-master-moves", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.journal_reads = true;
+        o.read_delay = Duration::from_millis(200);
+    })
+    .await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
+        add_link(&mut conn, 1, id, LinkSpec::default()).await;
+    }
+    // a takes the master alone (claims go by id), b the followers.
+    let a = start_node(&config(&db, "a", 1, FAST)).await;
+    wait_state(&a.state, "a owns the master", WAIT, |s| {
+        s.owned.contains_key(&1)
+    })
+    .await;
+    let b = start_node(&config(&db, "b", 100, FAST)).await;
+    wait_state(&b.state, "b owns the followers", WAIT, |s| {
+        s.owned.len() == 6
+    })
+    .await;
+    followers_reconciled(&mut conn).await;
+    // A position open across the move: what the new owner publishes is what the copies follow.
+    let held = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    eventually("the position copied everywhere", WAIT, async || {
+        let copied = journal(&dir.path("journal.jsonl"))
+            .iter()
+            .filter(|l| l.accepted && l.action == "open" && l.client == "b")
+            .count();
+        (copied == 6).then_some(())
+    })
+    .await;
+
+    let published_at = async |conn: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar("SELECT epoch FROM master_state WHERE master_id = 1")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    let old_epoch = published_at(&mut conn).await;
+    a.shutdown();
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns the master too", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    // The new owner has published (a close before that would be in its first snapshot, which
+    // the followers would then rightly reconcile against).
+    eventually(
+        "the master published under its new owner",
+        WAIT,
+        async || (published_at(&mut conn).await > old_epoch).then_some(()),
+    )
+    .await;
+    t.close("m1", held, None).await;
+    let lines = copied_once_each(&dir, 1).await;
+
+    // From b's first login of the master (its prepared login, then the raise).
+    let taken = lines
+        .iter()
+        .position(|l| l.client == "b" && l.login == "m1" && l.action == "login")
+        .expect("b took the master through its login");
+    assert!(
+        lines[taken..].iter().any(|l| l.client == "b"
+            && l.login == "m1"
+            && l.action == "login"
+            && l.fence.is_some()),
+        "b raised the master's fence"
+    );
+    let last_close = lines
+        .iter()
+        .rposition(|l| l.client == "b" && l.action == "close" && l.accepted)
+        .expect("b closed the copies");
+    let reads: Vec<(&str, &str)> = lines[taken..last_close]
+        .iter()
+        .filter(|l| l.client == "b" && l.login.starts_with('f'))
+        .filter(|l| ["positions", "history", "orders", "account"].contains(&l.action.as_str()))
+        .map(|l| (l.login.as_str(), l.action.as_str()))
+        .collect();
+    assert!(
+        reads.is_empty(),
+        "b read its followers while the master moved: {reads:?}"
+    );
+    b.shutdown();
+    b.wait().await.unwrap();
     broker.stop().await;
 }
 
