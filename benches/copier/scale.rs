@@ -67,6 +67,14 @@ pub(crate) struct Fault {
     /// Of the node's accounts, those another node claimed only after their lease ran out (the
     /// owner neither released nor renewed them): none on a SIGTERM within the grace.
     pub(crate) left_to_the_lease: i64,
+    /// Live master trades placed from the signal until every account was owned again, one a
+    /// second on masters spread over the accounts.
+    pub(crate) trades: usize,
+    /// By the broker's journal: each of those trades' master fill to the last of its followers'
+    /// copies.
+    pub(crate) last_follower: Stats,
+    /// Of those trades, the ones not copied to every follower within 30 s of the last.
+    pub(crate) trades_missed: usize,
 }
 
 /// A scale run's shape.
@@ -142,7 +150,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
         "| run | accounts | nodes (capacity) | lease / fence / cycle | until steady | logins per account | last of 100 followers p50 / p99 (trades, missed) | lease cycles failed after steady | deadlocks | warnings per node: most / total | most frequent warnings |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|\n",
     );
     let mut faults_md = String::from(
-        "| run | fault | accounts the node held | until every account owned again | left to their lease |\n|---|---|---:|---:|---:|\n",
+        "| run | fault | accounts the node held | until every account owned again | left to their lease | last of 100 followers meanwhile p50 / p99 (trades, missed) |\n|---|---|---:|---:|---:|---:|\n",
     );
     for (i, shape) in shapes.iter().enumerate() {
         // A run that fails is reported as such, and the next runs: at these sizes a failure is a
@@ -204,25 +212,35 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
         for (fault, f) in [("SIGTERM", &row.sigterm), ("kill -9", &row.kill)] {
             if let Some(f) = f {
                 println!(
-                    "scale {}: {fault} of a node holding {}: every account owned again after {:?} s, {} left to their lease",
-                    row.name, f.held, f.until_owned_s, f.left_to_the_lease
+                    "scale {}: {fault} of a node holding {}: every account owned again after {:?} s, {} left to their lease, last follower meanwhile {} ({} trades, {} missed)",
+                    row.name,
+                    f.held,
+                    f.until_owned_s,
+                    f.left_to_the_lease,
+                    f.last_follower.show(),
+                    f.trades,
+                    f.trades_missed
                 );
                 let _ = writeln!(
                     faults_md,
-                    "| {} | {fault} | {} | {} | {} |",
+                    "| {} | {fault} | {} | {} | {} | {} ({}, {}) |",
                     row.name,
                     f.held,
                     f.until_owned_s
                         .map_or("not within 120 s".to_string(), |s| format!("{s:.1} s")),
-                    f.left_to_the_lease
+                    f.left_to_the_lease,
+                    f.last_follower.show(),
+                    f.trades,
+                    f.trades_missed
                 );
             }
         }
         report.scale.push(row);
     }
     report.markdown.push(format!(
-        "## Many accounts on one machine\n\nMasters of 100 followers each (the default link), every account with a live session on the simulated broker in its own process, its protections off (`--no-fence-check --no-dedupe`, as real MT4/MT5 servers); node processes of the given capacity and timing, all started at once. Until steady: from the start until every account is owned and every follower has reconciled, and fair share has stopped moving them (the later of the last claim and the moment everything was owned and ready, once no account has been claimed for two cycles; bounded at {} s: beyond it, what was owned and ready then). Logins per account: the nodes' accepted logins in the broker's journal over the accounts, before any fault (1.0 when no session started twice; an account moved by fair share at the start logs in again). Then, from 30 s after the start, {trades} live master trades, one after the other on masters spread over the accounts, each timed by the broker's journal from the master's fill to the last of its 100 followers' copies (missed: not every copy within {} s). Failed lease cycles are the nodes' `lease cycle failed` lines after the start was steady; warnings are every WARN line of every node's log over the whole run. The machine is the one of every section: PostgreSQL, the broker, every node and the benchmark share its cores.\n\n{md}\nThe hand-off row then stops (SIGTERM) the node holding the most accounts and, once every account is owned again, kills (`kill -9`) the node then holding the most: the time from the signal until every account is owned by a live node again (bounded at 120 s), and how many of the node's accounts another node claimed only after their lease ran out (not released by their owner).\n\n{faults_md}",
+        "## Many accounts on one machine\n\nMasters of 100 followers each (the default link), every account with a live session on the simulated broker in its own process, its protections off (`--no-fence-check --no-dedupe`, as real MT4/MT5 servers); node processes of the given capacity and timing, all started at once. Until steady: from the start until every account is owned and every follower has reconciled, and fair share has stopped moving them (the later of the last claim and the moment everything was owned and ready, once no account has been claimed for two cycles; bounded at {} s: beyond it, what was owned and ready then). Logins per account: the nodes' accepted logins in the broker's journal over the accounts, before any fault (1.0 when no session started twice; an account moved by fair share at the start logs in again). Then, from 30 s after the start, {trades} live master trades, one after the other on masters spread over the accounts, each timed by the broker's journal from the master's fill to the last of its 100 followers' copies (missed: not every copy within {} s). Failed lease cycles are the nodes' `lease cycle failed` lines after the start was steady; warnings are every WARN line of every node's log over the whole run. The machine is the one of every section: PostgreSQL, the broker, every node and the benchmark share its cores.\n\n{md}\nThe hand-off row then stops (SIGTERM) the node holding the most accounts and, once every account is owned again, kills (`kill -9`) the node then holding the most: the time from the signal until every account is owned by a live node again (bounded at 120 s), and how many of the node's accounts another node claimed only after their lease ran out (not released by their owner); meanwhile, from the signal until every account is owned again, a live master trade a second on masters spread over the accounts (about a quarter of each master's followers on the stopped node), each timed by the journal to the last of its 100 followers' copies (missed: not every copy within {} s of the last trade).\n\n{faults_md}",
         STEADY_WITHIN.as_secs(),
+        COPIED_WITHIN.as_secs(),
         COPIED_WITHIN.as_secs()
     ));
     Ok(())
@@ -347,8 +365,14 @@ async fn run(pg: &Pg, shape: &Shape, trades: usize, db: &str) -> anyhow::Result<
         .filter(|l| l.action == "login" && l.accepted && pids.contains_key(&l.client))
         .count();
     let (sigterm, kill) = if shape.faults {
-        let sigterm = fault(&mut conn, &pids, "TERM", accounts).await?;
-        let kill = fault(&mut conn, &pids, "KILL", accounts).await?;
+        let live = Live {
+            trader: &trader,
+            journal: setup.dir.join("journal.jsonl"),
+            masters: shape.masters,
+            followers: shape.followers_per_master,
+        };
+        let sigterm = fault(&mut conn, &pids, "TERM", accounts, &live).await?;
+        let kill = fault(&mut conn, &pids, "KILL", accounts, &live).await?;
         (Some(sigterm), Some(kill))
     } else {
         (None, None)
@@ -440,13 +464,53 @@ fn last_copies(
         .collect()
 }
 
+/// Live trades during a fault: who places them, where the journal that times them is, and the
+/// shape of the accounts.
+struct Live<'a> {
+    trader: &'a BridgeClient,
+    journal: std::path::PathBuf,
+    masters: usize,
+    followers: usize,
+}
+
+impl Live<'_> {
+    /// Opens a position on the `n`th of ten masters spread over the accounts.
+    async fn trade(&self, n: usize) -> anyhow::Result<(String, i64)> {
+        let login = format!("m{}", 1 + (n % 10) * self.masters / 10);
+        let side = if n.is_multiple_of(2) { Side::Buy } else { Side::Sell };
+        let ticket = self
+            .trader
+            .call(Request::hand_open(&login, "EURUSD", side, 0.1))
+            .await?["ticket"]
+            .as_i64()
+            .context("ticket")?;
+        Ok((login, ticket))
+    }
+
+    /// Waits until every one of `placed` is copied to all its followers by the journal, at
+    /// most [`COPIED_WITHIN`]; each one's last copy, and how many were not all copied.
+    async fn copied(&self, placed: &[(String, i64)]) -> anyhow::Result<(Vec<Duration>, usize)> {
+        let deadline = Instant::now() + COPIED_WITHIN;
+        loop {
+            let journal = copier_node::sim_broker::journal::read(&self.journal)?;
+            let last = last_copies(&journal, placed, self.followers);
+            if last.len() == placed.len() || Instant::now() >= deadline {
+                let missed = placed.len() - last.len();
+                return Ok((last, missed));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await; // polling the journal file
+        }
+    }
+}
+
 /// Signals the live node holding the most accounts; until every account is owned by a live node
-/// again (at most 120 s).
+/// again (at most 120 s), with a live trade a second meanwhile.
 async fn fault(
     conn: &mut PgConnection,
     pids: &HashMap<String, u32>,
     signal: &str,
     accounts: usize,
+    live: &Live<'_>,
 ) -> anyhow::Result<Fault> {
     let (victim, held): (String, i64) = sqlx::query_as(
         "SELECT node_id, count(*) FROM trading_accounts WHERE node_id IS NOT NULL AND lease_until >= now() \
@@ -476,7 +540,13 @@ async fn fault(
     send_signal(pid, signal)
         .await
         .with_context(|| format!("signalling {victim}"))?;
+    let mut placed = Vec::new();
+    let mut next_trade = signalled;
     let until_owned_s = loop {
+        if Instant::now() >= next_trade {
+            placed.push(live.trade(placed.len()).await?);
+            next_trade += Duration::from_secs(1);
+        }
         let owned: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM trading_accounts WHERE node_id IS NOT NULL AND node_id <> $1 \
                 AND lease_until >= now()",
@@ -501,9 +571,13 @@ async fn fault(
     .bind(&ids)
     .fetch_one(&mut *conn)
     .await?;
+    let (last, trades_missed) = live.copied(&placed).await?;
     Ok(Fault {
         held,
         until_owned_s,
         left_to_the_lease: left,
+        trades: placed.len(),
+        last_follower: Stats::of(&last),
+        trades_missed,
     })
 }
