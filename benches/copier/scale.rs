@@ -477,7 +477,11 @@ impl Live<'_> {
     /// Opens a position on the `n`th of ten masters spread over the accounts.
     async fn trade(&self, n: usize) -> anyhow::Result<(String, i64)> {
         let login = format!("m{}", 1 + (n % 10) * self.masters / 10);
-        let side = if n.is_multiple_of(2) { Side::Buy } else { Side::Sell };
+        let side = if n.is_multiple_of(2) {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
         let ticket = self
             .trader
             .call(Request::hand_open(&login, "EURUSD", side, 0.1))

@@ -71,6 +71,10 @@ struct Master<'a> {
     /// Units per lot by symbol on the master's broker (positions carry theirs for sizing by
     /// notional value).
     contracts: HashMap<String, f64>,
+    /// Broker tickets seen no longer open (a read's history without the position, or a close):
+    /// a ticket is never opened again, so an `opened` for one is an update older than what was
+    /// read, queued on the stream since the login.
+    gone: HashSet<i64>,
 }
 
 /// Runs the master session until stopped.
@@ -128,6 +132,7 @@ async fn serve(
         orders_unsupported: false,
         seq: 0,
         dirty: false,
+        gone: HashSet::new(),
         contracts: match match &ahead {
             Some(a) => Ok(a.symbols.clone()),
             None => session.api.symbols().await,
@@ -315,6 +320,13 @@ impl Master<'_> {
                 None => return Ok(()),
             },
         };
+        let open: HashSet<i64> = positions.iter().map(|p| p.ticket).collect();
+        self.gone.extend(
+            history
+                .iter()
+                .map(|h| h.position.ticket)
+                .filter(|t| !open.contains(t)),
+        );
         if self.contracts.is_empty()
             && let Ok(list) = api.symbols().await
         {
@@ -387,6 +399,14 @@ impl Master<'_> {
     /// Turns one broker change into an event and publishes it.
     async fn on_change(&mut self, change: PositionChange) -> anyhow::Result<()> {
         let event = match change {
+            PositionChange::Opened { position } if self.gone.contains(&position.ticket) => {
+                // Queued before a read that showed it closed: the read is newer.
+                debug!(
+                    ticket = position.ticket,
+                    "an update older than the last read (its position is closed): ignored"
+                );
+                return Ok(());
+            }
             PositionChange::Opened { position } => {
                 let known = self
                     .published_of(position.ticket)
@@ -396,7 +416,9 @@ impl Master<'_> {
                     // `to #`, a read, or here): the same position, as large as it shows.
                     let p = self.view.get_mut(&ticket).expect("found in the view");
                     p.broker_ticket = Some(position.ticket);
-                    if (p.volume - position.volume).abs() < 1e-9 {
+                    // Equal: nothing new. Larger: older than what was read (a remainder only
+                    // shrinks).
+                    if position.volume > p.volume - 1e-9 {
                         return Ok(());
                     }
                     let before = p.volume;
@@ -456,6 +478,17 @@ impl Master<'_> {
                     return Ok(());
                 };
                 let p = self.view.get_mut(&ticket).expect("found in the view");
+                if position.volume > p.volume - 1e-9 {
+                    // A partial close only shrinks a position: this one is no news, or older
+                    // than what was read.
+                    debug!(
+                        ticket,
+                        volume = position.volume,
+                        known = p.volume,
+                        "a partial close that does not shrink the position (an update older than the last read): ignored"
+                    );
+                    return Ok(());
+                }
                 let before = p.volume;
                 p.volume = position.volume;
                 MasterEvent::Partial {
@@ -465,6 +498,7 @@ impl Master<'_> {
                 }
             }
             PositionChange::Closed { closed } => {
+                self.gone.insert(closed.position.ticket);
                 // An order of the same ticket (its fill's) cannot rest any more either.
                 self.orders.remove(&closed.position.ticket);
                 let Some(ticket) = self.published_of(closed.position.ticket) else {

@@ -20,6 +20,7 @@ mod layering;
 mod lease_sql;
 mod ledger;
 mod manage;
+mod master_stream;
 mod model;
 mod mt4;
 mod nodes;
