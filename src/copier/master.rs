@@ -71,7 +71,8 @@ struct Master<'a> {
     /// Units per lot by symbol on the master's broker (positions carry theirs for sizing by
     /// notional value).
     contracts: HashMap<String, f64>,
-    /// Broker tickets seen no longer open (a read's history without the position, or a close):
+    /// Broker tickets seen no longer open (a read's history closing the position whole while the
+    /// read shows it open no more, or a close):
     /// a ticket is never opened again, so an `opened` for one is an update older than what was
     /// read, queued on the stream since the login.
     gone: HashSet<i64>,
@@ -324,6 +325,7 @@ impl Master<'_> {
         self.gone.extend(
             history
                 .iter()
+                .filter(|h| h.remaining_volume <= 0.0)
                 .map(|h| h.position.ticket)
                 .filter(|t| !open.contains(t)),
         );
@@ -415,12 +417,15 @@ impl Master<'_> {
                     // MT4's remainder of a partial close (followed from the closed part's
                     // `to #`, a read, or here): the same position, as large as it shows.
                     let p = self.view.get_mut(&ticket).expect("found in the view");
-                    p.broker_ticket = Some(position.ticket);
                     // Equal: nothing new. Larger: older than what was read (a remainder only
                     // shrinks).
                     if position.volume > p.volume - 1e-9 {
+                        if (position.volume - p.volume).abs() < 1e-9 {
+                            p.broker_ticket = Some(position.ticket);
+                        }
                         return Ok(());
                     }
+                    p.broker_ticket = Some(position.ticket);
                     let before = p.volume;
                     p.volume = position.volume;
                     let event = MasterEvent::Partial {
@@ -500,8 +505,13 @@ impl Master<'_> {
             PositionChange::Closed { closed } => {
                 self.gone.insert(closed.position.ticket);
                 // An order of the same ticket (its fill's) cannot rest any more either.
-                self.orders.remove(&closed.position.ticket);
+                let order_left = self.orders.remove(&closed.position.ticket).is_some();
                 let Some(ticket) = self.published_of(closed.position.ticket) else {
+                    if order_left {
+                        // Its fill's position was never published (an update older than the
+                        // last read): the order leaves the snapshot now.
+                        return self.publish(MasterEvent::Snapshot).await;
+                    }
                     return Ok(());
                 };
                 let p = self.view.get_mut(&ticket).expect("found in the view");
@@ -525,9 +535,10 @@ impl Master<'_> {
                     }
                 }
             }
-            // A late update of an order that has already filled changes nothing.
+            // A late update of an order that has already filled changes nothing, nor one whose
+            // fill's position is closed already (an update older than the last read).
             PositionChange::OrderPlaced { order } | PositionChange::OrderChanged { order }
-                if self.view.contains_key(&order.ticket) =>
+                if self.view.contains_key(&order.ticket) || self.gone.contains(&order.ticket) =>
             {
                 return Ok(());
             }

@@ -35,7 +35,7 @@ async fn a_master_publishes_nothing_older_than_its_first_read() {
         o.fence_check = false;
         o.dedupe = false;
         o.journal_reads = true;
-        o.read_delay = Duration::from_secs(1);
+        o.read_delay = Duration::from_secs(2);
     })
     .await;
     add_account(&mut conn, 1, "master", &addr, "m1").await;
