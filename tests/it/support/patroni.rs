@@ -15,8 +15,6 @@ use std::time::Duration;
 use copier_node::pgtmp::{PgBinaries, as_postgres, prepare_dir, running_as_root};
 use tokio::time::Instant;
 
-use crate::support::broker::free_port;
-
 const PATRONI: &str = "/usr/bin/patroni";
 const PATRONICTL: &str = "/usr/bin/patronictl";
 const ETCD: &str = "/usr/bin/etcd";
@@ -81,6 +79,31 @@ pub struct Patroni {
     pub synchronous: bool,
 }
 
+/// Ports below the kernel's ephemeral range (`ip_local_port_range`, 32768-60999 here), from
+/// which the rest of the suite's `bind(0)` ports and every outgoing connection take theirs.
+const CLUSTER_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port for the cluster that is free now and that no other test takes meanwhile. A member's
+/// ports are chosen before its start, and `m2` starts only once `m1` has bootstrapped (tens of
+/// seconds under a loaded suite): a `bind(0)` port could be handed to another test's listener in
+/// between, and `m2` would then never come up. Patroni scenarios run one at a time, so only this
+/// cluster takes ports from this range; `taken` keeps its own seven apart.
+fn cluster_port(taken: &mut Vec<u16>) -> u16 {
+    let span = u64::from(CLUSTER_PORTS.end - CLUSTER_PORTS.start);
+    // A random start (std's hasher keys are random per process), then the first free one.
+    let seed = {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    };
+    (0..span)
+        .map(|i| CLUSTER_PORTS.start + (seed.wrapping_add(i) % span) as u16)
+        .find(|p| !taken.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .inspect(|p| taken.push(*p))
+        .expect("a free port below the ephemeral range")
+}
+
 /// The status code of a plain HTTP GET on 127.0.0.1:port (2 s timeouts).
 fn http_status(port: u16, path: &str) -> Option<u16> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
@@ -132,14 +155,24 @@ fn chown_to_postgres(path: &Path) {
     }
 }
 
-/// Polls `probe` every 100 ms until it gives a value, for at most `within`.
-fn poll<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+/// Polls `probe` every 100 ms until it gives a value, for at most `within`; past it, panics
+/// naming `what` with `context()` (the members' logs once there are members).
+fn poll<T>(
+    what: &str,
+    within: Duration,
+    context: impl Fn() -> String,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = probe() {
             return v;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?}\n{}",
+            context()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -153,7 +186,8 @@ impl Patroni {
         spawn_watchdog(dir);
         let bins = PgBinaries::find().unwrap();
         let bin_dir = bins.tool("initdb").parent().unwrap().to_path_buf();
-        let (client, peer) = (free_port(), free_port());
+        let mut taken = Vec::new();
+        let (client, peer) = (cluster_port(&mut taken), cluster_port(&mut taken));
         let etcd = Command::new(ETCD)
             .args(["--name", "e1", "--data-dir"])
             .arg(dir.join("etcd"))
@@ -179,13 +213,13 @@ impl Patroni {
         let members: Vec<Member> = (1..=2)
             .map(|i| Member {
                 name: format!("m{i}"),
-                pg_port: free_port(),
-                rest_port: free_port(),
+                pg_port: cluster_port(&mut taken),
+                rest_port: cluster_port(&mut taken),
                 dir: dir.join(format!("m{i}")),
                 patroni: None,
             })
             .collect();
-        let port = free_port();
+        let port = cluster_port(&mut taken);
         let haproxy_cfg = dir.join("haproxy.cfg");
         let servers: String = members
             .iter()
@@ -222,9 +256,12 @@ impl Patroni {
             port,
             synchronous,
         };
-        poll("etcd to answer", Duration::from_secs(30), || {
-            (http_status(client, "/version") == Some(200)).then_some(())
-        });
+        poll(
+            "etcd to answer",
+            Duration::from_secs(30),
+            String::new,
+            || (http_status(client, "/version") == Some(200)).then_some(()),
+        );
         let namespace = format!("/copier-test-{port}/");
         for m in &cluster.members {
             prepare_dir(&m.dir).unwrap();
@@ -246,6 +283,7 @@ impl Patroni {
         poll(
             "m1 to bootstrap as the primary",
             Duration::from_secs(90),
+            || cluster.logs(),
             || (cluster.members[0].rest_status("/primary") == Some(200)).then_some(()),
         );
         cluster.spawn_member(1);
@@ -281,6 +319,7 @@ impl Patroni {
         poll(
             &format!("{} to become a streaming {path} member", m.name),
             within,
+            || self.logs(),
             || (m.rest_status(path) == Some(200)).then_some(()),
         );
     }
@@ -429,7 +468,7 @@ impl Patroni {
             .map(|m| {
                 let text = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name)))
                     .unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
                 format!("--- {}\n{}", m.name, tail.join("\n"))
             })
