@@ -2210,6 +2210,127 @@ mod tests {
         assert!(!core.has_room(), "shutting down");
     }
 
+    /// A move under way leaves the old owner's fair-share total whole. Seven accounts, all on
+    /// the core, and a peer that joined: shares of four and three. Each hand-off's release is
+    /// still under way at the core's next cycle (its row still the core's, its session gone)
+    /// and commits before the one after, when the peer claims it and publishes its count (a
+    /// cycle that claimed is followed at once by one that publishes: the test below). Counting
+    /// its rows as read back, not its sessions, the core reads a total of seven at every cycle,
+    /// hands off three and keeps its four (counting its sessions, it read the total one short
+    /// and handed off a fourth).
+    #[test]
+    fn a_move_under_way_does_not_shrink_the_old_owners_total() {
+        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
+        use crate::supervisor::Event;
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        let mut ours: std::collections::BTreeSet<i64> = (1..=7).collect();
+        // Rows the peer has claimed (and published: it does so at once).
+        let mut theirs = 0_u32;
+        // Releases issued: (account, epoch, the cycle that issued them).
+        let mut releasing: Vec<(i64, i64, usize)> = Vec::new();
+        for k in 0..12_usize {
+            let at = t + Duration::from_millis(500) * k as u32;
+            core.supervisor.host_mut().now = at;
+            // Releases issued two cycles ago have committed; the peer has claimed them.
+            for (account, epoch, _) in releasing.extract_if(.., |r| r.2 + 2 <= k) {
+                core.handle(Event::Released {
+                    account_id: account,
+                    epoch,
+                });
+                ours.remove(&account);
+                theirs += 1;
+            }
+            let outcome = CycleOutcome {
+                member: true,
+                owned: ours
+                    .iter()
+                    .map(|&id| OwnedRow {
+                        id,
+                        epoch: id,
+                        wanted: true,
+                        claimed_ms: id,
+                    })
+                    .collect(),
+                peers: vec![Peer {
+                    node_id: "p".into(),
+                    expires_in: Duration::from_secs(3),
+                    live: true,
+                    trusted: true,
+                    capacity: 10,
+                    owned: theirs,
+                    starting: 0,
+                }],
+                ..CycleOutcome::default()
+            };
+            core.acknowledged(at, at, &outcome).unwrap();
+            assert_eq!(core.target(), Some(4), "cycle {k}: the total is seven");
+            let effects: Vec<Effect> = core.supervisor.host_mut().effects.drain(..).collect();
+            for e in effects {
+                if let Effect::HandOff {
+                    account,
+                    epoch,
+                    gate,
+                    ..
+                } = e
+                {
+                    // The receiver is ready at once; the session stops; the release is sent.
+                    gate.close();
+                    core.handle(Event::Exited {
+                        account_id: account,
+                        epoch,
+                        error: None,
+                    });
+                    releasing.push((account, epoch, k));
+                }
+            }
+            assert_eq!(
+                core.supervisor.letting_go(),
+                releasing.len(),
+                "rows being released are still the core's (and published with its count)"
+            );
+        }
+        assert_eq!(
+            (ours.len(), theirs),
+            (4, 3),
+            "the core keeps its share and hands off the rest"
+        );
+    }
+
+    /// A cycle that claims is followed at once by one that publishes the new count (peers
+    /// compute every fair share from it); a cycle that claims nothing waits its period.
+    #[test]
+    fn a_cycle_that_claims_is_followed_at_once_by_one_that_publishes_it() {
+        use crate::db::lease::{CycleOutcome, OwnedRow};
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        let outcome = CycleOutcome {
+            member: true,
+            owned: (1..=3)
+                .map(|id| OwnedRow {
+                    id,
+                    epoch: id,
+                    wanted: true,
+                    claimed_ms: id,
+                })
+                .collect(),
+            ..CycleOutcome::default()
+        };
+        let next = core.acknowledged(t, t, &outcome).unwrap();
+        assert!(
+            next <= t + crate::lease::RECLAIM_SOON,
+            "claimed three: publishes them at once ({:?} later)",
+            next - t
+        );
+        let t1 = next;
+        let next = core.acknowledged(t1, t1, &outcome).unwrap();
+        assert!(
+            next - t1 >= core.node.cycle.mul_f64(1.0 - crate::lease::JITTER),
+            "claimed nothing: a period later ({:?})",
+            next - t1
+        );
+    }
+
     /// Fair share hands nothing to a peer below its share while that peer starts as many
     /// sessions as it may at once (its published `starting`); once it has room, the move goes
     /// ahead.

@@ -11,6 +11,7 @@ use sqlx::postgres::PgListener;
 use crate::support::broker::journal;
 use crate::support::fixture::CopySetup;
 use crate::support::http::{get, sample};
+use crate::support::process::{NodeProcess, NodeSpec};
 use crate::support::{
     FAST, LinkSpec, add_account, add_link, config, eventually, start_node, wait_state,
 };
@@ -366,6 +367,189 @@ async fn a_receivers_first_order_after_a_prepared_claim_needs_no_read() {
         n.shutdown();
         n.wait().await.unwrap();
     }
+    broker.stop().await;
+}
+
+/// A master's hand-off costs its followers no read: the new owner publishes the master's
+/// snapshot under its epoch, and followers whose copies already follow exactly that take it
+/// without reconciling (a reconcile reads each follower's broker account: with a slow trade
+/// server every follower would stall). Judged from the journal with every read journaled: from
+/// the master's raise at its new owner until every follower's copy of its position is closed,
+/// the followers' node read nothing of any follower, and each copy was opened once.
+#[tokio::test]
+async fn a_masters_hand_off_costs_its_followers_no_read() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        t,
+        mut conn,
+        addr,
+        ..
+    } = CopySetup::with("handoff-master-moves", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.journal_reads = true;
+        o.read_delay = Duration::from_millis(200);
+    })
+    .await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
+        add_link(&mut conn, 1, id, LinkSpec::default()).await;
+    }
+    // a takes the master alone (claims go by id), b the followers. Capacities 1 and 7 make
+    // those their fair shares (of seven, by capacity, the remainder to the lower id): a keeps
+    // the master until it stops (with a larger b, a's share would be none, and a cycle reading b
+    // before b published its claims could hand the master off early), and b has room for it.
+    let a = start_node(&config(&db, "a", 1, FAST)).await;
+    wait_state(&a.state, "a owns the master", WAIT, |s| {
+        s.owned.contains_key(&1)
+    })
+    .await;
+    let b = start_node(&config(&db, "b", 7, FAST)).await;
+    wait_state(&b.state, "b owns the followers", WAIT, |s| {
+        s.owned.len() == 6
+    })
+    .await;
+    followers_reconciled(&mut conn).await;
+    // A position open across the move: what the new owner publishes is what the copies follow.
+    let held = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    eventually("the position copied everywhere", WAIT, async || {
+        let copied = journal(&dir.path("journal.jsonl"))
+            .iter()
+            .filter(|l| l.accepted && l.action == "open" && l.client == "b")
+            .count();
+        (copied == 6).then_some(())
+    })
+    .await;
+
+    let published_at = async |conn: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar("SELECT epoch FROM master_state WHERE master_id = 1")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    let old_epoch = published_at(&mut conn).await;
+    a.shutdown();
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns the master too", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    // The new owner has published (a close before that would be in its first snapshot, which
+    // the followers would then rightly reconcile against).
+    eventually(
+        "the master published under its new owner",
+        WAIT,
+        async || (published_at(&mut conn).await > old_epoch).then_some(()),
+    )
+    .await;
+    t.close("m1", held, None).await;
+    let lines = copied_once_each(&dir, 1).await;
+
+    // From b's first login of the master (its prepared login, then the raise).
+    let taken = lines
+        .iter()
+        .position(|l| l.client == "b" && l.login == "m1" && l.action == "login")
+        .expect("b took the master through its login");
+    assert!(
+        lines[taken..].iter().any(|l| l.client == "b"
+            && l.login == "m1"
+            && l.action == "login"
+            && l.fence.is_some()),
+        "b raised the master's fence"
+    );
+    let last_close = lines
+        .iter()
+        .rposition(|l| l.client == "b" && l.action == "close" && l.accepted)
+        .expect("b closed the copies");
+    let reads: Vec<(&str, &str)> = lines[taken..last_close]
+        .iter()
+        .filter(|l| l.client == "b" && l.login.starts_with('f'))
+        .filter(|l| ["positions", "history", "orders", "account"].contains(&l.action.as_str()))
+        .map(|l| (l.login.as_str(), l.action.as_str()))
+        .collect();
+    assert!(
+        reads.is_empty(),
+        "b read its followers while the master moved: {reads:?}"
+    );
+    b.shutdown();
+    b.wait().await.unwrap();
+    broker.stop().await;
+}
+
+/// A node joins the cluster, which makes it a peer's hand-off target, only once it listens for
+/// hand-off offers: an offer sent before would be lost, and the old owner would wait out its bound
+/// and hand off unprepared (a fair-share test once saw a's offer of the master sent 12 ms before
+/// b's LISTEN was up). b, a process, has its LISTEN held at a fault-injection point: it joins
+/// only after its bounded wait, saying so, and once let go it listens and takes its share.
+#[tokio::test]
+async fn a_node_joins_only_once_it_listens_for_hand_off_offers() {
+    if !cfg!(feature = "failpoints") {
+        panic!(
+            "this test holds a node's LISTEN through a fault-injection point: run with --features failpoints"
+        );
+    }
+    let (
+        CopySetup {
+            db,
+            dir,
+            broker,
+            mut conn,
+            ..
+        },
+        a,
+    ) = seven_accounts_on_a("handoff-join-listening").await;
+    let hold = dir.path("hold-listen");
+    std::fs::write(&hold, b"hold").unwrap();
+    let mut b = NodeProcess::spawn_with(&NodeSpec {
+        node_id: "b".into(),
+        capacity: 100,
+        timing: FAST,
+        database_url: db.url.clone(),
+        listen_url: None,
+        env: vec![("COPIERTEST_HOLD_LISTEN".into(), hold.display().to_string())],
+        extra: Vec::new(),
+    });
+    b.wait_for_output("LISTEN connection held before it connects", WAIT)
+        .await;
+    // b joins while held only through its bounded wait, which it names first.
+    eventually("b a member", WAIT, async || {
+        let members: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE node_id = 'b'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        (members == 1).then_some(())
+    })
+    .await;
+    let output = b.output();
+    let waited = output
+        .find("the hand-off receiver is not listening yet; joining anyway")
+        .unwrap_or_else(|| panic!("b joined without waiting for its LISTEN:\n{output}"));
+    let joined = output
+        .find("joined the cluster")
+        .expect("b logged its join");
+    assert!(
+        waited < joined,
+        "b joined before its wait ran out:\n{output}"
+    );
+    std::fs::remove_file(&hold).unwrap();
+    b.wait_for_output("listening for release announcements", WAIT)
+        .await;
+    eventually("b holds its share", WAIT, async || {
+        let at_b: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id = 'b'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        (at_b >= 3).then_some(())
+    })
+    .await;
+    b.signal("TERM");
+    assert_eq!(b.wait_exit(WAIT).await.code(), Some(0));
+    a.shutdown();
+    a.wait().await.unwrap();
     broker.stop().await;
 }
 

@@ -688,6 +688,11 @@ impl Follower<'_> {
             } else {
                 "gap in the master's sequence"
             };
+            if (n.epoch != epoch || n.event == MasterEvent::Snapshot)
+                && self.snapshot_unchanged(n.master).await
+            {
+                return;
+            }
             self.reconcile_master(n.master, why).await;
             return;
         }
@@ -762,6 +767,52 @@ impl Follower<'_> {
                 }
             }
         }
+    }
+}
+
+impl Follower<'_> {
+    /// A snapshot the master published (a new owner's first, or its owner's after a doubt)
+    /// that holds exactly the positions and orders the copies follow already: taken at its
+    /// (epoch, seq) with nothing to decide, and true. Deciding against it would decide what was
+    /// decided, and a reconcile would read the follower's broker account for nothing (a
+    /// master's hand-off would stall every follower for its reads). False, and nothing taken,
+    /// when it differs, a reconcile is owed, the gate is closed, or the read fails.
+    async fn snapshot_unchanged(&mut self, m: i64) -> bool {
+        if self.owing.due || !self.ctx.gate.holds() {
+            return false;
+        }
+        let read = self
+            .ctx
+            .node
+            .db
+            .background(async |conn| db::copy::master_state(&mut *conn, m).await)
+            .await;
+        let Ok(Some(state)) = read else {
+            return false;
+        };
+        let Some(view) = self.masters.get_mut(&m) else {
+            return false;
+        };
+        let by_ticket = |mut p: Vec<MasterPosition>, mut o: Vec<MasterOrder>| {
+            p.sort_by_key(|p| p.ticket);
+            o.sort_by_key(|o| o.ticket);
+            (p, o)
+        };
+        let same = !state.before_failover
+            && (state.epoch, state.seq) > (view.epoch, view.seq)
+            && by_ticket(state.positions, state.orders)
+                == by_ticket(view.positions.clone(), view.orders.clone());
+        if same {
+            debug!(
+                master_id = m,
+                epoch = state.epoch,
+                seq = state.seq,
+                "the master's snapshot holds what the copies follow: taken, nothing to reconcile"
+            );
+            view.epoch = state.epoch;
+            view.seq = state.seq;
+        }
+        same
     }
 }
 

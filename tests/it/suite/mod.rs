@@ -590,9 +590,13 @@ impl Suite {
         }
     }
 
-    /// Waits until every account is owned and ownership has not changed for a second (fair share
-    /// settled); returns the owners.
+    /// Waits until every account is owned and ownership has not changed for three cycle periods
+    /// (at least a second: fair share settled); returns the owners.
     pub async fn wait_stable(&self) -> HashMap<i64, String> {
+        // Moves go at most one per cycle period, each after its receiver's answer: unchanged
+        // for three periods (at least 1 s) is settled, not a pause between two moves.
+        let cycle = copier_node::config::parse_duration(self.timing.cycle).expect("a cycle");
+        let settled = (cycle * 3).max(Duration::from_secs(1));
         let since = Instant::now();
         let mut previous = HashMap::new();
         let mut stable_since = Instant::now();
@@ -600,7 +604,7 @@ impl Suite {
             let now = self.owners().await;
             if now.len() != 8 || now != previous {
                 stable_since = Instant::now();
-            } else if stable_since.elapsed() >= Duration::from_secs(1) {
+            } else if stable_since.elapsed() >= settled {
                 return now;
             }
             previous = now;
