@@ -255,18 +255,13 @@ pub async fn start(
             sessions: background.child_token(),
         };
         let background_tasks = TaskTracker::new();
-        let receiving = if config.events_poll.is_none() {
+        if config.events_poll.is_none() {
             // Prepares logins for the accounts peers offer this node (a node shutting down
-            // prepares nothing); the node joins once it listens for the offers.
-            let (listening, receiving) = tokio::sync::oneshot::channel();
+            // prepares nothing).
             background_tasks.spawn(
-                crate::handoff::serve(services.clone(), shutdown.child_token(), listening)
-                    .in_current_span(),
+                crate::handoff::serve(services.clone(), shutdown.child_token()).in_current_span(),
             );
-            Some(receiving)
-        } else {
-            None
-        };
+        }
         background_tasks.spawn(
             forget_dead_nodes(pool.clone(), node.platform.clone(), background.clone())
                 .in_current_span(),
@@ -288,7 +283,6 @@ pub async fn start(
             wake,
             state: state_tx,
             metrics,
-            receiving,
         };
         let loop_shutdown = shutdown.clone();
         let task = tokio::spawn(

@@ -106,18 +106,12 @@ pub async fn offer(
 
 /// Runs the receiving side until `shutdown`: prepares a login for every account offered to this
 /// node, answers the offer, and logs out what is not claimed within [`KEPT`]. A node shutting
-/// down answers at once and prepares nothing. `listening` fires once offers can arrive.
-pub async fn serve(
-    node: std::sync::Arc<NodeServices>,
-    shutdown: CancellationToken,
-    listening: oneshot::Sender<()>,
-) {
+/// down answers at once and prepares nothing.
+pub async fn serve(node: std::sync::Arc<NodeServices>, shutdown: CancellationToken) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let Some(_subscription) = node.hub.subscribe(Topic::Handoffs, tx).await else {
         return;
     };
-    // The lease loop joins the cluster (and peers start offering) from now on.
-    let _ = listening.send(());
     loop {
         let signal = tokio::select! {
             _ = shutdown.cancelled() => return,

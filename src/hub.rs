@@ -329,10 +329,6 @@ async fn run(
     // fails, the next one goes at once instead of after the backoff.
     let mut back_pending = false;
     while !cancel.is_cancelled() {
-        crate::failpoints::failpoint!(
-            "COPIERTEST_HOLD_LISTEN",
-            "LISTEN connection held before it connects"
-        );
         // Connect and listen to everything wanted, taking commands meanwhile.
         let connecting = connect(&options, subs.by_master.keys().copied().collect());
         tokio::pin!(connecting);

@@ -52,11 +52,6 @@ pub(crate) const ADMIT_AGAIN: Duration = Duration::from_secs(1);
 /// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
 pub(crate) const JITTER: f64 = 0.2;
 
-/// How long a starting node waits for its hand-off receiver to listen before it joins anyway
-/// (peers offer hand-offs to members; an offer sent before the receiver listens is lost, and the
-/// old owner then waits out its bound before handing off unprepared).
-pub(crate) const LISTEN_BEFORE_JOINING: Duration = Duration::from_secs(5);
-
 /// Why a node stopped on its own.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -86,10 +81,6 @@ pub struct LeaseLoop {
     pub wake: Arc<crate::hub::Wake>,
     pub state: watch::Sender<NodeState>,
     pub metrics: Arc<Metrics>,
-    /// Resolves once the hand-off receiver listens for offers ([`crate::handoff::serve`]): the
-    /// node registers its membership, which makes peers offer it accounts, only then (or after
-    /// [`LISTEN_BEFORE_JOINING`]). `None` where no offer can arrive (polling hub).
-    pub receiving: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl LeaseLoop {
@@ -106,19 +97,7 @@ impl LeaseLoop {
             wake,
             state,
             metrics,
-            receiving,
         } = self;
-        if let Some(receiving) = receiving {
-            tokio::select! {
-                r = receiving => if r.is_err() {
-                    warn!("the hand-off receiver stopped before listening; joining without it (peers' offers to this node go unanswered)");
-                },
-                _ = tokio::time::sleep(LISTEN_BEFORE_JOINING) => {
-                    warn!(waited_ms = LISTEN_BEFORE_JOINING.as_millis() as u64, "the hand-off receiver is not listening yet; joining anyway (offers sent before it listens go unanswered)");
-                }
-                _ = shutdown.cancelled() => {}
-            }
-        }
         let mut core = Core::new(
             node,
             instance_id,

@@ -612,6 +612,11 @@ impl Follower<'_> {
                 why, epoch, seq, "reconciled: nothing to send"
             );
         }
+        self.report_master(m, epoch, seq);
+    }
+
+    /// The account's status: the master's (epoch, seq) its copies follow now.
+    fn report_master(&mut self, m: i64, epoch: i64, seq: i64) {
         self.set_status(&format!(
             "follower: master {m} at epoch {epoch} seq {seq}; {} copies sent",
             self.sending.copies
@@ -811,6 +816,7 @@ impl Follower<'_> {
             );
             view.epoch = state.epoch;
             view.seq = state.seq;
+            self.report_master(m, state.epoch, state.seq);
         }
         same
     }
