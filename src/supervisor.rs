@@ -649,17 +649,6 @@ impl<H: Host> Supervisor<H> {
             .count()
     }
 
-    /// Rows still this node's that no session counts: sessions stopping to be released and
-    /// releases under way. Published with its count (`nodes.owned`): left out, a move under way
-    /// would shrink the total the peers compute every share from.
-    pub fn letting_go(&self) -> usize {
-        self.stopping
-            .values()
-            .filter(|s| s.gate.is_closed() && s.release.is_some())
-            .count()
-            + self.releasing.len()
-    }
-
     /// Sessions started and not yet through their start-up ([`Host::starting`]).
     pub fn starting(&self) -> usize {
         self.host.starting()
@@ -769,7 +758,6 @@ impl<H: Host> Supervisor<H> {
         if !self.releasing.insert((account_id, epoch)) {
             return;
         }
-
         self.host.release(account_id, epoch, status, to);
     }
 }

@@ -39,8 +39,6 @@ pub struct Core<H: Host> {
     held: Vec<i64>,
     /// Rows wanted by this node after the last cycle (counts against capacity).
     wanted: usize,
-    /// The last cycle claimed rows its published count did not include yet.
-    claimed_unpublished: bool,
     deadline: Option<Instant>,
     last_ack: Option<Instant>,
     lapse_logged: bool,
@@ -100,7 +98,6 @@ impl<H: Host> Core<H> {
             rng,
             held: Vec::new(),
             wanted: 0,
-            claimed_unpublished: false,
             deadline: None,
             last_ack: None,
             lapse_logged: false,
@@ -159,10 +156,8 @@ impl<H: Host> Core<H> {
             },
             claim_limit: self.share_limit().min(self.admitted(owned.len())),
             claim,
-            // Published for the peers' shares, hand-offs still waiting and rows being
-            // released included (no session counts them, and they are not free yet).
-            owned: (owned.len() + self.supervisor.handing_off() + self.supervisor.letting_go())
-                as u32,
+            // Published for the peers' shares, hand-offs still waiting included.
+            owned: (owned.len() + self.supervisor.handing_off()) as u32,
             starting: u32::try_from(self.supervisor.starting()).unwrap_or(u32::MAX),
         }
     }
@@ -260,9 +255,7 @@ impl<H: Host> Core<H> {
             .apply(&outcome.owned, acknowledged, deadline) as u64;
         self.deadline = Some(deadline);
         self.held = outcome.owned.iter().map(|r| r.epoch).collect();
-        let wanted_before = self.wanted;
         self.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
-        self.claimed_unpublished = self.wanted > wanted_before;
         self.watch_database(&outcome.database, acknowledged);
         self.metrics.accounts_claimable.set(outcome.free as i64);
         self.peers = outcome.peers.clone();
@@ -359,11 +352,10 @@ impl<H: Host> Core<H> {
                     capacity: p.capacity,
                 }),
         );
-        // This node's part is its rows as the cycle read them back (hand-offs waiting for their
-        // receivers, sessions stopping and releases under way included: they are nobody else's
-        // yet), not its sessions: counted from the sessions, a move under way would shrink the
-        // total, and every share with it, and the old owner would hand off one too many.
-        let total = self.wanted as u64
+        // Hand-offs waiting for their receivers are nobody else's yet: counted (as this node
+        // publishes them), or the total would shrink and every share with it.
+        let total = owned as u64
+            + self.supervisor.handing_off() as u64
             + outcome
                 .peers
                 .iter()
@@ -478,13 +470,6 @@ impl<H: Host> Core<H> {
                 next = next.min(end + EXPIRY_SLACK);
             }
             return next;
-        }
-        if self.claimed_unpublished && self.draining.is_none() {
-            // This cycle claimed: the count it published (`nodes.owned`) is from before, and
-            // peers compute every fair share from it. The next cycle publishes it now rather
-            // than a period later (a peer handing accounts off would read one short meanwhile,
-            // and hand off one too many).
-            next = next.min(acknowledged + RECLAIM_SOON);
         }
         if room && self.draining.is_none() && outcome.free > 0 && !self.late {
             // Free accounts and room under a share that just grew (a peer left, accounts were
