@@ -13,8 +13,7 @@
 //! then starts its session. Where the bridge promises an ordered stream (`ordered_stream` in its
 //! `hello`: a change made before a request reaches the connection before that request's reply),
 //! R also reads the account's pending orders, positions, history and the server's symbols while
-//! prepared, once it has answered the offer ([`crate::broker::PreparedLogin::read_ahead`]: the
-//! old owner's wait is the login's alone, and a claim made meanwhile waits for the read); the changes its stream carries up to
+//! prepared ([`crate::broker::PreparedLogin::read_ahead`]); the changes its stream carries up to
 //! the fence's reply (which follows the old owner's last order, since that order was answered
 //! before the release and the release before the claim) bring them current, and the session
 //! starts from them without a read of the trade server. Its reads of the database (links, the
@@ -134,6 +133,14 @@ pub async fn serve(node: std::sync::Arc<NodeServices>, shutdown: CancellationTok
     }
 }
 
+/// A login made ahead of a claim: how long it took, and whether the account was read too (why
+/// not, if not).
+struct Prepared {
+    login: Box<dyn PreparedLogin>,
+    login_ms: u64,
+    read_ahead: Result<(), String>,
+}
+
 /// Prepares one offered account's login, answers the offer, and drops the login if nobody took
 /// it within [`KEPT`].
 async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationToken) {
@@ -179,28 +186,32 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         };
         let broker = node.brokers.broker(&row.server);
         let deadline = tokio::time::Instant::now() + PREPARE_WITHIN;
-        let login = tokio::time::timeout_at(deadline, broker.prepare(&account))
+        let mut login = tokio::time::timeout_at(deadline, broker.prepare(&account))
             .await
             .map_err(|_| anyhow::anyhow!("no login within {PREPARE_WITHIN:?}"))??;
-        Ok((login, deadline))
+        let login_ms = started.elapsed().as_millis() as u64;
+        // The account's orders, positions, history and symbols too, so that the session
+        // starts from them after its claim instead of reading. A broker that cannot keep them
+        // current leaves the session to read, as after any login.
+        let read_ahead = match tokio::time::timeout_at(deadline, login.read_ahead()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no read within {PREPARE_WITHIN:?}")),
+        };
+        Ok(Prepared {
+            login,
+            login_ms,
+            read_ahead,
+        })
     };
-    let outcome: anyhow::Result<(Box<dyn PreparedLogin>, tokio::time::Instant)> = prepared.await;
-    let login_ms = started.elapsed().as_millis() as u64;
+    let outcome: anyhow::Result<Prepared> = prepared.await;
+    let prepared_ms = started.elapsed().as_millis() as u64;
     match outcome {
-        Ok((mut login, deadline)) => {
-            // Answered once logged in: the old owner stops waiting (and copying) now, and the
-            // claim that follows waits for the read below, if it is still under way, as a
-            // session would wait for its own reads.
-            answer(node, offer, shutdown).await;
-            // The account's orders, positions, history and symbols too, so that the session
-            // starts from them after its claim instead of reading. A broker that cannot keep
-            // them current leaves the session to read, as after any login.
-            let read_ahead = match tokio::time::timeout_at(deadline, login.read_ahead()).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("no read within {PREPARE_WITHIN:?}")),
-            };
-            let prepared_ms = started.elapsed().as_millis() as u64;
+        Ok(Prepared {
+            login,
+            login_ms,
+            read_ahead,
+        }) => {
             match &read_ahead {
                 Ok(()) => info!(
                     account_id,
@@ -232,8 +243,20 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             info!(account_id, from = %offer.from, error = %format!("{e:#}"), "hand-off offered: not prepared; the account logs in as usual when claimed");
             handoffs.forget(account_id, generation);
             let _ = done.send(None);
-            answer(node, offer, shutdown).await;
         }
+    }
+    // Read as the answer leaves: the receiver's share may have changed while it logged in.
+    let answer = Handoff {
+        ready: true,
+        claims: !shutdown.is_cancelled() && node.hub.room(),
+        ..offer.clone()
+    };
+    if let Err(e) = node
+        .db
+        .run(async |c| db::lease::announce_handoff(c, &answer.payload()).await)
+        .await
+    {
+        debug!(account_id, error = %db::describe(&e), "could not answer the hand-off offer (the old owner stops waiting at its bound)");
     }
     tokio::select! {
         _ = tokio::time::sleep(KEPT) => {}
@@ -248,22 +271,5 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             account_id,
             "prepared login not claimed here in time: logged out"
         );
-    }
-}
-
-/// Answers `offer`: ready, and whether this node expects to claim the account (read as the
-/// answer leaves: its share may have changed while it logged in).
-async fn answer(node: &NodeServices, offer: &Handoff, shutdown: &CancellationToken) {
-    let answer = Handoff {
-        ready: true,
-        claims: !shutdown.is_cancelled() && node.hub.room(),
-        ..offer.clone()
-    };
-    if let Err(e) = node
-        .db
-        .run(async |c| db::lease::announce_handoff(c, &answer.payload()).await)
-        .await
-    {
-        debug!(account_id = offer.account_id, error = %db::describe(&e), "could not answer the hand-off offer (the old owner stops waiting at its bound)");
     }
 }
