@@ -87,7 +87,24 @@ pub struct FixVenue {
 }
 
 impl FixVenue {
+    /// Starts the venue on free ports. A port found free by `bind(0)` can be taken by another
+    /// test's process before the venue binds it ("Address already in use"): the venue is then
+    /// started again on other ports, a few times.
     pub fn start(dir: &Path, accounts: &[VenueAccount<'_>]) -> FixVenue {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            match Self::try_start(dir, accounts) {
+                Ok(venue) => return venue,
+                Err(why) if attempt < ATTEMPTS => {
+                    eprintln!("the FIX venue did not start ({why}); again on other ports");
+                }
+                Err(why) => panic!("the FIX venue did not start in {ATTEMPTS} attempts: {why}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    fn try_start(dir: &Path, accounts: &[VenueAccount<'_>]) -> Result<FixVenue, String> {
         let port = free_port();
         let control_port = free_port();
         let logs = dir.join("fix-logs");
@@ -120,17 +137,18 @@ impl FixVenue {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut first)
             .unwrap();
-        assert!(
-            first.contains("ready"),
-            "the FIX venue did not start: {first:?}"
-        );
-        FixVenue {
+        if !first.contains("ready") {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("its first line: {first:?}"));
+        }
+        Ok(FixVenue {
             child,
             port,
             control_port,
             journal,
             comp_id: "VENUE".into(),
-        }
+        })
     }
 
     /// One control command (see the venue's header); returns its answer line.
