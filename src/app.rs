@@ -281,6 +281,7 @@ pub async fn start(
             supervisor: Supervisor::new(shared, event_tx),
             events: event_rx,
             wake,
+            starting: services.starting.clone(),
             state: state_tx,
             metrics,
         };

@@ -9,6 +9,8 @@
 //!                                               #   notify, events, poll, pooler, scale)
 //!   cargo bench --bench copier -- --only copy --rows 100x1,1000x1 --trades 40
 //!                                               # chosen copy rows (followers x nodes)
+//!   cargo bench --bench copier -- --only scale --scale-rows 1
+//!                                               # chosen scale runs (by index)
 //!   COPIER_BENCH_NODE=/path/to/other/copier-node cargo bench ...
 //!                                               # node processes of another build (A/B runs)
 //!
@@ -68,6 +70,10 @@ pub(crate) struct Options {
     rows: Option<Vec<(usize, usize)>>,
     /// `--trades N`: the copy section's master opens per row.
     trades: Option<usize>,
+    /// `--scale-rows 1,2`: the scale section's runs by their index (0: 20,000 over 4 nodes; 1
+    /// and 2: 100,000 over 10 at the default and the short timing), for quick runs while working
+    /// on one (with `--only scale`).
+    scale_rows: Option<Vec<usize>>,
 }
 
 #[derive(Default, Serialize)]
@@ -128,12 +134,18 @@ fn main() {
             .collect()
     });
     let trades = value("--trades").map(|t| t.parse().expect("--trades: a count"));
+    let scale_rows = value("--scale-rows").map(|r| {
+        r.split(',')
+            .map(|i| i.parse().expect("--scale-rows: indices, as 1,2"))
+            .collect()
+    });
     let options = Options {
         smoke,
         only,
         out,
         rows,
         trades,
+        scale_rows,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

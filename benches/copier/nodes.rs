@@ -184,7 +184,12 @@ impl Setup {
             .args(timing)
             .env("COPIER_DATABASE_URL", &self.url)
             .env_remove("DATABASE_URL")
-            .env("RUST_LOG", "warn")
+            // `COPIER_BENCH_NODE_LOG=warn,copier_node::lease=debug`: more of the nodes' logs,
+            // while looking into a run (warnings are counted by level, whatever else is logged).
+            .env(
+                "RUST_LOG",
+                std::env::var("COPIER_BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

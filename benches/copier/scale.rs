@@ -153,6 +153,9 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
         "| run | fault | accounts the node held | until every account owned again | left to their lease | last of 100 followers meanwhile p50 / p99 (trades, missed) |\n|---|---|---:|---:|---:|---:|\n",
     );
     for (i, shape) in shapes.iter().enumerate() {
+        if options.scale_rows.as_ref().is_some_and(|r| !r.contains(&i)) {
+            continue;
+        }
         // A run that fails is reported as such, and the next runs: at these sizes a failure is a
         // finding, not a broken harness (the smoke, small, still fails the benchmark).
         let row = match run(pg, shape, trades, &format!("bench_scale_{i}")).await {

@@ -46,8 +46,18 @@ pub(crate) const RECLAIM_SOON: Duration = Duration::from_millis(10);
 /// account's start-up reads and login at once.
 pub const STARTING_AT_ONCE: usize = 1000;
 
-/// How soon a node claims again when free accounts wait only for its sessions to start.
+/// When free accounts wait only for the node's sessions to start, it claims again once no more
+/// than this many are still starting (or at its next period): every such claim admits at least
+/// half of [`STARTING_AT_ONCE`], so the renewals of what it holds are not repeated for a few
+/// accounts at a time.
+pub const ADMIT_WHEN_STARTING: usize = STARTING_AT_ONCE / 2;
+
+/// The soonest a node claims again after a cycle whose claims waited for its sessions to start.
 pub(crate) const ADMIT_AGAIN: Duration = Duration::from_secs(1);
+
+/// ... and no sooner than this many times that cycle's duration: on a slow database the
+/// admission cycles take at most a tenth of the node's time.
+pub(crate) const ADMIT_SPACING: u32 = 10;
 
 /// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
 pub(crate) const JITTER: f64 = 0.2;
@@ -79,6 +89,8 @@ pub struct LeaseLoop {
     pub supervisor: Supervisor,
     pub events: mpsc::UnboundedReceiver<Event>,
     pub wake: Arc<crate::hub::Wake>,
+    /// The node's sessions still starting: claims that wait for them run once enough are through.
+    pub starting: Arc<crate::session::Starting>,
     pub state: watch::Sender<NodeState>,
     pub metrics: Arc<Metrics>,
 }
@@ -95,6 +107,7 @@ impl LeaseLoop {
             supervisor,
             mut events,
             wake,
+            starting,
             state,
             metrics,
         } = self;
@@ -142,6 +155,12 @@ impl LeaseLoop {
                 _ = wake.notified(), if draining.is_none() => {
                     debug!("release announced by a peer (or listener reconnected): claiming now");
                     next = Instant::now();
+                }
+                _ = starting.at_most(ADMIT_WHEN_STARTING), if core.awaits_admission() => {
+                    if let Some(at) = core.admission() {
+                        debug!(starting = starting.count(), "enough of the node's sessions started: claiming again");
+                        next = next.min(at.max(Instant::now()));
+                    }
                 }
             }
             // What the hub and the hand-off receiver go by until the next turn.

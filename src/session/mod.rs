@@ -60,16 +60,37 @@ pub struct NodeServices {
 #[derive(Debug)]
 pub struct Starting {
     gauge: prometheus::IntGauge,
+    /// Woken whenever a start-up ends ([`Starting::at_most`]).
+    through: tokio::sync::Notify,
 }
 
 impl Starting {
     pub fn new(gauge: prometheus::IntGauge) -> Arc<Starting> {
-        Arc::new(Starting { gauge })
+        Arc::new(Starting {
+            gauge,
+            through: tokio::sync::Notify::new(),
+        })
     }
 
     /// Sessions still starting.
     pub fn count(&self) -> usize {
         self.gauge.get().max(0) as usize
+    }
+
+    /// Returns once no more than `n` sessions are still starting (at once if so already): the
+    /// lease loop waits here to claim again when its claims wait for the node's own start-ups
+    /// (admission), instead of polling with cycles that renew every row it holds.
+    pub async fn at_most(&self, n: usize) {
+        loop {
+            let through = self.through.notified();
+            tokio::pin!(through);
+            // Registered before the count is read: a start-up ending in between still wakes.
+            through.as_mut().enable();
+            if self.count() <= n {
+                return;
+            }
+            through.await;
+        }
     }
 
     /// A session begins its start-up; it ends when the session says so or the task ends.
@@ -94,6 +115,7 @@ impl StartUp {
     pub fn done(&self) {
         if !self.done.swap(true, std::sync::atomic::Ordering::Relaxed) {
             self.of.gauge.dec();
+            self.of.through.notify_waiters();
         }
     }
 }
@@ -148,6 +170,10 @@ impl AccountContext {
     /// is unreachable. `None` if the task was stopped meanwhile; an error if the broker refused
     /// the login (bad credentials, a newer owner's fence).
     pub async fn login(&self, row: &AccountRow) -> anyhow::Result<Option<Session>> {
+        crate::failpoints::failpoint!(
+            "COPIERTEST_HOLD_START",
+            "account session held before its login (still starting)"
+        );
         // Decrypted here, in the session that logs in, and nowhere else.
         let password = row
             .credentials
@@ -380,5 +406,40 @@ mod tests {
             "a task that ended unstarted no longer counts"
         );
         assert_eq!(starting.gauge.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_start_ups_returns_once_few_enough_are_left() {
+        let starting = Starting::new(prometheus::IntGauge::new("s", "s").unwrap());
+        let ups: Vec<_> = (0..3).map(|_| starting.begin()).collect();
+        let wait = starting.at_most(1);
+        tokio::pin!(wait);
+        assert!(
+            futures_now(wait.as_mut()).is_none(),
+            "three starting is more than one"
+        );
+        ups[0].done();
+        assert!(
+            futures_now(wait.as_mut()).is_none(),
+            "two starting is still more than one"
+        );
+        drop(ups);
+        assert!(
+            futures_now(wait.as_mut()).is_some(),
+            "none left: the wait is over"
+        );
+        assert!(
+            futures_now(std::pin::pin!(starting.at_most(0))).is_some(),
+            "already few enough: returns at once"
+        );
+    }
+
+    /// Polls `f` once: its output if it is ready.
+    fn futures_now<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        match f.poll(&mut std::task::Context::from_waker(waker)) {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        }
     }
 }

@@ -2154,6 +2154,53 @@ mod tests {
         assert_eq!(limit(&core), 10, "then its capacity again");
     }
 
+    /// A node whose claims wait for its own sessions to start keeps its period (every cycle
+    /// renews all it holds) and asks to claim again once enough are through: no sooner than
+    /// `ADMIT_AGAIN`, nor than ten of the cycle's durations.
+    #[test]
+    fn claims_waiting_for_start_ups_keep_the_period_and_ask_to_be_woken() {
+        use crate::db::lease::CycleOutcome;
+        use crate::lease::STARTING_AT_ONCE;
+        let t = Instant::now();
+        let free = CycleOutcome {
+            member: true,
+            free: 5,
+            ..CycleOutcome::default()
+        };
+        let period_floor = Duration::from_millis(400); // the cycle (500 ms) less its jitter
+        for (took, soonest) in [
+            (Duration::from_millis(5), Duration::from_secs(1)),
+            (Duration::from_millis(200), Duration::from_secs(2)),
+        ] {
+            let mut core = lone_core(t);
+            core.supervisor.host_mut().starting = STARTING_AT_ONCE;
+            let next = core.acknowledged(t, t + took, &free).unwrap();
+            assert!(
+                next >= t + period_floor,
+                "no cycle before the period while every start-up slot is taken"
+            );
+            assert!(core.awaits_admission());
+            assert_eq!(core.admission(), Some(t + took + soonest), "took {took:?}");
+            assert_eq!(core.admission(), None, "asked once per wait");
+        }
+        // Nothing to claim, or room to start more: nothing waits for start-ups.
+        for (starting, outcome) in [
+            (
+                STARTING_AT_ONCE,
+                CycleOutcome {
+                    member: true,
+                    ..CycleOutcome::default()
+                },
+            ),
+            (0, free.clone()),
+        ] {
+            let mut core = lone_core(t);
+            core.supervisor.host_mut().starting = starting;
+            core.acknowledged(t, t, &outcome).unwrap();
+            assert!(!core.awaits_admission(), "starting {starting}");
+        }
+    }
+
     /// A lone core's cycle read-back: it owns accounts `1..=mine` of 10, a trusted peer `p` of
     /// capacity 10 the rest, that peer publishing `starting` sessions still starting.
     fn beside_one_peer(mine: i64, starting: u32) -> crate::db::lease::CycleOutcome {

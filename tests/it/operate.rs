@@ -490,6 +490,109 @@ async fn a_node_with_its_pool_saturated_by_session_work_still_renews_every_cycle
     assert_eq!(node.wait_exit(WAIT).await.code(), Some(0));
 }
 
+/// A node claims no more than it can start (admission: `STARTING_AT_ONCE` sessions starting at
+/// once), and while its claims wait for its own start-ups it does not poll for room with cycles,
+/// each of which renews every row it holds: its renewals keep the cycle period, and once enough
+/// start-ups are through it claims the rest without waiting for the period. 1,050 accounts;
+/// every session is held before its login at a fault-injection point until the test lets go.
+/// Judged from the database alone: the rows' owner and `claimed_at`, and the membership's
+/// `renewed_at` (the database's clock).
+#[tokio::test]
+async fn claims_waiting_for_start_ups_keep_the_period_and_resume_once_they_are_through() {
+    if !cfg!(feature = "failpoints") {
+        panic!(
+            "this test holds sessions starting through a fault-injection point: run with --features failpoints"
+        );
+    }
+    const AT_ONCE: i64 = copier_node::lease::STARTING_AT_ONCE as i64;
+    const ACCOUNTS: i64 = AT_ONCE + 50;
+    /// The cycle period, less its jitter (a fifth).
+    const PERIOD_AT_LEAST: f64 = 4.0;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=ACCOUNTS, "mt5").await;
+    let dir = Scratch::new("admission");
+    // A trade server that knows none of the logins: once let go, each session's start ends at
+    // once (its login refused, it waits to restart), so the start-ups are through together.
+    let broker = start_sim(&dir).await;
+    sqlx::query("UPDATE trading_accounts SET server = $1")
+        .bind(broker.addr.to_string())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let hold = dir.path("hold");
+    std::fs::write(&hold, b"hold").unwrap();
+    let mut node =
+        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
+            node_id: "adm".into(),
+            capacity: 2 * ACCOUNTS as u32,
+            timing: crate::support::Timing {
+                lease: "20s",
+                fence: "5s",
+                cycle: "5s",
+            },
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: vec![("COPIERTEST_HOLD_START".into(), hold.display().to_string())],
+            extra: Vec::new(),
+        });
+    // (accounts owned by the node, its membership's renewal, the latest claim), database clock.
+    let read = async |conn: &mut sqlx::PgConnection| -> (i64, Option<f64>, Option<f64>) {
+        sqlx::query_as(
+            "SELECT (SELECT count(*) FROM trading_accounts WHERE node_id = 'adm' AND lease_until > now()),
+                    (SELECT extract(epoch FROM renewed_at)::float8 FROM nodes WHERE node_id = 'adm'),
+                    (SELECT extract(epoch FROM max(claimed_at))::float8 FROM trading_accounts WHERE node_id = 'adm')",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    };
+    let first = eventually("the node's first claims", WAIT, async || {
+        let (owned, renewed, _) = read(&mut conn).await;
+        (owned > 0).then(|| (owned, renewed.expect("a member")))
+    })
+    .await;
+    assert_eq!(
+        first.0, AT_ONCE,
+        "the first cycle claims as many as may start at once, and no more"
+    );
+    // Every start-up slot is taken: renewals come at the period, claiming nothing. (The first
+    // may come sooner: the node's LISTEN connection, once up, wakes the loop for a cycle.)
+    let mut renewals = vec![first.1];
+    while renewals.len() < 3 {
+        let (owned, renewed) = eventually("the node's next renewal", WAIT, async || {
+            let (owned, renewed, _) = read(&mut conn).await;
+            (renewed != renewals.last().copied()).then(|| (owned, renewed.expect("a member")))
+        })
+        .await;
+        assert_eq!(
+            owned, AT_ONCE,
+            "nothing more claimed while every start-up slot is taken"
+        );
+        renewals.push(renewed);
+    }
+    std::fs::remove_file(&hold).unwrap();
+    let second = renewals[2];
+    assert!(
+        second - renewals[1] >= PERIOD_AT_LEAST,
+        "the node cycled {:.2} s after its previous cycle, within its period (5 s less jitter), while its claims waited for its sessions to start (renewals {renewals:?})",
+        second - renewals[1]
+    );
+    // Let go: every held session's start ends, and the rest is claimed before the period.
+    let last_claim = eventually("every account claimed", WAIT, async || {
+        let (owned, _, claimed) = read(&mut conn).await;
+        (owned == ACCOUNTS).then(|| claimed.expect("claims"))
+    })
+    .await;
+    assert!(
+        last_claim - second < PERIOD_AT_LEAST,
+        "the rest was claimed {:.2} s after the renewal before it: at the period, not once the start-ups were through",
+        last_claim - second
+    );
+    node.signal("TERM");
+    assert_eq!(node.wait_exit(WAIT).await.code(), Some(0));
+}
+
 /// Runs the demo in a pseudo-terminal (`script`), types Ctrl-C once a line containing `when`
 /// appears, and returns (exit code, everything the terminal showed). The interrupt character goes
 /// through the terminal's line discipline to its whole foreground process group, as a person's
