@@ -17,8 +17,8 @@ use tracing::{debug, error, info, warn};
 
 use super::balance;
 use super::{
-    ADMIT_AGAIN, ADMIT_SPACING, EXPIRY_SLACK, JITTER, NodeError, RECLAIM_SOON, SHUTDOWN_GRACE,
-    STARTING_AT_ONCE, retry_delay,
+    ADMIT_AGAIN, ADMIT_SPACING, ADMIT_WHEN_STARTING, EXPIRY_SLACK, JITTER, NodeError, RECLAIM_SOON,
+    SHUTDOWN_GRACE, STARTING_AT_ONCE, retry_delay,
 };
 use crate::config::{NodeConfig, show};
 use crate::db::lease::{CycleOutcome, CycleParams, DatabaseView};
@@ -122,8 +122,8 @@ impl<H: Host> Core<H> {
     }
 
     /// Whether claims wait for the node's sessions to start, and if so the earliest a cycle may
-    /// claim again: the lease loop runs that cycle once no more than half the start-ups at once
-    /// ([`crate::lease::ADMIT_WHEN_STARTING`]), and otherwise keeps its period. Taken: asked once per wait.
+    /// claim again: the lease loop runs that cycle once no more than [`ADMIT_WHEN_STARTING`] sessions are
+    /// still starting, and otherwise keeps its period. Taken: asked once per wait.
     pub fn admission(&mut self) -> Option<Instant> {
         self.admit_at.take()
     }
@@ -474,10 +474,15 @@ impl<H: Host> Core<H> {
             .claim_room
             .set(limit.min(admitted).saturating_sub(self.wanted) as i64);
         self.admit_at = None;
-        if room && admitted <= self.wanted && self.draining.is_none() && outcome.free > 0 {
+        // Claims wait for start-ups when admission is what bounds them and less than half of it
+        // is open: a cycle would claim a few accounts and renew all the node holds.
+        let admission_bounds = admitted < limit
+            && (admitted <= self.wanted || self.supervisor.starting() > ADMIT_WHEN_STARTING);
+        if room && admission_bounds && self.draining.is_none() && outcome.free > 0 {
             // Free accounts wait while this node's sessions still start (admission). Each cycle
             // renews every row the node holds, so polling with cycles until some are through
-            // made a node of 10,000 accounts spend most of the database on renewals (the scale
+            // (or claiming again at once the few whose start-ups ended during the cycle) made a
+            // node of 10,000 accounts spend most of the database on renewals (the scale
             // benchmark: a cycle a second at 0.4 s each on ten nodes, and the start-ups starved
             // behind them). The loop waits for enough start-ups to end, a claim worth its cycle,
             // and claims then: no sooner than `ADMIT_AGAIN`, nor than ten of this cycle's

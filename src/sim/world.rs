@@ -2154,17 +2154,19 @@ mod tests {
         assert_eq!(limit(&core), 10, "then its capacity again");
     }
 
-    /// A node whose claims wait for its own sessions to start keeps its period (every cycle
-    /// renews all it holds) and asks to claim again once enough are through: no sooner than
-    /// `ADMIT_AGAIN`, nor than ten of the cycle's durations.
+    /// A node whose claims wait for its own sessions to start (admission bounds them, with more
+    /// than half the start-up slots taken) keeps its period (every cycle renews all it holds) and
+    /// asks to claim again once enough are through: no sooner than `ADMIT_AGAIN`, nor than ten of
+    /// the cycle's durations.
     #[test]
     fn claims_waiting_for_start_ups_keep_the_period_and_ask_to_be_woken() {
         use crate::db::lease::CycleOutcome;
         use crate::lease::STARTING_AT_ONCE;
         let t = Instant::now();
+        // More free accounts than the node's capacity (10): its share is its capacity.
         let free = CycleOutcome {
             member: true,
-            free: 5,
+            free: 50,
             ..CycleOutcome::default()
         };
         let period_floor = Duration::from_millis(400); // the cycle (500 ms) less its jitter
@@ -2183,7 +2185,14 @@ mod tests {
             assert_eq!(core.admission(), Some(t + took + soonest), "took {took:?}");
             assert_eq!(core.admission(), None, "asked once per wait");
         }
-        // Nothing to claim, or room to start more: nothing waits for start-ups.
+        // Room to start five more, but more than half the start-up slots still taken: a cycle
+        // would claim five and renew everything; it waits too.
+        let mut core = lone_core(t);
+        core.supervisor.host_mut().starting = STARTING_AT_ONCE - 5;
+        core.acknowledged(t, t, &free).unwrap();
+        assert!(core.awaits_admission(), "a claim of five waits");
+        // Nothing to claim; room to start what the share leaves (the share bounds the claim, not
+        // the start-ups); or half the slots free: nothing waits for start-ups.
         for (starting, outcome) in [
             (
                 STARTING_AT_ONCE,
@@ -2192,7 +2201,8 @@ mod tests {
                     ..CycleOutcome::default()
                 },
             ),
-            (0, free.clone()),
+            (STARTING_AT_ONCE - 20, free.clone()),
+            (crate::lease::ADMIT_WHEN_STARTING, free.clone()),
         ] {
             let mut core = lone_core(t);
             core.supervisor.host_mut().starting = starting;
