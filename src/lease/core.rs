@@ -490,6 +490,10 @@ impl<H: Host> Core<H> {
             // the database is).
             let took = acknowledged.saturating_duration_since(t0);
             self.admit_at = Some(acknowledged + ADMIT_AGAIN.max(took * ADMIT_SPACING));
+            if admitted > self.wanted {
+                // Room for some: a peer whose leases expire is still claimed from at once.
+                next = self.at_peer_expiry(next, acknowledged, outcome);
+            }
             return next;
         }
         if let Some(end) = self.grace_until {
@@ -507,12 +511,24 @@ impl<H: Host> Core<H> {
             next = next.min(acknowledged + RECLAIM_SOON);
         }
         if room && self.draining.is_none() {
-            for peer in outcome.peers.iter().filter(|p| p.live) {
-                let at = acknowledged + peer.expires_in + EXPIRY_SLACK;
-                if at < next {
-                    info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");
-                    next = at;
-                }
+            next = self.at_peer_expiry(next, acknowledged, outcome);
+        }
+        next
+    }
+
+    /// `next`, or earlier when a live peer's membership (and so every lease it holds) expires
+    /// before it: a claim right after that moment.
+    fn at_peer_expiry(
+        &self,
+        mut next: Instant,
+        acknowledged: Instant,
+        outcome: &CycleOutcome,
+    ) -> Instant {
+        for peer in outcome.peers.iter().filter(|p| p.live) {
+            let at = acknowledged + peer.expires_in + EXPIRY_SLACK;
+            if at < next {
+                info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");
+                next = at;
             }
         }
         next
@@ -551,6 +567,8 @@ impl<H: Host> Core<H> {
             .inc();
         self.failures += 1;
         self.late = true;
+        // The retry renews only: no claim waits for start-ups meanwhile.
+        self.admit_at = None;
         let backoff = retry_delay(self.failures, self.node.cycle);
         let trusted = self.deadline.is_some_and(|d| trust::holds(now, d));
         warn!(error = %reason, attempt = self.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");
@@ -571,6 +589,7 @@ impl<H: Host> Core<H> {
         outcome: &CycleOutcome,
         acknowledged: Instant,
     ) -> Result<Instant, NodeError> {
+        self.admit_at = None;
         let (other, expires_in) = outcome
             .conflict
             .as_ref()

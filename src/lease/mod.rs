@@ -46,17 +46,19 @@ pub(crate) const RECLAIM_SOON: Duration = Duration::from_millis(10);
 /// account's start-up reads and login at once.
 pub const STARTING_AT_ONCE: usize = 1000;
 
-/// When free accounts wait only for the node's sessions to start, it claims again once no more
-/// than this many are still starting (or at its next period): every such claim admits at least
-/// half of [`STARTING_AT_ONCE`], so the renewals of what it holds are not repeated for a few
+/// When the node's claims wait for its own sessions to start (admission bounds them and more
+/// than this many are still starting), it keeps its cycle period and claims again early only
+/// once no more than this many are still starting: such a claim admits at least half of
+/// [`STARTING_AT_ONCE`], so the renewal of everything the node holds is not repeated for a few
 /// accounts at a time.
 pub const ADMIT_WHEN_STARTING: usize = STARTING_AT_ONCE / 2;
 
-/// The soonest a node claims again after a cycle whose claims waited for its sessions to start.
+/// That early claim comes no sooner than this after the end of the cycle that found the claims
+/// waiting...
 pub(crate) const ADMIT_AGAIN: Duration = Duration::from_secs(1);
 
-/// ... and no sooner than this many times that cycle's duration: on a slow database the
-/// admission cycles take at most a tenth of the node's time.
+/// ... nor sooner than this many times that cycle's duration (whichever is later): on a slow
+/// database the admission cycles take at most a tenth of the node's time.
 pub(crate) const ADMIT_SPACING: u32 = 10;
 
 /// Fraction of the period that jitter may remove (jitter only ever shortens a cycle).
@@ -156,7 +158,7 @@ impl LeaseLoop {
                     debug!("release announced by a peer (or listener reconnected): claiming now");
                     next = Instant::now();
                 }
-                _ = starting.at_most(ADMIT_WHEN_STARTING), if core.awaits_admission() => {
+                _ = starting.at_most(ADMIT_WHEN_STARTING), if core.awaits_admission() && draining.is_none() => {
                     if let Some(at) = core.admission() {
                         debug!(starting = starting.count(), "enough of the node's sessions started: claiming again");
                         next = next.min(at.max(Instant::now()));

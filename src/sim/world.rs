@@ -2065,6 +2065,11 @@ mod tests {
 
     /// A lone node's core on a [`SimHost`] (capacity 10, lease 3 s, fence 1 s, cycle 500 ms).
     fn lone_core(t: Instant) -> crate::lease::Core<SimHost> {
+        lone_core_with(t, 10, Duration::from_millis(500))
+    }
+
+    /// As [`lone_core`], of `capacity` and a cycle of `cycle` (lease six cycles, fence two).
+    fn lone_core_with(t: Instant, capacity: u32, cycle: Duration) -> crate::lease::Core<SimHost> {
         use crate::config::NodeConfig;
         use crate::lease::{Core, NodeState};
         use crate::metrics::Metrics;
@@ -2080,10 +2085,10 @@ mod tests {
         let cfg = NodeConfig {
             platform: "mt5".into(),
             node_id: "n".into(),
-            capacity: 10,
-            lease: Duration::from_secs(3),
-            fence: Duration::from_secs(1),
-            cycle: Duration::from_millis(500),
+            capacity,
+            lease: cycle * 6,
+            fence: cycle * 2,
+            cycle,
             rebalance_margin: 0.1,
             rebalance_step: 0.1,
         };
@@ -2161,54 +2166,74 @@ mod tests {
     #[test]
     fn claims_waiting_for_start_ups_keep_the_period_and_ask_to_be_woken() {
         use crate::db::lease::CycleOutcome;
-        use crate::lease::STARTING_AT_ONCE;
+        use crate::lease::{ADMIT_WHEN_STARTING, STARTING_AT_ONCE};
         let t = Instant::now();
-        // More free accounts than the node's capacity (10): its share is its capacity.
+        // Capacity 2,000 and more free accounts: the share is the capacity, so what bounds a
+        // claim is the start-ups (a node starting none may start 1,000).
+        let cycle = Duration::from_secs(5);
+        let core = |starting: usize| {
+            let mut core = lone_core_with(t, 2_000, cycle);
+            core.supervisor.host_mut().starting = starting;
+            core
+        };
         let free = CycleOutcome {
             member: true,
-            free: 50,
+            free: 5_000,
             ..CycleOutcome::default()
         };
-        let period_floor = Duration::from_millis(400); // the cycle (500 ms) less its jitter
+        let period_floor = cycle.mul_f64(0.8); // less the most jitter takes
         for (took, soonest) in [
             (Duration::from_millis(5), Duration::from_secs(1)),
             (Duration::from_millis(200), Duration::from_secs(2)),
         ] {
-            let mut core = lone_core(t);
-            core.supervisor.host_mut().starting = STARTING_AT_ONCE;
-            let next = core.acknowledged(t, t + took, &free).unwrap();
-            assert!(
-                next >= t + period_floor,
-                "no cycle before the period while every start-up slot is taken"
-            );
-            assert!(core.awaits_admission());
-            assert_eq!(core.admission(), Some(t + took + soonest), "took {took:?}");
-            assert_eq!(core.admission(), None, "asked once per wait");
+            for starting in [STARTING_AT_ONCE, ADMIT_WHEN_STARTING + 1] {
+                let mut core = core(starting);
+                let next = core.acknowledged(t, t + took, &free).unwrap();
+                assert!(
+                    next >= t + period_floor,
+                    "starting {starting}: no cycle before the period while more than half the start-up slots are taken"
+                );
+                assert!(core.awaits_admission(), "starting {starting}");
+                assert_eq!(
+                    core.admission(),
+                    Some(t + took + soonest),
+                    "starting {starting}, took {took:?}"
+                );
+                assert_eq!(core.admission(), None, "asked once per wait");
+            }
         }
-        // Room to start five more, but more than half the start-up slots still taken: a cycle
-        // would claim five and renew everything; it waits too.
-        let mut core = lone_core(t);
-        core.supervisor.host_mut().starting = STARTING_AT_ONCE - 5;
-        core.acknowledged(t, t, &free).unwrap();
-        assert!(core.awaits_admission(), "a claim of five waits");
-        // Nothing to claim; room to start what the share leaves (the share bounds the claim, not
-        // the start-ups); or half the slots free: nothing waits for start-ups.
-        for (starting, outcome) in [
-            (
-                STARTING_AT_ONCE,
-                CycleOutcome {
-                    member: true,
-                    ..CycleOutcome::default()
-                },
-            ),
-            (STARTING_AT_ONCE - 20, free.clone()),
-            (crate::lease::ADMIT_WHEN_STARTING, free.clone()),
-        ] {
-            let mut core = lone_core(t);
-            core.supervisor.host_mut().starting = starting;
-            core.acknowledged(t, t, &outcome).unwrap();
-            assert!(!core.awaits_admission(), "starting {starting}");
-        }
+        // Half the slots free: it claims again at once. Nothing free: nothing to wait for.
+        let mut half = core(ADMIT_WHEN_STARTING);
+        let next = half.acknowledged(t, t, &free).unwrap();
+        assert!(!half.awaits_admission());
+        assert!(next < t + period_floor, "half the slots free: claims soon");
+        let mut none_free = core(STARTING_AT_ONCE);
+        let member = CycleOutcome {
+            member: true,
+            ..CycleOutcome::default()
+        };
+        none_free.acknowledged(t, t, &member).unwrap();
+        assert!(!none_free.awaits_admission(), "nothing free");
+        // Room for a few while waiting: a peer whose leases expire is claimed from at once.
+        let mut core = core(ADMIT_WHEN_STARTING + 1);
+        let peer_expiring = CycleOutcome {
+            peers: vec![crate::db::lease::Peer {
+                node_id: "p".into(),
+                expires_in: Duration::from_secs(1),
+                live: true,
+                trusted: false,
+                capacity: 10,
+                owned: 0,
+                starting: 0,
+            }],
+            ..free.clone()
+        };
+        let next = core.acknowledged(t, t, &peer_expiring).unwrap();
+        assert!(core.awaits_admission());
+        assert!(
+            next <= t + Duration::from_secs(1) + crate::lease::EXPIRY_SLACK,
+            "the expiring peer's accounts are claimed when its leases end"
+        );
     }
 
     /// A lone core's cycle read-back: it owns accounts `1..=mine` of 10, a trusted peer `p` of
