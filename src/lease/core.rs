@@ -469,8 +469,11 @@ impl<H: Host> Core<H> {
         moved.len() as u64
     }
 
-    /// When the next cycle runs: a jittered period after `t0`, or earlier if a peer's membership
-    /// (and so every lease it holds) expires before that and this node has room to claim.
+    /// When the next cycle runs: a jittered period after `t0`, or earlier: when a peer's
+    /// membership (and so every lease it holds) expires before that and this node has room to
+    /// claim; soon when it has room and accounts are free; a quarter period on when it is at its
+    /// share with accounts still free (a few times in a row). While its claims wait for its own
+    /// start-ups, the loop is woken once enough are through ([`Core::admission`]).
     fn schedule(&mut self, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * self.rng.f64());
         let mut next = t0 + period;
@@ -501,6 +504,7 @@ impl<H: Host> Core<H> {
                 // Room for some: a peer whose leases expire is still claimed from at once.
                 next = self.at_peer_expiry(next, acknowledged, outcome);
             }
+            self.recounts = 0;
             return next;
         }
         if let Some(end) = self.grace_until {
@@ -510,6 +514,7 @@ impl<H: Host> Core<H> {
             if room && self.draining.is_none() {
                 next = next.min(end + EXPIRY_SLACK);
             }
+            self.recounts = 0;
             return next;
         }
         if room && self.draining.is_none() && outcome.free > 0 && !self.late {
@@ -517,12 +522,20 @@ impl<H: Host> Core<H> {
             // added): claim them now rather than a cycle later.
             next = next.min(acknowledged + RECLAIM_SOON);
         }
-        let recount = !room
+        if room || outcome.free == 0 || limit as u32 >= self.node.capacity {
+            // Room, nothing free, or short of capacity: nothing to count again for. (A late or
+            // draining cycle leaves the count as it is: a slow database earns no new round.)
+            self.recounts = 0;
+        }
+        let recount = self.wanted == limit
+            && !self.shedding
             && self.draining.is_none()
             && outcome.free > 0
             && !self.late
             && (limit as u32) < self.node.capacity;
-        self.recounts = if recount { self.recounts + 1 } else { 0 };
+        if recount {
+            self.recounts = self.recounts.saturating_add(1);
+        }
         if recount && self.recounts <= RECOUNTS {
             // At its share, below its capacity, with accounts still free: the share may be short.
             // Each node publishes what it held when its cycle began, so the total counts none

@@ -1840,7 +1840,7 @@ mod tests {
             "trust counted from the reply (mutant trust-from-the-reply): two open gates on one account",
         ),
         (
-            13_859_562_798_341_924_091,
+            8_123_363_246_266_047_517,
             "the grace keeps the last read-back (mutant grace-keeps-the-read-back): two open gates on one account",
         ),
         (
@@ -2244,10 +2244,11 @@ mod tests {
         use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
         let t = Instant::now();
         let cycle = Duration::from_secs(4);
-        // Owning 50, a trusted peer 48, 2 free: shares of 50 each, this node at its share.
-        let outcome = |capacity: u32| CycleOutcome {
+        // Owning `mine`, a trusted peer of `capacity` owning 98 - mine, `free` free: with 2 free,
+        // shares of 50 each.
+        let with = |mine: i64, capacity: u32, free: u64| CycleOutcome {
             member: true,
-            owned: (1..=50)
+            owned: (1..=mine)
                 .map(|id| OwnedRow {
                     id,
                     epoch: id,
@@ -2261,12 +2262,13 @@ mod tests {
                 live: true,
                 trusted: true,
                 capacity,
-                owned: 48,
+                owned: (98 - mine) as u32,
                 starting: 0,
             }],
-            free: 2,
+            free,
             ..CycleOutcome::default()
         };
+        let outcome = |capacity: u32| with(50, capacity, 2);
         let soon = cycle / 4;
         let mut core = lone_core_with(t, 100, cycle);
         let mut at = t;
@@ -2283,7 +2285,23 @@ mod tests {
             }
             at = next;
         }
-        // Short of capacity: 50 is all it may own; the free accounts wait for capacity.
+        // Nothing free once: a new round may start.
+        core.acknowledged(at, at, &with(50, 100, 0)).unwrap();
+        let next = core.acknowledged(at, at, &outcome(100)).unwrap();
+        assert_eq!(
+            next,
+            at + soon,
+            "a new round after a cycle with nothing free"
+        );
+        // Above its share (52 of a share of 50, within the margin): it could claim nothing.
+        let mut above = lone_core_with(t, 100, cycle);
+        let next = above.acknowledged(t, t, &with(52, 100, 2)).unwrap();
+        assert!(
+            next >= t + cycle.mul_f64(0.8),
+            "above its share keeps the period"
+        );
+        // The cluster short of capacity (50 + 48 for 100 accounts): the node's share is its
+        // capacity, and the free accounts wait for capacity, not for a count.
         let mut full = lone_core_with(t, 50, cycle);
         let next = full.acknowledged(t, t, &outcome(48)).unwrap();
         assert!(
