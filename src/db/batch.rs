@@ -1,7 +1,9 @@
 //! A node-level batching writer: the writes many account tasks make at about the same time (a
 //! master's open copied by a thousand followers, a hundred masters publishing at once) go to the
 //! database together, one statement per batch, instead of one statement, one commit and one pooled
-//! connection each. Each caller still gets its own outcome.
+//! connection each. Each caller still gets its own outcome. Reads gather the same way (the
+//! followers' links, [`crate::db::copy::LinksReader`]): a batch of them in a background turn of
+//! the node's pool ([`BatchWriter::spawn_background`]).
 //!
 //! There is no window: the writer takes whatever is queued when it is free, so a lone write goes
 //! at once and a burst gathers behind the statement in flight. A writer may give way to orders
@@ -202,19 +204,26 @@ impl<J: Batched> BatchWriter<J> {
     /// pool's ping of an idle connection and one that died meanwhile is replaced before a write
     /// needs it.
     pub fn spawn(db: Db) -> Self {
-        Self::start(db, None)
+        Self::start(db, None, On::Own)
     }
 
     /// As [`BatchWriter::spawn`], giving way to `orders`: a batch waits, at most [`GIVE_WAY`],
     /// until no order has been on its way to a broker for [`QUIET`], and then takes everything
     /// queued meanwhile.
     pub fn spawn_giving_way(db: Db, orders: Arc<Orders>) -> Self {
-        Self::start(db, Some(orders))
+        Self::start(db, Some(orders), On::Own)
     }
 
-    fn start(db: Db, orders: Option<Arc<Orders>>) -> Self {
+    /// As [`BatchWriter::spawn`] on the node's pool, each batch taking a background turn
+    /// ([`Db::background`]): for reads that can wait, gathered instead of one unit of
+    /// background work each.
+    pub fn spawn_background(db: Db) -> Self {
+        Self::start(db, None, On::Background)
+    }
+
+    fn start(db: Db, orders: Option<Arc<Orders>>, on: On) -> Self {
         let (jobs, rx) = mpsc::unbounded_channel::<Job<J>>();
-        tokio::spawn(run(db, rx, orders));
+        tokio::spawn(run(db, rx, orders, on));
         BatchWriter { jobs }
     }
 
@@ -237,13 +246,41 @@ impl<J: Batched> BatchWriter<J> {
     }
 }
 
+/// Where a writer's batches run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    /// Its own connection (a pool of one), kept alive while idle.
+    Own,
+    /// The node's pool, in a background turn.
+    Background,
+}
+
+impl On {
+    async fn run<T>(
+        self,
+        db: &Db,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        match self {
+            On::Own => db.run(work).await,
+            On::Background => db.background(work).await,
+        }
+    }
+}
+
 async fn run<J: Batched>(
     db: Db,
     mut rx: mpsc::UnboundedReceiver<Job<J>>,
     orders: Option<Arc<Orders>>,
+    on: On,
 ) {
     loop {
-        let first = match tokio::time::timeout(crate::db::KEEPALIVE, rx.recv()).await {
+        // A pooled connection is the pool's to keep alive.
+        let idle = match on {
+            On::Own => crate::db::KEEPALIVE,
+            On::Background => Duration::MAX,
+        };
+        let first = match tokio::time::timeout(idle, rx.recv()).await {
             Ok(Some(first)) => first,
             Ok(None) => return,
             Err(_) => {
@@ -267,8 +304,8 @@ async fn run<J: Batched>(
             }
         }
         let (writes, replies): (Vec<J>, Vec<_>) = batch.into_iter().unzip();
-        let mut result = db
-            .run(async |conn| J::write_batch(conn, &writes).await)
+        let mut result = on
+            .run(&db, async |conn| J::write_batch(conn, &writes).await)
             .await;
         if result.as_ref().is_err_and(connection_lost) {
             // The writer's one connection died since its last use (a database restart): it was
@@ -279,8 +316,8 @@ async fn run<J: Batched>(
                 what = J::WHAT,
                 "the writer's connection was lost; writing the batch again on a new one"
             );
-            result = db
-                .run(async |conn| J::write_batch(conn, &writes).await)
+            result = on
+                .run(&db, async |conn| J::write_batch(conn, &writes).await)
                 .await;
         }
         match result {
@@ -300,8 +337,8 @@ async fn run<J: Batched>(
             _ => {
                 for (job, reply) in writes.iter().zip(replies) {
                     let one = std::slice::from_ref(job);
-                    let result = db
-                        .run(async |conn| J::write_batch(conn, one).await)
+                    let result = on
+                        .run(&db, async |conn| J::write_batch(conn, one).await)
                         .await
                         .map_err(|e| crate::db::describe(&e))
                         .and_then(|mut done| {

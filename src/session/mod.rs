@@ -48,6 +48,8 @@ pub struct NodeServices {
     pub copy_ledger: crate::db::copy::ledger::CopyLedgerWriter,
     /// Publishes the masters' events in batches.
     pub master_publisher: crate::db::copy::MasterPublisher,
+    /// Reads the followers' links in batches, in background turns.
+    pub links: crate::db::copy::LinksReader,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.
     pub handoffs: Handoffs,
     /// Sessions still starting (claimed, not yet through login and first reconcile): the lease

@@ -1214,3 +1214,190 @@ async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
         told.elapsed().as_millis()
     );
 }
+
+/// A node's followers read their links together (`LinksReader`): read at once, forty followers'
+/// links, limits on open copies, removed links and risk limits go in a few statements, not four
+/// for each (PostgreSQL's own count of the test database's transactions is the judge, beside the
+/// same reads made one after another), and each follower gets its own: a link whose settings do
+/// not parse is reported with its id among its follower's links, and a risk limit that another
+/// release wrote (a period this one does not know) fails its follower's read alone.
+#[tokio::test]
+async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_own() {
+    use copier_node::db::copy::{LinksRead, LinksReader};
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    let followers: Vec<i64> = (2..=41).collect();
+    let mut link_of = HashMap::new();
+    for &f in &followers {
+        add_account(&mut conn, f, "follower", "broker:1", &format!("f{f}")).await;
+        link_of.insert(f, add_link(&mut conn, 1, f, LinkSpec::default()).await);
+    }
+    // Follower 3: a link to a second master whose symbol map maps a symbol to a number.
+    add_account(&mut conn, 100, "master", "broker:1", "m100").await;
+    let (bad_link, _) = add_link(
+        &mut conn,
+        100,
+        3,
+        LinkSpec {
+            symbol_map: r#"{"EURUSD": 1}"#,
+            ..LinkSpec::default()
+        },
+    )
+    .await;
+    // Follower 4: its own limit on open copies. Follower 5: its link removed, to be closed.
+    conn.execute("UPDATE trading_accounts SET max_open_copies = 5 WHERE id = 4")
+        .await
+        .unwrap();
+    conn.execute("UPDATE copy_links SET on_remove = 'close' WHERE follower_id = 5; DELETE FROM copy_links WHERE follower_id = 5")
+        .await
+        .unwrap();
+    // Follower 6: a risk limit; follower 7: one with a period another release wrote.
+    conn.execute(
+        "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+         VALUES (6, 'lifetime', 'equity', true, 5, 'close_all');
+         ALTER TABLE risk_limits DROP CONSTRAINT risk_limits_period_check;
+         INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+         VALUES (7, 'fortnightly', 'equity', true, 5, 'close_all')",
+    )
+    .await
+    .unwrap();
+    let (risk6, risk7): (i64, i64) = sqlx::query_as(
+        "SELECT min(id) FILTER (WHERE account_id = 6), min(id) FILTER (WHERE account_id = 7) FROM risk_limits",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    // Transactions committed in the test database once every other connection to it has ended
+    // (a backend's counts reach the statistics by its exit at the latest): those left are ended.
+    let url = db.url.clone();
+    let committed = async || -> i64 {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        eventually(
+            "the database's other connections to end",
+            WAIT,
+            async || {
+                let others: i64 = sqlx::query_scalar(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                )
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+                (others == 0).then_some(())
+            },
+        )
+        .await;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        c.close().await.unwrap();
+        n
+    };
+    let reader = async || {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        (
+            LinksReader::spawn_background(copier_node::db::Db::direct(pool.clone())),
+            pool,
+        )
+    };
+    let before = committed().await;
+    let (links, pool) = reader().await;
+    let mut asked: Vec<LinksRead> = followers.iter().map(|f| LinksRead(*f)).collect();
+    asked.push(LinksRead(999));
+    let read = crate::support::write_at_once(&links, asked).await;
+    drop(links);
+    pool.close().await;
+    let batched = committed().await - before;
+
+    let before = committed().await;
+    let (links, pool) = reader().await;
+    for f in &followers {
+        links.write(LinksRead(*f)).await.unwrap().ok();
+    }
+    drop(links);
+    pool.close().await;
+    let one_by_one = committed().await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the reads at once, {one_by_one} one after another"
+    );
+
+    let read: HashMap<i64, _> = followers
+        .iter()
+        .copied()
+        .chain([999])
+        .zip(read.into_iter().map(|r| r.expect("the reader answers")))
+        .collect();
+    for &f in &followers {
+        let Ok(got) = &read[&f] else {
+            assert_eq!(f, 7, "only follower 7's read fails: {:?}", read[&f]);
+            let e = read[&f].as_ref().unwrap_err();
+            assert!(
+                e.contains(&format!("risk_limits row {risk7}")) && e.contains("fortnightly"),
+                "{e}"
+            );
+            continue;
+        };
+        let ids: Vec<Result<(i64, i64), String>> = got
+            .links
+            .iter()
+            .map(|l| {
+                l.as_ref()
+                    .map(|l| (l.id, l.master_id))
+                    .map_err(Clone::clone)
+            })
+            .collect();
+        match f {
+            3 => {
+                assert_eq!(ids[0], Ok((link_of[&3].0, 1)));
+                let e = ids[1].as_ref().unwrap_err();
+                assert!(
+                    e.starts_with(&format!("copy link {bad_link}: symbol_map")),
+                    "{e}"
+                );
+                assert_eq!(ids.len(), 2);
+            }
+            5 => {
+                assert!(ids.is_empty(), "{ids:?}");
+                assert_eq!(got.removed.len(), 1);
+                assert_eq!(
+                    (
+                        got.removed[0].link_id,
+                        got.removed[0].master_id,
+                        got.removed[0].magic
+                    ),
+                    (link_of[&5].0, 1, link_of[&5].1)
+                );
+            }
+            _ => assert_eq!(ids, [Ok((link_of[&f].0, 1))], "follower {f}"),
+        }
+        assert_eq!(
+            got.max_open_copies,
+            (f == 4).then_some(5),
+            "follower {f}'s limit on open copies"
+        );
+        if f != 5 {
+            assert!(got.removed.is_empty(), "follower {f}: {:?}", got.removed);
+        }
+        let risk: Vec<i64> = got.risk.iter().map(|r| r.id).collect();
+        assert_eq!(
+            risk,
+            if f == 6 { vec![risk6] } else { vec![] },
+            "follower {f}"
+        );
+    }
+    let nobody = read[&999]
+        .as_ref()
+        .expect("a follower with no row reads nothing");
+    assert!(
+        nobody.links.is_empty() && nobody.max_open_copies.is_none() && nobody.risk.is_empty(),
+        "{nobody:?}"
+    );
+}

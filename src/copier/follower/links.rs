@@ -136,27 +136,23 @@ impl Follower<'_> {
     }
 
     pub(super) async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
+        // Read with the other followers' of this node that ask meanwhile (one batch).
         let loaded = self
             .ctx
             .node
-            .db
-            .background(async |conn| {
-                let rows = db::copy::load_links(&mut *conn, self.id).await?;
-                let max = db::copy::follower_max_open_copies(&mut *conn, self.id).await?;
-                let removed = db::copy::removed_links(&mut *conn, self.id).await?;
-                let risk = db::copy::load_risk_limits(&mut *conn, self.id).await?;
-                Ok::<_, sqlx::Error>((rows, max, removed, risk))
-            })
-            .await;
+            .links
+            .write(db::copy::LinksRead(self.id))
+            .await
+            .and_then(|read| read);
         let rows = match loaded {
-            Ok((rows, max, removed, risk)) => {
-                self.max_open_copies = max;
-                self.links.removed = removed;
-                self.take_risk_limits(risk);
-                rows
+            Ok(read) => {
+                self.max_open_copies = read.max_open_copies;
+                self.links.removed = read.removed;
+                self.take_risk_limits(read.risk);
+                read.links
             }
             Err(e) => {
-                warn!(error = %db::describe(&e), "reading the follower's links failed; keeping the current ones");
+                warn!(error = %e, "reading the follower's links failed; keeping the current ones");
                 return true;
             }
         };

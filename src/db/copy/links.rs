@@ -1,10 +1,23 @@
-//! A follower's copy links, parsed; a row that does not parse is reported with its id.
+//! A follower's copy links, parsed; a row that does not parse is reported with its id. A node's
+//! followers read theirs together ([`LinksReader`]): four statements for a batch of followers,
+//! not four for each.
 
 use std::collections::HashMap;
 
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
+use crate::db::batch::{BatchWriter, Batched};
+use crate::future::BoxFuture;
 use crate::model::link::{Link, LotMode, PendingOrders, Protections, Sides};
+use crate::model::risk::RiskLimit;
+
+/// The columns of a link, as [`link_from_row`] reads them.
+const LINK_COLUMNS: &str = "follower_id, id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
+                copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
+                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
+                copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies,
+                sl_points, tp_points, pending_orders";
 
 /// A follower's links (enabled or not: a disabled link is close-only). A row whose settings do
 /// not parse is reported with its id, not skipped silently.
@@ -12,84 +25,65 @@ pub async fn load_links(
     conn: &mut PgConnection,
     follower_id: i64,
 ) -> Result<Vec<Result<Link, String>>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
-                copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
-                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
-                copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies,
-                sl_points, tp_points, pending_orders
-           FROM copy_links WHERE follower_id = $1 ORDER BY id",
-    )
+    let rows = sqlx::query(&format!(
+        "SELECT {LINK_COLUMNS} FROM copy_links WHERE follower_id = $1 ORDER BY id"
+    ))
     .bind(follower_id)
     .fetch_all(conn)
     .await?;
-    rows.iter()
-        .map(|r| {
-            let id: i64 = r.try_get("id")?;
-            let lot_mode: String = r.try_get("lot_mode")?;
-            let map_text: String = r.try_get("symbol_map")?;
-            let sides: String = r.try_get("sides")?;
-            let parsed = lot_mode
-                .parse::<LotMode>()
-                .and_then(|mode| {
-                    let symbol_map: HashMap<String, String> = serde_json::from_str(&map_text)
-                        .map_err(|e| {
-                            format!("symbol_map must map symbol names to symbol names: {e}")
-                        })?;
-                    Ok((mode, symbol_map, sides.parse::<Sides>()?))
-                })
-                .map_err(|e| format!("copy link {id}: {e}"));
-            Ok(match parsed {
-                Ok((lot_mode, symbol_map, sides)) => Ok(Link {
-                    id,
-                    master_id: r.try_get("master_id")?,
-                    enabled: r.try_get("enabled")?,
-                    magic: r.try_get("magic")?,
-                    lot_mode,
-                    lot_value: r.try_get("lot_value")?,
-                    reverse: r.try_get("reverse")?,
-                    copy_sl_tp: r.try_get("copy_sl_tp")?,
-                    symbol_map,
-                    copy_existing: r.try_get("copy_existing")?,
-                    created_at_ms: r.try_get("created_at_ms")?,
-                    protections: Protections {
-                        symbols: r.try_get("symbols")?,
-                        magics: r.try_get("magics")?,
-                        sides,
-                        close_only: r.try_get("close_only")?,
-                        max_lot: r.try_get("max_lot")?,
-                        max_delay_ms: r.try_get("max_delay_ms")?,
-                        max_slippage: r.try_get("max_slippage")?,
-                        equity_stop: r.try_get("equity_stop")?,
-                        copy_sl: r.try_get("copy_sl")?,
-                        copy_tp: r.try_get("copy_tp")?,
-                        max_sl_distance: r.try_get("max_sl_distance")?,
-                        use_min_lot: r.try_get("use_min_lot")?,
-                        min_master_lot: r.try_get("min_master_lot")?,
-                        max_open_copies: r.try_get("max_open_copies")?,
-                        sl_points: r.try_get("sl_points")?,
-                        tp_points: r.try_get("tp_points")?,
-                        fill_only: r.try_get::<String, _>("pending_orders")?
-                            == PendingOrders::FillOnly.as_str(),
-                    },
-                }),
-                Err(e) => Err(e),
-            })
-        })
-        .collect()
+    rows.iter().map(link_from_row).collect()
 }
 
-/// A follower's own limit on open copies (`trading_accounts.max_open_copies`; `None`: none).
-pub async fn follower_max_open_copies(
-    conn: &mut PgConnection,
-    follower: i64,
-) -> Result<Option<i64>, sqlx::Error> {
-    let max: Option<Option<i64>> =
-        sqlx::query_scalar("SELECT max_open_copies::bigint FROM trading_accounts WHERE id = $1")
-            .bind(follower)
-            .fetch_optional(conn)
-            .await?;
-    Ok(max.flatten())
+/// One `copy_links` row: the link, or what in its settings does not parse (naming the link).
+fn link_from_row(r: &PgRow) -> Result<Result<Link, String>, sqlx::Error> {
+    let id: i64 = r.try_get("id")?;
+    let lot_mode: String = r.try_get("lot_mode")?;
+    let map_text: String = r.try_get("symbol_map")?;
+    let sides: String = r.try_get("sides")?;
+    let parsed = lot_mode
+        .parse::<LotMode>()
+        .and_then(|mode| {
+            let symbol_map: HashMap<String, String> = serde_json::from_str(&map_text)
+                .map_err(|e| format!("symbol_map must map symbol names to symbol names: {e}"))?;
+            Ok((mode, symbol_map, sides.parse::<Sides>()?))
+        })
+        .map_err(|e| format!("copy link {id}: {e}"));
+    Ok(match parsed {
+        Ok((lot_mode, symbol_map, sides)) => Ok(Link {
+            id,
+            master_id: r.try_get("master_id")?,
+            enabled: r.try_get("enabled")?,
+            magic: r.try_get("magic")?,
+            lot_mode,
+            lot_value: r.try_get("lot_value")?,
+            reverse: r.try_get("reverse")?,
+            copy_sl_tp: r.try_get("copy_sl_tp")?,
+            symbol_map,
+            copy_existing: r.try_get("copy_existing")?,
+            created_at_ms: r.try_get("created_at_ms")?,
+            protections: Protections {
+                symbols: r.try_get("symbols")?,
+                magics: r.try_get("magics")?,
+                sides,
+                close_only: r.try_get("close_only")?,
+                max_lot: r.try_get("max_lot")?,
+                max_delay_ms: r.try_get("max_delay_ms")?,
+                max_slippage: r.try_get("max_slippage")?,
+                equity_stop: r.try_get("equity_stop")?,
+                copy_sl: r.try_get("copy_sl")?,
+                copy_tp: r.try_get("copy_tp")?,
+                max_sl_distance: r.try_get("max_sl_distance")?,
+                use_min_lot: r.try_get("use_min_lot")?,
+                min_master_lot: r.try_get("min_master_lot")?,
+                max_open_copies: r.try_get("max_open_copies")?,
+                sl_points: r.try_get("sl_points")?,
+                tp_points: r.try_get("tp_points")?,
+                fill_only: r.try_get::<String, _>("pending_orders")?
+                    == PendingOrders::FillOnly.as_str(),
+            },
+        }),
+        Err(e) => Err(e),
+    })
 }
 
 /// A link removed with `on_remove = 'close'` whose copies the follower still has to close.
@@ -100,25 +94,119 @@ pub struct RemovedLink {
     pub magic: i64,
 }
 
-/// The follower's removed links whose copies are to be closed.
-pub async fn removed_links(
+/// What a follower reads of its links at the start of its session and again now and then: its
+/// links, its own limit on open copies (`trading_accounts.max_open_copies`; `None`: none), its
+/// removed links whose copies it still has to close, and its risk limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FollowerLinks {
+    pub links: Vec<Result<Link, String>>,
+    pub max_open_copies: Option<i64>,
+    pub removed: Vec<RemovedLink>,
+    pub risk: Vec<RiskLimit>,
+}
+
+/// The [`FollowerLinks`] of every follower in `followers`, in four statements however many
+/// they are, in the order asked. A follower whose risk limits cannot be read (a value another
+/// release wrote) gets the error naming the row; the others get theirs. A follower with no row
+/// gets nothing (no links, no limits).
+pub async fn read_followers_links(
     conn: &mut PgConnection,
-    follower: i64,
-) -> Result<Vec<RemovedLink>, sqlx::Error> {
-    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
-        "SELECT link_id, master_id, magic FROM removed_links WHERE follower_id = $1 ORDER BY link_id",
-    )
-    .bind(follower)
-    .fetch_all(conn)
+    followers: &[i64],
+) -> Result<Vec<Result<FollowerLinks, String>>, sqlx::Error> {
+    let mut read: HashMap<i64, Result<FollowerLinks, String>> = followers
+        .iter()
+        .map(|f| (*f, Ok(FollowerLinks::default())))
+        .collect();
+    let links = sqlx::query(&format!(
+        "SELECT {LINK_COLUMNS} FROM copy_links WHERE follower_id = ANY($1) ORDER BY follower_id, id"
+    ))
+    .bind(followers)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(link_id, master_id, magic)| RemovedLink {
-            link_id,
-            master_id,
-            magic,
+    for r in &links {
+        let follower: i64 = r.try_get("follower_id")?;
+        let link = link_from_row(r)?;
+        if let Some(Ok(f)) = read.get_mut(&follower) {
+            f.links.push(link);
+        }
+    }
+    let max: Vec<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT id, max_open_copies::bigint FROM trading_accounts WHERE id = ANY($1)",
+    )
+    .bind(followers)
+    .fetch_all(&mut *conn)
+    .await?;
+    for (follower, max) in max {
+        if let Some(Ok(f)) = read.get_mut(&follower) {
+            f.max_open_copies = max;
+        }
+    }
+    let removed: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT follower_id, link_id, master_id, magic FROM removed_links
+          WHERE follower_id = ANY($1) ORDER BY follower_id, link_id",
+    )
+    .bind(followers)
+    .fetch_all(&mut *conn)
+    .await?;
+    for (follower, link_id, master_id, magic) in removed {
+        if let Some(Ok(f)) = read.get_mut(&follower) {
+            f.removed.push(RemovedLink {
+                link_id,
+                master_id,
+                magic,
+            });
+        }
+    }
+    let risk = sqlx::query(&format!(
+        "SELECT account_id, {} FROM risk_limits WHERE account_id = ANY($1) ORDER BY account_id, id",
+        super::risk::RISK_COLUMNS
+    ))
+    .bind(followers)
+    .fetch_all(&mut *conn)
+    .await?;
+    for r in &risk {
+        let follower: i64 = r.try_get("account_id")?;
+        let limit = super::risk::risk_from_row(r);
+        match (read.get_mut(&follower), limit) {
+            (Some(Ok(f)), Ok(limit)) => f.risk.push(limit),
+            (Some(entry @ Ok(_)), Err(e)) => *entry = Err(crate::db::describe(&e)),
+            _ => {}
+        }
+    }
+    Ok(followers
+        .iter()
+        .map(|f| {
+            read.get(f)
+                .cloned()
+                .expect("every follower asked has an entry")
         })
         .collect())
+}
+
+/// One follower's [`FollowerLinks`], read with other followers' ([`LinksReader`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LinksRead(pub i64);
+
+/// The node's reader of its followers' links: the reads its followers ask for at about the same
+/// time (a thousand sessions starting, the periodic re-reads of every follower) go as one batch
+/// of four statements on one connection, taking the background turns as each follower's own
+/// reads did ([`crate::db::Db::background`]).
+pub type LinksReader = BatchWriter<LinksRead>;
+
+impl Batched for LinksRead {
+    type Outcome = Result<FollowerLinks, String>;
+    const WHAT: &'static str = "follower links reader";
+    const MAX: usize = 1000;
+
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        reads: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>> {
+        Box::pin(async move {
+            let followers: Vec<i64> = reads.iter().map(|r| r.0).collect();
+            read_followers_links(conn, &followers).await
+        })
+    }
 }
 
 /// Forgets a removed link once none of its copies is open; fenced by the follower's owner.

@@ -21,10 +21,11 @@ pub mod risk;
 pub use accounts::{AccountRow, Funds, Role, account_funds, load_account, still_owned};
 pub use decisions::{load_bases, load_decided, record_base, record_decision};
 pub use links::{
-    RemovedLink, follower_max_open_copies, forget_removed_link, load_links, removed_links,
+    FollowerLinks, LinksRead, LinksReader, RemovedLink, forget_removed_link, load_links,
+    read_followers_links,
 };
 pub use master::{
     FirstSeen, MasterPublisher, MasterState, PublishWrite, Published, master_state, publish,
     publish_many, stamp_first_seen,
 };
-pub use risk::{Saved, load_risk_limits, save_risk_state};
+pub use risk::{Saved, save_risk_state};

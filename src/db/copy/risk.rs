@@ -1,49 +1,38 @@
 //! A follower's risk limits (`risk_limits`, migration 13): read with its links, and their state
 //! written by the account's owner, fenced.
 
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::model::risk::{Basis, Period, RiskAction, RiskLimit, RiskState};
 
-/// The account's risk limits with their state. A row the node cannot read (a value another
-/// release wrote) is an error naming it.
-pub async fn load_risk_limits(
-    conn: &mut PgConnection,
-    account: i64,
-) -> Result<Vec<RiskLimit>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, period, basis, relative, amount, action, period_key, start_value, hit_reason
-           FROM risk_limits WHERE account_id = $1 ORDER BY id",
-    )
-    .bind(account)
-    .fetch_all(conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            let id: i64 = r.try_get("id")?;
-            let bad = |column: &str, value: String| {
-                sqlx::Error::Decode(
-                    format!("risk_limits row {id}: unknown {column} {value:?}").into(),
-                )
-            };
-            let period: String = r.try_get("period")?;
-            let basis: String = r.try_get("basis")?;
-            let action: String = r.try_get("action")?;
-            Ok(RiskLimit {
-                id,
-                period: Period::parse(&period).ok_or_else(|| bad("period", period.clone()))?,
-                basis: Basis::parse(&basis).ok_or_else(|| bad("basis", basis.clone()))?,
-                relative: r.try_get("relative")?,
-                amount: r.try_get("amount")?,
-                action: RiskAction::parse(&action).ok_or_else(|| bad("action", action.clone()))?,
-                state: RiskState {
-                    period_key: r.try_get("period_key")?,
-                    start_value: r.try_get("start_value")?,
-                    hit: r.try_get("hit_reason")?,
-                },
-            })
-        })
-        .collect()
+/// The columns of a risk limit, as [`risk_from_row`] reads them.
+pub(crate) const RISK_COLUMNS: &str =
+    "id, period, basis, relative, amount, action, period_key, start_value, hit_reason";
+
+/// One `risk_limits` row with its state. A row the node cannot read (a value another release
+/// wrote) is an error naming it.
+pub(crate) fn risk_from_row(r: &PgRow) -> Result<RiskLimit, sqlx::Error> {
+    let id: i64 = r.try_get("id")?;
+    let bad = |column: &str, value: String| {
+        sqlx::Error::Decode(format!("risk_limits row {id}: unknown {column} {value:?}").into())
+    };
+    let period: String = r.try_get("period")?;
+    let basis: String = r.try_get("basis")?;
+    let action: String = r.try_get("action")?;
+    Ok(RiskLimit {
+        id,
+        period: Period::parse(&period).ok_or_else(|| bad("period", period.clone()))?,
+        basis: Basis::parse(&basis).ok_or_else(|| bad("basis", basis.clone()))?,
+        relative: r.try_get("relative")?,
+        amount: r.try_get("amount")?,
+        action: RiskAction::parse(&action).ok_or_else(|| bad("action", action.clone()))?,
+        state: RiskState {
+            period_key: r.try_get("period_key")?,
+            start_value: r.try_get("start_value")?,
+            hit: r.try_get("hit_reason")?,
+        },
+    })
 }
 
 /// What became of a state write.
