@@ -644,12 +644,8 @@ impl Follower<'_> {
     }
 
     async fn refresh_master_funds(&mut self, m: i64) {
-        let result = self
-            .ctx
-            .node
-            .db
-            .run(async |conn| db::copy::account_funds(&mut *conn, m).await)
-            .await;
+        // A periodic refresh: read with the node's other followers' in a background turn.
+        let result = self.ctx.node.funds.write(db::copy::FundsRead(m)).await;
         if let Ok(funds) = result {
             self.master_funds.insert(m, funds);
         }
