@@ -228,7 +228,6 @@ pub async fn start(
             orders,
             master_publisher: crate::db::copy::MasterPublisher::spawn(writer_db()),
             links: crate::db::copy::LinksReader::spawn_background(pool.clone()),
-            funds: crate::db::copy::FundsReader::spawn_background(pool.clone()),
             db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {

@@ -822,7 +822,6 @@ mod tests {
             copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
             master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
             links: crate::db::copy::LinksReader::spawn_background(pool.clone()),
-            funds: crate::db::copy::FundsReader::spawn_background(pool.clone()),
             db: pool,
             hub: crate::hub::Hub::spawn(
                 options,

@@ -50,8 +50,6 @@ pub struct NodeServices {
     pub master_publisher: crate::db::copy::MasterPublisher,
     /// Reads the followers' links in batches, in background turns.
     pub links: crate::db::copy::LinksReader,
-    /// Reads the masters' funds for their followers' periodic refresh, likewise.
-    pub funds: crate::db::copy::FundsReader,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.
     pub handoffs: Handoffs,
     /// Sessions still starting (claimed, not yet through login and first reconcile): the lease

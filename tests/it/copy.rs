@@ -1401,38 +1401,3 @@ async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_ow
         "{nobody:?}"
     );
 }
-
-/// The masters' funds their followers refresh every 30 s are read together (`FundsReader`):
-/// each read gets its own account's figures, in the order asked, whatever else is in its batch;
-/// an account not reported yet, or gone, reads as unknown.
-#[tokio::test]
-async fn funds_read_at_once_each_get_their_own_account() {
-    use copier_node::db::copy::{Funds, FundsRead, FundsReader};
-
-    let db = TestDb::new().await;
-    let mut conn = db.conn().await;
-    for id in 1..=3 {
-        add_account(&mut conn, id, "master", "broker:1", &format!("m{id}")).await;
-    }
-    conn.execute(
-        "UPDATE trading_accounts SET balance = 1000 + id, equity = 900 + id, currency = 'EUR' WHERE id IN (1, 3)",
-    )
-    .await
-    .unwrap();
-    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let reader = FundsReader::spawn_background(copier_node::db::Db::direct(pool));
-    let asked = [3, 1, 2, 999, 3, 1];
-    let read = crate::support::write_at_once(&reader, asked.map(FundsRead).to_vec()).await;
-    let eur = Some("EUR".parse().unwrap());
-    let expected = |id: i64| match id {
-        1 | 3 => Funds {
-            balance: Some(1000.0 + id as f64),
-            equity: Some(900.0 + id as f64),
-            currency: eur,
-        },
-        _ => Funds::default(),
-    };
-    for (id, got) in asked.iter().zip(read) {
-        assert_eq!(got.unwrap(), expected(*id), "account {id}");
-    }
-}

@@ -644,8 +644,12 @@ impl Follower<'_> {
     }
 
     async fn refresh_master_funds(&mut self, m: i64) {
-        // A periodic refresh: read with the node's other followers' in a background turn.
-        let result = self.ctx.node.funds.write(db::copy::FundsRead(m)).await;
+        let result = self
+            .ctx
+            .node
+            .db
+            .run(async |conn| db::copy::account_funds(&mut *conn, m).await)
+            .await;
         if let Ok(funds) = result {
             self.master_funds.insert(m, funds);
         }

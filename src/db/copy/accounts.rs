@@ -73,62 +73,21 @@ pub struct Funds {
 /// An account's balance, equity and currency as its owner last reported them (`None` each when
 /// not reported yet, or the row is gone).
 pub async fn account_funds(conn: &mut PgConnection, id: i64) -> Result<Funds, sqlx::Error> {
-    Ok(accounts_funds(conn, &[id]).await?.pop().unwrap_or_default())
-}
-
-/// As [`account_funds`], for every account in `ids` in one statement, in the order asked.
-pub async fn accounts_funds(
-    conn: &mut PgConnection,
-    ids: &[i64],
-) -> Result<Vec<Funds>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, balance, equity, currency FROM trading_accounts WHERE id = ANY($1)",
-    )
-    .bind(ids)
-    .fetch_all(conn)
-    .await?;
-    let mut read = std::collections::HashMap::with_capacity(rows.len());
-    for r in rows {
-        read.insert(
-            r.try_get::<i64, _>("id")?,
-            Funds {
-                balance: r.try_get("balance")?,
-                equity: r.try_get("equity")?,
-                // A malformed code is refused by the column's check; unreadable reads as unknown.
-                currency: r
-                    .try_get::<Option<String>, _>("currency")?
-                    .and_then(|c| c.parse().ok()),
-            },
-        );
-    }
-    Ok(ids
-        .iter()
-        .map(|id| read.get(id).copied().unwrap_or_default())
-        .collect())
-}
-
-/// One account's [`Funds`], read with other accounts' ([`FundsReader`]).
-#[derive(Debug, Clone, Copy)]
-pub struct FundsRead(pub i64);
-
-/// The node's reader of its masters' funds for their followers' periodic refresh: the reads asked
-/// for while a batch is in flight go as the next batch, one statement, in a background turn.
-pub type FundsReader = crate::db::batch::BatchWriter<FundsRead>;
-
-impl crate::db::batch::Batched for FundsRead {
-    type Outcome = Funds;
-    const WHAT: &'static str = "account funds reader";
-    const MAX: usize = 1000;
-
-    fn write_batch<'a>(
-        conn: &'a mut PgConnection,
-        reads: &'a [Self],
-    ) -> crate::future::BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>> {
-        Box::pin(async move {
-            let ids: Vec<i64> = reads.iter().map(|r| r.0).collect();
-            accounts_funds(conn, &ids).await
-        })
-    }
+    let row = sqlx::query("SELECT balance, equity, currency FROM trading_accounts WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(match row {
+        Some(r) => Funds {
+            balance: r.try_get("balance")?,
+            equity: r.try_get("equity")?,
+            // A malformed code is refused by the column's check; unreadable reads as unknown.
+            currency: r
+                .try_get::<Option<String>, _>("currency")?
+                .and_then(|c| c.parse().ok()),
+        },
+        None => Funds::default(),
+    })
 }
 
 /// True while (node, epoch) owns account `id`.

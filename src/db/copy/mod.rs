@@ -18,10 +18,7 @@ pub mod links;
 pub mod master;
 pub mod risk;
 
-pub use accounts::{
-    AccountRow, Funds, FundsRead, FundsReader, Role, account_funds, accounts_funds, load_account,
-    still_owned,
-};
+pub use accounts::{AccountRow, Funds, Role, account_funds, load_account, still_owned};
 pub use decisions::{load_bases, load_decided, record_base, record_decision};
 pub use links::{
     FollowerLinks, LinksRead, LinksReader, RemovedLink, forget_removed_link, load_links,
