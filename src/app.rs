@@ -228,6 +228,7 @@ pub async fn start(
             orders,
             master_publisher: crate::db::copy::MasterPublisher::spawn(writer_db()),
             links: crate::db::copy::LinksReader::spawn_background(pool.clone()),
+            releaser: crate::db::lease::Releaser::spawn_pooled(pool.clone()),
             db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {

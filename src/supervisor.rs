@@ -213,8 +213,8 @@ impl Host for NodeHost {
     }
 
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str, to: Option<&str>) {
-        let pool = self.shared.services.db.clone();
-        let node_id = self.shared.services.node_id.clone();
+        let releaser = self.shared.services.releaser.clone();
+        let node_id: Arc<str> = self.shared.services.node_id.as_str().into();
         // Named only when the receiver said it will claim; otherwise every peer wakes.
         let claims = self
             .claimed_by_receiver
@@ -228,17 +228,24 @@ impl Host for NodeHost {
             const ATTEMPTS: u32 = 5;
             let mut retry = retry::RELEASE.start();
             for attempt in 1..=ATTEMPTS {
-                let result = pool
-                    .run(async |c| {
-                        db::lease::release(c, &node_id, &[epoch], status, to.as_deref()).await
+                // Gathered with the node's other releases of the moment: one statement.
+                let result = releaser
+                    .write(db::lease::Releasing {
+                        node_id: node_id.clone(),
+                        account_id,
+                        release: db::lease::Release {
+                            epoch,
+                            status: status.to_string(),
+                            to: to.clone(),
+                        },
                     })
                     .await;
                 match result {
-                    Ok(ids) if ids.is_empty() => {
+                    Ok(false) => {
                         info!(account_id, epoch, "release found the account no longer ours; nothing to release");
                         break;
                     }
-                    Ok(_) => {
+                    Ok(true) => {
                         info!(account_id, epoch, reason = status, "account released");
                         break;
                     }
@@ -246,9 +253,9 @@ impl Host for NodeHost {
                     // thousands of accounts at once would log one per account); the last is.
                     Err(e) => {
                         if attempt < ATTEMPTS {
-                            debug!(account_id, epoch, attempt, error = %db::describe(&e), "release failed; retrying");
+                            debug!(account_id, epoch, attempt, error = %e, "release failed; retrying");
                         } else {
-                            warn!(account_id, epoch, attempt, error = %db::describe(&e), "release failed after every attempt; a later cycle retries, or the lease runs out");
+                            warn!(account_id, epoch, attempt, error = %e, "release failed after every attempt; a later cycle retries, or the lease runs out");
                         }
                         tokio::time::sleep(retry.failed()).await;
                     }
@@ -822,6 +829,7 @@ mod tests {
             copy_ledger: crate::db::copy::ledger::CopyLedgerWriter::spawn(pool.clone()),
             master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
             links: crate::db::copy::LinksReader::spawn_background(pool.clone()),
+            releaser: crate::db::lease::Releaser::spawn_pooled(pool.clone()),
             db: pool,
             hub: crate::hub::Hub::spawn(
                 options,

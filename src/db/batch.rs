@@ -3,7 +3,8 @@
 //! database together, one statement per batch, instead of one statement, one commit and one pooled
 //! connection each. Each caller still gets its own outcome. Reads gather the same way (the
 //! followers' links, [`crate::db::copy::LinksReader`]): a batch of them in a background turn of
-//! the node's pool ([`BatchWriter::spawn_background`]).
+//! the node's pool ([`BatchWriter::spawn_background`]). A node's releases gather too
+//! ([`crate::db::lease::Releaser`]), as live work on the pool ([`BatchWriter::spawn_pooled`]).
 //!
 //! There is no window: the writer takes whatever is queued when it is free, so a lone write goes
 //! at once and a burst gathers behind the statement in flight. A writer may give way to orders
@@ -221,6 +222,13 @@ impl<J: Batched> BatchWriter<J> {
         Self::start(db, None, On::Background)
     }
 
+    /// As [`BatchWriter::spawn`] on the node's pool, each batch one unit of live work
+    /// ([`Db::run`]): for work that must not wait for background turns, but would take every
+    /// pooled connection if each job ran alone (a shutdown's thousands of releases).
+    pub fn spawn_pooled(db: Db) -> Self {
+        Self::start(db, None, On::Pool)
+    }
+
     fn start(db: Db, orders: Option<Arc<Orders>>, on: On) -> Self {
         let (jobs, rx) = mpsc::unbounded_channel::<Job<J>>();
         tokio::spawn(run(db, rx, orders, on));
@@ -253,6 +261,8 @@ enum On {
     Own,
     /// The node's pool, in a background turn.
     Background,
+    /// The node's pool, as live work.
+    Pool,
 }
 
 impl On {
@@ -262,7 +272,7 @@ impl On {
         work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
         match self {
-            On::Own => db.run(work).await,
+            On::Own | On::Pool => db.run(work).await,
             On::Background => db.background(work).await,
         }
     }
@@ -278,7 +288,7 @@ async fn run<J: Batched>(
         // A pooled connection is the pool's to keep alive.
         let idle = match on {
             On::Own => crate::db::KEEPALIVE,
-            On::Background => Duration::MAX,
+            On::Background | On::Pool => Duration::MAX,
         };
         let first = match tokio::time::timeout(idle, rx.recv()).await {
             Ok(Some(first)) => first,

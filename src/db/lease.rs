@@ -378,36 +378,118 @@ pub async fn release(
     status: &str,
     to: Option<&str>,
 ) -> Result<Vec<i64>, sqlx::Error> {
+    let releases: Vec<Release> = epochs
+        .iter()
+        .map(|&epoch| Release {
+            epoch,
+            status: status.to_string(),
+            to: to.map(str::to_string),
+        })
+        .collect();
+    release_each(conn, node_id, &releases).await
+}
+
+/// One row to release ([`release_each`]): its epoch, the status recorded, and the receiver its
+/// announcement names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub epoch: i64,
+    pub status: String,
+    pub to: Option<String>,
+}
+
+/// As [`release`], each row with its own status and receiver, in one statement: one
+/// announcement per platform and receiver named. Returns the ids released.
+pub async fn release_each(
+    conn: &mut PgConnection,
+    node_id: &str,
+    releases: &[Release],
+) -> Result<Vec<i64>, sqlx::Error> {
+    // Locked in id order, as every statement of the node that locks several account rows.
     const SQL: &str = r#"
-WITH locked AS (
+WITH wanted AS (
+    SELECT * FROM unnest($2::bigint[], $3::text[], $5::text[]) AS w(epoch, status, receiver)
+),
+locked AS (
     SELECT a.id FROM trading_accounts a
-     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
+     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT epoch FROM wanted)
      ORDER BY a.id
        FOR NO KEY UPDATE OF a
 ),
 released AS (
     UPDATE trading_accounts a
-       SET node_id = NULL, lease_until = NULL, status = $3, status_at = now()
+       SET node_id = NULL, lease_until = NULL, status = w.status, status_at = now()
+      FROM wanted w
      WHERE a.id IN (SELECT id FROM locked)
-       AND a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($2::bigint[]))
-    RETURNING a.id, a.platform, a.enabled
+       AND a.node_id = $1 AND a.owner_epoch = w.epoch
+    RETURNING a.id, a.platform, a.enabled, w.receiver
 )
 SELECT id FROM released
 UNION ALL
-SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || json_build_object('from', $1::text, 'to', $5::text)::text)
-                    FROM (SELECT DISTINCT platform FROM released WHERE enabled) p) n
+SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || json_build_object('from', $1::text, 'to', receiver)::text)
+                    FROM (SELECT DISTINCT platform, receiver FROM released WHERE enabled) p) n
 "#;
+    let epochs: Vec<i64> = releases.iter().map(|r| r.epoch).collect();
+    let statuses: Vec<&str> = releases.iter().map(|r| r.status.as_str()).collect();
+    let receivers: Vec<Option<&str>> = releases.iter().map(|r| r.to.as_deref()).collect();
     let rows = sqlx::query(SQL)
         .bind(node_id)
-        .bind(epochs)
-        .bind(status)
+        .bind(&epochs)
+        .bind(&statuses)
         .bind(RELEASED_CHANNEL)
-        .bind(to)
+        .bind(&receivers)
         .fetch_all(conn)
         .await?;
     rows.iter()
         .filter_map(|r| r.try_get::<Option<i64>, _>("id").transpose())
         .collect()
+}
+
+/// A release waiting for the node's [`Releaser`]: the account and what [`release_each`] takes.
+#[derive(Debug, Clone)]
+pub struct Releasing {
+    /// The releasing node (fences the release with the epoch).
+    pub node_id: std::sync::Arc<str>,
+    pub account_id: i64,
+    pub release: Release,
+}
+
+/// The node's releases in batches: the accounts a node hands off at about the same time (a
+/// shutdown of thousands, fair share's moves) go as one statement on one pooled connection at a
+/// time, instead of one statement, one commit and one announcement each that would take every
+/// connection of the pool from the sessions still working.
+pub type Releaser = crate::db::batch::BatchWriter<Releasing>;
+
+impl crate::db::batch::Batched for Releasing {
+    /// Whether the row was still this node's at that epoch (and so released).
+    type Outcome = bool;
+    const WHAT: &'static str = "releaser";
+    const MAX: usize = 1000;
+
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        jobs: &'a [Self],
+    ) -> crate::future::BoxFuture<'a, Result<Vec<bool>, sqlx::Error>> {
+        Box::pin(async move {
+            // One node's releases in practice; a statement per node named otherwise.
+            let mut released = std::collections::HashSet::new();
+            let mut nodes: Vec<&str> = jobs.iter().map(|j| &*j.node_id).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            for node_id in nodes {
+                let releases: Vec<Release> = jobs
+                    .iter()
+                    .filter(|j| &*j.node_id == node_id)
+                    .map(|j| j.release.clone())
+                    .collect();
+                released.extend(release_each(&mut *conn, node_id, &releases).await?);
+            }
+            Ok(jobs
+                .iter()
+                .map(|j| released.contains(&j.account_id))
+                .collect())
+        })
+    }
 }
 
 /// Announces a prepared hand-off's offer or answer on [`crate::channels::HANDOFF`] (its payload

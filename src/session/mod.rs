@@ -50,6 +50,8 @@ pub struct NodeServices {
     pub master_publisher: crate::db::copy::MasterPublisher,
     /// Reads the followers' links in batches, in background turns.
     pub links: crate::db::copy::LinksReader,
+    /// Releases the node's accounts in batches (live work on the pool).
+    pub releaser: crate::db::lease::Releaser,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.
     pub handoffs: Handoffs,
     /// Sessions still starting (claimed, not yet through login and first reconcile): the lease

@@ -1271,35 +1271,8 @@ async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_ow
     .unwrap();
     conn.close().await.unwrap();
 
-    // Transactions committed in the test database once every other connection to it has ended
-    // (a backend's counts reach the statistics by its exit at the latest): those left are ended.
     let url = db.url.clone();
-    let committed = async || -> i64 {
-        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
-        eventually(
-            "the database's other connections to end",
-            WAIT,
-            async || {
-                let others: i64 = sqlx::query_scalar(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                  WHERE datname = current_database() AND pid <> pg_backend_pid()",
-                )
-                .fetch_one(&mut c)
-                .await
-                .unwrap();
-                (others == 0).then_some(())
-            },
-        )
-        .await;
-        let n: i64 = sqlx::query_scalar(
-            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
-        )
-        .fetch_one(&mut c)
-        .await
-        .unwrap();
-        c.close().await.unwrap();
-        n
-    };
+    let committed = async || crate::support::transactions_ended(&url).await;
     let reader = async || {
         let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
         (

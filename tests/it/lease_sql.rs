@@ -457,6 +457,135 @@ async fn release_is_fenced_by_epoch_and_announced() {
     );
 }
 
+/// A node's releases made at about the same time (a shutdown handing thousands off) go to the
+/// database together: far fewer transactions than releases (PostgreSQL's own count is the judge,
+/// beside the same releases made one after another), each row with its own status, one
+/// announcement for each receiver named (and one naming no one), and a row no longer at the
+/// epoch asked for is left as it is and reported so.
+#[tokio::test]
+async fn releases_at_once_go_in_a_few_statements_each_with_its_status_and_receiver() {
+    use copier_node::db::lease::{Release, Releaser, Releasing};
+
+    const N: i64 = 60;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=2 * N + 1, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", (2 * N + 1) as u32, &[]))
+        .await
+        .unwrap();
+    assert_eq!(a.owned.len() as i64, 2 * N + 1);
+    let epoch: HashMap<i64, i64> = a.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    sqlx::Connection::close(conn).await.unwrap();
+    let receiver = |id: i64| match id % 3 {
+        0 => Some("b".to_string()),
+        1 => Some("c".to_string()),
+        _ => None,
+    };
+    let status = |id: i64| {
+        if id % 2 == 0 {
+            "released: shutdown"
+        } else {
+            "released: rebalanced"
+        }
+    };
+    let job = |id: i64, epoch: i64| Releasing {
+        node_id: "a".into(),
+        account_id: id,
+        release: Release {
+            epoch,
+            status: status(id).into(),
+            to: receiver(id),
+        },
+    };
+    let releaser = async || {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        (
+            Releaser::spawn_pooled(copier_node::db::Db::direct(pool.clone())),
+            pool,
+        )
+    };
+
+    let before = crate::support::transactions_ended(&db.url).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(copier_node::channels::RELEASED)
+        .await
+        .unwrap();
+    let (writer, pool) = releaser().await;
+    // Accounts 1..=N at once, and the last account at an epoch it is no longer at.
+    let mut jobs: Vec<Releasing> = (1..=N).map(|id| job(id, epoch[&id])).collect();
+    jobs.push(job(2 * N + 1, epoch[&(2 * N + 1)] + 1000));
+    let outcomes = crate::support::write_at_once(&writer, jobs).await;
+    let mut expected = vec![Ok(true); N as usize];
+    expected.push(Ok(false));
+    assert_eq!(outcomes, expected);
+    let mut c = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(copier_node::channels::RELEASED)
+        .execute(&mut *c)
+        .await
+        .unwrap();
+    drop(c);
+    let mut heard = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("announcements and the marker")
+            .unwrap();
+        if n.payload() == "marker" {
+            break;
+        }
+        match copier_node::channels::decode(n.channel(), n.payload()) {
+            Ok(copier_node::channels::Notice::Released { platform, release }) => {
+                assert_eq!((platform.as_str(), release.from.as_str()), ("mt5", "a"));
+                heard.push(release.to);
+            }
+            other => panic!("not a release: {other:?}"),
+        }
+    }
+    heard.sort();
+    assert_eq!(
+        heard,
+        [None, Some("b".to_string()), Some("c".to_string())],
+        "one announcement per receiver named"
+    );
+    drop(writer);
+    pool.close().await;
+    drop(listener);
+    let batched = crate::support::transactions_ended(&db.url).await - before;
+
+    let before = crate::support::transactions_ended(&db.url).await;
+    let (writer, pool) = releaser().await;
+    for id in N + 1..=2 * N {
+        assert_eq!(writer.write(job(id, epoch[&id])).await, Ok(true));
+    }
+    drop(writer);
+    pool.close().await;
+    let one_by_one = crate::support::transactions_ended(&db.url).await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the releases at once, {one_by_one} one after another"
+    );
+
+    let mut conn = db.conn().await;
+    let rows: Vec<(i64, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT id, node_id, status FROM trading_accounts ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    for (id, node, got) in rows {
+        if id == 2 * N + 1 {
+            assert_eq!(node.as_deref(), Some("a"), "account {id} was not released");
+        } else {
+            assert_eq!(
+                (node, got.as_deref()),
+                (None, Some(status(id))),
+                "account {id}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
     let db = TestDb::new().await;

@@ -504,6 +504,37 @@ impl Trader {
     }
 }
 
+/// Transactions committed (or rolled back) in the database at `url` once every other connection
+/// to it has ended (a backend's counts reach the statistics by its exit at the latest; those left
+/// are ended): PostgreSQL's own count, to judge how many statements some work took.
+pub async fn transactions_ended(url: &str) -> i64 {
+    use sqlx::Connection;
+    let mut c = PgConnection::connect(url).await.unwrap();
+    eventually(
+        "the database's other connections to end",
+        Duration::from_secs(30),
+        async || {
+            let others: i64 = sqlx::query_scalar(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+            (others == 0).then_some(())
+        },
+    )
+    .await;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    c.close().await.unwrap();
+    n
+}
+
 /// Hands every job to a node's batch writer at once (each from its own task, as account tasks
 /// do) and returns their outcomes in the jobs' order.
 pub async fn write_at_once<J: copier_node::db::batch::Batched>(
