@@ -71,8 +71,9 @@ pub(crate) struct Options {
     /// `--trades N`: the copy section's master opens per row.
     trades: Option<usize>,
     /// `--scale-rows 1,2`: the scale section's runs by their index (0: 20,000 over 4 nodes; 1
-    /// and 2: 100,000 over 10 at the default and the short timing), for quick runs while working
-    /// on one (with `--only scale`).
+    /// and 2: 100,000 over 10 at the default and the short timing; 3: the search for the largest
+    /// count served with every goal met), for quick runs while working on one (with
+    /// `--only scale`).
     scale_rows: Option<Vec<usize>>,
 }
 
@@ -95,6 +96,7 @@ pub(crate) struct Report {
     poll_cost: Vec<PollCostRow>,
     pooler: Vec<PoolerRow>,
     scale: Vec<ScaleRow>,
+    scale_search: Option<scale::Search>,
     markdown: Vec<String>,
 }
 

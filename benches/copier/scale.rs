@@ -20,7 +20,7 @@ use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 
 /// One scale run.
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub(crate) struct ScaleRow {
     pub(crate) name: String,
     pub(crate) accounts: usize,
@@ -57,7 +57,7 @@ pub(crate) struct ScaleRow {
 }
 
 /// A node stopped or killed in a scale run.
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub(crate) struct Fault {
     /// Accounts the node held.
     pub(crate) held: i64,
@@ -78,8 +78,9 @@ pub(crate) struct Fault {
 }
 
 /// A scale run's shape.
+#[derive(Clone)]
 struct Shape {
-    name: &'static str,
+    name: String,
     masters: usize,
     followers_per_master: usize,
     nodes: usize,
@@ -96,9 +97,9 @@ const STEADY_WITHIN: Duration = Duration::from_secs(300);
 const COPIED_WITHIN: Duration = Duration::from_secs(30);
 
 pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Result<()> {
-    let shapes: &[Shape] = if options.smoke {
-        &[Shape {
-            name: "smoke",
+    let shapes: Vec<Shape> = if options.smoke {
+        vec![Shape {
+            name: "smoke".into(),
             masters: 4,
             followers_per_master: 10,
             nodes: 3,
@@ -109,9 +110,9 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
             faults: true,
         }]
     } else {
-        &[
+        vec![
             Shape {
-                name: "20,000 over 4 nodes, SIGTERM and kill -9",
+                name: "20,000 over 4 nodes, SIGTERM and kill -9".into(),
                 masters: 200,
                 followers_per_master: 100,
                 nodes: 4,
@@ -122,7 +123,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
                 faults: true,
             },
             Shape {
-                name: "100,000 over 10 nodes, default timing",
+                name: "100,000 over 10 nodes, default timing".into(),
                 masters: 1000,
                 followers_per_master: 100,
                 nodes: 10,
@@ -133,7 +134,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
                 faults: false,
             },
             Shape {
-                name: "100,000 over 10 nodes, short lease",
+                name: "100,000 over 10 nodes, short lease".into(),
                 masters: 1000,
                 followers_per_master: 100,
                 nodes: 10,
@@ -178,38 +179,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
             }
             Err(e) => return Err(e),
         };
-        let copied = if row.last_follower.runs == 0 {
-            "none copied".to_string()
-        } else {
-            row.last_follower.show()
-        };
-        let top: Vec<String> = row
-            .top_warnings
-            .iter()
-            .map(|(w, n)| format!("`{w}` ({n})"))
-            .collect();
-        let line = format!(
-            "| {} | {} | {} ({}) | {} | {} | {:.3} | {} ({}, {}) | {} | {} | {} / {} | {} |",
-            row.name,
-            row.accounts,
-            row.nodes,
-            row.capacity,
-            row.timing,
-            seconds(row.until_steady_s, row.reached, row.accounts),
-            row.logins_per_account,
-            copied,
-            row.trades,
-            row.trades_missed,
-            row.cycles_failed_after_steady,
-            row.deadlocks,
-            row.warnings_max_per_node,
-            row.warnings_total,
-            if top.is_empty() {
-                "none".to_string()
-            } else {
-                top.join(", ")
-            }
-        );
+        let line = summary(&row);
         println!("scale: {line}");
         let _ = writeln!(md, "{line}");
         for (fault, f) in [("SIGTERM", &row.sigterm), ("kill -9", &row.kill)] {
@@ -240,13 +210,246 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
         }
         report.scale.push(row);
     }
+    let searched = if options.smoke
+        || options
+            .scale_rows
+            .as_ref()
+            .is_some_and(|r| !r.contains(&SEARCH_ROW))
+    {
+        String::new()
+    } else {
+        let search = largest(
+            pg,
+            &shapes[SEARCH_FROM],
+            report
+                .scale
+                .iter()
+                .find(|r| r.name == shapes[SEARCH_FROM].name),
+            trades,
+        )
+        .await;
+        let md = search.markdown();
+        report.scale_search = Some(search);
+        md
+    };
     report.markdown.push(format!(
-        "## Many accounts on one machine\n\nMasters of 100 followers each (the default link), every account with a live session on the simulated broker in its own process, its protections off (`--no-fence-check --no-dedupe`, as real MT4/MT5 servers); node processes of the given capacity and timing, all started at once. Until steady: from the start until every account is owned and every follower has reconciled, and fair share has stopped moving them (the later of the last claim and the moment everything was owned and ready, once no account has been claimed for two cycles; bounded at {} s: beyond it, what was owned and ready then). Logins per account: the nodes' accepted logins in the broker's journal over the accounts, before any fault (1.0 when no session started twice; an account moved by fair share at the start logs in again). Then, from 30 s after the start, {trades} live master trades, one after the other on masters spread over the accounts, each timed by the broker's journal from the master's fill to the last of its 100 followers' copies (missed: not every copy within {} s). Failed lease cycles are the nodes' `lease cycle failed` lines after the start was steady; warnings are every WARN line of every node's log over the whole run. The machine is the one of every section: PostgreSQL, the broker, every node and the benchmark share its cores.\n\n{md}\nThe hand-off row then stops (SIGTERM) the node holding the most accounts and, once every account is owned again, kills (`kill -9`) the node then holding the most: the time from the signal until every account is owned by a live node again (bounded at 120 s), and how many of the node's accounts another node claimed only after their lease ran out (not released by their owner); meanwhile, from the signal until every account is owned again, a live master trade a second on masters spread over the accounts (about a quarter of each master's followers on the stopped node), each timed by the journal to the last of its 100 followers' copies (missed: not every copy within {} s of the last trade).\n\n{faults_md}",
+        "## Many accounts on one machine\n\nMasters of 100 followers each (the default link), every account with a live session on the simulated broker in its own process, its protections off (`--no-fence-check --no-dedupe`, as real MT4/MT5 servers); node processes of the given capacity and timing, all started at once. Until steady: from the start until every account is owned and every follower has reconciled, and fair share has stopped moving them (the later of the last claim and the moment everything was owned and ready, once no account has been claimed for two cycles; bounded at {} s: beyond it, what was owned and ready then). Logins per account: the nodes' accepted logins in the broker's journal over the accounts, before any fault (1.0 when no session started twice; an account moved by fair share at the start logs in again). Then, from 30 s after the start, {trades} live master trades, one after the other on masters spread over the accounts, each timed by the broker's journal from the master's fill to the last of its 100 followers' copies (missed: not every copy within {} s). Failed lease cycles are the nodes' `lease cycle failed` lines after the start was steady; warnings are every WARN line of every node's log over the whole run. The machine is the one of every section: PostgreSQL, the broker, every node and the benchmark share its cores.\n\n{md}\nThe hand-off row then stops (SIGTERM) the node holding the most accounts and, once every account is owned again, kills (`kill -9`) the node then holding the most: the time from the signal until every account is owned by a live node again (bounded at 120 s), and how many of the node's accounts another node claimed only after their lease ran out (not released by their owner); meanwhile, from the signal until every account is owned again, a live master trade a second on masters spread over the accounts (about a quarter of each master's followers on the stopped node), each timed by the journal to the last of its 100 followers' copies (missed: not every copy within {} s of the last trade).\n\n{faults_md}{searched}",
         STEADY_WITHIN.as_secs(),
         COPIED_WITHIN.as_secs(),
         COPIED_WITHIN.as_secs()
     ));
     Ok(())
+}
+
+/// A row's line of the section's table.
+fn summary(row: &ScaleRow) -> String {
+    let copied = if row.last_follower.runs == 0 {
+        "none copied".to_string()
+    } else {
+        row.last_follower.show()
+    };
+    let top: Vec<String> = row
+        .top_warnings
+        .iter()
+        .map(|(w, n)| format!("`{w}` ({n})"))
+        .collect();
+    format!(
+        "| {} | {} | {} ({}) | {} | {} | {:.3} | {} ({}, {}) | {} | {} | {} / {} | {} |",
+        row.name,
+        row.accounts,
+        row.nodes,
+        row.capacity,
+        row.timing,
+        seconds(row.until_steady_s, row.reached, row.accounts),
+        row.logins_per_account,
+        copied,
+        row.trades,
+        row.trades_missed,
+        row.cycles_failed_after_steady,
+        row.deadlocks,
+        row.warnings_max_per_node,
+        row.warnings_total,
+        if top.is_empty() {
+            "none".to_string()
+        } else {
+            top.join(", ")
+        }
+    )
+}
+
+/// `--scale-rows` index of the search for the largest count served with every goal met.
+const SEARCH_ROW: usize = 3;
+/// The shape the search varies (its count of masters): 10 nodes at the default timing.
+const SEARCH_FROM: usize = 1;
+/// The goals of a steady machine (issue 45): logins per account at most this...
+const GOAL_LOGINS: f64 = 1.05;
+/// ... and the last of 100 followers' copies of live trades within this, at the p99.
+const GOAL_P99_MS: f64 = 50.0;
+/// The search stops once the count met and the count missed are this many masters apart (or
+/// after [`SEARCH_PROBES`] runs).
+const SEARCH_STEP: usize = 125;
+const SEARCH_PROBES: usize = 3;
+
+/// The search for the largest count this machine serves steadily.
+#[derive(Serialize)]
+pub(crate) struct Search {
+    /// The goals, as the report states them.
+    pub(crate) goals: String,
+    /// Every run of the search (the section's own row of that shape first, when it ran).
+    pub(crate) probes: Vec<ScaleRow>,
+    /// Whether each probe met every goal, and if not which it missed.
+    pub(crate) missed: Vec<Vec<String>>,
+    /// The largest count that met every goal (`None`: none did).
+    pub(crate) largest_met: Option<usize>,
+    /// The smallest count that missed one (`None`: none did).
+    pub(crate) smallest_missed: Option<usize>,
+}
+
+/// Which goals a run missed (none: it met them all).
+fn goals_missed(row: &ScaleRow) -> Vec<String> {
+    let mut missed = Vec::new();
+    if row.until_steady_s.is_none() {
+        missed.push(format!("not steady within {} s", STEADY_WITHIN.as_secs()));
+    }
+    if row.logins_per_account > GOAL_LOGINS {
+        missed.push(format!("{:.3} logins per account", row.logins_per_account));
+    }
+    if row.cycles_failed_after_steady > 0 {
+        missed.push(format!(
+            "{} lease cycles failed",
+            row.cycles_failed_after_steady
+        ));
+    }
+    if row.deadlocks > 0 {
+        missed.push(format!("{} deadlocks", row.deadlocks));
+    }
+    if row.trades_missed > 0 || row.last_follower.runs == 0 {
+        missed.push(format!(
+            "{} trades not copied to every follower",
+            row.trades_missed.max(1)
+        ));
+    } else if row.last_follower.p99_ms > GOAL_P99_MS {
+        missed.push(format!("p99 {:.1} ms", row.last_follower.p99_ms));
+    }
+    missed
+}
+
+/// Bisects the count of masters of `shape` (100 followers each) between what met the goals and
+/// what missed them, from the shape's own count (its row of this run when given): at most
+/// [`SEARCH_PROBES`] more runs, down to [`SEARCH_STEP`] masters apart. A count that met them at
+/// the shape's own size is tried once larger, up to the nodes' capacity.
+async fn largest(pg: &Pg, shape: &Shape, first: Option<&ScaleRow>, trades: usize) -> Search {
+    let per_master = shape.followers_per_master + 1;
+    let mut probes: Vec<(usize, ScaleRow)> = Vec::new();
+    let mut met: Option<usize> = None;
+    let mut missed: Option<usize> = None;
+    let mut next = Some(shape.masters);
+    let mut runs = 0;
+    while let Some(masters) = next {
+        let row = match first.filter(|r| r.accounts == masters * per_master) {
+            Some(row) => Ok(row.clone()),
+            None if runs == SEARCH_PROBES => break,
+            None => {
+                runs += 1;
+                let probe = Shape {
+                    name: format!("search: {} accounts", masters * per_master),
+                    masters,
+                    ..shape.clone()
+                };
+                run(pg, &probe, trades, &format!("bench_scale_search_{masters}")).await
+            }
+        };
+        let ok = match &row {
+            Ok(row) => goals_missed(row).is_empty(),
+            Err(_) => false,
+        };
+        match row {
+            Ok(row) => {
+                println!(
+                    "scale search: {} {}",
+                    summary(&row),
+                    if ok { "met" } else { "missed" }
+                );
+                probes.push((masters, row));
+            }
+            Err(e) => println!("scale search: {masters} masters failed: {e:#}"),
+        }
+        if ok {
+            met = met.max(Some(masters));
+        } else {
+            missed = Some(missed.map_or(masters, |m| m.min(masters)));
+        }
+        let lo = met.unwrap_or(0);
+        next = match missed {
+            // Nothing missed yet: once larger, within the nodes' capacity.
+            None => {
+                let larger = masters + masters * 3 / 20;
+                (masters == shape.masters && larger * per_master <= shape.nodes * shape.capacity)
+                    .then_some(larger)
+            }
+            Some(hi) if hi - lo <= SEARCH_STEP => None,
+            Some(hi) => Some((lo + hi) / 2),
+        };
+    }
+    probes.sort_by_key(|(m, _)| *m);
+    let missed_goals = probes.iter().map(|(_, r)| goals_missed(r)).collect();
+    Search {
+        goals: format!(
+            "steady within {} s, at most {GOAL_LOGINS} logins per account, no lease cycle failed after the start was steady, no deadlock, every live trade copied to its 100 followers with the last copy within {GOAL_P99_MS} ms at the p99",
+            STEADY_WITHIN.as_secs()
+        ),
+        probes: probes.into_iter().map(|(_, r)| r).collect(),
+        missed: missed_goals,
+        largest_met: met.map(|m| m * per_master),
+        smallest_missed: missed.map(|m| m * per_master),
+    }
+}
+
+impl Search {
+    fn markdown(&self) -> String {
+        let mut md = format!(
+            "\n### The largest count served steadily\n\nThe default-timing row's shape (10 nodes), its count of masters bisected between a count that met every goal and one that missed one, in {} more runs at most: the goals are {}.\n\n| accounts | until steady | logins per account | last of 100 followers p50 / p99 (trades, missed) | lease cycles failed after steady | goals |\n|---:|---:|---:|---:|---:|---|\n",
+            SEARCH_PROBES, self.goals
+        );
+        for (row, missed) in self.probes.iter().zip(&self.missed) {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.3} | {} ({}, {}) | {} | {} |",
+                row.accounts,
+                seconds(row.until_steady_s, row.reached, row.accounts),
+                row.logins_per_account,
+                if row.last_follower.runs == 0 {
+                    "none copied".to_string()
+                } else {
+                    row.last_follower.show()
+                },
+                row.trades,
+                row.trades_missed,
+                row.cycles_failed_after_steady,
+                if missed.is_empty() {
+                    "met".to_string()
+                } else {
+                    format!("missed: {}", missed.join(", "))
+                }
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n{}",
+            match (self.largest_met, self.smallest_missed) {
+                (Some(met), Some(missed)) => format!(
+                    "Largest count served with every goal met in this run: {met} accounts ({missed} missed one)."
+                ),
+                (Some(met), None) => format!(
+                    "Every count tried met every goal, up to {met} accounts (the largest tried)."
+                ),
+                (None, Some(missed)) =>
+                    format!("No count tried met every goal, down to {missed} accounts."),
+                (None, None) => "No run of the search finished.".to_string(),
+            }
+        );
+        md
+    }
 }
 
 /// "12.3 s", or what was reached when not steady.
