@@ -655,9 +655,13 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
         assert!(handed, "{id} joined but was handed no account: {changes:?}");
     }
     // Every hand-off decision moved at most a tenth of the node's share (at least one), a
-    // node's decisions are at least a cycle period apart (500 ms less the 20 % jitter), however
+    // node's decisions are spaced by its cycle period (500 ms less the 20 % jitter), however
     // often peers' releases woke it, and the decisions account for every fair-share release the
-    // observer saw (a node moving more than it decides would show here).
+    // observer saw (a node moving more than it decides would show here). The spacing is judged
+    // from the log lines' wall-clock timestamps, written after each cycle's acknowledgement (the
+    // instant the node's rule counts from) by a delay a loaded machine stretches differently per
+    // cycle: at least half the period apart, where a decision on every early wake-up would be
+    // a few milliseconds after a peer's release.
     let mut decided: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     for n in &s.nodes {
         let mut previous: Option<i64> = None;
@@ -687,7 +691,7 @@ async fn a_node_joining_and_leaving_repeatedly_moves_a_bounded_number_per_cycle(
                 .unwrap_or_else(|| panic!("{}: no timestamp: {line}", n.id));
             if let Some(before) = previous {
                 assert!(
-                    at - before >= 400,
+                    at - before >= 200,
                     "{}: hand-offs {} ms apart: {line}",
                     n.id,
                     at - before
