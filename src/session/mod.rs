@@ -50,6 +50,11 @@ pub struct NodeServices {
     pub master_publisher: crate::db::copy::MasterPublisher,
     /// Reads the followers' links in batches, in background turns.
     pub links: crate::db::copy::LinksReader,
+    /// Reads what the followers' reconciles need of the database in batches, in background
+    /// turns: the masters' snapshots and the followers' bases and decisions...
+    pub reconciles: crate::db::copy::ReconcileReader,
+    /// ... and what they ever copied.
+    pub ledger_reads: crate::db::copy::LedgerReader,
     /// Releases the node's accounts in batches (live work on the pool).
     pub releaser: crate::db::lease::Releaser,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.

@@ -1215,6 +1215,153 @@ async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
     );
 }
 
+/// Followers' reconcile reads made at about the same time go to the database together: far
+/// fewer transactions than reads (PostgreSQL's own count is the judge, beside the same reads made
+/// one after another), and each follower gets its own: its master's snapshot and funds, its own
+/// bases, final decisions and ledger rows; a master that never published reads as none, and a
+/// master whose snapshot does not parse fails its own followers' reads alone.
+#[tokio::test]
+async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_its_own() {
+    use copier_node::db::copy::{LedgerRead, LedgerReader, ReconcileRead, ReconcileReader};
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    for (m, login) in [(1, "m1"), (100, "m100"), (200, "m200")] {
+        add_account(&mut conn, m, "master", "broker:1", login).await;
+    }
+    let followers: Vec<i64> = (2..=41).collect();
+    let mut link_of = HashMap::new();
+    for &f in &followers {
+        add_account(&mut conn, f, "follower", "broker:1", &format!("f{f}")).await;
+        link_of.insert(f, add_link(&mut conn, 1, f, LinkSpec::default()).await.0);
+    }
+    // Master 1 published one position and has funds; master 100's snapshot does not parse;
+    // master 200 never published. Follower 4 has a late-copy base, follower 5 a final decision,
+    // follower 6 a copy in the ledger (and one on another login it no longer trades).
+    conn.execute(
+        r#"INSERT INTO master_state (master_id, epoch, seq, positions, updated_at)
+           VALUES (1, 7, 3, '[{"ticket": 11, "symbol": "EURUSD", "side": "buy", "volume": 1.0, "open_volume": 1.0, "open_price": 1.1, "sl": null, "tp": null, "magic": 0}]', now()),
+                  (100, 1, 1, '[{"ticket": "not a number"}]', now());
+           UPDATE trading_accounts SET balance = 5000, equity = 5100, currency = 'USD' WHERE id = 1;
+           INSERT INTO copy_bases (follower_id, copy_ticket, link_id, master_ticket, master_volume)
+           SELECT 4, 901, id, 11, 2.5 FROM copy_links WHERE follower_id = 4;
+           INSERT INTO copy_skips (link_id, master_ticket, follower_id, reason, decided_at, code, final)
+           SELECT id, 12, 5, 'filtered', now(), 'filtered', true FROM copy_links WHERE follower_id = 5;
+           INSERT INTO copy_ledger (follower_id, follower_ticket, server, login, link_id, master_id,
+                                    master_server, master_login, master_ticket, symbol, side, volume,
+                                    filled_price, node_id, owner_epoch)
+           SELECT 6, t, 'broker:1', l, id, 1, 'broker:1', 'm1', 11, 'EURUSD', 'buy', 1.0, 1.1, 'n', 1
+             FROM copy_links, (VALUES (501, 'f6'), (502, 'old6')) v(t, l) WHERE follower_id = 6"#,
+    )
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let url = db.url.clone();
+    let committed = async || crate::support::transactions_ended(&url).await;
+    let pool = async || sqlx::PgPool::connect(&db.url).await.unwrap();
+    let mut asked: Vec<ReconcileRead> = followers
+        .iter()
+        .map(|&f| ReconcileRead {
+            follower: f,
+            master: 1,
+        })
+        .collect();
+    asked.push(ReconcileRead {
+        follower: 3,
+        master: 100,
+    });
+    asked.push(ReconcileRead {
+        follower: 3,
+        master: 200,
+    });
+    let ledger: Vec<LedgerRead> = followers
+        .iter()
+        .map(|&f| LedgerRead {
+            follower: f,
+            server: "broker:1".into(),
+            login: format!("f{f}"),
+        })
+        .collect();
+
+    let before = committed().await;
+    let p = pool().await;
+    let reader = ReconcileReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    let ledger_reader = LedgerReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    let read = crate::support::write_at_once(&reader, asked.clone()).await;
+    let copied = crate::support::write_at_once(&ledger_reader, ledger.clone()).await;
+    drop((reader, ledger_reader));
+    p.close().await;
+    let batched = committed().await - before;
+
+    let before = committed().await;
+    let p = pool().await;
+    let reader = ReconcileReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    let ledger_reader = LedgerReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    for r in &asked {
+        let _ = reader.write(*r).await.unwrap();
+    }
+    for r in &ledger {
+        ledger_reader.write(r.clone()).await.unwrap();
+    }
+    drop((reader, ledger_reader));
+    p.close().await;
+    let one_by_one = committed().await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the reads at once, {one_by_one} one after another"
+    );
+
+    for (r, got) in asked.iter().zip(&read) {
+        let got = got.as_ref().expect("the reader answers");
+        match r.master {
+            100 => {
+                let e = got.as_ref().unwrap_err();
+                assert!(e.starts_with("master 100's published state"), "{e}");
+                continue;
+            }
+            200 => {
+                let basis = got.as_ref().unwrap();
+                assert_eq!(basis.state, None, "master 200 never published");
+                assert_eq!(basis.master_funds.balance, None);
+                continue;
+            }
+            _ => {}
+        }
+        let basis = got
+            .as_ref()
+            .unwrap_or_else(|e| panic!("follower {}: {e}", r.follower));
+        let state = basis.state.as_ref().expect("master 1 published");
+        assert_eq!((state.epoch, state.seq), (7, 3));
+        assert_eq!(
+            state.positions.iter().map(|p| p.ticket).collect::<Vec<_>>(),
+            [11]
+        );
+        assert_eq!(
+            (basis.master_funds.balance, basis.master_funds.equity),
+            (Some(5000.0), Some(5100.0))
+        );
+        let bases: Vec<(i64, f64)> = basis.bases.iter().map(|(t, v)| (*t, *v)).collect();
+        let decided: Vec<(i64, i64)> = basis.decided.iter().copied().collect();
+        match r.follower {
+            4 => assert_eq!(bases, [(901, 2.5)]),
+            5 => assert_eq!(decided, [(link_of[&5], 12)]),
+            f => assert!(
+                bases.is_empty() && decided.is_empty(),
+                "follower {f}: {bases:?} {decided:?}"
+            ),
+        }
+    }
+    for (r, got) in ledger.iter().zip(copied) {
+        let got = got.expect("the reader answers");
+        if r.follower == 6 {
+            assert_eq!(got, [(link_of[&6], 11, 501, None)], "the copy on f6 only");
+        } else {
+            assert!(got.is_empty(), "follower {}: {got:?}", r.follower);
+        }
+    }
+}
+
 /// A node's followers read their links together (`LinksReader`): read at once, forty followers'
 /// links, limits on open copies, removed links and risk limits go in a few statements, not four
 /// for each (PostgreSQL's own count of the test database's transactions is the judge, beside the

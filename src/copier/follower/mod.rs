@@ -286,15 +286,17 @@ impl Follower<'_> {
         let copied = self
             .ctx
             .node
-            .db
-            .background(async |conn| {
-                db::copy::ledger::copied(&mut *conn, self.id, &self.server, &self.login).await
+            .ledger_reads
+            .write(db::copy::LedgerRead {
+                follower: self.id,
+                server: self.server.clone(),
+                login: self.login.clone(),
             })
             .await;
         let copied = match copied {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %db::describe(&e), "reading the copy ledger failed; nothing is decided until it can be read");
+                warn!(error = %e, "reading the copy ledger failed; nothing is decided until it can be read");
                 return false;
             }
         };
@@ -475,22 +477,26 @@ impl Follower<'_> {
                 }
             }
         }
+        // With the node's other followers' reads of the moment (one batch, a background turn).
         let db_read = self
             .ctx
             .node
-            .db
-            .background(async |conn| {
-                let state = db::copy::master_state(&mut *conn, m).await?;
-                let funds = db::copy::account_funds(&mut *conn, m).await?;
-                let bases = db::copy::load_bases(&mut *conn, self.id).await?;
-                let decided = db::copy::load_decided(&mut *conn, self.id).await?;
-                Ok::<_, sqlx::Error>((state, funds, bases, decided))
+            .reconciles
+            .write(db::copy::ReconcileRead {
+                follower: self.id,
+                master: m,
             })
-            .await;
-        let (state, master_funds, bases, decided) = match db_read {
+            .await
+            .and_then(|read| read);
+        let db::copy::ReconcileBasis {
+            state,
+            master_funds,
+            bases,
+            decided,
+        } = match db_read {
             Ok(x) => x,
             Err(e) => {
-                warn!(master_id = m, error = %db::describe(&e), "reconcile could not read the master's snapshot; retrying later");
+                warn!(master_id = m, error = %e, "reconcile could not read the master's snapshot; retrying later");
                 self.masters.remove(&m);
                 self.owe("database unavailable");
                 return;

@@ -73,21 +73,39 @@ pub struct Funds {
 /// An account's balance, equity and currency as its owner last reported them (`None` each when
 /// not reported yet, or the row is gone).
 pub async fn account_funds(conn: &mut PgConnection, id: i64) -> Result<Funds, sqlx::Error> {
-    let row = sqlx::query("SELECT balance, equity, currency FROM trading_accounts WHERE id = $1")
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
-    Ok(match row {
-        Some(r) => Funds {
-            balance: r.try_get("balance")?,
-            equity: r.try_get("equity")?,
-            // A malformed code is refused by the column's check; unreadable reads as unknown.
-            currency: r
-                .try_get::<Option<String>, _>("currency")?
-                .and_then(|c| c.parse().ok()),
-        },
-        None => Funds::default(),
-    })
+    Ok(accounts_funds(conn, &[id])
+        .await?
+        .remove(&id)
+        .unwrap_or_default())
+}
+
+/// [`account_funds`] of many accounts in one statement (an account whose row is gone is absent).
+pub async fn accounts_funds(
+    conn: &mut PgConnection,
+    ids: &[i64],
+) -> Result<std::collections::HashMap<i64, Funds>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, balance, equity, currency FROM trading_accounts WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get("id")?,
+                Funds {
+                    balance: r.try_get("balance")?,
+                    equity: r.try_get("equity")?,
+                    // A malformed code is refused by the column's check; unreadable reads as
+                    // unknown.
+                    currency: r
+                        .try_get::<Option<String>, _>("currency")?
+                        .and_then(|c| c.parse().ok()),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// True while (node, epoch) owns account `id`.

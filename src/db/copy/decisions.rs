@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
 /// Records one copy decision about master ticket `master_ticket` under `link_id` (a row of its
 /// own: `copy_skips` is a history). `final`: the link never copies that position, and every
@@ -46,13 +46,29 @@ pub async fn load_decided(
     conn: &mut PgConnection,
     follower_id: i64,
 ) -> Result<HashSet<(i64, i64)>, sqlx::Error> {
-    let rows: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT DISTINCT link_id, master_ticket FROM copy_skips WHERE follower_id = $1 AND final",
+    Ok(load_decided_of(conn, &[follower_id])
+        .await?
+        .remove(&follower_id)
+        .unwrap_or_default())
+}
+
+/// [`load_decided`] of many followers in one statement (a follower with none is absent).
+pub async fn load_decided_of(
+    conn: &mut PgConnection,
+    followers: &[i64],
+) -> Result<HashMap<i64, HashSet<(i64, i64)>>, sqlx::Error> {
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT DISTINCT follower_id, link_id, master_ticket FROM copy_skips
+          WHERE follower_id = ANY($1) AND final",
     )
-    .bind(follower_id)
+    .bind(followers)
     .fetch_all(conn)
     .await?;
-    Ok(rows.into_iter().collect())
+    let mut out: HashMap<i64, HashSet<(i64, i64)>> = HashMap::new();
+    for (follower, link, ticket) in rows {
+        out.entry(follower).or_default().insert((link, ticket));
+    }
+    Ok(out)
 }
 
 /// Records the master volume a late copy was sized for. Fenced like [`record_decision`].
@@ -93,12 +109,26 @@ pub async fn load_bases(
     conn: &mut PgConnection,
     follower_id: i64,
 ) -> Result<HashMap<i64, f64>, sqlx::Error> {
-    let rows =
-        sqlx::query("SELECT copy_ticket, master_volume FROM copy_bases WHERE follower_id = $1")
-            .bind(follower_id)
-            .fetch_all(conn)
-            .await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get("copy_ticket")?, r.try_get("master_volume")?)))
-        .collect()
+    Ok(load_bases_of(conn, &[follower_id])
+        .await?
+        .remove(&follower_id)
+        .unwrap_or_default())
+}
+
+/// [`load_bases`] of many followers in one statement (a follower with none is absent).
+pub async fn load_bases_of(
+    conn: &mut PgConnection,
+    followers: &[i64],
+) -> Result<HashMap<i64, HashMap<i64, f64>>, sqlx::Error> {
+    let rows: Vec<(i64, i64, f64)> = sqlx::query_as(
+        "SELECT follower_id, copy_ticket, master_volume FROM copy_bases WHERE follower_id = ANY($1)",
+    )
+    .bind(followers)
+    .fetch_all(conn)
+    .await?;
+    let mut out: HashMap<i64, HashMap<i64, f64>> = HashMap::new();
+    for (follower, ticket, volume) in rows {
+        out.entry(follower).or_default().insert(ticket, volume);
+    }
+    Ok(out)
 }

@@ -1,6 +1,8 @@
 //! The copy ledger (`migrations/0009_copy_ledger.sql`): a row per copy, fenced like every write
 //! of the follower's session.
 
+use std::collections::HashMap;
+
 use sqlx::{PgConnection, Row};
 
 /// One copy as the ledger records it.
@@ -49,18 +51,57 @@ pub async fn copied(
     follower_id: i64,
     server: &str,
     login: &str,
-) -> Result<Vec<(i64, i64, i64, Option<f64>)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT l.link_id, l.master_ticket, l.follower_ticket, l.opened_volume
-           FROM copy_ledger l JOIN trading_accounts m ON m.id = l.master_id
-          WHERE l.follower_id = $1 AND l.server = $2 AND l.login = $3
-            AND l.master_server = m.server AND l.master_login = m.login",
+) -> Result<Vec<Copied>, sqlx::Error> {
+    let key = (follower_id, server.to_string(), login.to_string());
+    Ok(copied_of(conn, std::slice::from_ref(&key))
+        .await?
+        .remove(&key)
+        .unwrap_or_default())
+}
+
+/// A follower's trading account as the ledger keys its copies: (follower, server, login).
+pub type LedgerKey = (i64, String, String);
+
+/// One copy a follower ever held ([`copied`]): link, master ticket, follower ticket, and the
+/// volume it opened with if recorded.
+pub type Copied = (i64, i64, i64, Option<f64>);
+
+/// What a follower copied ([`copied`]), for many in one statement (one with none is absent).
+pub async fn copied_of(
+    conn: &mut PgConnection,
+    keys: &[LedgerKey],
+) -> Result<HashMap<LedgerKey, Vec<Copied>>, sqlx::Error> {
+    let mut keys: Vec<&LedgerKey> = keys.iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let followers: Vec<i64> = keys.iter().map(|k| k.0).collect();
+    let servers: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
+    let logins: Vec<&str> = keys.iter().map(|k| k.2.as_str()).collect();
+    type Found = (i64, String, String, i64, i64, i64, Option<f64>);
+    let rows: Vec<Found> = sqlx::query_as(
+        "SELECT q.follower_id, q.server, q.login,
+                l.link_id, l.master_ticket, l.follower_ticket, l.opened_volume
+           FROM unnest($1::bigint[], $2::text[], $3::text[]) q(follower_id, server, login)
+           JOIN copy_ledger l
+             ON l.follower_id = q.follower_id AND l.server = q.server AND l.login = q.login
+           JOIN trading_accounts m ON m.id = l.master_id
+          WHERE l.master_server = m.server AND l.master_login = m.login",
     )
-    .bind(follower_id)
-    .bind(server)
-    .bind(login)
+    .bind(&followers)
+    .bind(&servers)
+    .bind(&logins)
     .fetch_all(conn)
-    .await
+    .await?;
+    let mut out: HashMap<LedgerKey, Vec<Copied>> = HashMap::new();
+    for (follower, server, login, link, master_ticket, ticket, volume) in rows {
+        out.entry((follower, server, login)).or_default().push((
+            link,
+            master_ticket,
+            ticket,
+            volume,
+        ));
+    }
+    Ok(out)
 }
 
 /// The follower's most recent copies, newest first.

@@ -1,6 +1,8 @@
 //! A master's published state: the fenced publish (snapshot, (epoch, seq) and NOTIFY in one
 //! statement) and its read.
 
+use std::collections::HashMap;
+
 use sqlx::{PgConnection, Row};
 
 use crate::channels;
@@ -30,19 +32,38 @@ pub async fn master_state(
     conn: &mut PgConnection,
     master_id: i64,
 ) -> Result<Option<MasterState>, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT s.master_id IS NULL AS missing, d.failed_over_at IS NOT NULL AS failed_over,
+    master_states(conn, &[master_id])
+        .await?
+        .remove(&master_id)
+        .unwrap_or(Ok(None))
+}
+
+/// [`master_state`] of many masters in one statement: each master asked, with its own outcome
+/// (a snapshot that does not parse fails its master alone).
+pub async fn master_states(
+    conn: &mut PgConnection,
+    master_ids: &[i64],
+) -> Result<HashMap<i64, Result<Option<MasterState>, sqlx::Error>>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT q.id, s.master_id IS NULL AS missing, d.failed_over_at IS NOT NULL AS failed_over,
                 s.epoch, s.seq, s.positions::text AS positions, s.orders::text AS orders,
                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
                 coalesce(s.timeline <> copier_timeline(), false)
                   OR coalesce(s.updated_at < d.failed_over_at, false) AS before_failover
-           FROM (SELECT $1::bigint AS id) q
+           FROM unnest($1::bigint[]) q(id)
            LEFT JOIN LATERAL (SELECT * FROM copier_database LIMIT 1) d ON true
            LEFT JOIN master_state s ON s.master_id = q.id",
     )
-    .bind(master_id)
-    .fetch_one(conn)
+    .bind(master_ids)
+    .fetch_all(conn)
     .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("id")?, state_from_row(row))))
+        .collect()
+}
+
+/// One row of [`master_states`].
+fn state_from_row(row: &sqlx::postgres::PgRow) -> Result<Option<MasterState>, sqlx::Error> {
     let now_ms = row.try_get("now_ms")?;
     if row.try_get::<bool, _>("missing")? {
         return Ok(row

@@ -1,6 +1,6 @@
 //! Every statement of the copy engine, one module per concern: account rows ([`accounts`]),
-//! links ([`links`]), the master's fenced publication ([`master`]) and the follower's fenced
-//! records ([`decisions`]).
+//! links ([`links`]), the master's fenced publication ([`master`]), the follower's fenced
+//! records ([`decisions`]) and what its reconcile reads, batched ([`reconcile`]).
 //!
 //! Fenced writes to tables other than `trading_accounts` lock the account row `FOR SHARE` (the
 //! batched ones, the copy ledger's and the masters' events, `FOR KEY SHARE`: renewals never wait
@@ -16,16 +16,22 @@ pub mod decisions;
 pub mod ledger;
 pub mod links;
 pub mod master;
+pub mod reconcile;
 pub mod risk;
 
-pub use accounts::{AccountRow, Funds, Role, account_funds, load_account, still_owned};
-pub use decisions::{load_bases, load_decided, record_base, record_decision};
+pub use accounts::{
+    AccountRow, Funds, Role, account_funds, accounts_funds, load_account, still_owned,
+};
+pub use decisions::{
+    load_bases, load_bases_of, load_decided, load_decided_of, record_base, record_decision,
+};
 pub use links::{
     FollowerLinks, LinksRead, LinksReader, RemovedLink, forget_removed_link, load_links,
     read_followers_links,
 };
 pub use master::{
-    FirstSeen, MasterPublisher, MasterState, PublishWrite, Published, master_state, publish,
-    publish_many, stamp_first_seen,
+    FirstSeen, MasterPublisher, MasterState, PublishWrite, Published, master_state, master_states,
+    publish, publish_many, stamp_first_seen,
 };
+pub use reconcile::{LedgerRead, LedgerReader, ReconcileBasis, ReconcileRead, ReconcileReader};
 pub use risk::{Saved, save_risk_state};
