@@ -243,11 +243,7 @@ pub(crate) async fn scale(options: &Options, pg: &Pg, report: &mut Report) -> an
 
 /// A row's line of the section's table.
 fn summary(row: &ScaleRow) -> String {
-    let copied = if row.last_follower.runs == 0 {
-        "none copied".to_string()
-    } else {
-        row.last_follower.show()
-    };
+    let copied = last_follower(row);
     let top: Vec<String> = row
         .top_warnings
         .iter()
@@ -275,6 +271,15 @@ fn summary(row: &ScaleRow) -> String {
             top.join(", ")
         }
     )
+}
+
+/// The last of the followers' copies, p50 / p99, or that none was copied.
+fn last_follower(row: &ScaleRow) -> String {
+    if row.last_follower.runs == 0 {
+        "none copied".to_string()
+    } else {
+        row.last_follower.show()
+    }
 }
 
 /// `--scale-rows` index of the search for the largest count served with every goal met.
@@ -418,11 +423,7 @@ impl Search {
                 row.accounts,
                 seconds(row.until_steady_s, row.reached, row.accounts),
                 row.logins_per_account,
-                if row.last_follower.runs == 0 {
-                    "none copied".to_string()
-                } else {
-                    row.last_follower.show()
-                },
+                last_follower(row),
                 row.trades,
                 row.trades_missed,
                 row.cycles_failed_after_steady,

@@ -64,11 +64,9 @@ pub async fn load_decided_of(
     .bind(followers)
     .fetch_all(conn)
     .await?;
-    let mut out: HashMap<i64, HashSet<(i64, i64)>> = HashMap::new();
-    for (follower, link, ticket) in rows {
-        out.entry(follower).or_default().insert((link, ticket));
-    }
-    Ok(out)
+    Ok(super::grouped(rows.into_iter().map(
+        |(follower, link, ticket)| (follower, (link, ticket)),
+    )))
 }
 
 /// Records the master volume a late copy was sized for. Fenced like [`record_decision`].
@@ -126,9 +124,7 @@ pub async fn load_bases_of(
     .bind(followers)
     .fetch_all(conn)
     .await?;
-    let mut out: HashMap<i64, HashMap<i64, f64>> = HashMap::new();
-    for (follower, ticket, volume) in rows {
-        out.entry(follower).or_default().insert(ticket, volume);
-    }
-    Ok(out)
+    Ok(super::grouped(rows.into_iter().map(
+        |(follower, ticket, volume)| (follower, (ticket, volume)),
+    )))
 }

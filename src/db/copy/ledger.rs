@@ -92,16 +92,14 @@ pub async fn copied_of(
     .bind(&logins)
     .fetch_all(conn)
     .await?;
-    let mut out: HashMap<LedgerKey, Vec<Copied>> = HashMap::new();
-    for (follower, server, login, link, master_ticket, ticket, volume) in rows {
-        out.entry((follower, server, login)).or_default().push((
-            link,
-            master_ticket,
-            ticket,
-            volume,
-        ));
-    }
-    Ok(out)
+    Ok(super::grouped(rows.into_iter().map(
+        |(follower, server, login, link, master_ticket, ticket, volume)| {
+            (
+                (follower, server, login),
+                (link, master_ticket, ticket, volume),
+            )
+        },
+    )))
 }
 
 /// The follower's most recent copies, newest first.

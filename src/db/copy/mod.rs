@@ -11,6 +11,8 @@
 //! a batch in flight: its rows may commit just after, fenced by the epoch they were written
 //! under; a newer epoch's (epoch, seq) and the ledger's keys keep them from overwriting it.)
 
+use std::collections::HashMap;
+
 pub mod accounts;
 pub mod decisions;
 pub mod ledger;
@@ -35,3 +37,17 @@ pub use master::{
 };
 pub use reconcile::{LedgerRead, LedgerReader, ReconcileBasis, ReconcileRead, ReconcileReader};
 pub use risk::{Saved, save_risk_state};
+
+/// Rows of a batched read gathered by whom they belong to (a follower, a ledger key): what each
+/// one asked for, in the collection it reads as.
+pub(crate) fn grouped<K, V, C>(rows: impl IntoIterator<Item = (K, V)>) -> HashMap<K, C>
+where
+    K: std::hash::Hash + Eq,
+    C: Default + Extend<V>,
+{
+    let mut out: HashMap<K, C> = HashMap::new();
+    for (key, value) in rows {
+        out.entry(key).or_default().extend([value]);
+    }
+    out
+}
