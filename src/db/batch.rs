@@ -12,9 +12,10 @@
 //! node has been on its way to a broker for [`QUIET`], so a thousand followers' ledger rows are
 //! written after their orders rather than between them. A batch the database refuses (one row's account deleted
 //! meanwhile, a lock wait past the timeout, a row a constraint rejects) is written again one job
-//! at a time, so one bad row costs no other its write; a batch lost with its connection (or never
-//! sent: the pool timed out) fails every job at once, as unknown (it may have committed: callers
-//! re-read, as after any database error).
+//! at a time, so one bad row costs no other its write (a batch of reads, whose rows fail one by
+//! one inside the answer, fails every job at once instead: [`Batched::ALONE_WHEN_REFUSED`]); a
+//! batch lost with its connection (or never sent: the pool timed out) fails every job at once, as
+//! unknown (it may have committed: callers re-read, as after any database error).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,6 +38,12 @@ pub trait Batched: Sized + Send + Sync + 'static {
     const WHAT: &'static str;
     /// The most writes one statement carries.
     const MAX: usize;
+    /// A batch the database refuses is written again one job at a time, so one bad row costs no
+    /// other its write. Reads, whose rows fail one by one inside the batch's answer, set this
+    /// false: a batch the database refuses (a timeout under load) then fails every job at once,
+    /// as a lost connection does, instead of reading each job alone again while its session
+    /// waits for its turn.
+    const ALONE_WHEN_REFUSED: bool = true;
     /// Writes a batch on a connection: one outcome per write, in the writes' order.
     fn write_batch<'a>(
         conn: &'a mut PgConnection,
@@ -336,9 +343,10 @@ async fn run<J: Batched>(
                     let _ = reply.send(Ok(outcome));
                 }
             }
-            // The database itself failed (a lost connection, a pool timeout): every job's
-            // outcome is unknown, and trying each alone would only wait out each in turn.
-            Err(e) if !matches!(e, sqlx::Error::Database(_)) => {
+            // The database itself failed (a lost connection, a pool timeout), or refused a batch
+            // of reads: every job's outcome is unknown, and trying each alone would only wait out
+            // each in turn.
+            Err(e) if !matches!(e, sqlx::Error::Database(_)) || !J::ALONE_WHEN_REFUSED => {
                 let why = crate::db::describe(&e);
                 for reply in replies {
                     let _ = reply.send(Err(why.clone()));

@@ -1215,6 +1215,74 @@ async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
     );
 }
 
+/// A batch of reads the database refuses (here a lock wait past the timeout) fails every read in
+/// it at once: none is read again alone while its session waits. Once the first read's answer is
+/// in, the lock is gone, so a read tried again alone would now succeed: every read failing shows
+/// that none was.
+#[tokio::test]
+async fn a_batch_of_reads_the_database_refuses_fails_every_read_at_once() {
+    use copier_node::db::copy::{ReconcileRead, ReconcileReader};
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::str::FromStr;
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    let followers: Vec<i64> = (2..=21).collect();
+    for &f in &followers {
+        add_account(&mut conn, f, "follower", "broker:1", &format!("f{f}")).await;
+        add_link(&mut conn, 1, f, LinkSpec::default()).await;
+    }
+    let mut blocker = db.conn().await;
+    let mut tx = sqlx::Connection::begin(&mut blocker).await.unwrap();
+    tx.execute("LOCK TABLE master_state IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let options = PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .options([("lock_timeout", "200ms")]);
+    let pool = PgPoolOptions::new().connect_with(options).await.unwrap();
+    let reader = ReconcileReader::spawn_background(copier_node::db::Db::direct(pool.clone()));
+    let mut handles: Vec<_> = followers
+        .iter()
+        .map(|&f| {
+            let reader = reader.clone();
+            tokio::spawn(async move {
+                reader
+                    .write(ReconcileRead {
+                        follower: f,
+                        master: 1,
+                    })
+                    .await
+                    .and_then(|read| read.map(|_| ()))
+            })
+        })
+        .collect();
+    let rest = handles.split_off(1);
+    let first = handles.pop().unwrap().await.unwrap();
+    tx.commit().await.unwrap();
+    let mut outcomes = vec![first];
+    for h in rest {
+        outcomes.push(h.await.unwrap());
+    }
+    for (f, outcome) in followers.iter().zip(&outcomes) {
+        let e = outcome
+            .as_ref()
+            .expect_err(&format!("follower {f}'s read was tried again alone"));
+        assert!(e.contains("lock"), "follower {f}: {e}");
+    }
+    // The lock gone, the same reads succeed.
+    for &f in &followers {
+        let read = reader
+            .write(ReconcileRead {
+                follower: f,
+                master: 1,
+            })
+            .await;
+        assert!(matches!(read, Ok(Ok(_))), "follower {f}: {read:?}");
+    }
+}
+
 /// Followers' reconcile reads made at about the same time go to the database together: far
 /// fewer transactions than reads (PostgreSQL's own count is the judge, beside the same reads made
 /// one after another), and each follower gets its own: its master's snapshot and funds, its own

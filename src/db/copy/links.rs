@@ -197,6 +197,7 @@ impl Batched for LinksRead {
     type Outcome = Result<FollowerLinks, String>;
     const WHAT: &'static str = "follower links reader";
     const MAX: usize = 1000;
+    const ALONE_WHEN_REFUSED: bool = false;
 
     fn write_batch<'a>(
         conn: &'a mut PgConnection,

@@ -48,6 +48,7 @@ impl Batched for ReconcileRead {
     type Outcome = Result<ReconcileBasis, String>;
     const WHAT: &'static str = "reconcile reader";
     const MAX: usize = 1000;
+    const ALONE_WHEN_REFUSED: bool = false;
 
     fn write_batch<'a>(
         conn: &'a mut PgConnection,
@@ -107,6 +108,7 @@ impl Batched for LedgerRead {
     type Outcome = Vec<super::ledger::Copied>;
     const WHAT: &'static str = "copy ledger reader";
     const MAX: usize = 1000;
+    const ALONE_WHEN_REFUSED: bool = false;
 
     fn write_batch<'a>(
         conn: &'a mut PgConnection,
