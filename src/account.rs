@@ -9,11 +9,10 @@
 //! The task reads its row, logs in to its broker with the epoch as the fence, and runs the
 //! master or follower session of the copy engine.
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use tracing::info;
 
 use crate::copier;
-use crate::db;
 use crate::db::copy::Role;
 pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 
@@ -22,10 +21,9 @@ pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 pub(crate) async fn run(ctx: AccountContext) -> anyhow::Result<()> {
     let row = ctx
         .node
-        .db
-        .background(async |c| db::copy::load_account(c, ctx.account_id).await)
+        .read_account(ctx.account_id)
         .await
-        .context("reading the account row")?;
+        .map_err(|e| anyhow::anyhow!("reading the account row: {e}"))?;
     let Some(mut row) = row else {
         bail!("account {} no longer exists", ctx.account_id);
     };

@@ -36,7 +36,7 @@ pub struct Handoff {
     /// The node expected to claim it.
     pub to: String,
     /// In an answer: the receiver has room and is not shutting down, so it will claim the
-    /// account once released (the release then names it, and wakes it alone). Older nodes'
+    /// account once released (the release then names it: [`Release::wakes`]). Older nodes'
     /// answers lack it: their releases name nobody.
     #[serde(default)]
     pub claims: bool,

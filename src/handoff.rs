@@ -73,11 +73,11 @@ pub async fn offer(
             claims: false,
         };
         if let Err(e) = node
-            .db
-            .run(async |c| db::lease::announce_handoff(c, &offer.payload()).await)
+            .handoff_notices
+            .write(db::lease::HandoffNotice(offer.payload()))
             .await
         {
-            warn!(account_id, to, error = %db::describe(&e), "could not offer the account to the receiving node; handing it off unprepared");
+            warn!(account_id, to, error = %e, "could not offer the account to the receiving node; handing it off unprepared");
             return None;
         }
         while let Some(signal) = rx.recv().await {
@@ -158,10 +158,9 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             anyhow::bail!("{held} logins already prepared (at most {MAX_PREPARED})");
         }
         let row = node
-            .db
-            .run(async |c| db::copy::load_account(c, account_id).await)
+            .read_account(account_id)
             .await
-            .context("reading the account row")?
+            .map_err(|e| anyhow::anyhow!("reading the account row: {e}"))?
             .with_context(|| format!("account {account_id} no longer exists"))?;
         let password = row
             .credentials
@@ -252,11 +251,11 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         ..offer.clone()
     };
     if let Err(e) = node
-        .db
-        .run(async |c| db::lease::announce_handoff(c, &answer.payload()).await)
+        .handoff_notices
+        .write(db::lease::HandoffNotice(answer.payload()))
         .await
     {
-        debug!(account_id, error = %db::describe(&e), "could not answer the hand-off offer (the old owner stops waiting at its bound)");
+        debug!(account_id, error = %e, "could not answer the hand-off offer (the old owner stops waiting at its bound)");
     }
     tokio::select! {
         _ = tokio::time::sleep(KEPT) => {}

@@ -238,7 +238,7 @@ impl<J: Batched> BatchWriter<J> {
 
     fn start(db: Db, orders: Option<Arc<Orders>>, on: On) -> Self {
         let (jobs, rx) = mpsc::unbounded_channel::<Job<J>>();
-        tokio::spawn(run(db, rx, orders, on));
+        tokio::spawn(run(db.batching(), rx, orders, on));
         BatchWriter { jobs }
     }
 

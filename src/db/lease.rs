@@ -496,12 +496,50 @@ impl crate::db::batch::Batched for Releasing {
 /// from [`crate::channels::Handoff::payload`]). Grants nothing: the release and the claim are
 /// unchanged.
 pub async fn announce_handoff(conn: &mut PgConnection, payload: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(crate::channels::HANDOFF)
-        .bind(payload)
-        .execute(conn)
-        .await?;
+    announce_handoffs(conn, &[payload.to_string()]).await
+}
+
+/// [`announce_handoff`] of many offers or answers in one statement (one notification each, in
+/// order).
+pub async fn announce_handoffs(
+    conn: &mut PgConnection,
+    payloads: &[String],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS t(p, n) ORDER BY n",
+    )
+    .bind(crate::channels::HANDOFF)
+    .bind(payloads)
+    .execute(conn)
+    .await?;
     Ok(())
+}
+
+/// A prepared hand-off's offer or answer waiting for the node's [`HandoffAnnouncer`].
+#[derive(Debug, Clone)]
+pub struct HandoffNotice(pub String);
+
+/// The node's hand-off offers and answers in batches: a shutdown offering thousands of accounts
+/// at once, or a receiver answering them, sends them in a few statements on one pooled
+/// connection at a time (live work, as the releases they precede) instead of one statement and
+/// one pooled connection each, which left the offers unanswered within their wait at scale.
+pub type HandoffAnnouncer = crate::db::batch::BatchWriter<HandoffNotice>;
+
+impl crate::db::batch::Batched for HandoffNotice {
+    type Outcome = ();
+    const WHAT: &'static str = "hand-off announcer";
+    const MAX: usize = 1000;
+
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        notices: &'a [Self],
+    ) -> crate::future::BoxFuture<'a, Result<Vec<()>, sqlx::Error>> {
+        Box::pin(async move {
+            let payloads: Vec<String> = notices.iter().map(|n| n.0.clone()).collect();
+            announce_handoffs(conn, &payloads).await?;
+            Ok(vec![(); notices.len()])
+        })
+    }
 }
 
 /// What leaving the cluster did.

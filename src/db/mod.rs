@@ -225,6 +225,9 @@ pub struct Db {
     session: Arc<Session>,
     turns: Arc<tokio::sync::Semaphore>,
     measures: Option<PoolMeasures>,
+    /// A batch writer's (fault point `COPIERTEST_POOL_HOG` spares it: [`Db::batching`]).
+    #[cfg(feature = "failpoints")]
+    batching: bool,
 }
 
 impl Db {
@@ -234,7 +237,21 @@ impl Db {
             session: Arc::new(session),
             turns: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UNITS)),
             measures: None,
+            #[cfg(feature = "failpoints")]
+            batching: false,
         }
+    }
+
+    /// The same pool, for a [`batch::BatchWriter`]: a writer holds one connection at a time
+    /// however many sessions wait on it, so the fault point that loads the pool with the
+    /// sessions' own units of work (`COPIERTEST_POOL_HOG`) spares its batches (which every
+    /// session's start goes through: hogged, no session would get as far as loading the pool).
+    pub fn batching(#[allow(unused_mut)] mut self) -> Db {
+        #[cfg(feature = "failpoints")]
+        {
+            self.batching = true;
+        }
+        self
     }
 
     /// The same pool, measured into `measures`.
@@ -292,7 +309,7 @@ impl Db {
         let mut unit = Unfinished(Some(acquired?));
         let conn = unit.0.as_mut().expect("just acquired");
         #[cfg(feature = "failpoints")]
-        if crate::failpoints::active("COPIERTEST_POOL_HOG") {
+        if !self.batching && crate::failpoints::active("COPIERTEST_POOL_HOG") {
             // The node's own work saturating its pool: every unit first keeps its connection busy
             // on the server until the statement timeout cuts it, then fails.
             tracing::debug!("fault injection: pooled unit of work hogging its connection");

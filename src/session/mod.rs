@@ -19,7 +19,6 @@ use crate::broker::types::{
 use crate::broker::{AccountLogin, BoxFuture, BrokerError, Session, TradeApi};
 use crate::brokers::BrokerConnector;
 use crate::credentials::{self, CredentialsKey};
-use crate::db;
 use crate::db::copy::AccountRow;
 use crate::gate::AccountGate;
 use crate::hub::Hub;
@@ -57,11 +56,28 @@ pub struct NodeServices {
     pub ledger_reads: crate::db::copy::LedgerReader,
     /// Releases the node's accounts in batches (live work on the pool).
     pub releaser: crate::db::lease::Releaser,
+    /// Sends the node's hand-off offers and answers in batches (live work on the pool).
+    pub handoff_notices: crate::db::lease::HandoffAnnouncer,
+    /// Reads the account rows of sessions starting (and of accounts offered to this node) in
+    /// batches, in background turns.
+    pub accounts: crate::db::copy::AccountReader,
     /// Prepared hand-offs: this node's offers and the logins prepared for it.
     pub handoffs: Handoffs,
     /// Sessions still starting (claimed, not yet through login and first reconcile): the lease
     /// loop claims no more than it can start.
     pub starting: Arc<Starting>,
+}
+
+impl NodeServices {
+    /// Account `id`'s row, read by the node's [`crate::db::copy::AccountReader`] (with the rows
+    /// other sessions read at the same time): `None` when the row is gone; the error says why it
+    /// could not be read (the database, or a role no session runs).
+    pub async fn read_account(&self, id: i64) -> Result<Option<AccountRow>, String> {
+        self.accounts
+            .write(crate::db::copy::AccountRead(id))
+            .await
+            .and_then(|read| read)
+    }
 }
 
 /// How many of the node's sessions are still starting: the gauge `copier_sessions_starting`
@@ -356,16 +372,12 @@ impl AccountContext {
     /// in with changed (server, login, role, or the decrypted credentials: a key rotation that
     /// re-encrypts the same password changes nothing).
     pub async fn changed_row(&self, current: &AccountRow) -> Option<AccountRow> {
-        let read = self
-            .node
-            .db
-            .background(async |c| db::copy::load_account(c, self.account_id).await)
-            .await;
+        let read = self.node.read_account(self.account_id).await;
         let new = match read {
             Ok(Some(new)) => new,
             Ok(None) => return None, // deleted: the lease cycle stops the task
             Err(e) => {
-                warn!(error = %db::describe(&e), "re-reading the account row after a change failed; the session goes on");
+                warn!(error = %e, "re-reading the account row after a change failed; the session goes on");
                 return None;
             }
         };

@@ -1430,6 +1430,99 @@ async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_i
     }
 }
 
+/// The account rows of sessions starting at about the same time (a node claiming or receiving
+/// thousands of accounts) are read together: far fewer transactions than rows (PostgreSQL's own
+/// count is the judge, beside the same reads made one after another), each session gets its own
+/// row (server, login, credentials), a row that is gone reads as none, and a row whose role no
+/// session runs fails that account's read alone.
+#[tokio::test]
+async fn account_rows_read_at_once_go_in_a_few_statements_and_each_session_gets_its_own() {
+    use copier_node::db::copy::{AccountRead, AccountReader, Role};
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let ids: Vec<i64> = (1..=120).collect();
+    for &id in &ids {
+        let role = if id % 10 == 1 { "master" } else { "follower" };
+        add_account(
+            &mut conn,
+            id,
+            role,
+            &format!("broker:{}", id % 3),
+            &format!("l{id}"),
+        )
+        .await;
+    }
+    // Account 7 carries stored credentials; account 8's role is one no session runs (the
+    // schema's check, dropped here, forbids it).
+    conn.execute(
+        "UPDATE trading_accounts SET credentials = 'v1:stored' WHERE id = 7;
+         ALTER TABLE trading_accounts DROP CONSTRAINT trading_accounts_role_check;
+         UPDATE trading_accounts SET role = 'observer' WHERE id = 8",
+    )
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    let mut asked: Vec<AccountRead> = ids.iter().map(|&id| AccountRead(id)).collect();
+    asked.push(AccountRead(999)); // no such account
+
+    let url = db.url.clone();
+    let committed = async || crate::support::transactions_ended(&url).await;
+    let before = committed().await;
+    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let reader = AccountReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    let read = crate::support::write_at_once(&reader, asked.clone()).await;
+    drop(reader);
+    p.close().await;
+    let batched = committed().await - before;
+
+    let before = committed().await;
+    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let reader = AccountReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    for r in &asked {
+        let _ = reader.write(*r).await.unwrap();
+    }
+    drop(reader);
+    p.close().await;
+    let one_by_one = committed().await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the reads at once, {one_by_one} one after another"
+    );
+
+    for (r, got) in asked.iter().zip(&read) {
+        let got = got.as_ref().expect("the reader answers");
+        match r.0 {
+            8 => {
+                let e = got.as_ref().unwrap_err();
+                assert!(e.contains("account 8") && e.contains("observer"), "{e}");
+            }
+            999 => assert!(matches!(got, Ok(None)), "{got:?}"),
+            id => {
+                let row = got
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("account {id}: {e}"))
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("account {id} read as gone"));
+                let role = if id % 10 == 1 {
+                    Role::Master
+                } else {
+                    Role::Follower
+                };
+                assert_eq!(
+                    (row.id, row.role, row.server.clone(), row.login.clone()),
+                    (id, role, format!("broker:{}", id % 3), format!("l{id}"))
+                );
+                assert_eq!(
+                    row.credentials.as_ref().map(|c| c.expose().to_string()),
+                    (id == 7).then(|| "v1:stored".to_string()),
+                    "account {id}'s credentials"
+                );
+            }
+        }
+    }
+}
+
 /// A node's followers read their links together (`LinksReader`): read at once, forty followers'
 /// links, limits on open copies, removed links and risk limits go in a few statements, not four
 /// for each (PostgreSQL's own count of the test database's transactions is the judge, beside the

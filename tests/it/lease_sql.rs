@@ -586,6 +586,87 @@ async fn releases_at_once_go_in_a_few_statements_each_with_its_status_and_receiv
     }
 }
 
+/// A node's hand-off offers and answers made at about the same time (a shutdown offering
+/// thousands of accounts, a receiver answering them) go to the database together: far fewer
+/// transactions than notices (PostgreSQL's own count is the judge, beside the same notices sent
+/// one after another), and every one is heard, each with its own payload, one notification each.
+#[tokio::test]
+async fn hand_off_notices_at_once_go_in_a_few_statements_and_each_is_heard() {
+    use copier_node::channels::{Handoff, Notice, decode};
+    use copier_node::db::lease::{HandoffAnnouncer, HandoffNotice};
+
+    const N: i64 = 200;
+    let db = TestDb::new().await;
+    let offer = |id: i64| Handoff {
+        ready: id % 2 == 0,
+        account_id: id,
+        from: "a".into(),
+        to: format!("n{}", id % 3),
+        claims: id % 4 == 0,
+    };
+    let announcer = async || {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        (
+            HandoffAnnouncer::spawn_pooled(copier_node::db::Db::direct(pool.clone())),
+            pool,
+        )
+    };
+    let heard = async |listener: &mut sqlx::postgres::PgListener, n: i64| {
+        let mut heard = Vec::new();
+        while heard.len() < n as usize {
+            let notice = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{} notices heard of {n}", heard.len()))
+                .unwrap();
+            match decode(notice.channel(), notice.payload()) {
+                Ok(Notice::Handoff(h)) => heard.push(h),
+                other => panic!("not a hand-off notice: {other:?}"),
+            }
+        }
+        heard.sort_by_key(|h| h.account_id);
+        heard
+    };
+
+    // (Counting ends the other connections: the listener connects after.)
+    let before = crate::support::transactions_ended(&db.url).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(copier_node::channels::HANDOFF)
+        .await
+        .unwrap();
+    let (writer, pool) = announcer().await;
+    let jobs: Vec<HandoffNotice> = (1..=N)
+        .map(|id| HandoffNotice(offer(id).payload()))
+        .collect();
+    let outcomes = crate::support::write_at_once(&writer, jobs).await;
+    assert_eq!(outcomes, vec![Ok(()); N as usize]);
+    assert_eq!(
+        heard(&mut listener, N).await,
+        (1..=N).map(offer).collect::<Vec<_>>(),
+        "each notice heard once, with its own payload"
+    );
+    drop(writer);
+    pool.close().await;
+    drop(listener);
+    let batched = crate::support::transactions_ended(&db.url).await - before;
+
+    let before = crate::support::transactions_ended(&db.url).await;
+    let (writer, pool) = announcer().await;
+    for id in N + 1..=2 * N {
+        assert_eq!(
+            writer.write(HandoffNotice(offer(id).payload())).await,
+            Ok(())
+        );
+    }
+    drop(writer);
+    pool.close().await;
+    let one_by_one = crate::support::transactions_ended(&db.url).await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the notices at once, {one_by_one} one after another"
+    );
+}
+
 #[tokio::test]
 async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
     let db = TestDb::new().await;

@@ -397,9 +397,13 @@ async fn healthz_fails_while_the_lease_loop_is_stalled_for_a_lease() {
 
 /// The node's own work never starves its lease cycle: with the node's pooled connections kept
 /// busy on the server (a fault-injection point makes each unit of session work sleep until its
-/// statement timeout cuts it, and 200 sessions keep failing, restarting and queueing for a
-/// turn), the cycle, on a connection of its own, still renews in time. Judged from the database alone: the rows'
-/// `lease_until`, the membership's `renewed_at`, and `pg_stat_activity` for the saturation.
+/// statement timeout cuts it, and 200 masters on a simulated broker keep logging in, failing
+/// to load their published state, restarting and queueing for a turn), the cycle, on a
+/// connection of its own, still renews in time. The node's batch writers and readers (every
+/// session's account row is read through one) hold a connection each however many sessions
+/// wait on them, so the fault point spares them and loads the pool with the sessions' own units.
+/// Judged from the database alone: the rows' `lease_until`, the membership's `renewed_at`, and
+/// `pg_stat_activity` for the saturation.
 #[tokio::test]
 async fn a_node_with_its_pool_saturated_by_session_work_still_renews_every_cycle() {
     if !cfg!(feature = "failpoints") {
@@ -413,8 +417,14 @@ async fn a_node_with_its_pool_saturated_by_session_work_still_renews_every_cycle
     const ACCOUNTS: i64 = 200;
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
-    insert_accounts(&mut conn, 1..=ACCOUNTS, "mt5").await;
     let dir = Scratch::new("pool-hog");
+    let sim = start_sim(&dir).await;
+    insert_accounts(&mut conn, 1..=ACCOUNTS, "mt5").await;
+    sqlx::query("UPDATE trading_accounts SET role = 'master', server = $1")
+        .bind(sim.addr.to_string())
+        .execute(&mut conn)
+        .await
+        .unwrap();
     let hog = dir.path("hog");
     std::fs::write(&hog, b"hog").unwrap();
     let mut node =

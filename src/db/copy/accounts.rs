@@ -2,7 +2,12 @@
 //! funds a master's owner last wrote, and whether a (node, epoch) still owns a row.
 
 use crate::model::named::named;
+use std::collections::HashMap;
+
 use sqlx::{PgConnection, Row};
+
+use crate::db::batch::{BatchWriter, Batched};
+use crate::future::BoxFuture;
 
 use crate::model::trade::Currency;
 use crate::secret::Secret;
@@ -31,35 +36,92 @@ pub async fn load_account(
     conn: &mut PgConnection,
     id: i64,
 ) -> Result<Option<AccountRow>, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT id, role, server, login, credentials FROM trading_accounts WHERE id = $1",
+    load_accounts(conn, &[id])
+        .await?
+        .remove(&id)
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(e.into()))
+}
+
+/// [`load_account`] of many accounts in one statement: each row read, or why it cannot be (a
+/// role the session cannot run fails that account alone); an account whose row is gone is
+/// absent.
+pub async fn load_accounts(
+    conn: &mut PgConnection,
+    ids: &[i64],
+) -> Result<HashMap<i64, Result<AccountRow, String>>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT id, role, server, login, credentials FROM trading_accounts WHERE id = ANY($1)",
     )
-    .bind(id)
-    .fetch_optional(conn)
+    .bind(ids)
+    .fetch_all(conn)
     .await?;
-    row.map(|r| {
-        let id: i64 = r.try_get("id")?;
-        let role: String = r.try_get("role")?;
-        let role = match role.as_str() {
-            "master" => Role::Master,
-            "follower" => Role::Follower,
-            other => {
-                return Err(sqlx::Error::Decode(
-                    format!("account {id} has role {other:?}; expected master or follower").into(),
-                ));
-            }
-        };
-        Ok(AccountRow {
-            id,
-            role,
-            server: r.try_get("server")?,
-            login: r.try_get("login")?,
-            credentials: r
-                .try_get::<Option<String>, _>("credentials")?
-                .map(Secret::new),
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.try_get("id")?;
+            let role: String = r.try_get("role")?;
+            let role = match role.as_str() {
+                "master" => Role::Master,
+                "follower" => Role::Follower,
+                other => {
+                    return Ok((
+                        id,
+                        Err(format!(
+                            "account {id} has role {other:?}; expected master or follower"
+                        )),
+                    ));
+                }
+            };
+            Ok((
+                id,
+                Ok(AccountRow {
+                    id,
+                    role,
+                    server: r.try_get("server")?,
+                    login: r.try_get("login")?,
+                    credentials: r
+                        .try_get::<Option<String>, _>("credentials")?
+                        .map(Secret::new),
+                }),
+            ))
         })
-    })
-    .transpose()
+        .collect()
+}
+
+/// An account row read by the node's [`AccountReader`].
+#[derive(Debug, Clone, Copy)]
+pub struct AccountRead(pub i64);
+
+/// The account rows the node's sessions read as they start (and a prepared hand-off's receiver
+/// as it logs in ahead), in batches, in background turns of the pool: a node claiming or
+/// receiving thousands of accounts at once reads their rows in a few statements instead of one
+/// statement and one pooled connection each.
+pub type AccountReader = BatchWriter<AccountRead>;
+
+impl Batched for AccountRead {
+    /// The row, `None` when it is gone, or why it cannot be run (that account's alone).
+    type Outcome = Result<Option<AccountRow>, String>;
+    const WHAT: &'static str = "account reader";
+    const MAX: usize = 1000;
+    const ALONE_WHEN_REFUSED: bool = false;
+
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        reads: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>> {
+        Box::pin(async move {
+            let ids: Vec<i64> = reads.iter().map(|r| r.0).collect();
+            let rows = load_accounts(conn, &ids).await?;
+            Ok(reads
+                .iter()
+                .map(|r| match rows.get(&r.0) {
+                    Some(Ok(row)) => Ok(Some(row.clone())),
+                    Some(Err(e)) => Err(e.clone()),
+                    None => Ok(None),
+                })
+                .collect())
+        })
+    }
 }
 
 /// An account's money figures as its owner last reported them.
@@ -83,7 +145,7 @@ pub async fn account_funds(conn: &mut PgConnection, id: i64) -> Result<Funds, sq
 pub async fn accounts_funds(
     conn: &mut PgConnection,
     ids: &[i64],
-) -> Result<std::collections::HashMap<i64, Funds>, sqlx::Error> {
+) -> Result<HashMap<i64, Funds>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT id, balance, equity, currency FROM trading_accounts WHERE id = ANY($1)",
     )
