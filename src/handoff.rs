@@ -45,8 +45,11 @@ use crate::session::handoffs::Entry;
 /// How long a prepared login waits for its account's claim before it is logged out.
 pub const KEPT: Duration = Duration::from_secs(10);
 
-/// The most logins a node holds prepared at once (offers beyond it are answered unprepared).
-const MAX_PREPARED: usize = 256;
+/// The most logins a node holds prepared at once (offers beyond it are answered unprepared): as
+/// many sessions as it may start at once (`lease::STARTING_AT_ONCE`, held equal there), which
+/// bounds what it claims at a time. (It was 256: a SIGTERM of 5,000 accounts over three peers
+/// then moved about four in five of them unprepared.)
+pub const MAX_PREPARED: usize = 1000;
 
 /// The longest a prepared login may take (a slower broker gets no preparation).
 const PREPARE_WITHIN: Duration = Duration::from_secs(10);
@@ -64,7 +67,10 @@ pub async fn offer(
     let handoffs = &node.handoffs;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let wait = async {
-        let _subscription = node.hub.subscribe(Topic::Handoffs, tx).await?;
+        let _subscription = node
+            .hub
+            .subscribe(Topic::HandoffAnswer(account_id), tx)
+            .await?;
         let offer = Handoff {
             ready: false,
             account_id,
@@ -108,7 +114,7 @@ pub async fn offer(
 /// down answers at once and prepares nothing.
 pub async fn serve(node: std::sync::Arc<NodeServices>, shutdown: CancellationToken) {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let Some(_subscription) = node.hub.subscribe(Topic::Handoffs, tx).await else {
+    let Some(_subscription) = node.hub.subscribe(Topic::HandoffOffers, tx).await else {
         return;
     };
     loop {

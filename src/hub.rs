@@ -87,9 +87,11 @@ pub enum Topic {
     Master(i64),
     /// An account's row or link changes (one channel for all, always listened to).
     Account(i64),
-    /// Hand-off offers to this node and answers to its offers (always listened to; never
-    /// announced without LISTEN).
-    Handoffs,
+    /// Hand-off offers to this node (always listened to; never announced without LISTEN).
+    HandoffOffers,
+    /// The answer to this node's hand-off offer of an account (routed by account: a shutdown
+    /// waits for thousands at once, and each waiter hears only its own).
+    HandoffAnswer(i64),
 }
 
 enum Command {
@@ -256,8 +258,10 @@ type Senders = HashMap<u64, mpsc::UnboundedSender<Signal>>;
 struct Subscribers {
     by_master: HashMap<i64, Senders>,
     by_account: HashMap<i64, Senders>,
-    /// [`Topic::Handoffs`] (under key 0).
-    handoffs: HashMap<i64, Senders>,
+    /// [`Topic::HandoffOffers`] (under key 0).
+    handoff_offers: HashMap<i64, Senders>,
+    /// [`Topic::HandoffAnswer`], by account.
+    handoff_answers: HashMap<i64, Senders>,
     /// Subscriptions waiting for their LISTEN to be confirmed.
     waiting: Vec<oneshot::Sender<()>>,
 }
@@ -267,7 +271,8 @@ impl Subscribers {
         match topic {
             Topic::Master(m) => (&mut self.by_master, m),
             Topic::Account(f) => (&mut self.by_account, f),
-            Topic::Handoffs => (&mut self.handoffs, 0),
+            Topic::HandoffOffers => (&mut self.handoff_offers, 0),
+            Topic::HandoffAnswer(a) => (&mut self.handoff_answers, a),
         }
     }
 
@@ -546,10 +551,15 @@ fn dispatch(
             }
         }
         Ok(Notice::Handoff(h)) => {
-            if (h.ready && h.from == node_id) || (!h.ready && h.to == node_id) {
-                for s in subs.handoffs.values().flat_map(|m| m.values()) {
-                    let _ = s.send(Signal::Handoff(h.clone()));
-                }
+            let senders = if h.ready && h.from == node_id {
+                subs.handoff_answers.get(&h.account_id)
+            } else if !h.ready && h.to == node_id {
+                subs.handoff_offers.get(&0)
+            } else {
+                None
+            };
+            for s in senders.into_iter().flat_map(|m| m.values()) {
+                let _ = s.send(Signal::Handoff(h.clone()));
             }
         }
         Err(e) => {

@@ -46,6 +46,9 @@ pub(crate) const RECLAIM_SOON: Duration = Duration::from_millis(10);
 /// account's start-up reads and login at once.
 pub const STARTING_AT_ONCE: usize = 1000;
 
+// A receiver prepares as many hand-offs at once as it may start sessions: it can claim no more.
+const _: () = assert!(crate::handoff::MAX_PREPARED == STARTING_AT_ONCE);
+
 /// When the node's claims wait for its own sessions to start (admission bounds them and more
 /// than this many are still starting), it keeps its cycle period and claims again early only
 /// once no more than this many are still starting: such a claim admits at least half of

@@ -657,7 +657,7 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
         tokio_util::sync::CancellationToken::new(),
     );
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let _offers = hub.subscribe(Topic::Handoffs, tx).await.unwrap();
+    let _offers = hub.subscribe(Topic::HandoffOffers, tx).await.unwrap();
     // The wake every (re)connection gives.
     tokio::time::timeout(WAIT, wake.notified())
         .await
@@ -721,6 +721,82 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
         to: None,
     };
     assert!(!woken(own, true).await, "its own release woke the node");
+}
+
+/// Hand-off notices reach only who waits for them: an answer to this node's offer of an account
+/// reaches that offer's waiter alone (a shutdown waits for thousands at once, and every answer
+/// sent to every waiter made the node's hub the bottleneck of its own hand-off), an offer to
+/// this node reaches the receiving side alone, and notices between other nodes reach no one.
+/// Notices reach the hub in commit order, so a last offer, once heard, shows every earlier one
+/// was dispatched.
+#[tokio::test]
+async fn hand_off_answers_reach_only_the_offer_of_their_account() {
+    use copier_node::channels::{HANDOFF, Handoff};
+    use copier_node::hub::{Hub, Signal, Topic};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let hub = Hub::spawn(
+        db.url.parse().unwrap(),
+        "mt5".into(),
+        "c".into(),
+        std::sync::Arc::new(copier_node::hub::Wake::default()),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let subscribe = async |topic: Topic| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (hub.subscribe(topic, tx).await.unwrap(), rx)
+    };
+    let (_o, mut offers) = subscribe(Topic::HandoffOffers).await;
+    let mut answers = Vec::new();
+    for account in 1..=3 {
+        answers.push(subscribe(Topic::HandoffAnswer(account)).await);
+    }
+    let notice = |ready: bool, account_id: i64, from: &str, to: &str| Handoff {
+        ready,
+        account_id,
+        from: from.into(),
+        to: to.into(),
+        claims: true,
+    };
+    let sent = [
+        notice(true, 2, "c", "b"),  // b's answer to c's offer of 2
+        notice(true, 1, "a", "c"),  // c's answer to a's offer of 1: not for c's waiters
+        notice(false, 3, "c", "b"), // c's own offer of 3
+        notice(false, 1, "a", "b"), // an offer to another node
+        notice(true, 3, "c", "b"),  // b's answer to c's offer of 3
+        notice(false, 9, "a", "c"), // an offer to c: the last, heard by the receiving side
+    ];
+    for n in &sent {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(HANDOFF)
+            .bind(n.payload())
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let heard = tokio::time::timeout(WAIT, offers.recv())
+        .await
+        .expect("the offer to this node")
+        .unwrap();
+    assert_eq!(heard, Signal::Handoff(sent[5].clone()));
+    assert!(offers.try_recv().is_err(), "the receiving side heard more");
+    let mut got: Vec<Vec<Signal>> = Vec::new();
+    for (_, rx) in answers.iter_mut() {
+        let mut mine = Vec::new();
+        while let Ok(s) = rx.try_recv() {
+            mine.push(s);
+        }
+        got.push(mine);
+    }
+    assert_eq!(
+        got,
+        [
+            vec![],
+            vec![Signal::Handoff(sent[0].clone())],
+            vec![Signal::Handoff(sent[4].clone())]
+        ],
+        "each offer's waiter hears its own answer alone"
+    );
 }
 
 #[tokio::test]
