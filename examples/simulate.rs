@@ -261,6 +261,8 @@ fn report_json(
         "faults_total": r.faults_total(),
         "cycles_per_period": (r.cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
         "cycles_per_period_after_faults": (r.calm_cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
+        "cycles_by_cause": r.cycles_by_cause,
+        "cycles_by_cause_after_faults": r.calm_cycles_by_cause,
         "release_to_owner_ms": {
             "releases": r.release_to_owner_ms.values().sum::<u64>(),
             "p50": r.release_to_owner_quantile(0.5),
@@ -320,6 +322,10 @@ fn print(r: &Report, schedules: u64, wall: Duration, cycle: Duration) {
             .map_or("-".into(), |v| v.to_string()),
         r.cycles_per_period(cycle),
         r.calm_cycles_per_period(cycle)
+    );
+    println!(
+        "cycles by cause: {:?} (once the faults were over: {:?})",
+        r.cycles_by_cause, r.calm_cycles_by_cause
     );
 }
 

@@ -71,6 +71,48 @@ pub struct Core<H: Host> {
     admit_at: Option<Instant>,
     /// Cycles in a row that ended at the share with accounts still free ([`RECOUNTS`]).
     recounts: u32,
+    /// Why the next cycle runs when it does.
+    next_cause: NextCycle,
+}
+
+/// Why a node's next cycle runs when it does ([`Core::next_cause`]): its period, or one of the
+/// reasons to run earlier. The simulator counts cycles by it (beside those a release
+/// announcement woke), which is how the herd report says where the cycles above the period's
+/// come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NextCycle {
+    /// The jittered cycle period.
+    Period,
+    /// A peer's membership (and so its leases) expires first: a claim right after.
+    PeerExpiry,
+    /// Right after a database grace ends.
+    GraceEnd,
+    /// Room and accounts free: claim them now rather than a period later.
+    ClaimSoon,
+    /// At its share with accounts still free: count the total again soon ([`RECOUNTS`]).
+    Recount,
+    /// After a failed cycle, its backoff.
+    Retry,
+}
+
+impl NextCycle {
+    pub fn name(self) -> &'static str {
+        match self {
+            NextCycle::Period => "period",
+            NextCycle::PeerExpiry => "peer expiry",
+            NextCycle::GraceEnd => "grace end",
+            NextCycle::ClaimSoon => "claim soon",
+            NextCycle::Recount => "recount",
+            NextCycle::Retry => "retry",
+        }
+    }
+}
+
+/// `next` moved to `at`, for `cause`, when `at` comes first.
+fn sooner(next: &mut (Instant, NextCycle), at: Instant, cause: NextCycle) {
+    if at < next.0 {
+        *next = (at, cause);
+    }
 }
 
 /// How many cycles in a row a node at its share, with accounts still free, runs early to count
@@ -125,7 +167,13 @@ impl<H: Host> Core<H> {
             free: 0,
             admit_at: None,
             recounts: 0,
+            next_cause: NextCycle::Period,
         }
+    }
+
+    /// Why the next cycle runs when the last confirmed or failed cycle said it would.
+    pub fn next_cause(&self) -> NextCycle {
+        self.next_cause
     }
 
     /// Whether claims wait for the node's sessions to start, and if so the earliest a cycle may
@@ -475,8 +523,20 @@ impl<H: Host> Core<H> {
     /// share with accounts still free (a few times in a row). While its claims wait for its own
     /// start-ups, the loop is woken once enough are through ([`Core::admission`]).
     fn schedule(&mut self, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
+        let (next, cause) = self.next_cycle(t0, acknowledged, outcome);
+        self.next_cause = cause;
+        next
+    }
+
+    /// [`Core::schedule`]'s instant, and why.
+    fn next_cycle(
+        &mut self,
+        t0: Instant,
+        acknowledged: Instant,
+        outcome: &CycleOutcome,
+    ) -> (Instant, NextCycle) {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * self.rng.f64());
-        let mut next = t0 + period;
+        let mut next = (t0 + period, NextCycle::Period);
         let limit = self.share_limit() as usize;
         let room = limit.saturating_sub(self.wanted) > 0;
         let admitted = self.admitted(self.supervisor.owned().len()) as usize;
@@ -502,7 +562,7 @@ impl<H: Host> Core<H> {
             self.admit_at = Some(acknowledged + ADMIT_AGAIN.max(took * ADMIT_SPACING));
             if admitted > self.wanted {
                 // Room for some: a peer whose leases expire is still claimed from at once.
-                next = self.at_peer_expiry(next, acknowledged, outcome);
+                self.at_peer_expiry(&mut next, acknowledged, outcome);
             }
             self.recounts = 0;
             return next;
@@ -512,7 +572,7 @@ impl<H: Host> Core<H> {
             // the quick re-claims below, which would spin on free rows nobody may take), and one
             // right after it.
             if room && self.draining.is_none() {
-                next = next.min(end + EXPIRY_SLACK);
+                sooner(&mut next, end + EXPIRY_SLACK, NextCycle::GraceEnd);
             }
             self.recounts = 0;
             return next;
@@ -520,7 +580,7 @@ impl<H: Host> Core<H> {
         if room && self.draining.is_none() && outcome.free > 0 && !self.late {
             // Free accounts and room under a share that just grew (a peer left, accounts were
             // added): claim them now rather than a cycle later.
-            next = next.min(acknowledged + RECLAIM_SOON);
+            sooner(&mut next, acknowledged + RECLAIM_SOON, NextCycle::ClaimSoon);
         }
         if room || outcome.free == 0 || limit as u32 >= self.node.capacity {
             // Room, nothing free, or short of capacity: nothing to count again for. (A late or
@@ -545,10 +605,11 @@ impl<H: Host> Core<H> {
             // a 20 s cycle). Count again soon, a few times in a row at most (each cycle renews
             // every row the node holds).
             let took = acknowledged.saturating_duration_since(t0);
-            next = next.min(acknowledged + (self.node.cycle / 4).max(took * ADMIT_SPACING));
+            let at = acknowledged + (self.node.cycle / 4).max(took * ADMIT_SPACING);
+            sooner(&mut next, at, NextCycle::Recount);
         }
         if room && self.draining.is_none() {
-            next = self.at_peer_expiry(next, acknowledged, outcome);
+            self.at_peer_expiry(&mut next, acknowledged, outcome);
         }
         next
     }
@@ -557,18 +618,17 @@ impl<H: Host> Core<H> {
     /// before it: a claim right after that moment.
     fn at_peer_expiry(
         &self,
-        mut next: Instant,
+        next: &mut (Instant, NextCycle),
         acknowledged: Instant,
         outcome: &CycleOutcome,
-    ) -> Instant {
+    ) {
         for peer in outcome.peers.iter().filter(|p| p.live) {
             let at = acknowledged + peer.expires_in + EXPIRY_SLACK;
-            if at < next {
+            if at < next.0 {
                 info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");
-                next = at;
+                sooner(next, at, NextCycle::PeerExpiry);
             }
         }
-        next
     }
 
     /// A cycle taking longer than this is late: a quarter of the fence, below the bound of the
@@ -617,6 +677,7 @@ impl<H: Host> Core<H> {
             s.last_cycle_at = Some(now);
             s.last_error = Some(reason.clone());
         });
+        self.next_cause = NextCycle::Retry;
         now + backoff
     }
 
@@ -653,6 +714,11 @@ impl<H: Host> Core<H> {
         warn!(other_instance = %other, expires_in_ms = expires_in.as_millis() as u64, "node id is held by another instance (a crashed predecessor, or a live duplicate): waiting for its membership to expire; taking nothing meanwhile");
         self.publish(|s| s.phase = Phase::WaitingForNodeId);
         let retry = (expires_in + EXPIRY_SLACK).min(self.node.cycle);
+        self.next_cause = if retry < self.node.cycle {
+            NextCycle::PeerExpiry
+        } else {
+            NextCycle::Period
+        };
         Ok(acknowledged + retry)
     }
 

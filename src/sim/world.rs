@@ -261,7 +261,18 @@ pub struct Report {
     /// and of them those that receiver claimed (the node that logged in ahead).
     pub releases_named: u64,
     pub claimed_by_named: u64,
+    /// Cycles by why they ran when they did (the core's [`crate::lease::core::NextCycle`], or
+    /// [`WOKEN`], [`STARTED`], [`STOPPING`]): over the whole run, and once the faults are over.
+    pub cycles_by_cause: BTreeMap<&'static str, u64>,
+    pub calm_cycles_by_cause: BTreeMap<&'static str, u64>,
 }
+
+/// A cycle a release announcement woke (at once, or right after the cycle in flight).
+pub const WOKEN: &str = "woken by a release";
+/// A node's first cycle.
+pub const STARTED: &str = "start";
+/// The cycle a shutdown runs at once (it leaves the peers' fair shares).
+pub const STOPPING: &str = "shutdown";
 
 impl Report {
     pub fn faults_total(&self) -> u64 {
@@ -323,6 +334,12 @@ impl Report {
             .release_to_owner_max_ms
             .max(other.release_to_owner_max_ms);
         self.node_seconds += other.node_seconds;
+        for (k, v) in &other.cycles_by_cause {
+            *self.cycles_by_cause.entry(k).or_default() += v;
+        }
+        for (k, v) in &other.calm_cycles_by_cause {
+            *self.calm_cycles_by_cause.entry(k).or_default() += v;
+        }
         self.calm.0 += other.calm.0;
         self.calm.1 += other.calm.1;
         self.releases_named += other.releases_named;
@@ -563,6 +580,8 @@ struct Node {
     woken: bool,
     /// An announcement is on its way (announcements coalesce, like the loop's `Notify` permit).
     wake_pending: bool,
+    /// Why the cycle the timer holds runs when it does (the report's `cycles_by_cause`).
+    cause: &'static str,
     /// When the next cycle timer fires, and its token (a newer timer replaces it).
     timer: u64,
     /// Times of this node's hand-off batches (true time of the decision, size).
@@ -690,6 +709,7 @@ impl World {
                     cycles: 0,
                     woken: false,
                     wake_pending: false,
+                    cause: STARTED,
                     timer: 0,
                     handoffs: Vec::new(),
                     cancelled_at: HashMap::new(),
@@ -1087,7 +1107,7 @@ impl World {
                     fastrand::Rng::with_seed(seed),
                 ));
                 self.note(|w| format!("n{i} starts (instance {})", w.nodes[i].instance));
-                self.cycle_at(i, self.now);
+                self.cycle_at(i, self.now, STARTED);
             }
             Ev::Cycle(token) => {
                 if token != self.nodes[i].timer
@@ -1131,8 +1151,11 @@ impl World {
                     .collect();
                 let outcome = self.db.cycle(&statement.params());
                 self.report.cycles += 1;
+                let cause = self.nodes[i].cause;
+                *self.report.cycles_by_cause.entry(cause).or_default() += 1;
                 if !self.faulty() {
                     self.report.calm.0 += 1;
+                    *self.report.calm_cycles_by_cause.entry(cause).or_default() += 1;
                 }
                 self.committed();
                 for row in &outcome.owned {
@@ -1329,7 +1352,7 @@ impl World {
                 if self.nodes[i].in_flight.is_some() {
                     self.nodes[i].woken = true;
                 } else {
-                    self.cycle_at(i, self.now);
+                    self.cycle_at(i, self.now, WOKEN);
                 }
             }
             Ev::Order(account, epoch) => {
@@ -1386,7 +1409,7 @@ impl World {
                 self.push(at, i, Ev::DrainTimeout);
                 if cycle_now {
                     // As the node does: its next cycle publishes that it left the fair shares.
-                    self.cycle_at(i, self.now);
+                    self.cycle_at(i, self.now, STOPPING);
                 }
                 self.maybe_leave(i);
             }
@@ -1416,12 +1439,13 @@ impl World {
     /// After a cycle's reply or its failure: the next cycle at `at` (or now, if woken), and
     /// the events that waited for the cycle.
     fn after_cycle(&mut self, i: usize, at: Us) -> Result<(), Violation> {
-        let at = if std::mem::take(&mut self.nodes[i].woken) {
-            self.now
+        let (at, cause) = if std::mem::take(&mut self.nodes[i].woken) {
+            (self.now, WOKEN)
         } else {
-            at
+            let core = self.nodes[i].core.as_ref();
+            (at, core.map_or(STARTED, |c| c.next_cause().name()))
         };
-        self.cycle_at(i, at);
+        self.cycle_at(i, at, cause);
         let incarnation = self.nodes[i].incarnation;
         while self.nodes[i].incarnation == incarnation {
             let Some(ev) = self.nodes[i].mailbox.pop_front() else {
@@ -1433,7 +1457,8 @@ impl World {
         Ok(())
     }
 
-    fn cycle_at(&mut self, i: usize, at: Us) {
+    fn cycle_at(&mut self, i: usize, at: Us, cause: &'static str) {
+        self.nodes[i].cause = cause;
         self.nodes[i].timer += 1;
         let token = self.nodes[i].timer;
         self.push(at.max(self.now), i, Ev::Cycle(token));
@@ -1821,6 +1846,7 @@ pub fn explore(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::core::NextCycle;
 
     /// Schedules that once failed, kept and run on every test against the real design. A seed
     /// names a schedule only for the version of the simulator that drew it: any change to what
@@ -1973,6 +1999,37 @@ mod tests {
                 "overloaded schedule {seed} broke {}: {v}\nreplay: `run({seed}, &cfg)` with this test's config and `trace: true`",
                 v.invariant
             ),
+        }
+    }
+
+    /// The herd report's breakdown: every cycle counted under one cause, over the run and once
+    /// the faults are over; with every fault (nodes crashing, leaving and coming back), cycles
+    /// of the period, of a start and woken by a release all show.
+    #[test]
+    fn every_cycle_is_counted_under_its_cause() {
+        let seeds: Vec<u64> = (0..40).collect();
+        let total = match explore(&seeds, &Config::small(), threads()) {
+            Ok(total) => total,
+            Err((seed, v)) => panic!("schedule {seed} broke {}: {v}", v.invariant),
+        };
+        assert_eq!(
+            total.cycles_by_cause.values().sum::<u64>(),
+            total.cycles,
+            "{:?}",
+            total.cycles_by_cause
+        );
+        assert_eq!(
+            total.calm_cycles_by_cause.values().sum::<u64>(),
+            total.calm.0,
+            "{:?}",
+            total.calm_cycles_by_cause
+        );
+        for cause in [NextCycle::Period.name(), STARTED, WOKEN] {
+            assert!(
+                total.cycles_by_cause.get(cause).is_some_and(|n| *n > 0),
+                "no cycle counted as {cause:?}: {:?}",
+                total.cycles_by_cause
+            );
         }
     }
 
