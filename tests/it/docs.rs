@@ -221,6 +221,43 @@ fn simulation_herd() -> String {
     out
 }
 
+/// Where the cycles of the committed simulation reports that count them by cause come from: per
+/// cause, cycles per node per period over the run and once its faults were over (the causes'
+/// shares of the reports' own rates).
+fn simulation_herd_causes() -> String {
+    let mut out = String::from(
+        "\n| report | cause | cycles per node per period | once the faults were over |\n| --- | --- | --- | --- |\n",
+    );
+    for path in simulation_report_paths() {
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let Some(all) = r["cycles_by_cause"].as_object() else {
+            continue;
+        };
+        let calm = r["cycles_by_cause_after_faults"].as_object();
+        // A cause's cycles at the report's rate: its share of the cycles counted.
+        let rate = |causes: Option<&serde_json::Map<String, Value>>, rate: &Value, cause: &str| {
+            let causes = causes?;
+            let total: u64 = causes.values().filter_map(Value::as_u64).sum();
+            let n = causes.get(cause).and_then(Value::as_u64).unwrap_or(0);
+            (total > 0).then(|| rate.as_f64().unwrap_or(0.0) * n as f64 / total as f64)
+        };
+        let mut causes: Vec<&String> = all.keys().collect();
+        causes.sort_by(|a, b| all[*b].as_u64().cmp(&all[*a].as_u64()).then(a.cmp(b)));
+        for cause in causes {
+            let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+            out.push_str(&format!(
+                "| `{}` | {cause} | {} | {} |\n",
+                path.file_name().unwrap().to_string_lossy(),
+                show(rate(Some(all), &r["cycles_per_period"], cause)),
+                show(rate(calm, &r["cycles_per_period_after_faults"], cause)),
+            ));
+        }
+    }
+    out.push('\n');
+    out
+}
+
 /// The committed simulation reports (`reports/simulation/*.json`, written by `--report`), one
 /// row each: what ran, what it found, and how to repeat it.
 fn simulation_reports() -> String {
@@ -359,6 +396,7 @@ fn rendered_figures_match_the_committed_benchmarks() {
                 "scale" => scale_runs(&bench),
                 "simulation" => simulation_reports(),
                 "simulation-herd" => simulation_herd(),
+                "simulation-herd-causes" => simulation_herd_causes(),
                 "ci" => ci_runs(),
                 other => panic!("{}: no renderer named {other:?}", path.display()),
             }
