@@ -246,7 +246,7 @@ impl Db {
     /// however many sessions wait on it, so the fault point that loads the pool with the
     /// sessions' own units of work (`COPIERTEST_POOL_HOG`) spares its batches (which every
     /// session's start goes through: hogged, no session would get as far as loading the pool).
-    pub fn batching(#[allow(unused_mut)] mut self) -> Db {
+    pub(crate) fn batching(#[allow(unused_mut)] mut self) -> Db {
         #[cfg(feature = "failpoints")]
         {
             self.batching = true;

@@ -1,14 +1,13 @@
 //! Account rows as sessions read them: the connection (role, server, login, credentials), the
 //! funds a master's owner last wrote, and whether a (node, epoch) still owns a row.
 
-use crate::model::named::named;
 use std::collections::HashMap;
 
 use sqlx::{PgConnection, Row};
 
 use crate::db::batch::{BatchWriter, Batched};
 use crate::future::BoxFuture;
-
+use crate::model::named::named;
 use crate::model::trade::Currency;
 use crate::secret::Secret;
 
