@@ -140,6 +140,32 @@ async fn wait_status(conn: &mut PgConnection, id: i64, wants: &str) {
     .await;
 }
 
+/// `login`'s positions at the venue and its journal lines, timed from `since` (wall ms): what a
+/// failed assertion prints.
+fn venue_story(v: &FixVenue, login: &str, since: i64) -> String {
+    let lines: Vec<String> = venue_journal(v)
+        .iter()
+        .filter(|l| l.login == login)
+        .map(|l| {
+            format!(
+                "  {:+} ms {} {} {:?} {:?} {:?} accepted={}",
+                l.ts_ms - since,
+                l.client,
+                l.action,
+                l.symbol,
+                l.side,
+                l.volume,
+                l.accepted
+            )
+        })
+        .collect();
+    format!(
+        "{login} at the venue: {:?}; its journal, ms from the freeze:\n{}",
+        venue_positions(v, login),
+        lines.join("\n")
+    )
+}
+
 fn accepted_orders<'a>(lines: &'a [JournalEntry], login: &str) -> Vec<&'a JournalEntry> {
     lines
         .iter()
@@ -434,7 +460,14 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates(posi
     hand(&v, "open m1 XAUUSD buy 0.3");
     copies(3).await;
     let new_owner = owner_of(&mut s.conn, 2).await.expect("owned");
-    assert_ne!(new_owner, frozen);
+    // (Seen twice under CI load, within about 2 s of the freeze, so with no lease run out: the
+    // story says whether the third position predates the trade or the frozen node sent it.)
+    assert_ne!(
+        new_owner,
+        frozen,
+        "the follower is still the frozen node's after its third copy; {}",
+        venue_story(&v, "f1", froze_at)
+    );
     let lines = venue_journal(&v);
     let logon = lines
         .iter()
