@@ -460,8 +460,8 @@ async fn killed_and_frozen_owners_hand_fix_accounts_over_without_duplicates(posi
     hand(&v, "open m1 XAUUSD buy 0.3");
     copies(3).await;
     let new_owner = owner_of(&mut s.conn, 2).await.expect("owned");
-    // (Seen twice under CI load, within about 2 s of the freeze, so with no lease run out: the
-    // story says whether the third position predates the trade or the frozen node sent it.)
+    // (Under load the frozen node once copied the trade itself: `kill` had returned before its
+    // threads stopped. `signal("STOP")` now waits for them; the story shows any such case.)
     assert_ne!(
         new_owner,
         frozen,

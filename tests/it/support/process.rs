@@ -117,6 +117,38 @@ impl NodeProcess {
             "kill -{name} {} failed",
             self.pid()
         );
+        if name == "STOP" && ok {
+            self.wait_stopped();
+        }
+    }
+
+    /// Returns once every thread of the process is stopped. `kill` returns once the signal is
+    /// sent, and a thread stops only as it next leaves the kernel: under load a node was seen
+    /// copying a trade made after `kill -STOP` had returned.
+    fn wait_stopped(&self) {
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stopped = fs::read_dir(&tasks).map(|dir| {
+                dir.filter_map(Result::ok).all(|t| {
+                    // The state follows the parenthesised command name: `pid (comm) S ...`.
+                    fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                        stat.rsplit_once(") ")
+                            .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
+                    })
+                })
+            });
+            if stopped.unwrap_or(true) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} ({}) not stopped 10 s after SIGSTOP",
+                self.node_id,
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     pub fn kill9(&mut self) {
