@@ -268,6 +268,7 @@ fn report_json(
             "p50": r.release_to_owner_quantile(0.5),
             "p99": r.release_to_owner_quantile(0.99),
             "max": (!r.release_to_owner_ms.is_empty()).then_some(r.release_to_owner_max_ms),
+            "unowned_account_s": (r.release_to_owner_sum_ms as f64 / 100.0).round() / 10.0,
             "named": r.releases_named,
             "claimed_by_named": r.claimed_by_named,
         },
