@@ -59,23 +59,27 @@ pub struct Release {
     /// The node that released (or left).
     pub from: String,
     /// The node a hand-off named to take the accounts (it answered that it will claim them);
-    /// `None`: anyone may (a departure, an account disabled elsewhere, a hand-off whose
-    /// receiver did not say it would claim).
+    /// `None`: anyone with room may (a shutdown's hand-off whose receiver did not say it would
+    /// claim, an account disabled elsewhere).
     pub to: Option<String>,
+    /// `from` leaves the fair shares (it is shutting down, or has left): every peer's share
+    /// grows, which its next cycle learns. Absent in older nodes' announcements.
+    #[serde(default)]
+    pub leaving: bool,
 }
 
 impl Release {
     /// Whether node `me` of `platform` claims at once on this announcement, heard on
-    /// `from_platform` (a peer's, of its platform): when a hand-off named its receiver, that
-    /// node and any node with `room` (below its fair share: the receiver's answer reserves
-    /// nothing, and it may have filled up, stopped or paused since; a node at its share could
-    /// claim nothing, its claim being bounded by its share, and a hand-off changes no share);
-    /// when none is named, every peer (a departure grows every peer's share, which its next
-    /// cycle learns). So a hand-off wakes the nodes that can take the account, not every node.
+    /// `from_platform` (a peer's, of its platform): a node with `room` (below its fair share:
+    /// a named receiver's answer reserves nothing, and it may have filled up, stopped or paused
+    /// since; a node at its share could claim nothing, its claim being bounded by its share,
+    /// and a hand-off changes no share), the named receiver, and every peer when `from` leaves
+    /// (the shares change). So a release wakes the nodes that can take the account, not every
+    /// node; a departure wakes every node once, as it begins (a shutdown's first cycle).
     pub fn wakes(&self, from_platform: &str, platform: &str, me: &str, room: bool) -> bool {
         from_platform == platform
             && self.from != me
-            && (room || self.to.as_deref().is_none_or(|to| to == me))
+            && (room || self.leaving || self.to.as_deref() == Some(me))
     }
 }
 
@@ -105,6 +109,7 @@ pub fn decode(channel: &str, payload: &str) -> Result<Notice, String> {
                 let release = serde_json::from_str(rest).unwrap_or_else(|_| Release {
                     from: rest.to_string(),
                     to: None,
+                    leaving: true,
                 });
                 Ok(Notice::Released {
                     platform: platform.to_string(),
@@ -139,6 +144,7 @@ mod tests {
         let named = Release {
             from: "mt5 host a".into(),
             to: Some("mt5-host-b".into()),
+            leaving: false,
         };
         assert_eq!(
             decode(RELEASED, &released_payload("mt5", &named)),
@@ -154,7 +160,20 @@ mod tests {
                 platform: "mt5".into(),
                 release: Release {
                     from: "mt5-host-a".into(),
-                    to: None
+                    to: None,
+                    leaving: true,
+                }
+            })
+        );
+        // An announcement of the named-receivers release: not leaving.
+        assert_eq!(
+            decode(RELEASED, r#"mt5 {"from":"a","to":null}"#),
+            Ok(Notice::Released {
+                platform: "mt5".into(),
+                release: Release {
+                    from: "a".into(),
+                    to: None,
+                    leaving: false,
                 }
             })
         );
@@ -202,12 +221,13 @@ mod tests {
     }
 
     #[test]
-    fn a_release_wakes_its_named_receiver_and_those_with_room_and_an_unnamed_one_every_peer() {
-        let release = |to: Option<&str>| Release {
+    fn a_release_wakes_its_named_receiver_and_those_with_room_and_a_departure_every_peer() {
+        let release = |to: Option<&str>, leaving: bool| Release {
             from: "a".into(),
             to: to.map(str::to_string),
+            leaving,
         };
-        let named = release(Some("b"));
+        let named = release(Some("b"), false);
         assert!(named.wakes("mt5", "mt5", "b", false), "the named receiver");
         assert!(
             !named.wakes("mt5", "mt5", "c", false),
@@ -221,8 +241,14 @@ mod tests {
             !named.wakes("mt4", "mt5", "b", true),
             "another platform's release"
         );
-        let anyone = release(None);
-        assert!(anyone.wakes("mt5", "mt5", "c", false), "every peer");
-        assert!(!anyone.wakes("mt5", "mt5", "a", true), "its own release");
+        let unnamed = release(None, false);
+        assert!(unnamed.wakes("mt5", "mt5", "c", true), "a peer with room");
+        assert!(
+            !unnamed.wakes("mt5", "mt5", "c", false),
+            "a peer at its share keeps its cycle"
+        );
+        let departure = release(None, true);
+        assert!(departure.wakes("mt5", "mt5", "c", false), "every peer");
+        assert!(!departure.wakes("mt5", "mt5", "a", true), "its own release");
     }
 }

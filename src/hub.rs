@@ -34,6 +34,8 @@ use crate::model::events::MasterNotice;
 pub struct Wake {
     notify: Notify,
     room: AtomicBool,
+    /// While a cycle runs: the room holds only until it would be late ([`Wake::room_until`]).
+    room_until: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Wake {
@@ -50,11 +52,24 @@ impl Wake {
     /// The lease core's room ([`crate::lease::Core::has_room`]: below its share, not shutting
     /// down): any release of the platform wakes it, and it answers offers that it will claim.
     pub fn set_room(&self, room: bool) {
+        *self.room_until.lock().expect("never poisoned") = None;
         self.room.store(room, Ordering::Relaxed);
+    }
+
+    /// A cycle starts: the room holds until `until` (the cycle would be late then, and a late
+    /// cycle's successor renews only: a node stalled in its statement answers no offer that
+    /// it will claim), or until the loop sets it again.
+    pub fn room_until(&self, until: tokio::time::Instant) {
+        *self.room_until.lock().expect("never poisoned") = Some(until);
     }
 
     pub fn room(&self) -> bool {
         self.room.load(Ordering::Relaxed)
+            && self
+                .room_until
+                .lock()
+                .expect("never poisoned")
+                .is_none_or(|until| tokio::time::Instant::now() < until)
     }
 }
 
@@ -737,5 +752,30 @@ mod poll {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While a cycle runs, the room it had holds only until that cycle would be late (a late
+    /// cycle's successor claims nothing, so a node stalled in its statement must not answer
+    /// offers that it will claim); the loop's next turn sets it afresh.
+    #[test]
+    fn while_a_cycle_runs_the_room_holds_only_until_it_would_be_late() {
+        let wake = Wake::default();
+        wake.set_room(true);
+        assert!(wake.room());
+        let now = tokio::time::Instant::now();
+        wake.room_until(now + std::time::Duration::from_secs(60));
+        assert!(wake.room(), "a cycle on time so far");
+        wake.room_until(now);
+        assert!(!wake.room(), "a cycle running late");
+        wake.set_room(true);
+        assert!(wake.room(), "set again after the cycle");
+        wake.set_room(false);
+        wake.room_until(now + std::time::Duration::from_secs(60));
+        assert!(!wake.room(), "no room stays none");
     }
 }

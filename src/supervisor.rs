@@ -48,6 +48,11 @@ pub enum Event {
     },
     /// A release of (account, epoch) finished (or gave up; the next cycle retries it).
     Released { account_id: i64, epoch: i64 },
+    /// The receiver of the hand-off of (account, epoch) answered that it will not claim (it has
+    /// no room): a fair-share move is called off and the session, still copying behind its open
+    /// gate, goes on; a shutdown's goes on stopping. (A receiver that does not answer in time
+    /// may only be slow to log in ahead: the hand-off goes on, unprepared.)
+    HandoffDeclined { account_id: i64, epoch: i64 },
     /// Time to restart a task that failed by itself.
     Restart { account_id: i64, epoch: i64 },
     /// The status writer found (account, epoch) no longer ours.
@@ -181,6 +186,7 @@ impl Host for NodeHost {
         };
         let (gate, session, to) = (gate.clone(), session.clone(), to.to_string());
         let claimed_by_receiver = self.claimed_by_receiver.clone();
+        let events = self.events.clone();
         claimed_by_receiver
             .lock()
             .expect("never poisoned")
@@ -189,11 +195,25 @@ impl Host for NodeHost {
             async move {
                 // The session copies on, behind its gate, until the receiver is ready.
                 let answered = crate::handoff::offer(&services, account_id, &to, &session).await;
-                if answered == Some(true)
-                    && let Some(claims) = claimed_by_receiver
+                let key = (account_id, gate.epoch());
+                if answered == Some(false) {
+                    // The receiver said it will not claim (no room): the supervisor decides
+                    // (a fair-share move is called off, a shutdown's hand-off stops here).
+                    claimed_by_receiver
                         .lock()
                         .expect("never poisoned")
-                        .get_mut(&(account_id, gate.epoch()))
+                        .remove(&key);
+                    let _ = events.send(Event::HandoffDeclined {
+                        account_id,
+                        epoch: key.1,
+                    });
+                    debug!(account_id, to, "hand-off declined by its receiver");
+                    return;
+                }
+                if let Some(claims) = claimed_by_receiver
+                    .lock()
+                    .expect("never poisoned")
+                    .get_mut(&key)
                 {
                     *claims = true;
                 }
@@ -289,6 +309,9 @@ impl Host for NodeHost {
     }
 }
 
+/// The release status of a fair-share move.
+const REBALANCED: &str = "released: rebalanced";
+
 #[derive(Debug)]
 struct Active<S> {
     epoch: i64,
@@ -305,6 +328,8 @@ struct Active<S> {
 struct Stopping<S> {
     /// Release the row once the task has returned, with this status text.
     release: Option<&'static str>,
+    /// As [`Active::claimed_ms`] (a fair-share move called off keeps its place).
+    claimed_ms: i64,
     /// The hand-off's receiver, named in the release's announcement.
     to: Option<String>,
     since: Instant,
@@ -518,6 +543,41 @@ impl<H: Host> Supervisor<H> {
             Event::Released { account_id, epoch } => {
                 self.releasing.remove(&(account_id, epoch));
             }
+            Event::HandoffDeclined { account_id, epoch } => {
+                let key = (account_id, epoch);
+                let Some(stop) = self.stopping.get(&key).filter(|s| !s.gate.is_closed()) else {
+                    // Stopped meanwhile (a shutdown, a lost row, the session's own end).
+                    return;
+                };
+                if stop.release == Some(REBALANCED)
+                    && !self.shutting_down
+                    && !self.active.contains_key(&account_id)
+                {
+                    // The receiver said it cannot take the account: released, it would wait
+                    // unowned for some node's cycle.
+                    let stop = self.stopping.remove(&key).expect("looked up above");
+                    info!(
+                        account_id,
+                        epoch,
+                        to = stop.to.as_deref(),
+                        "hand-off called off: the receiver answered that it will not claim; keeping the account (its session never stopped)"
+                    );
+                    self.active.insert(
+                        account_id,
+                        Active {
+                            epoch,
+                            claimed_ms: stop.claimed_ms,
+                            gate: stop.gate,
+                            session: stop.session,
+                            parked: false,
+                            failures: 0,
+                        },
+                    );
+                    return;
+                }
+                stop.gate.close();
+                self.host.cancel(&stop.session);
+            }
             Event::Lost(Lost { account_id, epoch }) => {
                 if let Some(stop) = self
                     .stopping
@@ -616,7 +676,7 @@ impl<H: Host> Supervisor<H> {
                 account_id = *id,
                 to, "handing the account off to rebalance (fair share)"
             );
-            self.hand_off(*id, to, "released: rebalanced");
+            self.hand_off(*id, to, REBALANCED);
         }
         chosen
     }
@@ -752,6 +812,7 @@ impl<H: Host> Supervisor<H> {
             (account_id, a.epoch),
             Stopping {
                 release,
+                claimed_ms: a.claimed_ms,
                 to: to.map(str::to_string),
                 since: self.host.now(),
                 gate: a.gate,

@@ -586,7 +586,7 @@ SELECT 'released' AS kind, id FROM released
 UNION ALL
 SELECT 'left', NULL FROM gone
 UNION ALL
-SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_object('from', $1::text, 'to', NULL::text)::text)) n
+SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_object('from', $1::text, 'to', NULL::text, 'leaving', true)::text)) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)
@@ -605,6 +605,30 @@ SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_objec
         }
     }
     Ok(out)
+}
+
+/// Announces on [`RELEASED_CHANNEL`] that `node_id` leaves the fair shares of `platform` (its
+/// shutdown began, and its last cycle published no trust): every peer runs a cycle, and so
+/// learns its larger share before the node's hand-offs ask it to take their accounts.
+pub async fn announce_departure(
+    conn: &mut PgConnection,
+    node_id: &str,
+    platform: &str,
+) -> Result<(), sqlx::Error> {
+    let payload = crate::channels::released_payload(
+        platform,
+        &crate::channels::Release {
+            from: node_id.to_string(),
+            to: None,
+            leaving: true,
+        },
+    );
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(RELEASED_CHANNEL)
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Deletes memberships that expired over an hour ago and name no account: nodes that crashed

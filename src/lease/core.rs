@@ -73,6 +73,31 @@ pub struct Core<H: Host> {
     recounts: u32,
     /// Why the next cycle runs when it does.
     next_cause: NextCycle,
+    /// Whether the node may claim yet, after a cold start ([`Core::settle`]).
+    joining: Joining,
+    /// The peers far below their shares, and since when ([`Core::starving`]).
+    starving: std::collections::HashMap<String, Instant>,
+    /// The platform's account counts of the last cycles, and when ([`Core::total`]).
+    totals: std::collections::VecDeque<(Instant, u64)>,
+    /// Shutting down: whether the departure is still to be announced (`Some(false)`, once a
+    /// cycle published it), or was ([`Core::take_departure`]).
+    departure: Option<bool>,
+}
+
+/// A node that starts while more accounts are free than its live peers own (a cold start, of
+/// one node or of a fleet) claims nothing until its fair share holds still: in a fleet's cold
+/// start each node's first cycles see only the nodes registered before it, so the first of a
+/// thousand would each claim up to their capacity and then hand half of it off, a period at a
+/// time (the 1,000-node simulation: nearly all of its releases, and the cycles they woke).
+/// A node joining a running cluster claims at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Joining {
+    /// No cycle seen yet: the first claims nothing.
+    New,
+    /// Counting: the share seen at the last cycle, and when the first was acknowledged.
+    Settling { since: Instant, target: u32 },
+    /// Claims as its share allows.
+    Settled,
 }
 
 /// Why a node's next cycle runs when it does ([`Core::next_cause`]): its period, or one of the
@@ -87,6 +112,8 @@ pub enum NextCycle {
     PeerExpiry,
     /// Right after a database grace ends.
     GraceEnd,
+    /// A cold start: count the share again before claiming ([`SETTLE_EVERY`]).
+    Settling,
     /// Room and accounts free: claim them now rather than a period later.
     ClaimSoon,
     /// At its share with accounts still free: count the total again soon ([`RECOUNTS`]).
@@ -101,6 +128,7 @@ impl NextCycle {
             NextCycle::Period => "period",
             NextCycle::PeerExpiry => "peer expiry",
             NextCycle::GraceEnd => "grace end",
+            NextCycle::Settling => "settling",
             NextCycle::ClaimSoon => "claim soon",
             NextCycle::Recount => "recount",
             NextCycle::Retry => "retry",
@@ -118,6 +146,10 @@ fn sooner(next: &mut (Instant, NextCycle), at: Instant, cause: NextCycle) {
 /// How many cycles in a row a node at its share, with accounts still free, runs early to count
 /// the total again (its share may be short while the peers' last claims are unpublished).
 const RECOUNTS: u32 = 4;
+
+/// How often a node whose claims wait for its share to hold still ([`Joining`]) counts it
+/// again, as a fraction of its cycle period; it waits at most one period in all.
+const SETTLE_EVERY: u32 = 8;
 
 /// What the next cycle asks of the database, fixed at its `t0`.
 #[derive(Debug, Clone)]
@@ -168,7 +200,22 @@ impl<H: Host> Core<H> {
             admit_at: None,
             recounts: 0,
             next_cause: NextCycle::Period,
+            joining: Joining::New,
+            starving: std::collections::HashMap::new(),
+            totals: std::collections::VecDeque::new(),
+            departure: None,
         }
+    }
+
+    /// True once, after the first cycle of a shutdown was confirmed (it published that this
+    /// node no longer counts for fair shares): time to announce the departure, so that every
+    /// peer counts its larger share before it is asked to take this node's accounts.
+    pub fn take_departure(&mut self) -> bool {
+        if self.departure == Some(false) {
+            self.departure = Some(true);
+            return true;
+        }
+        false
     }
 
     /// Why the next cycle runs when the last confirmed or failed cycle said it would.
@@ -225,7 +272,11 @@ impl<H: Host> Core<H> {
             } else {
                 Vec::new()
             },
-            claim_limit: self.share_limit().min(self.admitted(owned.len())),
+            claim_limit: if self.joining == Joining::Settled {
+                self.share_limit().min(self.admitted(owned.len()))
+            } else {
+                0
+            },
             claim,
             // Published for the peers' shares, hand-offs still waiting included.
             owned: (owned.len() + self.supervisor.handing_off()) as u32,
@@ -241,6 +292,7 @@ impl<H: Host> Core<H> {
     pub fn has_room(&self) -> bool {
         self.draining.is_none()
             && !self.late
+            && self.joining == Joining::Settled
             && self
                 .target
                 .is_some_and(|t| (self.supervisor.running() as u32) < t.min(self.node.capacity))
@@ -325,6 +377,16 @@ impl<H: Host> Core<H> {
             .supervisor
             .apply(&outcome.owned, acknowledged, deadline) as u64;
         self.deadline = Some(deadline);
+        // Rows this cycle claimed (epochs it did not hold before): the statement counted them
+        // free too, in the snapshot it claimed from.
+        let claimed = {
+            let before: std::collections::HashSet<i64> = self.held.iter().copied().collect();
+            outcome
+                .owned
+                .iter()
+                .filter(|r| !before.contains(&r.epoch))
+                .count() as u64
+        };
         self.held = outcome.owned.iter().map(|r| r.epoch).collect();
         self.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
         self.watch_database(&outcome.database, acknowledged);
@@ -333,10 +395,11 @@ impl<H: Host> Core<H> {
         self.free = outcome.free;
         // Nobody can claim during a grace: handing accounts off would only leave them unowned.
         let moved = if outcome.database.grace.is_zero() {
-            self.rebalance(outcome, acknowledged)
+            self.rebalance(outcome, claimed, acknowledged)
         } else {
             0
         };
+        self.settle(outcome, acknowledged);
         let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
         debug!(
             owned = self.wanted,
@@ -344,6 +407,9 @@ impl<H: Host> Core<H> {
             "lease cycle"
         );
         let draining = self.draining.is_some();
+        if draining && self.departure.is_none() {
+            self.departure = Some(false);
+        }
         let target = self.target;
         self.publish(|s| {
             s.phase = if draining {
@@ -405,10 +471,11 @@ impl<H: Host> Core<H> {
     }
 
     /// Computes this node's fair share from the cycle's view of the platform and hands off what
-    /// is above it (bounded per cycle, with hysteresis). Returns the accounts handed off.
-    fn rebalance(&mut self, outcome: &CycleOutcome, now: Instant) -> u64 {
+    /// is above it (bounded per cycle, with hysteresis). `claimed`: the rows the cycle claimed,
+    /// which its count of free rows still includes. Returns the accounts handed off.
+    fn rebalance(&mut self, outcome: &CycleOutcome, claimed: u64, now: Instant) -> u64 {
         let owned = self.supervisor.owned().len() as u32;
-        let me = &self.node.node_id;
+        let me = self.node.node_id.clone();
         let mut members = vec![balance::Member {
             node_id: me.clone(),
             capacity: self.node.capacity,
@@ -425,7 +492,7 @@ impl<H: Host> Core<H> {
         );
         // Hand-offs waiting for their receivers are nobody else's yet: counted (as this node
         // publishes them), or the total would shrink and every share with it.
-        let total = owned as u64
+        let seen = owned as u64
             + self.supervisor.handing_off() as u64
             + outcome
                 .peers
@@ -433,9 +500,10 @@ impl<H: Host> Core<H> {
                 .filter(|p| p.live)
                 .map(|p| p.owned as u64)
                 .sum::<u64>()
-            + outcome.free;
+            + outcome.free.saturating_sub(claimed);
+        let total = self.total(seen, now);
         let shares = balance::shares(&members, total);
-        let target = shares.get(me).copied().unwrap_or(0);
+        let target = shares.get(&me).copied().unwrap_or(0);
         if self.target != Some(target) {
             info!(
                 target,
@@ -447,6 +515,7 @@ impl<H: Host> Core<H> {
         }
         self.target = Some(target);
         self.metrics.target_accounts.set(target as i64);
+        let starving = self.starving(outcome, &shares, now);
         if self.draining.is_some() {
             return 0;
         }
@@ -457,16 +526,12 @@ impl<H: Host> Core<H> {
         if self.last_handoff.is_some_and(|at| now - at < period) {
             return 0;
         }
-        let knobs = balance::Knobs {
-            margin: self.node.rebalance_margin,
-            step: self.node.rebalance_step,
-        };
-        // A peer far below its share (a node that just joined) while no account is free.
-        let starved = outcome.free == 0
-            && outcome.peers.iter().filter(|p| p.trusted).any(|p| {
-                let share = shares.get(&p.node_id).copied().unwrap_or(0);
-                p.owned + balance::margin(share, knobs) < share
-            });
+        let knobs = self.knobs();
+        // A peer far below its share (a node that just joined) while no account is free, for
+        // a period at least: each node publishes what it owned when its cycle began, so a peer
+        // that has just claimed its share looks starved until its next cycle (in a cold start,
+        // every peer at once, and every node above its share would hand accounts off to them).
+        let starved = outcome.free == 0 && starving;
         let n = balance::to_release(owned, target, starved, &mut self.shedding, knobs);
         if n == 0 {
             return 0;
@@ -505,7 +570,11 @@ impl<H: Host> Core<H> {
             best.0 -= 1;
             receivers.push(best.1.to_string());
         }
-        let moved = self.supervisor.rebalance(n as usize, &receivers);
+        // No more than the peers below their shares lack: an account nobody is expected to
+        // claim stays.
+        let moved = self
+            .supervisor
+            .rebalance((n as usize).min(receivers.len()), &receivers);
         if !moved.is_empty() {
             self.last_handoff = Some(now);
         }
@@ -515,6 +584,95 @@ impl<H: Host> Core<H> {
         );
         self.metrics.rebalance_moves.inc_by(moved.len() as u64);
         moved.len() as u64
+    }
+
+    /// The platform's accounts as the shares count them: the most of the counts `seen` over the
+    /// last two periods. Each node publishes what it owned when its cycle began, so the
+    /// accounts claimed since by peers are neither free nor counted, for up to a period: the
+    /// count of one cycle falls short while claims go on (by a fifth in a cold start of a
+    /// thousand nodes), every share with it, and nodes at their true shares handed accounts
+    /// off. Accounts removed count on for two periods at most (the shares are a little
+    /// high meanwhile, which moves nothing).
+    fn total(&mut self, seen: u64, now: Instant) -> u64 {
+        let window = self.node.cycle * 2;
+        while self
+            .totals
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > window)
+        {
+            self.totals.pop_front();
+        }
+        self.totals.push_back((now, seen));
+        self.totals.iter().map(|(_, n)| *n).max().unwrap_or(seen)
+    }
+
+    /// Whether some peer has been far below its share (by more than its margin) for a period:
+    /// notes when each such peer was first seen so, and forgets the others.
+    fn starving(
+        &mut self,
+        outcome: &CycleOutcome,
+        shares: &std::collections::BTreeMap<String, u32>,
+        now: Instant,
+    ) -> bool {
+        let knobs = self.knobs();
+        let below: std::collections::HashSet<&str> = outcome
+            .peers
+            .iter()
+            .filter(|p| p.trusted)
+            .filter(|p| {
+                let share = shares.get(&p.node_id).copied().unwrap_or(0);
+                p.owned + balance::margin(share, knobs) < share
+            })
+            .map(|p| p.node_id.as_str())
+            .collect();
+        self.starving.retain(|id, _| below.contains(id.as_str()));
+        for id in below {
+            self.starving.entry(id.to_string()).or_insert(now);
+        }
+        self.starving
+            .values()
+            .any(|since| now - *since >= self.node.cycle)
+    }
+
+    /// Whether the node may claim from its next cycle on ([`Joining`]): at once unless more
+    /// accounts are free than its live peers own (a cold start, not a node joining a running
+    /// cluster); otherwise once two counts of its share, a [`SETTLE_EVERY`]th of a period apart,
+    /// agree within the rebalance margin (the shares move by far more while the nodes are still
+    /// registering), or a period after its first cycle whatever they say.
+    fn settle(&mut self, outcome: &CycleOutcome, now: Instant) {
+        let Some(target) = self.target else {
+            return;
+        };
+        let fleet_start = outcome.free
+            > outcome
+                .peers
+                .iter()
+                .filter(|p| p.live)
+                .map(|p| u64::from(p.owned))
+                .sum::<u64>();
+        self.joining = match self.joining {
+            Joining::New if fleet_start => {
+                info!(
+                    target,
+                    free = outcome.free,
+                    "cold start (more accounts free than the live peers own): claiming once the fair share holds still"
+                );
+                Joining::Settling { since: now, target }
+            }
+            Joining::Settling {
+                since,
+                target: seen,
+            } if seen.abs_diff(target) > balance::margin(target, self.knobs())
+                && now - since < self.node.cycle =>
+            {
+                Joining::Settling { since, target }
+            }
+            Joining::Settling { .. } => {
+                info!(target, "fair share settled: claiming");
+                Joining::Settled
+            }
+            Joining::New | Joining::Settled => Joining::Settled,
+        };
     }
 
     /// When the next cycle runs: a jittered period after `t0`, or earlier: when a peer's
@@ -537,6 +695,14 @@ impl<H: Host> Core<H> {
     ) -> (Instant, NextCycle) {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * self.rng.f64());
         let mut next = (t0 + period, NextCycle::Period);
+        if matches!(self.joining, Joining::Settling { .. }) && self.draining.is_none() {
+            sooner(
+                &mut next,
+                acknowledged + self.node.cycle / SETTLE_EVERY,
+                NextCycle::Settling,
+            );
+            return next;
+        }
         let limit = self.share_limit() as usize;
         let room = limit.saturating_sub(self.wanted) > 0;
         let admitted = self.admitted(self.supervisor.owned().len()) as usize;
@@ -628,6 +794,13 @@ impl<H: Host> Core<H> {
                 info!(peer = %peer.node_id, expires_in_ms = peer.expires_in.as_millis() as u64, "peer stopped renewing: claiming its accounts when its leases expire");
                 sooner(next, at, NextCycle::PeerExpiry);
             }
+        }
+    }
+
+    fn knobs(&self) -> balance::Knobs {
+        balance::Knobs {
+            margin: self.node.rebalance_margin,
+            step: self.node.rebalance_step,
         }
     }
 

@@ -155,6 +155,7 @@ impl LeaseLoop {
                     break;
                 }
                 _ = sleep_until(next) => {
+                    wake.room_until(Instant::now() + core.late_after());
                     next = cycle(&mut core, &connect, &session, &mut conn, &mut unread).await?;
                 }
                 _ = wake.notified(), if draining.is_none() => {
@@ -223,12 +224,45 @@ async fn cycle(
         }
     };
     let next = core.acknowledged(t0, acknowledged, &outcome)?;
+    if core.take_departure() {
+        announce_departure(core, session, conn).await;
+    }
     *unread += 1;
     if outcome.member && (new_connection || *unread >= REPLICATION_EVERY) {
         *unread = 0;
         read_replication(core, session, conn).await;
     }
     Ok(next)
+}
+
+/// Tells every peer that this node left the fair shares, after its shutdown's first cycle
+/// ([`Core::take_departure`]). A failure costs only time: the peers learn it at their next
+/// cycles, and the hand-offs that find no receiver ready release their accounts to whoever has
+/// room.
+async fn announce_departure(
+    core: &Core<NodeHost>,
+    session: &db::Session,
+    conn: &mut Option<PgConnection>,
+) {
+    let conn_slot = conn;
+    let Some(conn) = conn_slot.as_mut() else {
+        return;
+    };
+    let (node_id, platform) = (&core.node.node_id, &core.node.platform);
+    let announce = db::run_on(conn, session, async |c| {
+        db::lease::announce_departure(c, node_id, platform).await
+    });
+    let error = match timeout(core.node.fence, announce).await {
+        Ok(Ok(())) => {
+            info!("departure announced: the peers count their shares without this node");
+            return;
+        }
+        Ok(Err(e)) => db::describe(&e),
+        Err(_) => format!("no answer within {}", show(core.node.fence)),
+    };
+    warn!(error = %error, "could not announce the departure; the peers learn it at their next cycles");
+    // The connection may be mid-statement: the next cycle opens a new one.
+    *conn_slot = None;
 }
 
 /// How many cycles the database's replication promise may go unread: it changes without a new

@@ -579,6 +579,8 @@ struct Node {
     mailbox: VecDeque<Ev>,
     /// The cycle in flight (its number), if any.
     in_flight: Option<u64>,
+    /// When the cycle in flight was sent (true time).
+    sent_at: Us,
     cycles: u64,
     /// A wake arrived during a cycle: cycle again right after it.
     woken: bool,
@@ -710,6 +712,7 @@ impl World {
                     deferred: VecDeque::new(),
                     mailbox: VecDeque::new(),
                     in_flight: None,
+                    sent_at: 0,
                     cycles: 0,
                     woken: false,
                     wake_pending: false,
@@ -1135,6 +1138,7 @@ impl World {
                 node.cycles += 1;
                 let n = node.cycles;
                 node.in_flight = Some(n);
+                node.sent_at = self.now;
                 let at = self.db_at() + load;
                 self.push(at, i, Ev::Exec(n, Box::new(statement), t0));
                 let timeout = self.true_time(i, t0 + bound);
@@ -1257,6 +1261,16 @@ impl World {
                 match result {
                     Ok(next) => {
                         self.effects(i)?;
+                        if self.nodes[i]
+                            .core
+                            .as_mut()
+                            .is_some_and(|c| c.take_departure())
+                        {
+                            // As the node: its shutdown's first cycle is followed by the
+                            // announcement that it left the fair shares.
+                            self.note(|_| format!("n{i} announces its departure"));
+                            self.announce(i, &[], None, true);
+                        }
                         for (row, was_open) in outcome.owned.iter().zip(open_before) {
                             // A gate that opened, or one replaced by an open gate of another
                             // epoch: an interval of trust begins here.
@@ -1286,15 +1300,33 @@ impl World {
                 }
             }
             Ev::HandedOff(account, epoch, gate, to) => {
-                // The receiver answers that it will claim if it heard the offer, runs unpaused
-                // and has room (as `handoff::prepare` answers); then the release names it.
+                // The receiver answers if it heard the offer and runs unpaused, that it will
+                // claim if it has room (as `handoff::prepare` answers); then the release names
+                // it. Without an answer the hand-off goes on, naming no one.
                 let receiver = to
                     .as_ref()
                     .and_then(|to| self.nodes.iter().position(|n| &n.id == to));
-                let claims = receiver.is_some_and(|j| {
-                    self.nodes[j].paused_until <= self.now
-                        && self.nodes[j].core.as_ref().is_some_and(|c| c.has_room())
-                }) && !(self.faulty() && self.rng.f64() < self.cfg.faults.notify_lost);
+                let answered = receiver.is_some_and(|j| self.nodes[j].paused_until <= self.now)
+                    && !(self.faulty() && self.rng.f64() < self.cfg.faults.notify_lost);
+                let claims = answered && receiver.is_some_and(|j| self.room(j));
+                if answered && !claims {
+                    // As the node's host: the supervisor calls a fair-share move off (the
+                    // session goes on) or stops a shutdown's hand-off.
+                    let now = self.local(i, self.now);
+                    let Some(core) = self.nodes[i].core.as_mut() else {
+                        return Ok(());
+                    };
+                    core.supervisor.host_mut().now = now;
+                    core.handle(Event::HandoffDeclined {
+                        account_id: account,
+                        epoch,
+                    });
+                    if core.supervisor.owned().get(&account) == Some(&epoch) {
+                        self.nodes[i].cancelled_at.remove(&(account, epoch));
+                        self.note(|_| format!("n{i} kept {account} (hand-off declined)"));
+                    }
+                    return self.effects(i);
+                }
                 if claims && let Some(core) = self.nodes[i].core.as_mut() {
                     core.supervisor.host_mut().answered.insert((account, epoch));
                 }
@@ -1518,6 +1550,7 @@ impl World {
         let release = Release {
             from: self.nodes[from].id.clone(),
             to,
+            leaving: leave,
         };
         for j in 0..self.nodes.len() {
             if j == from
@@ -1525,7 +1558,7 @@ impl World {
                 || !self.nodes[j]
                     .core
                     .as_ref()
-                    .is_some_and(|c| release.wakes("mt5", "mt5", &self.nodes[j].id, c.has_room()))
+                    .is_some_and(|_| release.wakes("mt5", "mt5", &self.nodes[j].id, self.room(j)))
             {
                 continue;
             }
@@ -1538,6 +1571,17 @@ impl World {
                 self.push(self.now + delay, j, Ev::Wake);
             }
         }
+    }
+
+    /// Node `j`'s room as its hub and hand-off receiver see it ([`crate::hub::Wake::room`]):
+    /// the core's, and while a cycle is in flight only until that cycle would be late.
+    fn room(&self, j: usize) -> bool {
+        let node = &self.nodes[j];
+        node.core.as_ref().is_some_and(|c| {
+            c.has_room()
+                && (node.in_flight.is_none()
+                    || self.local(j, self.now) < self.local(j, node.sent_at) + c.late_after())
+        })
     }
 
     /// Carries out what node `i`'s supervisor asked for.
@@ -2202,6 +2246,248 @@ mod tests {
         assert!(!claims(&core, t2), "after a failed cycle: renew only");
     }
 
+    /// A cycle read-back for a lone core: it owns `mine` accounts (ids from 1), `free` are
+    /// free, and each trusted peer `(id, owned)` of capacity 10 publishes what it owns.
+    fn view(mine: i64, free: u64, peers: &[(&str, u32)]) -> crate::db::lease::CycleOutcome {
+        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
+        CycleOutcome {
+            member: true,
+            owned: (1..=mine)
+                .map(|id| OwnedRow {
+                    id,
+                    epoch: id,
+                    wanted: true,
+                    claimed_ms: id,
+                })
+                .collect(),
+            peers: peers
+                .iter()
+                .map(|(id, owned)| Peer {
+                    node_id: id.to_string(),
+                    expires_in: Duration::from_secs(3),
+                    live: true,
+                    trusted: true,
+                    capacity: 10,
+                    owned: *owned,
+                    starting: 0,
+                })
+                .collect(),
+            free,
+            ..CycleOutcome::default()
+        }
+    }
+
+    fn claim_limit(core: &crate::lease::Core<SimHost>, at: Instant) -> u32 {
+        let p = core.prepare(at);
+        core.params(&p).claim_limit
+    }
+
+    /// A cold start (more accounts free than the live peers own) claims nothing until two
+    /// counts of the share, an eighth of a period apart, agree within the margin: the first
+    /// nodes of a fleet starting together would otherwise each claim up to their capacity and
+    /// hand the surplus off for many periods. A lone node waits one count; a node joining a
+    /// running cluster claims at once.
+    #[test]
+    fn a_cold_start_claims_once_its_share_holds_still() {
+        use crate::lease::core::NextCycle;
+        let t = Instant::now();
+        let cycle = Duration::from_millis(500);
+        let settle = cycle / 8;
+        // Alone, 30 accounts free: a share of 10 (its capacity), counted twice.
+        let mut core = lone_core(t);
+        assert_eq!(claim_limit(&core, t), 0, "the first cycle claims nothing");
+        let next = core.acknowledged(t, t, &view(0, 30, &[])).unwrap();
+        assert_eq!((next, core.next_cause()), (t + settle, NextCycle::Settling));
+        assert_eq!(claim_limit(&core, next), 0, "one count is not enough");
+        assert!(!core.has_room(), "it answers no offer while it counts");
+        let next = core.acknowledged(next, next, &view(0, 30, &[])).unwrap();
+        assert_eq!(claim_limit(&core, next), 10, "the share held still");
+        assert_ne!(core.next_cause(), NextCycle::Settling);
+
+        // Two peers register meanwhile: the share falls from 10 to 5 (by more than the
+        // margin), so it counts again; then it holds.
+        let mut core = lone_core(t);
+        let mut at = t;
+        for peers in [&[][..], &[("p", 0), ("q", 0)], &[("p", 0), ("q", 0)]] {
+            assert_eq!(claim_limit(&core, at), 0, "{} peers", peers.len());
+            at = core.acknowledged(at, at, &view(0, 15, peers)).unwrap();
+        }
+        assert_eq!(core.target(), Some(5));
+        assert_eq!(claim_limit(&core, at), 5);
+
+        // Peers that keep joining (each count's share a tenth or more below the last) hold it
+        // back a period at most.
+        let mut core = lone_core_with(t, 10_000, cycle);
+        let mut at = t;
+        let mut peers: Vec<(String, u32)> = Vec::new();
+        while claim_limit(&core, at) == 0 {
+            assert!(at <= t + cycle, "claimed nothing for over a period");
+            let view_peers: Vec<(&str, u32)> =
+                peers.iter().map(|(id, n)| (id.as_str(), *n)).collect();
+            let mut counted = view(0, 10_000, &view_peers);
+            for p in &mut counted.peers {
+                p.capacity = 10_000;
+            }
+            at = core.acknowledged(at, at, &counted).unwrap();
+            peers.push((format!("p{}", peers.len()), 0));
+        }
+        assert_eq!(
+            peers.len(),
+            9,
+            "counted for a period: eight eighths after the first"
+        );
+
+        // Joining a running cluster (a peer owns more than is free): claims at once.
+        let mut core = lone_core(t);
+        core.acknowledged(t, t, &view(0, 2, &[("p", 8)])).unwrap();
+        assert_eq!(claim_limit(&core, t), 5);
+        assert!(core.has_room());
+    }
+
+    /// The shares count the most accounts seen over the last two periods: the peers' claims of
+    /// their last cycles are neither free nor published yet, so one cycle's count falls short
+    /// while claims go on, and a node at its true share would hand accounts off.
+    #[test]
+    fn the_shares_count_the_most_accounts_seen_over_two_periods() {
+        let t = Instant::now();
+        let cycle = Duration::from_millis(500);
+        let mut core = lone_core(t);
+        // 20 accounts: 5 claimed here by this cycle (the statement counted them free too), 5 on
+        // p, 10 free: a share of 10 each.
+        core.acknowledged(t, t, &view(5, 15, &[("p", 5)])).unwrap();
+        assert_eq!(core.target(), Some(10));
+        // p claimed the 10 free but publishes its 5 until its next cycle: 10 seen.
+        let at = t + cycle / 2;
+        core.acknowledged(at, at, &view(5, 0, &[("p", 5)])).unwrap();
+        assert_eq!(core.target(), Some(10), "the short count is not the total");
+        // Accounts really gone: counted on for two periods at most.
+        let later = t + cycle * 3;
+        core.acknowledged(later, later, &view(5, 0, &[("p", 5)]))
+            .unwrap();
+        assert_eq!(core.target(), Some(5));
+    }
+
+    /// Above its share by no more than the margin, a node hands accounts off to a starved peer
+    /// only once that peer has been starved for a period (a peer that has just claimed its share
+    /// publishes it at its next cycle only).
+    #[test]
+    fn a_peer_is_handed_accounts_once_it_has_been_starved_for_a_period() {
+        let t = Instant::now();
+        let cycle = Duration::from_millis(500);
+        let mut core = lone_core(t);
+        // 10 accounts over three nodes: shares 4 (here: the lowest id), 3 and 3. This node
+        // owns 5 (within its margin), p 5, q none: q is starved.
+        let starved = view(5, 0, &[("p", 5), ("q", 0)]);
+        core.acknowledged(t, t, &starved).unwrap();
+        assert_eq!(core.target(), Some(4));
+        assert_eq!(
+            core.supervisor.owned().len(),
+            5,
+            "q starved for no time yet"
+        );
+        let at = t + cycle / 2;
+        core.acknowledged(at, at, &starved).unwrap();
+        assert_eq!(core.supervisor.owned().len(), 5, "nor for half a period");
+        // q caught up meanwhile (its claims published): nothing to hand off.
+        let mut caught_up = lone_core(t);
+        caught_up.acknowledged(t, t, &starved).unwrap();
+        let at = t + cycle;
+        caught_up
+            .acknowledged(at, at, &view(5, 0, &[("p", 2), ("q", 3)]))
+            .unwrap();
+        assert_eq!(caught_up.supervisor.owned().len(), 5);
+        // Still starved a period on: one account goes to it.
+        core.acknowledged(t + cycle, t + cycle, &starved).unwrap();
+        assert_eq!(core.supervisor.owned().len(), 4);
+        assert!(matches!(
+            core.supervisor.host_mut().effects.last(),
+            Some(Effect::HandOff { to: Some(to), .. }) if to == "q"
+        ));
+    }
+
+    /// A fair-share move whose receiver answers that it will not claim (it has no room) is called
+    /// off (the host reports the answer): the account stays, its session never stopped, nothing
+    /// is released. A shutdown's hand-off goes on regardless: stopped, then released.
+    #[test]
+    fn a_move_its_receiver_declines_is_called_off_but_a_shutdown_goes_on() {
+        use crate::supervisor::Event;
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        // 10 accounts here, none on p: shares of 5, one account a period to p.
+        core.acknowledged(t, t, &view(10, 0, &[("p", 0)])).unwrap();
+        let gate = core.supervisor.gate(1).expect("handed off, still copying");
+        assert!(matches!(
+            core.supervisor.host_mut().effects.last(),
+            Some(Effect::HandOff { account: 1, to: Some(to), .. }) if to == "p"
+        ));
+        assert_eq!(core.supervisor.handing_off(), 1);
+        core.supervisor.host_mut().effects.clear();
+        core.handle(Event::HandoffDeclined {
+            account_id: 1,
+            epoch: 1,
+        });
+        assert!(gate.holds(), "its session never stopped");
+        assert_eq!(core.supervisor.owned().len(), 10);
+        assert_eq!(core.supervisor.handing_off(), 0);
+        assert_eq!(
+            core.supervisor.unfinished_epochs().len(),
+            10,
+            "every session running"
+        );
+        assert!(
+            core.supervisor.host_mut().effects.is_empty(),
+            "nothing stopped, nothing released"
+        );
+
+        // A shutdown hands account 1 (the oldest claimed) to p, and so on: without p's answer
+        // it goes on stopping.
+        core.begin_shutdown(t);
+        let gate = core.supervisor.gate(1).expect("copying while p prepares");
+        core.supervisor.host_mut().effects.clear();
+        core.handle(Event::HandoffDeclined {
+            account_id: 1,
+            epoch: 1,
+        });
+        assert!(gate.is_closed());
+        assert!(matches!(
+            core.supervisor.host_mut().effects.as_slice(),
+            [Effect::Cancel {
+                account: 1,
+                epoch: 1
+            }]
+        ));
+        core.handle(Event::Exited {
+            account_id: 1,
+            epoch: 1,
+            error: None,
+        });
+        assert!(matches!(
+            core.supervisor.host_mut().effects.last(),
+            Some(Effect::Release {
+                account: 1,
+                epoch: 1,
+                to: None,
+                ..
+            })
+        ));
+    }
+
+    /// A shutdown's first confirmed cycle (it published that the node leaves the fair shares)
+    /// asks once for the departure to be announced; nothing does before the shutdown.
+    #[test]
+    fn a_shutdown_announces_its_departure_once_after_its_first_cycle() {
+        let t = Instant::now();
+        let mut core = lone_core(t);
+        core.acknowledged(t, t, &view(2, 0, &[("p", 2)])).unwrap();
+        assert!(!core.take_departure(), "not shutting down");
+        core.begin_shutdown(t);
+        assert!(!core.take_departure(), "its cycle has not published it yet");
+        core.acknowledged(t, t, &view(2, 0, &[("p", 2)])).unwrap();
+        assert!(core.take_departure());
+        core.acknowledged(t, t, &view(2, 0, &[("p", 2)])).unwrap();
+        assert!(!core.take_departure(), "once");
+    }
+
     /// A node claims no more than it can start: its running sessions plus what the limit of
     /// sessions starting at once leaves room for.
     #[test]
@@ -2213,12 +2499,14 @@ mod tests {
             let p = core.prepare(t);
             core.params(&p).claim_limit
         };
+        // Joining a running cluster: a peer owns 10 of 20, 10 free; a share of 10.
+        core.acknowledged(t, t, &view(0, 10, &[("p", 10)])).unwrap();
         core.supervisor.host_mut().starting = STARTING_AT_ONCE - 3;
         assert_eq!(limit(&core), 3, "room for three more starting sessions");
         core.supervisor.host_mut().starting = STARTING_AT_ONCE + 5;
         assert_eq!(limit(&core), 0, "none while the node is at its limit");
         core.supervisor.host_mut().starting = 0;
-        assert_eq!(limit(&core), 10, "then its capacity again");
+        assert_eq!(limit(&core), 10, "then its share again");
     }
 
     /// A node whose claims wait for its own sessions to start (admission bounds them, with more
@@ -2235,6 +2523,12 @@ mod tests {
         let cycle = Duration::from_secs(5);
         let core = |starting: usize| {
             let mut core = lone_core_with(t, 2_000, cycle);
+            // A first cycle with nothing free: no cold start to wait out.
+            let member = CycleOutcome {
+                member: true,
+                ..CycleOutcome::default()
+            };
+            core.acknowledged(t, t, &member).unwrap();
             core.supervisor.host_mut().starting = starting;
             core
         };
@@ -2333,6 +2627,8 @@ mod tests {
         let outcome = |capacity: u32| with(50, capacity, 2);
         let soon = cycle / 4;
         let mut core = lone_core_with(t, 100, cycle);
+        // Its first cycle claimed its 50 (nothing left free): from then on they are its own.
+        core.acknowledged(t, t, &with(50, 100, 0)).unwrap();
         let mut at = t;
         for round in 1..=5 {
             let next = core.acknowledged(at, at, &outcome(100)).unwrap();

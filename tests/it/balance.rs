@@ -260,13 +260,17 @@ async fn accounts_of_a_dead_node_that_never_published_them_are_still_taken() {
     .await
     .unwrap();
     let a = start_node(&config(&db, "a", 1000, FAST)).await;
-    wait_state(&a.state, "a owns the six free accounts", WAIT, |s| {
-        s.owned.len() == 6
-    })
+    // A cold start (six free, the ghost publishing none): a claims once its share holds still,
+    // its half of the six it sees (the ghost is a member).
+    wait_state(
+        &a.state,
+        "a owns its share of the six free accounts",
+        WAIT,
+        |s| s.owned.len() == 3,
+    )
     .await;
-    // The premise: a settled its share while the ghost was still a live member (otherwise its
-    // first cycle, with no share yet, would claim everything and this test would prove nothing).
-    wait_state(&a.state, "a has a share", WAIT, |s| s.target.is_some()).await;
+    // The premise: a settled its share while the ghost was still a live member.
+    wait_state(&a.state, "a has a share", WAIT, |s| s.target == Some(3)).await;
     let ghost_live: bool =
         sqlx::query_scalar("SELECT lease_until > now() FROM nodes WHERE node_id = 'ghost'")
             .fetch_one(&mut conn)

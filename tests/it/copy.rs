@@ -639,8 +639,8 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
 }
 
 /// A release names the hand-off's receiver: the hub wakes that node's lease loop, and a node
-/// below its share (with room), but not a node at its share; a release naming nobody
-/// wakes every peer; a node's own release wakes no one. Notices reach the hub in commit order,
+/// below its share (with room), but not a node at its share; a release naming nobody wakes the
+/// nodes with room, and a departure every peer; a node's own release wakes no one. Notices reach the hub in commit order,
 /// so a hand-off offer sent after each release, once heard, shows the release was dispatched.
 #[tokio::test]
 async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_its_share() {
@@ -699,6 +699,7 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
     let release = |to: Option<&str>| Release {
         from: "a".into(),
         to: to.map(str::to_string),
+        leaving: false,
     };
     assert!(
         !woken(release(Some("b")), false).await,
@@ -713,12 +714,26 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
         "a peer with room did not wake"
     );
     assert!(
-        woken(release(None), false).await,
-        "a release naming nobody did not wake a peer"
+        !woken(release(None), false).await,
+        "a release naming nobody woke a peer at its share"
+    );
+    assert!(
+        woken(release(None), true).await,
+        "a release naming nobody did not wake a peer with room"
+    );
+    let departure = Release {
+        from: "a".into(),
+        to: None,
+        leaving: true,
+    };
+    assert!(
+        woken(departure, false).await,
+        "a departure did not wake a peer at its share"
     );
     let own = Release {
         from: "c".into(),
         to: None,
+        leaving: true,
     };
     assert!(!woken(own, true).await, "its own release woke the node");
 }

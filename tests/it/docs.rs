@@ -189,11 +189,12 @@ fn simulation_report_paths() -> Vec<PathBuf> {
 
 /// What the committed simulation reports that carry them say of release announcements: cycles
 /// per node per period (one is the steady rate), over the run and once its faults were over; how
-/// soon a released account is owned again; how many releases named the hand-off's receiver, and
-/// of those how many it claimed (figures a report written before they existed lacks show `-`).
+/// soon a released account is owned again, and how long released accounts went unowned in all
+/// (account-seconds); how many releases named the hand-off's receiver, and of those how many it
+/// claimed (figures a report written before they existed lacks show `-`).
 fn simulation_herd() -> String {
     let mut out = String::from(
-        "\n| report | cycles per node per period | once the faults were over | releases owned again | p50 | p99 | named a receiver | claimed by it |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "\n| report | cycles per node per period | once the faults were over | releases owned again | p50 | p99 | unowned in all | named a receiver | claimed by it |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for path in simulation_report_paths() {
         let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
@@ -205,7 +206,7 @@ fn simulation_herd() -> String {
         let ms = |k: &str| t[k].as_u64().map_or("-".to_string(), |v| format!("{v} ms"));
         let count = |k: &str| t[k].as_u64().map_or("-".to_string(), |v| v.to_string());
         out.push_str(&format!(
-            "| `{}` | {cycles:.2} | {} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {cycles:.2} | {} | {} | {} | {} | {} | {} | {} |\n",
             path.file_name().unwrap().to_string_lossy(),
             r["cycles_per_period_after_faults"]
                 .as_f64()
@@ -213,6 +214,9 @@ fn simulation_herd() -> String {
             t["releases"],
             ms("p50"),
             ms("p99"),
+            t["unowned_account_s"]
+                .as_f64()
+                .map_or("-".to_string(), |s| format!("{s:.0} account-s")),
             count("named"),
             count("claimed_by_named"),
         ));

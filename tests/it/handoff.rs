@@ -115,7 +115,8 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
                 platform: "mt5".into(),
                 release: copier_node::channels::Release {
                     from: "a".into(),
-                    to: Some("b".into())
+                    to: Some("b".into()),
+                    leaving: false,
                 }
             }),
             "{}",

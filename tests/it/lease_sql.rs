@@ -410,6 +410,7 @@ async fn release_is_fenced_by_epoch_and_announced() {
     let named = copier_node::channels::Release {
         from: "a".into(),
         to: Some("b".into()),
+        leaving: false,
     };
     assert_eq!(
         copier_node::channels::decode(n.channel(), n.payload()),
@@ -693,6 +694,47 @@ async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
         .await
         .unwrap();
     assert_eq!(nodes, 0);
+}
+
+/// A node's departure is announced as it begins (its shutdown's first cycle) and again as it
+/// leaves, both as leaving, so that every peer counts its larger share (a release naming no one
+/// wakes only the peers with room).
+#[tokio::test]
+async fn a_departure_is_announced_as_leaving_when_it_begins_and_when_the_node_leaves() {
+    use copier_node::channels::{Notice, RELEASED, Release, decode};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=1, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 1, &[]))
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen(RELEASED).await.unwrap();
+    let leaving = Notice::Released {
+        platform: "mt5".into(),
+        release: Release {
+            from: "a".into(),
+            to: None,
+            leaving: true,
+        },
+    };
+    let mut heard = async || {
+        let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("an announcement")
+            .unwrap();
+        decode(n.channel(), n.payload())
+    };
+    lease::announce_departure(&mut conn, "a", "mt5")
+        .await
+        .unwrap();
+    assert_eq!(heard().await, Ok(leaving.clone()), "as the shutdown begins");
+    let all: Vec<i64> = a.owned.iter().map(|r| r.epoch).collect();
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &all)
+        .await
+        .unwrap();
+    assert!(out.left);
+    assert_eq!(heard().await, Ok(leaving), "as it leaves");
 }
 
 #[tokio::test]
