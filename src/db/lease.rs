@@ -607,6 +607,25 @@ SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_objec
     Ok(out)
 }
 
+/// Publishes what `node_id` owns after a cycle that claimed: the cycle itself publishes what
+/// the node owned when it began (its membership is written before its claims), so without this
+/// its peers would count the claimed rows neither free nor owned until its next cycle, and their
+/// shares would fall short by every peer's last claims. Only this instance's membership.
+pub async fn publish_owned(
+    conn: &mut PgConnection,
+    node_id: &str,
+    instance_id: &str,
+    owned: u32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE nodes SET owned = $3 WHERE node_id = $1 AND instance_id = $2")
+        .bind(node_id)
+        .bind(instance_id)
+        .bind(i32::try_from(owned).unwrap_or(i32::MAX))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Announces on [`RELEASED_CHANNEL`] that `node_id` leaves the fair shares of `platform` (its
 /// shutdown began, and its last cycle published no trust): every peer runs a cycle, and so
 /// learns its larger share before the node's hand-offs ask it to take their accounts.

@@ -82,6 +82,9 @@ pub struct Core<H: Host> {
     /// Shutting down: whether the departure is still to be announced (`Some(false)`, once a
     /// cycle published it), or was ([`Core::take_departure`]).
     departure: Option<bool>,
+    /// What the node owns after a cycle that claimed, still to be published
+    /// ([`Core::take_owned_to_publish`]).
+    owned_to_publish: Option<u32>,
 }
 
 /// A node that starts while more accounts are free than its live peers own (a cold start, of
@@ -94,8 +97,12 @@ pub struct Core<H: Host> {
 enum Joining {
     /// No cycle seen yet: the first claims nothing.
     New,
-    /// Counting: the share seen at the last cycle, and when the first was acknowledged.
-    Settling { since: Instant, target: u32 },
+    /// Counting: when the first count was acknowledged, and the last count and when.
+    Settling {
+        since: Instant,
+        at: Instant,
+        target: u32,
+    },
     /// Claims as its share allows.
     Settled,
 }
@@ -204,6 +211,7 @@ impl<H: Host> Core<H> {
             starving: std::collections::HashMap::new(),
             totals: std::collections::VecDeque::new(),
             departure: None,
+            owned_to_publish: None,
         }
     }
 
@@ -216,6 +224,12 @@ impl<H: Host> Core<H> {
             return true;
         }
         false
+    }
+
+    /// What to publish as this node's `owned` right after a cycle that claimed rows (the cycle
+    /// published what it owned when it began), once; `None` after any other cycle.
+    pub fn take_owned_to_publish(&mut self) -> Option<u32> {
+        self.owned_to_publish.take()
     }
 
     /// Why the next cycle runs when the last confirmed or failed cycle said it would.
@@ -388,6 +402,10 @@ impl<H: Host> Core<H> {
                 .count() as u64
         };
         self.held = outcome.owned.iter().map(|r| r.epoch).collect();
+        self.owned_to_publish = (claimed > 0).then(|| {
+            u32::try_from(self.supervisor.owned().len() + self.supervisor.handing_off())
+                .unwrap_or(u32::MAX)
+        });
         self.wanted = outcome.owned.iter().filter(|r| r.wanted).count();
         self.watch_database(&outcome.database, acknowledged);
         self.metrics.accounts_claimable.set(outcome.free as i64);
@@ -657,15 +675,31 @@ impl<H: Host> Core<H> {
                     free = outcome.free,
                     "cold start (more accounts free than the live peers own): claiming once the fair share holds still"
                 );
-                Joining::Settling { since: now, target }
+                Joining::Settling {
+                    since: now,
+                    at: now,
+                    target,
+                }
+            }
+            // A cycle woken sooner (a release, the listener's first connection) is no second
+            // count: counts a moment apart agree whoever is still registering.
+            settling @ Joining::Settling { since, at, .. }
+                if now - at < self.node.cycle / SETTLE_EVERY && now - since < self.node.cycle =>
+            {
+                settling
             }
             Joining::Settling {
                 since,
                 target: seen,
+                ..
             } if seen.abs_diff(target) > balance::margin(target, self.knobs())
                 && now - since < self.node.cycle =>
             {
-                Joining::Settling { since, target }
+                Joining::Settling {
+                    since,
+                    at: now,
+                    target,
+                }
             }
             Joining::Settling { .. } => {
                 info!(target, "fair share settled: claiming");

@@ -224,6 +224,9 @@ async fn cycle(
         }
     };
     let next = core.acknowledged(t0, acknowledged, &outcome)?;
+    if let Some(owned) = core.take_owned_to_publish() {
+        publish_owned(core, session, conn, owned).await;
+    }
     if core.take_departure() {
         announce_departure(core, session, conn).await;
     }
@@ -233,6 +236,29 @@ async fn cycle(
         read_replication(core, session, conn).await;
     }
     Ok(next)
+}
+
+/// Publishes what the node owns after a cycle that claimed ([`Core::take_owned_to_publish`]).
+/// A failure costs only accuracy: the next cycle publishes it anyway.
+async fn publish_owned(
+    core: &Core<NodeHost>,
+    session: &db::Session,
+    conn: &mut Option<PgConnection>,
+    owned: u32,
+) {
+    let conn_slot = conn;
+    let Some(conn) = conn_slot.as_mut() else {
+        return;
+    };
+    let (node_id, instance_id) = (&core.node.node_id, &core.instance_id);
+    let publish = db::run_on(conn, session, async |c| {
+        db::lease::publish_owned(c, node_id, instance_id, owned).await
+    });
+    if let Ok(Ok(())) = timeout(core.node.fence, publish).await {
+        return;
+    }
+    debug!("could not publish the accounts owned after the cycle's claims; the next cycle does");
+    *conn_slot = None;
 }
 
 /// Tells every peer that this node left the fair shares, after its shutdown's first cycle

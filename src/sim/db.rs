@@ -421,6 +421,17 @@ impl Model {
 
     /// Clean shutdown: releases `epochs`, and deletes the membership of this instance if no other
     /// row names the node.
+    /// As `db::lease::publish_owned`: the membership's published count, if this instance holds it.
+    pub fn publish_owned(&mut self, node_id: &str, instance_id: &str, owned: u32) {
+        if let Some(n) = self
+            .nodes
+            .get_mut(node_id)
+            .filter(|n| n.instance_id == instance_id)
+        {
+            n.owned = owned;
+        }
+    }
+
     pub fn leave(&mut self, node_id: &str, instance_id: &str, epochs: &[i64]) -> LeaveOutcome {
         let released = self.release(node_id, epochs);
         let named = self.owned_by(node_id).next().is_some();

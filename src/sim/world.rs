@@ -1261,6 +1261,14 @@ impl World {
                 match result {
                     Ok(next) => {
                         self.effects(i)?;
+                        if let Some(core) = self.nodes[i].core.as_mut()
+                            && let Some(owned) = core.take_owned_to_publish()
+                        {
+                            // As the node: right after a cycle that claimed.
+                            let instance = core.instance_id.clone();
+                            let id = self.nodes[i].id.clone();
+                            self.db.publish_owned(&id, &instance, owned);
+                        }
                         if self.nodes[i]
                             .core
                             .as_mut()
@@ -2300,6 +2308,15 @@ mod tests {
         assert_eq!((next, core.next_cause()), (t + settle, NextCycle::Settling));
         assert_eq!(claim_limit(&core, next), 0, "one count is not enough");
         assert!(!core.has_room(), "it answers no offer while it counts");
+        // A cycle woken a moment later (a release, the listener's first connection) is no
+        // second count.
+        let woken = t + Duration::from_millis(1);
+        core.acknowledged(woken, woken, &view(0, 30, &[])).unwrap();
+        assert_eq!(
+            claim_limit(&core, woken),
+            0,
+            "a moment later is no second count"
+        );
         let next = core.acknowledged(next, next, &view(0, 30, &[])).unwrap();
         assert_eq!(claim_limit(&core, next), 10, "the share held still");
         assert_ne!(core.next_cause(), NextCycle::Settling);
@@ -2356,10 +2373,17 @@ mod tests {
         // p, 10 free: a share of 10 each.
         core.acknowledged(t, t, &view(5, 15, &[("p", 5)])).unwrap();
         assert_eq!(core.target(), Some(10));
+        assert_eq!(
+            core.take_owned_to_publish(),
+            Some(5),
+            "after a cycle that claimed, what it owns now"
+        );
+        assert_eq!(core.take_owned_to_publish(), None, "once");
         // p claimed the 10 free but publishes its 5 until its next cycle: 10 seen.
         let at = t + cycle / 2;
         core.acknowledged(at, at, &view(5, 0, &[("p", 5)])).unwrap();
         assert_eq!(core.target(), Some(10), "the short count is not the total");
+        assert_eq!(core.take_owned_to_publish(), None, "it claimed nothing");
         // Accounts really gone: counted on for two periods at most.
         let later = t + cycle * 3;
         core.acknowledged(later, later, &view(5, 0, &[("p", 5)]))

@@ -696,6 +696,40 @@ async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
     assert_eq!(nodes, 0);
 }
 
+/// After a cycle that claimed, the node publishes what it owns now (the cycle published what it
+/// owned when it began); only its own instance's membership is written.
+#[tokio::test]
+async fn the_count_owned_after_a_claim_is_published_by_its_instance_alone() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 3, &[]))
+        .await
+        .unwrap();
+    assert_eq!(a.owned.len(), 3);
+    let published = async |conn: &mut sqlx::PgConnection| -> i32 {
+        sqlx::query_scalar("SELECT owned FROM nodes WHERE node_id = 'a'")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        published(&mut conn).await,
+        0,
+        "the cycle: what it owned as it began"
+    );
+    lease::publish_owned(&mut conn, "a", "another", 3)
+        .await
+        .unwrap();
+    assert_eq!(
+        published(&mut conn).await,
+        0,
+        "another instance writes nothing"
+    );
+    lease::publish_owned(&mut conn, "a", "ia", 3).await.unwrap();
+    assert_eq!(published(&mut conn).await, 3);
+}
+
 /// A node's departure is announced as it begins (its shutdown's first cycle) and again as it
 /// leaves, both as leaving, so that every peer counts its larger share (a release naming no one
 /// wakes only the peers with room).
