@@ -13,8 +13,7 @@
 use crate::model::events::MasterNotice;
 
 /// Released accounts or a departed node: the hand-off's receiver and the peers below their
-/// shares, or (when none is named) every peer of the platform, claim at once
-/// ([`Release::wakes`]).
+/// shares claim at once, and a departure wakes every peer of the platform ([`Release::wakes`]).
 pub const RELEASED: &str = "copier_released";
 
 /// An account's links or its connection row changed: its session re-reads them.
@@ -35,11 +34,13 @@ pub struct Handoff {
     pub from: String,
     /// The node expected to claim it.
     pub to: String,
-    /// In an answer: the receiver has room and is not shutting down, so it will claim the
-    /// account once released (the release then names it: [`Release::wakes`]). Older nodes'
-    /// answers lack it: their releases name nobody.
+    /// In an answer: `Some(true)`, the receiver has room and is not shutting down, so it will
+    /// claim the account once released (the release then names it: [`Release::wakes`]);
+    /// `Some(false)`, it has no room (a fair-share move is then called off). Older nodes'
+    /// answers lack it (`None`): the hand-off goes on and its release names nobody. `None` in
+    /// an offer.
     #[serde(default)]
-    pub claims: bool,
+    pub claims: Option<bool>,
 }
 
 impl Handoff {
@@ -75,7 +76,8 @@ impl Release {
     /// since; a node at its share could claim nothing, its claim being bounded by its share,
     /// and a hand-off changes no share), the named receiver, and every peer when `from` leaves
     /// (the shares change). So a release wakes the nodes that can take the account, not every
-    /// node; a departure wakes every node once, as it begins (a shutdown's first cycle).
+    /// node; a departure wakes every node as it begins (after a shutdown's first cycle) and
+    /// again as the node leaves.
     pub fn wakes(&self, from_platform: &str, platform: &str, me: &str, room: bool) -> bool {
         from_platform == platform
             && self.from != me
@@ -199,7 +201,7 @@ mod tests {
             account_id: 5,
             from: "node a".into(),
             to: "b".into(),
-            claims: false,
+            claims: None,
         };
         assert_eq!(
             decode(HANDOFF, &offer.payload()),

@@ -4,7 +4,8 @@
 //!
 //! Nothing here grants or reserves anything: the old owner O offers the account on
 //! [`crate::channels::HANDOFF`] to the node it expects to claim it (the most starved peer), keeps
-//! copying with its gate open until that node answers or [`crate::session::Handoffs::wait`] passes, then stops
+//! copying with its gate open until that node answers or [`crate::session::Handoffs::wait`] passes (a
+//! fair-share move whose receiver answers that it will not claim is called off there), then stops
 //! as before (gate closed, orders in flight finished, release committed and announced: naming R
 //! when R answered that it will claim, so R's lease loop and those of nodes below their shares,
 //! not every node's, cycle at once). The claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
@@ -56,8 +57,9 @@ const PREPARE_WITHIN: Duration = Duration::from_secs(10);
 
 /// Offers `account_id` to `to` and waits, the session still copying, for `to`'s answer, at most
 /// [`crate::session::Handoffs::wait`], or until `stopped` fires (the session was stopped for good: shutdown, a
-/// lost lease). `Some(claims)` when `to` answered: `claims` when it said it will claim the
-/// account (it has room and is not shutting down).
+/// lost lease). `Some(true)` when `to` answered that it will claim the account (it has room and
+/// is not shutting down), `Some(false)` when it answered that it will not; `None` without an
+/// answer in time (or from an older node, whose answer says nothing of claiming).
 pub async fn offer(
     node: &NodeServices,
     account_id: i64,
@@ -76,7 +78,7 @@ pub async fn offer(
             account_id,
             from: handoffs.node_id().to_string(),
             to: to.to_string(),
-            claims: false,
+            claims: None,
         };
         if let Err(e) = node
             .handoff_notices
@@ -92,7 +94,7 @@ pub async fn offer(
                 && h.account_id == account_id
                 && h.to == to
             {
-                return Some(h.claims);
+                return h.claims;
             }
         }
         None
@@ -158,6 +160,10 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
     let prepared = async {
         if shutdown.is_cancelled() {
             anyhow::bail!("this node is shutting down");
+        }
+        if !node.hub.room() {
+            // It would answer that it will not claim: a login would be for nothing.
+            anyhow::bail!("no room here (at its fair share, counting it, or its last cycle late)");
         }
         let held = handoffs.held();
         if held >= MAX_PREPARED {
@@ -253,7 +259,7 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
     // Read as the answer leaves: the receiver's share may have changed while it logged in.
     let answer = Handoff {
         ready: true,
-        claims: !shutdown.is_cancelled() && node.hub.room(),
+        claims: Some(!shutdown.is_cancelled() && node.hub.room()),
         ..offer.clone()
     };
     if let Err(e) = node

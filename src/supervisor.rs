@@ -235,7 +235,7 @@ impl Host for NodeHost {
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str, to: Option<&str>) {
         let releaser = self.shared.services.releaser.clone();
         let node_id: Arc<str> = self.shared.services.node_id.as_str().into();
-        // Named only when the receiver said it will claim; otherwise every peer wakes.
+        // Named only when the receiver said it will claim; otherwise the peers with room wake.
         let claims = self
             .claimed_by_receiver
             .lock()

@@ -366,8 +366,8 @@ pub async fn cycle(
 
 /// Releases rows this node owns at the given epochs (`node_id = NULL, lease_until = NULL`),
 /// recording `status`, and announces the release on [`RELEASED_CHANNEL`] in the same
-/// transaction, naming `to` (a hand-off's receiver, which claims at once; `None`: every peer
-/// does). Rows released disabled are not announced (nobody can claim them). Fenced by node and
+/// transaction, naming `to` (a hand-off's receiver, which claims at once; `None`: the peers with
+/// room do). Rows released disabled are not announced (nobody can claim them). Fenced by node and
 /// epoch: a row that was lost, or lost and re-claimed, is not touched. Returns the ids released.
 ///
 /// Callers release only after the account's gate is closed and its in-flight work has finished.

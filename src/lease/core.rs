@@ -299,10 +299,10 @@ impl<H: Host> Core<H> {
     }
 
     /// Below its fair share and able to claim at its next cycle (a member that knows its share,
-    /// its last cycle on time, not shutting down): a node that claims what is handed off to it
-    /// (a receiver without room answers an offer that it will not, so the release names no one
-    /// and wakes every peer), and that a hand-off's release to another node wakes too
-    /// ([`crate::channels::Release::wakes`]).
+    /// its last cycle on time, not shutting down, past a cold start's count): a node that claims
+    /// what is handed off to it (a receiver without room answers an offer that it will not, and
+    /// a fair-share move is then called off), and that a release to another node or to nobody
+    /// wakes too ([`crate::channels::Release::wakes`]).
     pub fn has_room(&self) -> bool {
         self.draining.is_none()
             && !self.late
@@ -386,21 +386,22 @@ impl<H: Host> Core<H> {
         self.failures = 0;
         self.lapse_logged = false;
         self.last_ack = Some(acknowledged);
+        // Rows this cycle claimed: new to this node (not a row it renewed at a new epoch after
+        // its lease ran out, nor one it is stopping). The statement counted them free too, in
+        // the snapshot it claimed from.
+        let claimed = {
+            let held: std::collections::HashSet<i64> = self.held.iter().copied().collect();
+            outcome
+                .owned
+                .iter()
+                .filter(|r| !held.contains(&r.epoch) && self.supervisor.gate(r.id).is_none())
+                .count() as u64
+        };
         // Gates first (the supervisor closes what is no longer ours), then the node's deadline.
         let restored = self
             .supervisor
             .apply(&outcome.owned, acknowledged, deadline) as u64;
         self.deadline = Some(deadline);
-        // Rows this cycle claimed (epochs it did not hold before): the statement counted them
-        // free too, in the snapshot it claimed from.
-        let claimed = {
-            let before: std::collections::HashSet<i64> = self.held.iter().copied().collect();
-            outcome
-                .owned
-                .iter()
-                .filter(|r| !before.contains(&r.epoch))
-                .count() as u64
-        };
         self.held = outcome.owned.iter().map(|r| r.epoch).collect();
         self.owned_to_publish = (claimed > 0).then(|| {
             u32::try_from(self.supervisor.owned().len() + self.supervisor.handing_off())
@@ -417,7 +418,10 @@ impl<H: Host> Core<H> {
         } else {
             0
         };
-        self.settle(outcome, acknowledged);
+        // Nothing is claimed during a grace: its cycles are no counts of the share.
+        if outcome.database.grace.is_zero() {
+            self.settle(outcome, acknowledged);
+        }
         let cycle_ms = (acknowledged - t0).as_secs_f64() * 1000.0;
         debug!(
             owned = self.wanted,
@@ -593,9 +597,10 @@ impl<H: Host> Core<H> {
         let moved = self
             .supervisor
             .rebalance((n as usize).min(receivers.len()), &receivers);
-        if !moved.is_empty() {
-            self.last_handoff = Some(now);
+        if moved.is_empty() {
+            return 0;
         }
+        self.last_handoff = Some(now);
         info!(
             handing_off = moved.len(),
             owned, target, starved, "rebalancing: above the fair share, handing accounts off"
@@ -607,8 +612,8 @@ impl<H: Host> Core<H> {
     /// The platform's accounts as the shares count them: the most of the counts `seen` over the
     /// last two periods. Each node publishes what it owned when its cycle began, so the
     /// accounts claimed since by peers are neither free nor counted, for up to a period: the
-    /// count of one cycle falls short while claims go on (by a fifth in a cold start of a
-    /// thousand nodes), every share with it, and nodes at their true shares handed accounts
+    /// count of one cycle falls short while claims go on (in a cold start of a thousand nodes
+    /// in the simulator), every share with it, and nodes at their true shares handed accounts
     /// off. Accounts removed count on for two periods at most (the shares are a little
     /// high meanwhile, which moves nothing).
     fn total(&mut self, seen: u64, now: Instant) -> u64 {
@@ -647,9 +652,9 @@ impl<H: Host> Core<H> {
         for id in below {
             self.starving.entry(id.to_string()).or_insert(now);
         }
-        self.starving
-            .values()
-            .any(|since| now - *since >= self.node.cycle)
+        // A period as the peers' cycles keep it (jitter only shortens it).
+        let period = self.node.cycle.mul_f64(1.0 - JITTER);
+        self.starving.values().any(|since| now - *since >= period)
     }
 
     /// Whether the node may claim from its next cycle on ([`Joining`]): at once unless more

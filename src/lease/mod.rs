@@ -254,7 +254,7 @@ async fn publish_owned(
     let publish = db::run_on(conn, session, async |c| {
         db::lease::publish_owned(c, node_id, instance_id, owned).await
     });
-    if let Ok(Ok(())) = timeout(core.node.fence, publish).await {
+    if let Ok(Ok(())) = timeout(core.late_after(), publish).await {
         return;
     }
     debug!("could not publish the accounts owned after the cycle's claims; the next cycle does");
@@ -278,13 +278,13 @@ async fn announce_departure(
     let announce = db::run_on(conn, session, async |c| {
         db::lease::announce_departure(c, node_id, platform).await
     });
-    let error = match timeout(core.node.fence, announce).await {
+    let error = match timeout(core.late_after(), announce).await {
         Ok(Ok(())) => {
             info!("departure announced: the peers count their shares without this node");
             return;
         }
         Ok(Err(e)) => db::describe(&e),
-        Err(_) => format!("no answer within {}", show(core.node.fence)),
+        Err(_) => format!("no answer within {}", show(core.late_after())),
     };
     warn!(error = %error, "could not announce the departure; the peers learn it at their next cycles");
     // The connection may be mid-statement: the next cycle opens a new one.

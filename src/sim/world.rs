@@ -1314,8 +1314,16 @@ impl World {
                 let receiver = to
                     .as_ref()
                     .and_then(|to| self.nodes.iter().position(|n| &n.id == to));
-                let answered = receiver.is_some_and(|j| self.nodes[j].paused_until <= self.now)
-                    && !(self.faulty() && self.rng.f64() < self.cfg.faults.notify_lost);
+                // A crashed receiver cannot answer, and one shutting down has stopped serving
+                // offers (`handoff::serve`).
+                let answered = receiver.is_some_and(|j| {
+                    self.nodes[j].paused_until <= self.now
+                        && self.nodes[j]
+                            .core
+                            .as_ref()
+                            .is_some_and(|c| c.draining().is_none())
+                }) && !(self.faulty()
+                    && self.rng.f64() < self.cfg.faults.notify_lost);
                 let claims = answered && receiver.is_some_and(|j| self.room(j));
                 if answered && !claims {
                     // As the node's host: the supervisor calls a fair-share move off (the
@@ -1918,6 +1926,14 @@ mod tests {
     /// forgotten before that cycle's read-back is applied), or when the model had no failover
     /// grace.
     const REGRESSIONS: &[(u64, &str)] = &[
+        (
+            8_375_391_443_978_730_902,
+            "trust counted from the reply (mutant trust-from-the-reply), in the schedules since cold starts settle and declined moves are called off: two open gates on one account",
+        ),
+        (
+            864_905_223_280_927_495,
+            "the grace keeps the last read-back (mutant grace-keeps-the-read-back), in the schedules since cold starts settle and declined moves are called off: two open gates on one account",
+        ),
         (
             3_637_880_879_571_057_675,
             "trust counted from the reply (mutant trust-from-the-reply): two open gates on one account",

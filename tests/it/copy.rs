@@ -671,7 +671,7 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
             account_id: marker,
             from: "a".into(),
             to: "c".into(),
-            claims: false,
+            claims: None,
         };
         sqlx::query("SELECT pg_notify($1, $2), pg_notify($3, $4)")
             .bind(RELEASED)
@@ -771,7 +771,7 @@ async fn hand_off_answers_reach_only_the_offer_of_their_account() {
         account_id,
         from: from.into(),
         to: to.into(),
-        claims: true,
+        claims: Some(true),
     };
     let sent = [
         notice(true, 2, "c", "b"),  // b's answer to c's offer of 2
