@@ -246,19 +246,14 @@ async fn publish_owned(
     conn: &mut Option<PgConnection>,
     owned: u32,
 ) {
-    let conn_slot = conn;
-    let Some(conn) = conn_slot.as_mut() else {
-        return;
-    };
     let (node_id, instance_id) = (&core.node.node_id, &core.instance_id);
-    let publish = db::run_on(conn, session, async |c| {
+    if let Err(error) = after_cycle(core, session, conn, async |c| {
         db::lease::publish_owned(c, node_id, instance_id, owned).await
-    });
-    if let Ok(Ok(())) = timeout(core.late_after(), publish).await {
-        return;
+    })
+    .await
+    {
+        debug!(error = %error, "could not publish the accounts owned after the cycle's claims; the next cycle does");
     }
-    debug!("could not publish the accounts owned after the cycle's claims; the next cycle does");
-    *conn_slot = None;
 }
 
 /// Tells every peer that this node left the fair shares, after its shutdown's first cycle
@@ -270,25 +265,38 @@ async fn announce_departure(
     session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) {
-    let conn_slot = conn;
-    let Some(conn) = conn_slot.as_mut() else {
-        return;
-    };
     let (node_id, platform) = (&core.node.node_id, &core.node.platform);
-    let announce = db::run_on(conn, session, async |c| {
+    match after_cycle(core, session, conn, async |c| {
         db::lease::announce_departure(c, node_id, platform).await
-    });
-    let error = match timeout(core.late_after(), announce).await {
-        Ok(Ok(())) => {
-            info!("departure announced: the peers count their shares without this node");
-            return;
+    })
+    .await
+    {
+        Ok(()) => info!("departure announced: the peers count their shares without this node"),
+        Err(error) => {
+            warn!(error = %error, "could not announce the departure; the peers learn it at their next cycles")
         }
+    }
+}
+
+/// A statement right after a confirmed cycle, on the cycle's connection, bounded by a late
+/// cycle's time (it holds up the loop). On failure the connection may be mid-statement: it is
+/// dropped, and the next cycle opens a new one.
+async fn after_cycle(
+    core: &Core<NodeHost>,
+    session: &db::Session,
+    conn: &mut Option<PgConnection>,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<(), sqlx::Error>,
+) -> Result<(), String> {
+    let Some(c) = conn.as_mut() else {
+        return Err("no connection".into());
+    };
+    let error = match timeout(core.late_after(), db::run_on(c, session, work)).await {
+        Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => db::describe(&e),
         Err(_) => format!("no answer within {}", show(core.late_after())),
     };
-    warn!(error = %error, "could not announce the departure; the peers learn it at their next cycles");
-    // The connection may be mid-statement: the next cycle opens a new one.
-    *conn_slot = None;
+    *conn = None;
+    Err(error)
 }
 
 /// How many cycles the database's replication promise may go unread: it changes without a new

@@ -2711,28 +2711,9 @@ mod tests {
     /// A lone core's cycle read-back: it owns accounts `1..=mine` of 10, a trusted peer `p` of
     /// capacity 10 the rest, that peer publishing `starting` sessions still starting.
     fn beside_one_peer(mine: i64, starting: u32) -> crate::db::lease::CycleOutcome {
-        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
-        CycleOutcome {
-            member: true,
-            owned: (1..=mine)
-                .map(|id| OwnedRow {
-                    id,
-                    epoch: id,
-                    wanted: true,
-                    claimed_ms: id,
-                })
-                .collect(),
-            peers: vec![Peer {
-                node_id: "p".into(),
-                expires_in: Duration::from_secs(3),
-                live: true,
-                trusted: true,
-                capacity: 10,
-                owned: (10 - mine) as u32,
-                starting,
-            }],
-            ..CycleOutcome::default()
-        }
+        let mut outcome = view(mine, 0, &[("p", (10 - mine) as u32)]);
+        outcome.peers[0].starting = starting;
+        outcome
     }
 
     /// A node has room (it answers offers that it will claim, and a hand-off to another node
