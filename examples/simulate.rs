@@ -146,12 +146,25 @@ fn main() {
         let started = Instant::now();
         match world::run(seed, &cfg) {
             Ok(r) => {
-                print(&r, 1, started.elapsed(), cfg.cycle);
+                let wall = started.elapsed();
+                print(&r, 1, wall, cfg.cycle);
                 println!(
                     "settled {} s after the faults healed",
                     r.settled_after.map_or("-".into(), |s| format!("{s:.1}"))
                 );
-                write_report(&a, Seeds::One(seed), 1, &r, started.elapsed());
+                // The floor a report's cycles compare with, by the same instrument: the same
+                // shape and seed without faults (its cold start, then its steady rate).
+                let steady = (a.report.is_some() && a.faults != "none").then(|| {
+                    let calm = Config {
+                        faults: Faults::none(),
+                        ..cfg.clone()
+                    };
+                    world::run(seed, &calm).unwrap_or_else(|v| {
+                        eprintln!("seed {seed} without faults: {v}");
+                        std::process::exit(1);
+                    })
+                });
+                write_report(&a, Seeds::One(seed), 1, &r, wall, steady.as_ref());
             }
             Err(v) => {
                 eprintln!("seed {seed}: {v}");
@@ -192,7 +205,14 @@ fn main() {
     }
     println!("repeat: --master-seed {master} --seeds {done} (with the same shape options)");
     print_memory();
-    write_report(&a, Seeds::Master(master), done, &total, started.elapsed());
+    write_report(
+        &a,
+        Seeds::Master(master),
+        done,
+        &total,
+        started.elapsed(),
+        None,
+    );
 }
 
 /// Where a run's schedules came from.
@@ -205,11 +225,19 @@ enum Seeds {
 }
 
 /// Writes the report `--report` asks for (and nothing without it).
-fn write_report(a: &Args, seeds: Seeds, schedules: u64, r: &Report, wall: Duration) {
+/// `steady`: the same schedule without faults, when it ran.
+fn write_report(
+    a: &Args,
+    seeds: Seeds,
+    schedules: u64,
+    r: &Report,
+    wall: Duration,
+    steady: Option<&Report>,
+) {
     let Some(path) = &a.report else {
         return;
     };
-    let report = report_json(a, seeds, schedules, r, wall);
+    let report = report_json(a, seeds, schedules, r, wall, steady);
     let text = serde_json::to_string_pretty(&report).expect("a report is JSON") + "\n";
     if let Err(e) = std::fs::write(path, text) {
         eprintln!("writing the report to {}: {e}", path.display());
@@ -226,8 +254,11 @@ fn report_json(
     schedules: u64,
     r: &Report,
     wall: Duration,
+    steady: Option<&Report>,
 ) -> serde_json::Value {
     let (commit, dirty) = SOURCE.get().cloned().unwrap_or_default();
+    let cycle = Duration::from_secs_f64(a.cycle);
+    let rate = |r: f64| (r * 1000.0).round() / 1000.0;
     let args: Vec<String> = std::env::args().skip(1).collect();
     serde_json::json!({
         "command": format!("cargo run --release --example simulate -- {}", args.join(" ")),
@@ -259,8 +290,14 @@ fn report_json(
         "invariant_checks": r.checks,
         "faults": r.faults,
         "faults_total": r.faults_total(),
-        "cycles_per_period": (r.cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
-        "cycles_per_period_after_faults": (r.calm_cycles_per_period(Duration::from_secs_f64(a.cycle)) * 1000.0).round() / 1000.0,
+        "cycles_per_period": rate(r.cycles_per_period(cycle)),
+        "cycles_per_period_after_faults": rate(r.calm_cycles_per_period(cycle)),
+        // The same shape and seed without faults: its rates over the run and over the half
+        // that was fault-free in this run (the steady rate).
+        "without_faults": steady.map(|s| serde_json::json!({
+            "cycles_per_period": rate(s.cycles_per_period(cycle)),
+            "cycles_per_period_second_half": rate(s.calm_cycles_per_period(cycle)),
+        })),
         "cycles_by_cause": r.cycles_by_cause,
         "cycles_by_cause_after_faults": r.calm_cycles_by_cause,
         "release_to_owner_ms": {

@@ -67,21 +67,77 @@ pub struct Release {
     /// grows, which its next cycle learns. Absent in older nodes' announcements.
     #[serde(default)]
     pub leaving: bool,
+    /// How many claimable accounts the statement released (one announcement stands for a
+    /// batch's releases to the same receiver). Absent in older nodes' announcements: one.
+    #[serde(default = "one")]
+    pub accounts: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Nodes woken beyond the released accounts by a release that names no receiver (in
+/// expectation, [`Room::odds`]): in case a woken node has filled up since its view, or its
+/// notification comes late.
+pub const SPARE_WAKES: f64 = 4.0;
+
+/// A node's room for accounts, as its last cycle saw the platform: what decides which releases
+/// wake it ([`Release::wakes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Room {
+    /// How many accounts the node lacks to its fair share (within its capacity): 0, no room
+    /// (or shutting down, running late, still counting its share at a cold start).
+    pub lacks: u32,
+    /// How many of its trusted peers are below their shares, by their published counts.
+    pub peers_below: u32,
+}
+
+impl Room {
+    /// Below its share: it answers offers that it will claim.
+    pub fn any(&self) -> bool {
+        self.lacks > 0
+    }
+
+    /// The chance that a release of `accounts` accounts that names no receiver wakes this node:
+    /// the accounts and [`SPARE_WAKES`] more spread over the nodes below their shares, so that
+    /// about that many of them wake, however many there are. (Weighing by what each lacks
+    /// woke too few: a peer far below its share in the published counts, just joined or still
+    /// counting its share, took most of the odds and was often not yet claiming.)
+    pub fn odds(&self, accounts: u32) -> f64 {
+        if !self.any() {
+            return 0.0;
+        }
+        ((f64::from(accounts) + SPARE_WAKES) / (1.0 + f64::from(self.peers_below))).min(1.0)
+    }
 }
 
 impl Release {
-    /// Whether node `me` of `platform` claims at once on this announcement, heard on
-    /// `from_platform` (a peer's, of its platform): a node with `room` (below its fair share:
-    /// a named receiver's answer reserves nothing, and it may have filled up, stopped or paused
-    /// since; a node at its share could claim nothing, its claim being bounded by its share,
-    /// and a hand-off changes no share), the named receiver, and every peer when `from` leaves
-    /// (the shares change). So a release wakes the nodes that can take the account, not every
-    /// node; a departure wakes every node as it begins (after a shutdown's first cycle) and
-    /// again as the node leaves.
-    pub fn wakes(&self, from_platform: &str, platform: &str, me: &str, room: bool) -> bool {
-        from_platform == platform
-            && self.from != me
-            && (room || self.leaving || self.to.as_deref() == Some(me))
+    /// Whether node `me` of `platform`, with `room`, claims at once on this announcement heard
+    /// on `from_platform` (a peer's, of its platform), `draw` a uniform draw in [0, 1): the
+    /// node a hand-off named (it answered that it has room); for a release that names nobody,
+    /// about as many of the nodes with room as there are accounts, and [`SPARE_WAKES`] more
+    /// ([`Room::odds`]); and every peer when `from` leaves (the shares change). Every other
+    /// node keeps its cycle: a node at its share could claim nothing (its claim is bounded by
+    /// its share), and a release named to another node is that node's. An account nobody woke
+    /// for is claimed at a cycle of the nodes with room (they run one soon while accounts are
+    /// free).
+    pub fn wakes(
+        &self,
+        from_platform: &str,
+        platform: &str,
+        me: &str,
+        room: Room,
+        draw: f64,
+    ) -> bool {
+        if from_platform != platform || self.from == me {
+            return false;
+        }
+        match self.to.as_deref() {
+            _ if self.leaving => true,
+            Some(to) => to == me,
+            None => draw < room.odds(self.accounts),
+        }
     }
 }
 
@@ -112,6 +168,7 @@ pub fn decode(channel: &str, payload: &str) -> Result<Notice, String> {
                     from: rest.to_string(),
                     to: None,
                     leaving: true,
+                    accounts: 1,
                 });
                 Ok(Notice::Released {
                     platform: platform.to_string(),
@@ -147,6 +204,7 @@ mod tests {
             from: "mt5 host a".into(),
             to: Some("mt5-host-b".into()),
             leaving: false,
+            accounts: 4,
         };
         assert_eq!(
             decode(RELEASED, &released_payload("mt5", &named)),
@@ -164,10 +222,11 @@ mod tests {
                     from: "mt5-host-a".into(),
                     to: None,
                     leaving: true,
+                    accounts: 1,
                 }
             })
         );
-        // An announcement of the named-receivers release: not leaving.
+        // An announcement of the named-receivers release: not leaving, one account.
         assert_eq!(
             decode(RELEASED, r#"mt5 {"from":"a","to":null}"#),
             Ok(Notice::Released {
@@ -176,6 +235,7 @@ mod tests {
                     from: "a".into(),
                     to: None,
                     leaving: false,
+                    accounts: 1,
                 }
             })
         );
@@ -223,34 +283,64 @@ mod tests {
     }
 
     #[test]
-    fn a_release_wakes_its_named_receiver_and_those_with_room_and_a_departure_every_peer() {
-        let release = |to: Option<&str>, leaving: bool| Release {
+    fn a_release_wakes_its_named_receiver_a_bounded_few_with_room_and_a_departure_every_peer() {
+        let release = |to: Option<&str>, leaving: bool, accounts: u32| Release {
             from: "a".into(),
             to: to.map(str::to_string),
             leaving,
+            accounts,
         };
-        let named = release(Some("b"), false);
-        assert!(named.wakes("mt5", "mt5", "b", false), "the named receiver");
+        let none = Room::default();
+        let room = |peers_below: u32| Room {
+            lacks: 3,
+            peers_below,
+        };
+        let named = release(Some("b"), false, 1);
         assert!(
-            !named.wakes("mt5", "mt5", "c", false),
-            "a peer at its share keeps its cycle"
+            named.wakes("mt5", "mt5", "b", none, 0.0),
+            "the named receiver"
         );
         assert!(
-            named.wakes("mt5", "mt5", "c", true),
-            "a peer with room claims"
+            !named.wakes("mt5", "mt5", "c", room(0), 0.0),
+            "a peer with room keeps its cycle: the account is the receiver's"
         );
         assert!(
-            !named.wakes("mt4", "mt5", "b", true),
+            !named.wakes("mt4", "mt5", "b", room(0), 0.0),
             "another platform's release"
         );
-        let unnamed = release(None, false);
-        assert!(unnamed.wakes("mt5", "mt5", "c", true), "a peer with room");
+        let unnamed = release(None, false, 1);
         assert!(
-            !unnamed.wakes("mt5", "mt5", "c", false),
+            !unnamed.wakes("mt5", "mt5", "c", none, 0.0),
             "a peer at its share keeps its cycle"
         );
-        let departure = release(None, true);
-        assert!(departure.wakes("mt5", "mt5", "c", false), "every peer");
-        assert!(!departure.wakes("mt5", "mt5", "a", true), "its own release");
+        assert!(
+            unnamed.wakes("mt5", "mt5", "c", room(0), 0.999),
+            "the only node with room, whatever its draw"
+        );
+        // Among 99 peers below their shares, one account wakes one in 100/(1+SPARE_WAKES).
+        let odds = room(99).odds(1);
+        assert_eq!(odds, (1.0 + SPARE_WAKES) / 100.0);
+        assert!(unnamed.wakes("mt5", "mt5", "c", room(99), odds * 0.99));
+        assert!(!unnamed.wakes("mt5", "mt5", "c", room(99), odds));
+        // Over every node with room, about the accounts and the spares wake, however many.
+        for below in [0u32, 9, 99, 999, 99_999] {
+            for accounts in [1u32, 7, 500] {
+                let woken = f64::from(below + 1) * room(below).odds(accounts);
+                let expected = (f64::from(accounts) + SPARE_WAKES).min(f64::from(below + 1));
+                assert!(
+                    (woken - expected).abs() < 1e-9,
+                    "{accounts} accounts, {below} peers below: {woken} woken"
+                );
+            }
+        }
+        let departure = release(None, true, 0);
+        assert!(
+            departure.wakes("mt5", "mt5", "c", none, 0.999),
+            "every peer"
+        );
+        assert!(
+            !departure.wakes("mt5", "mt5", "a", room(0), 0.0),
+            "its own release"
+        );
     }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
@@ -29,13 +29,13 @@ use crate::db;
 use crate::model::events::MasterNotice;
 
 /// How the hub wakes the lease loop, and what the lease loop tells it (and the hand-off
-/// receiver) after each cycle and event: whether it has room for accounts.
+/// receiver) after each cycle and event: its room for accounts.
 #[derive(Debug, Default)]
 pub struct Wake {
     notify: Notify,
-    room: AtomicBool,
-    /// While a cycle runs: the room holds only until it would be late ([`Wake::room_until`]).
-    room_until: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The lease core's room, and while a cycle runs until when it holds
+    /// ([`Wake::room_until`]).
+    room: std::sync::Mutex<(channels::Room, Option<tokio::time::Instant>)>,
 }
 
 impl Wake {
@@ -49,27 +49,27 @@ impl Wake {
         self.notify.notified().await;
     }
 
-    /// The lease core's room ([`crate::lease::Core::has_room`]: below its share, not shutting
-    /// down): any release of the platform wakes it, and it answers offers that it will claim.
-    pub fn set_room(&self, room: bool) {
-        *self.room_until.lock().expect("never poisoned") = None;
-        self.room.store(room, Ordering::Relaxed);
+    /// The lease core's room ([`crate::lease::Core::room`]: below its share, not shutting
+    /// down): which releases of the platform wake it, and whether it answers offers that it
+    /// will claim.
+    pub fn set_room(&self, room: channels::Room) {
+        *self.room.lock().expect("never poisoned") = (room, None);
     }
 
     /// A cycle starts: the room holds until `until` (the cycle would be late then, and a late
     /// cycle's successor renews only: a node stalled in its statement answers no offer that
     /// it will claim), or until the loop sets it again.
     pub fn room_until(&self, until: tokio::time::Instant) {
-        *self.room_until.lock().expect("never poisoned") = Some(until);
+        self.room.lock().expect("never poisoned").1 = Some(until);
     }
 
-    pub fn room(&self) -> bool {
-        self.room.load(Ordering::Relaxed)
-            && self
-                .room_until
-                .lock()
-                .expect("never poisoned")
-                .is_none_or(|until| tokio::time::Instant::now() < until)
+    pub fn room(&self) -> channels::Room {
+        let (room, until) = *self.room.lock().expect("never poisoned");
+        if until.is_none_or(|until| tokio::time::Instant::now() < until) {
+            room
+        } else {
+            channels::Room::default()
+        }
     }
 }
 
@@ -194,7 +194,7 @@ impl Hub {
 
     /// Whether the lease loop takes accounts handed off to it ([`Wake::room`]).
     pub fn room(&self) -> bool {
-        self.wake.room()
+        self.wake.room().any()
     }
 
     /// Subscribes `sender` to `topic`. Resolves once the LISTEN is confirmed (waiting while the
@@ -542,8 +542,14 @@ fn dispatch(
             platform: from_platform,
             release,
         }) => {
-            if release.wakes(&from_platform, platform, node_id, wake.room()) {
-                debug!(from_node = release.from.as_str(), to = ?release.to, "release announced");
+            if release.wakes(
+                &from_platform,
+                platform,
+                node_id,
+                wake.room(),
+                fastrand::f64(),
+            ) {
+                debug!(from_node = release.from.as_str(), to = ?release.to, accounts = release.accounts, "release announced");
                 wake.now();
             }
         }
@@ -765,17 +771,21 @@ mod tests {
     #[test]
     fn while_a_cycle_runs_the_room_holds_only_until_it_would_be_late() {
         let wake = Wake::default();
-        wake.set_room(true);
-        assert!(wake.room());
+        let room = channels::Room {
+            lacks: 3,
+            peers_below: 7,
+        };
+        wake.set_room(room);
+        assert_eq!(wake.room(), room);
         let now = tokio::time::Instant::now();
         wake.room_until(now + std::time::Duration::from_secs(60));
-        assert!(wake.room(), "a cycle on time so far");
+        assert_eq!(wake.room(), room, "a cycle on time so far");
         wake.room_until(now);
-        assert!(!wake.room(), "a cycle running late");
-        wake.set_room(true);
-        assert!(wake.room(), "set again after the cycle");
-        wake.set_room(false);
+        assert!(!wake.room().any(), "a cycle running late");
+        wake.set_room(room);
+        assert_eq!(wake.room(), room, "set again after the cycle");
+        wake.set_room(channels::Room::default());
         wake.room_until(now + std::time::Duration::from_secs(60));
-        assert!(!wake.room(), "no room stays none");
+        assert!(!wake.room().any(), "no room stays none");
     }
 }

@@ -244,9 +244,12 @@ impl Host for NodeHost {
             .unwrap_or(false);
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
+        let unclaimed = self.shared.services.unclaimed.clone();
+        let ended = self.shared.sessions.clone();
         self.shared.tracker.spawn(async move {
             const ATTEMPTS: u32 = 5;
             let mut retry = retry::RELEASE.start();
+            let mut released = false;
             for attempt in 1..=ATTEMPTS {
                 // Gathered with the node's other releases of the moment: one statement.
                 let result = releaser
@@ -267,6 +270,7 @@ impl Host for NodeHost {
                     }
                     Ok(true) => {
                         info!(account_id, epoch, reason = status, "account released");
+                        released = true;
                         break;
                     }
                     // A failed attempt that a retry may mend is no warning (a node shedding
@@ -282,6 +286,22 @@ impl Host for NodeHost {
                 }
             }
             let _ = events.send(Event::Released { account_id, epoch });
+            // Its announcement woke only the receiver: if that node has not claimed it by
+            // now (it stopped, paused or filled up since it answered), a few with room wake.
+            // Not once the node has ended: its leave woke every peer.
+            if released && to.is_some() {
+                tokio::select! {
+                    _ = tokio::time::sleep(UNCLAIMED_AFTER) => {}
+                    _ = ended.cancelled() => return,
+                }
+                let check = db::lease::Unclaimed {
+                    node_id,
+                    account_id,
+                };
+                if let Ok(true) = unclaimed.write(check).await {
+                    debug!(account_id, to, "the named receiver has not claimed the account: announced again, naming nobody");
+                }
+            }
         });
     }
 
@@ -308,6 +328,11 @@ impl Host for NodeHost {
         self.shared.services.hub.database_back();
     }
 }
+
+/// How long after a release named its receiver the account, if still free, is announced again
+/// naming nobody ([`db::lease::announce_unclaimed`]): the receiver answered that it would
+/// claim, and on a healthy database claims within milliseconds of the announcement.
+pub(crate) const UNCLAIMED_AFTER: Duration = Duration::from_secs(1);
 
 /// The release status of a fair-share move.
 const REBALANCED: &str = "released: rebalanced";
@@ -891,6 +916,7 @@ mod tests {
             master_publisher: crate::db::copy::MasterPublisher::spawn(pool.clone()),
             links: crate::db::copy::LinksReader::spawn_background(pool.clone()),
             releaser: crate::db::lease::Releaser::spawn_pooled(pool.clone()),
+            unclaimed: crate::db::lease::UnclaimedAnnouncer::spawn_pooled(pool.clone()),
             handoff_notices: crate::db::lease::HandoffAnnouncer::spawn_pooled(pool.clone()),
             accounts: crate::db::copy::AccountReader::spawn_background(pool.clone()),
             reconciles: crate::db::copy::ReconcileReader::spawn_background(pool.clone()),

@@ -366,8 +366,9 @@ pub async fn cycle(
 
 /// Releases rows this node owns at the given epochs (`node_id = NULL, lease_until = NULL`),
 /// recording `status`, and announces the release on [`RELEASED_CHANNEL`] in the same
-/// transaction, naming `to` (a hand-off's receiver, which claims at once; `None`: the peers with
-/// room do). Rows released disabled are not announced (nobody can claim them). Fenced by node and
+/// transaction, naming `to` (a hand-off's receiver, which claims at once; `None`: about as many
+/// peers with room as accounts released do) and how many accounts it released. Rows released
+/// disabled are not announced (nobody can claim them). Fenced by node and
 /// epoch: a row that was lost, or lost and re-claimed, is not touched. Returns the ids released.
 ///
 /// Callers release only after the account's gate is closed and its in-flight work has finished.
@@ -426,8 +427,9 @@ released AS (
 )
 SELECT id FROM released
 UNION ALL
-SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || json_build_object('from', $1::text, 'to', receiver)::text)
-                    FROM (SELECT DISTINCT platform, receiver FROM released WHERE enabled) p) n
+SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || json_build_object('from', $1::text, 'to', receiver, 'accounts', n)::text)
+                    FROM (SELECT platform, receiver, count(*) AS n FROM released WHERE enabled
+                           GROUP BY platform, receiver) p) n
 "#;
     let epochs: Vec<i64> = releases.iter().map(|r| r.epoch).collect();
     let statuses: Vec<&str> = releases.iter().map(|r| r.status.as_str()).collect();
@@ -542,6 +544,77 @@ impl crate::db::batch::Batched for HandoffNotice {
     }
 }
 
+/// Announces again, naming nobody, those of `accounts` that are still free (unowned, enabled):
+/// released to a named receiver that has not claimed them (it stopped, paused or filled up
+/// since it answered), they are any node's with room ([`crate::channels::Release::wakes`]).
+/// One announcement per platform, with how many accounts are still free; announces nothing
+/// when none is. Returns the ids still free.
+pub async fn announce_unclaimed(
+    conn: &mut PgConnection,
+    node_id: &str,
+    accounts: &[i64],
+) -> Result<Vec<i64>, sqlx::Error> {
+    const SQL: &str = r#"
+WITH still AS MATERIALIZED (
+    SELECT id, platform FROM trading_accounts
+     WHERE id IN (SELECT unnest($2::bigint[])) AND node_id IS NULL AND enabled
+)
+SELECT id FROM still
+UNION ALL
+SELECT NULL FROM (SELECT pg_notify($3, platform || ' ' || json_build_object('from', $1::text, 'to', NULL::text, 'accounts', count(*))::text)
+                    FROM still GROUP BY platform) n
+"#;
+    let rows = sqlx::query(SQL)
+        .bind(node_id)
+        .bind(accounts)
+        .bind(RELEASED_CHANNEL)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .filter_map(|r| r.try_get::<Option<i64>, _>("id").transpose())
+        .collect()
+}
+
+/// An account released to a named receiver, to announce again if still free
+/// ([`announce_unclaimed`]), waiting for the node's [`UnclaimedAnnouncer`].
+#[derive(Debug, Clone)]
+pub struct Unclaimed {
+    pub node_id: std::sync::Arc<str>,
+    pub account_id: i64,
+}
+
+/// The node's [`announce_unclaimed`] checks in batches (a shutdown hands thousands off at once).
+pub type UnclaimedAnnouncer = crate::db::batch::BatchWriter<Unclaimed>;
+
+impl crate::db::batch::Batched for Unclaimed {
+    /// Whether the account was still free (and so announced again).
+    type Outcome = bool;
+    const WHAT: &'static str = "unclaimed announcer";
+    const MAX: usize = 1000;
+
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        checks: &'a [Self],
+    ) -> crate::future::BoxFuture<'a, Result<Vec<bool>, sqlx::Error>> {
+        Box::pin(async move {
+            let Some(first) = checks.first() else {
+                return Ok(Vec::new());
+            };
+            // One node's writer: every check names the same node.
+            let ids: Vec<i64> = checks.iter().map(|c| c.account_id).collect();
+            let free: std::collections::HashSet<i64> =
+                announce_unclaimed(conn, &first.node_id, &ids)
+                    .await?
+                    .into_iter()
+                    .collect();
+            Ok(checks
+                .iter()
+                .map(|c| free.contains(&c.account_id))
+                .collect())
+        })
+    }
+}
+
 /// What leaving the cluster did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaveOutcome {
@@ -586,7 +659,8 @@ SELECT 'released' AS kind, id FROM released
 UNION ALL
 SELECT 'left', NULL FROM gone
 UNION ALL
-SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_object('from', $1::text, 'to', NULL::text, 'leaving', true)::text)) n
+SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_object('from', $1::text, 'to', NULL::text, 'leaving', true,
+                                                            'accounts', (SELECT count(*) FROM released))::text)) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)
@@ -640,6 +714,7 @@ pub async fn announce_departure(
             from: node_id.to_string(),
             to: None,
             leaving: true,
+            accounts: 0,
         },
     );
     sqlx::query("SELECT pg_notify($1, $2)")

@@ -69,14 +69,15 @@ pub struct Core<H: Host> {
     /// Claims wait for the node's own sessions to start (admission): the earliest the next
     /// cycle may claim again, once enough of them are through ([`Core::admission`]).
     admit_at: Option<Instant>,
-    /// Cycles in a row that ended at the share with accounts still free ([`RECOUNTS`]).
-    recounts: u32,
     /// Why the next cycle runs when it does.
     next_cause: NextCycle,
     /// Whether the node may claim yet, after a cold start ([`Core::settle`]).
     joining: Joining,
     /// The peers far below their shares, and since when ([`Core::starving`]).
     starving: std::collections::HashMap<String, Instant>,
+    /// How many trusted peers were below their shares at the last cycle, by their published
+    /// counts ([`Core::room`]).
+    peers_below: u32,
     /// The platform's account counts of the last cycles, and when ([`Core::total`]).
     totals: std::collections::VecDeque<(Instant, u64)>,
     /// Shutting down: whether the departure is still to be announced (`Some(false)`, once a
@@ -123,8 +124,6 @@ pub enum NextCycle {
     Settling,
     /// Room and accounts free: claim them now rather than a period later.
     ClaimSoon,
-    /// At its share with accounts still free: count the total again soon ([`RECOUNTS`]).
-    Recount,
     /// After a failed cycle, its backoff.
     Retry,
 }
@@ -137,7 +136,6 @@ impl NextCycle {
             NextCycle::GraceEnd => "grace end",
             NextCycle::Settling => "settling",
             NextCycle::ClaimSoon => "claim soon",
-            NextCycle::Recount => "recount",
             NextCycle::Retry => "retry",
         }
     }
@@ -149,10 +147,6 @@ fn sooner(next: &mut (Instant, NextCycle), at: Instant, cause: NextCycle) {
         *next = (at, cause);
     }
 }
-
-/// How many cycles in a row a node at its share, with accounts still free, runs early to count
-/// the total again (its share may be short while the peers' last claims are unpublished).
-const RECOUNTS: u32 = 4;
 
 /// How often a node whose claims wait for its share to hold still ([`Joining`]) counts it
 /// again, as a fraction of its cycle period; it waits at most one period in all.
@@ -205,10 +199,10 @@ impl<H: Host> Core<H> {
             peers: Vec::new(),
             free: 0,
             admit_at: None,
-            recounts: 0,
             next_cause: NextCycle::Period,
             joining: Joining::New,
             starving: std::collections::HashMap::new(),
+            peers_below: 0,
             totals: std::collections::VecDeque::new(),
             departure: None,
             owned_to_publish: None,
@@ -310,6 +304,19 @@ impl<H: Host> Core<H> {
             && self
                 .target
                 .is_some_and(|t| (self.supervisor.running() as u32) < t.min(self.node.capacity))
+    }
+
+    /// [`Core::has_room`] as much as the node lacks to its share, beside what its peers lack:
+    /// which releases wake it ([`crate::channels::Release::wakes`]).
+    pub fn room(&self) -> crate::channels::Room {
+        if !self.has_room() {
+            return crate::channels::Room::default();
+        }
+        let running = self.supervisor.running() as u32;
+        crate::channels::Room {
+            lacks: self.share_limit().saturating_sub(running),
+            peers_below: self.peers_below,
+        }
     }
 
     /// The most accounts the node may own by its capacity and fair share.
@@ -447,7 +454,8 @@ impl<H: Host> Core<H> {
             s.rebalance_moves += moved;
             s.handoffs += u64::from(moved > 0);
         });
-        Ok(self.schedule(t0, acknowledged, outcome))
+        let left = outcome.free.saturating_sub(claimed);
+        Ok(self.schedule(t0, acknowledged, outcome, left))
     }
 
     /// What the cycle saw of the database: a failover (a new timeline, or a grace this node had
@@ -538,6 +546,11 @@ impl<H: Host> Core<H> {
         self.target = Some(target);
         self.metrics.target_accounts.set(target as i64);
         let starving = self.starving(outcome, &shares, now);
+        self.peers_below = outcome
+            .peers
+            .iter()
+            .filter(|p| p.trusted && p.owned < shares.get(&p.node_id).copied().unwrap_or(0))
+            .count() as u32;
         if self.draining.is_some() {
             return 0;
         }
@@ -716,11 +729,25 @@ impl<H: Host> Core<H> {
 
     /// When the next cycle runs: a jittered period after `t0`, or earlier: when a peer's
     /// membership (and so every lease it holds) expires before that and this node has room to
-    /// claim; soon when it has room and accounts are free; a quarter period on when it is at its
-    /// share with accounts still free (a few times in a row). While its claims wait for its own
-    /// start-ups, the loop is woken once enough are through ([`Core::admission`]).
-    fn schedule(&mut self, t0: Instant, acknowledged: Instant, outcome: &CycleOutcome) -> Instant {
-        let (next, cause) = self.next_cycle(t0, acknowledged, outcome);
+    /// claim; soon when it has room and accounts are still free after this cycle's claims
+    /// (`left`). While its claims wait for its own start-ups, the loop is woken once enough are
+    /// through ([`Core::admission`]).
+    ///
+    /// A node at its share does not run early to count the total again: the shares count the
+    /// most accounts seen over two periods ([`Core::total`]) and every node publishes what it
+    /// owns right after a cycle that claimed ([`Core::take_owned_to_publish`]), so the shares
+    /// add up to at least what is owned and free, and whatever is free is some node's room.
+    /// (Such recounts, up to four in a row, were a fifth of the 1,000-node simulation's cycles
+    /// once its faults were over: every node at its share counted again whenever a crash freed
+    /// accounts that the nodes below their shares were about to claim.)
+    fn schedule(
+        &mut self,
+        t0: Instant,
+        acknowledged: Instant,
+        outcome: &CycleOutcome,
+        left: u64,
+    ) -> Instant {
+        let (next, cause) = self.next_cycle(t0, acknowledged, outcome, left);
         self.next_cause = cause;
         next
     }
@@ -731,6 +758,7 @@ impl<H: Host> Core<H> {
         t0: Instant,
         acknowledged: Instant,
         outcome: &CycleOutcome,
+        left: u64,
     ) -> (Instant, NextCycle) {
         let period = self.node.cycle.mul_f64(1.0 - JITTER * self.rng.f64());
         let mut next = (t0 + period, NextCycle::Period);
@@ -769,7 +797,6 @@ impl<H: Host> Core<H> {
                 // Room for some: a peer whose leases expire is still claimed from at once.
                 self.at_peer_expiry(&mut next, acknowledged, outcome);
             }
-            self.recounts = 0;
             return next;
         }
         if let Some(end) = self.grace_until {
@@ -779,39 +806,12 @@ impl<H: Host> Core<H> {
             if room && self.draining.is_none() {
                 sooner(&mut next, end + EXPIRY_SLACK, NextCycle::GraceEnd);
             }
-            self.recounts = 0;
             return next;
         }
-        if room && self.draining.is_none() && outcome.free > 0 && !self.late {
+        if room && self.draining.is_none() && left > 0 && !self.late {
             // Free accounts and room under a share that just grew (a peer left, accounts were
             // added): claim them now rather than a cycle later.
             sooner(&mut next, acknowledged + RECLAIM_SOON, NextCycle::ClaimSoon);
-        }
-        if room || outcome.free == 0 || limit as u32 >= self.node.capacity {
-            // Room, nothing free, or short of capacity: nothing to count again for. (A late or
-            // draining cycle leaves the count as it is: a slow database earns no new round.)
-            self.recounts = 0;
-        }
-        let recount = self.wanted == limit
-            && !self.shedding
-            && self.draining.is_none()
-            && outcome.free > 0
-            && !self.late
-            && (limit as u32) < self.node.capacity;
-        if recount {
-            self.recounts = self.recounts.saturating_add(1);
-        }
-        if recount && self.recounts <= RECOUNTS {
-            // At its share, below its capacity, with accounts still free: the share may be short.
-            // Each node publishes what it held when its cycle began, so the total counts none
-            // of the peers' claims of their last cycles (no longer free, not yet published), and
-            // with every node at such a share the last free accounts waited a period for each
-            // round of claims (the scale benchmark: the last few dozen of 101,000 took 100 s at
-            // a 20 s cycle). Count again soon, a few times in a row at most (each cycle renews
-            // every row the node holds).
-            let took = acknowledged.saturating_duration_since(t0);
-            let at = acknowledged + (self.node.cycle / 4).max(took * ADMIT_SPACING);
-            sooner(&mut next, at, NextCycle::Recount);
         }
         if room && self.draining.is_none() {
             self.at_peer_expiry(&mut next, acknowledged, outcome);

@@ -128,7 +128,7 @@ impl LeaseLoop {
         let mut next = Instant::now();
         // Cycles since the database's replication promise was last read.
         let mut unread: u32 = 0;
-        wake.set_room(core.has_room());
+        wake.set_room(core.room());
         loop {
             let lapse_at = core.lapse_at();
             let draining = core.draining();
@@ -170,7 +170,7 @@ impl LeaseLoop {
                 }
             }
             // What the hub and the hand-off receiver go by until the next turn.
-            wake.set_room(core.has_room());
+            wake.set_room(core.room());
             if core.drained() {
                 break;
             }

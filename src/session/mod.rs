@@ -56,6 +56,9 @@ pub struct NodeServices {
     pub ledger_reads: crate::db::copy::LedgerReader,
     /// Releases the node's accounts in batches (live work on the pool).
     pub releaser: crate::db::lease::Releaser,
+    /// Announces again the accounts released to a receiver that has not claimed them
+    /// ([`crate::db::lease::announce_unclaimed`]), in batches.
+    pub unclaimed: crate::db::lease::UnclaimedAnnouncer,
     /// Sends the node's hand-off offers and answers in batches (live work on the pool).
     pub handoff_notices: crate::db::lease::HandoffAnnouncer,
     /// Reads the account rows of sessions starting (and of accounts offered to this node) in

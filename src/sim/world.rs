@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::db::{AccountRow, Model};
-use crate::channels::Release;
+use crate::channels::{Release, Room};
 use crate::config::NodeConfig;
 use crate::db::lease::{CycleOutcome, CycleParams, OwnedRow};
 use crate::gate::AccountGate;
@@ -492,6 +492,9 @@ enum Ev {
     ReleaseExec(i64, i64, u64, Option<String>),
     /// Its reply arrives.
     Released(i64, i64),
+    /// [`crate::supervisor::UNCLAIMED_AFTER`] after a release that named a receiver: the
+    /// account, if still free, is announced again naming nobody.
+    Unclaimed(i64),
     /// A peer's release announcement.
     Wake,
     /// A pause ends.
@@ -1324,7 +1327,7 @@ impl World {
                             .is_some_and(|c| c.draining().is_none())
                 }) && !(self.faulty()
                     && self.rng.f64() < self.cfg.faults.notify_lost);
-                let claims = answered && receiver.is_some_and(|j| self.room(j));
+                let claims = answered && receiver.is_some_and(|j| self.room(j).any());
                 if answered && !claims {
                     // As the node's host: the supervisor calls a fair-share move off (the
                     // session goes on) or stops a shutdown's hand-off.
@@ -1370,9 +1373,25 @@ impl World {
                 let released = self.db.release(&node_id, &[epoch]);
                 self.committed();
                 self.note(|_| format!("n{i} released account {account} (epoch {epoch})"));
+                let named = to.is_some() && !released.is_empty();
                 self.announce(i, &released, to, false);
                 let at = self.now + self.latency();
                 self.push_for(at, i, incarnation, Ev::Released(account, epoch));
+                if named {
+                    let at = at + us(crate::supervisor::UNCLAIMED_AFTER);
+                    self.push_for(at, i, incarnation, Ev::Unclaimed(account));
+                }
+            }
+            Ev::Unclaimed(account) => {
+                self.set_db_clock();
+                let free = self
+                    .db
+                    .account(account)
+                    .is_some_and(|a| a.node_id.is_none() && a.enabled);
+                if free {
+                    self.note(|_| format!("n{i} announces {account} again: unclaimed"));
+                    self.announce(i, &[account], None, false);
+                }
             }
             Ev::Released(account, epoch) => {
                 let core = self.nodes[i].core.as_mut().expect("running");
@@ -1553,29 +1572,34 @@ impl World {
     /// listener hears it (or not) and wakes as the node's hub decides ([`Release::wakes`]).
     /// The enabled accounts among `released` are timed until a node owns them again.
     fn announce(&mut self, from: usize, released: &[i64], to: Option<String>, leave: bool) {
-        let mut claimable = false;
+        let mut accounts = 0;
         for id in released {
             if self.db.account(*id).is_some_and(|a| a.enabled) {
                 self.released_at.insert(*id, (self.now, to.clone()));
-                claimable = true;
+                accounts += 1;
             }
         }
-        if !claimable && !leave {
+        if accounts == 0 && !leave {
             return;
         }
         let release = Release {
             from: self.nodes[from].id.clone(),
             to,
             leaving: leave,
+            accounts,
         };
         for j in 0..self.nodes.len() {
-            if j == from
-                || self.nodes[j].core.is_none()
-                || !self.nodes[j]
-                    .core
-                    .as_ref()
-                    .is_some_and(|_| release.wakes("mt5", "mt5", &self.nodes[j].id, self.room(j)))
-            {
+            if j == from || self.nodes[j].core.is_none() {
+                continue;
+            }
+            let room = self.room(j);
+            // Drawn only where the draw decides (a release naming nobody, a node with room).
+            let draw = if release.to.is_none() && !release.leaving && room.any() {
+                self.rng.f64()
+            } else {
+                0.0
+            };
+            if !release.wakes("mt5", "mt5", &self.nodes[j].id, room, draw) {
                 continue;
             }
             if self.faulty() && self.rng.f64() < self.cfg.faults.notify_lost {
@@ -1591,13 +1615,15 @@ impl World {
 
     /// Node `j`'s room as its hub and hand-off receiver see it ([`crate::hub::Wake::room`]):
     /// the core's, and while a cycle is in flight only until that cycle would be late.
-    fn room(&self, j: usize) -> bool {
+    fn room(&self, j: usize) -> Room {
         let node = &self.nodes[j];
-        node.core.as_ref().is_some_and(|c| {
-            c.has_room()
-                && (node.in_flight.is_none()
-                    || self.local(j, self.now) < self.local(j, node.sent_at) + c.late_after())
-        })
+        node.core
+            .as_ref()
+            .filter(|c| {
+                node.in_flight.is_none()
+                    || self.local(j, self.now) < self.local(j, node.sent_at) + c.late_after()
+            })
+            .map_or(Room::default(), |c| c.room())
     }
 
     /// Carries out what node `i`'s supervisor asked for.
@@ -2632,17 +2658,20 @@ mod tests {
         );
     }
 
-    /// A node at its share, below its capacity, with accounts still free, counts again soon (its
-    /// share may be short while peers' last claims are unpublished), a few times in a row at
-    /// most; a node short of capacity (its share is its capacity) keeps its period.
+    /// A node runs early only for free accounts it has room for. At its share it keeps its
+    /// period while accounts are free: the shares count every account owned or free, so the free
+    /// ones are a peer's room, and that peer claims them (it used to count again soon, up to four
+    /// times in a row, whenever accounts were free). So does a node above its share, and one
+    /// whose share is its capacity. A node with room runs again soon while accounts are still
+    /// free after its claims, and keeps its period once it claimed every free account it saw.
     #[test]
-    fn a_node_at_its_share_with_accounts_free_counts_again_soon_a_few_times() {
+    fn a_node_runs_early_only_for_free_accounts_it_has_room_for() {
         use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
         let t = Instant::now();
         let cycle = Duration::from_secs(4);
-        // Owning `mine`, a trusted peer of `capacity` owning 98 - mine, `free` free: with 2 free,
-        // shares of 50 each.
-        let with = |mine: i64, capacity: u32, free: u64| CycleOutcome {
+        let period = cycle.mul_f64(0.8);
+        // Owning `mine`, a trusted peer of `capacity` owning `peer`, `free` free.
+        let seen = |mine: i64, capacity: u32, peer: u32, free: u64| CycleOutcome {
             member: true,
             owned: (1..=mine)
                 .map(|id| OwnedRow {
@@ -2658,14 +2687,16 @@ mod tests {
                 live: true,
                 trusted: true,
                 capacity,
-                owned: (98 - mine) as u32,
+                owned: peer,
                 starting: 0,
             }],
             free,
             ..CycleOutcome::default()
         };
+        // A peer owning 98 - mine: with 2 free, shares of 50 each.
+        let with =
+            |mine: i64, capacity: u32, free: u64| seen(mine, capacity, (98 - mine) as u32, free);
         let outcome = |capacity: u32| with(50, capacity, 2);
-        let soon = cycle / 4;
         let mut core = lone_core_with(t, 100, cycle);
         // Its first cycle claimed its 50 (nothing left free): from then on they are its own.
         core.acknowledged(t, t, &with(50, 100, 0)).unwrap();
@@ -2673,24 +2704,32 @@ mod tests {
         for round in 1..=5 {
             let next = core.acknowledged(at, at, &outcome(100)).unwrap();
             assert_eq!(core.target(), Some(50));
-            if round <= 4 {
-                assert_eq!(next, at + soon, "round {round}: counts again soon");
-            } else {
-                assert!(
-                    next >= at + cycle.mul_f64(0.8),
-                    "round {round}: back to the period"
-                );
-            }
+            assert!(
+                next >= at + period,
+                "round {round}: at its share, the 2 free are the peer's"
+            );
+            assert_eq!(core.next_cause(), NextCycle::Period);
             at = next;
         }
-        // Nothing free once: a new round may start.
-        core.acknowledged(at, at, &with(50, 100, 0)).unwrap();
-        let next = core.acknowledged(at, at, &outcome(100)).unwrap();
+        // With room: 40 of a share of 45. A cycle that claims 5 of 20 free runs again soon...
+        let mut claiming = lone_core_with(t, 100, cycle);
+        claiming.acknowledged(t, t, &seen(40, 100, 50, 0)).unwrap();
+        let next = claiming.acknowledged(t, t, &seen(45, 100, 50, 20)).unwrap();
         assert_eq!(
-            next,
-            at + soon,
-            "a new round after a cycle with nothing free"
+            (next, claiming.next_cause()),
+            (t + crate::lease::RECLAIM_SOON, NextCycle::ClaimSoon),
+            "15 still free after its claims"
         );
+        // ... one that claimed all 5 it saw keeps its period, room or not.
+        let mut claimed_all = lone_core_with(t, 100, cycle);
+        claimed_all
+            .acknowledged(t, t, &seen(40, 100, 50, 0))
+            .unwrap();
+        let next = claimed_all
+            .acknowledged(t, t, &seen(45, 100, 50, 5))
+            .unwrap();
+        assert!(claimed_all.has_room(), "below its share still");
+        assert!(next >= t + period, "nothing left free");
         // Above its share (52 of a share of 50, within the margin): it could claim nothing.
         let mut above = lone_core_with(t, 100, cycle);
         let next = above.acknowledged(t, t, &with(52, 100, 2)).unwrap();

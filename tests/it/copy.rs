@@ -638,13 +638,15 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
     broker.stop().await;
 }
 
-/// A release names the hand-off's receiver: the hub wakes that node's lease loop, and a node
-/// below its share (with room), but not a node at its share; a release naming nobody wakes the
-/// nodes with room, and a departure every peer; a node's own release wakes no one. Notices reach the hub in commit order,
-/// so a hand-off offer sent after each release, once heard, shows the release was dispatched.
+/// A release names the hand-off's receiver: the hub wakes that node's lease loop, but not a
+/// node with room nor one at its share; a release naming nobody wakes a node with room (about as
+/// many of them as accounts released: each with odds that fall with the peers below their
+/// shares), and a departure every peer; a node's own release wakes no one. Notices reach the hub
+/// in commit order, so a hand-off offer sent after each release, once heard, shows the release
+/// was dispatched.
 #[tokio::test]
-async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_its_share() {
-    use copier_node::channels::{HANDOFF, Handoff, RELEASED, Release, released_payload};
+async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one_at_its_share() {
+    use copier_node::channels::{HANDOFF, Handoff, RELEASED, Release, Room, released_payload};
     use copier_node::hub::{Hub, Signal, Topic, Wake};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
@@ -663,7 +665,7 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
         .await
         .expect("the wake after connecting");
     let mut marker = 0;
-    let mut woken = async |release: Release, room: bool| -> bool {
+    let mut woken = async |release: Release, room: Room| -> bool {
         wake.set_room(room);
         marker += 1;
         let offer = Handoff {
@@ -696,46 +698,67 @@ async fn a_release_wakes_its_named_receiver_and_peers_with_room_but_not_one_at_i
             _ = std::future::ready(()) => false,
         }
     };
-    let release = |to: Option<&str>| Release {
+    let release = |to: Option<&str>, accounts: u32| Release {
         from: "a".into(),
         to: to.map(str::to_string),
         leaving: false,
+        accounts,
+    };
+    let at_share = Room::default();
+    // Room, and as many peers below their shares as there are: the odds are one in billions.
+    let among_many = Room {
+        lacks: 2,
+        peers_below: u32::MAX,
+    };
+    let alone = Room {
+        lacks: 2,
+        peers_below: 0,
     };
     assert!(
-        !woken(release(Some("b")), false).await,
+        !woken(release(Some("b"), 1), at_share).await,
         "a peer at its share woke for b's release"
     );
     assert!(
-        woken(release(Some("c")), false).await,
+        woken(release(Some("c"), 1), at_share).await,
         "the named receiver did not wake"
     );
     assert!(
-        woken(release(Some("b")), true).await,
-        "a peer with room did not wake"
+        !woken(release(Some("b"), 1), alone).await,
+        "a peer with room woke for b's release"
     );
     assert!(
-        !woken(release(None), false).await,
+        !woken(release(None, 1), at_share).await,
         "a release naming nobody woke a peer at its share"
     );
     assert!(
-        woken(release(None), true).await,
-        "a release naming nobody did not wake a peer with room"
+        woken(release(None, 1), alone).await,
+        "a release naming nobody did not wake the one peer with room"
+    );
+    assert!(
+        !woken(release(None, 1), among_many).await,
+        "a release of one account woke a peer among countless ones with room"
+    );
+    assert!(
+        woken(release(None, u32::MAX), among_many).await,
+        "a release of countless accounts did not wake a peer with room"
     );
     let departure = Release {
         from: "a".into(),
         to: None,
         leaving: true,
+        accounts: 0,
     };
     assert!(
-        woken(departure, false).await,
+        woken(departure, at_share).await,
         "a departure did not wake a peer at its share"
     );
     let own = Release {
         from: "c".into(),
         to: None,
         leaving: true,
+        accounts: 0,
     };
-    assert!(!woken(own, true).await, "its own release woke the node");
+    assert!(!woken(own, alone).await, "its own release woke the node");
 }
 
 /// Hand-off notices reach only who waits for them: an answer to this node's offer of an account

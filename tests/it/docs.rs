@@ -188,13 +188,15 @@ fn simulation_report_paths() -> Vec<PathBuf> {
 }
 
 /// What the committed simulation reports that carry them say of release announcements: cycles
-/// per node per period (one is the steady rate), over the run and once its faults were over; how
+/// per node per period, over the run and once its faults were over, and beside them the same
+/// shape and seed without faults (the floor: over its run, and over the half that was
+/// fault-free in the faulty run, the steady rate) and the ratios to it; how
 /// soon a released account is owned again, and how long released accounts went unowned in all
 /// (account-seconds); how many releases named the hand-off's receiver, and of those how many it
 /// claimed (figures a report written before they existed lacks show `-`).
 fn simulation_herd() -> String {
     let mut out = String::from(
-        "\n| report | cycles per node per period | once the faults were over | releases owned again | p50 | p99 | unowned in all | named a receiver | claimed by it |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "\n| report | cycles per node per period | once the faults were over | same seed without faults | ratio | releases owned again | p50 | p99 | unowned in all | named a receiver | claimed by it |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for path in simulation_report_paths() {
         let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
@@ -205,12 +207,23 @@ fn simulation_herd() -> String {
         let t = &r["release_to_owner_ms"];
         let ms = |k: &str| t[k].as_u64().map_or("-".to_string(), |v| format!("{v} ms"));
         let count = |k: &str| t[k].as_u64().map_or("-".to_string(), |v| v.to_string());
+        let calm = r["cycles_per_period_after_faults"].as_f64();
+        let floor = &r["without_faults"];
+        let (floor_all, floor_calm) = (
+            floor["cycles_per_period"].as_f64(),
+            floor["cycles_per_period_second_half"].as_f64(),
+        );
+        let (floors, ratios) = match (floor_all, floor_calm, calm) {
+            (Some(all), Some(second), Some(calm)) => (
+                format!("{all:.2} / {second:.2}"),
+                format!("{:.2}x / {:.2}x", cycles / all, calm / second),
+            ),
+            _ => ("-".to_string(), "-".to_string()),
+        };
         out.push_str(&format!(
-            "| `{}` | {cycles:.2} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {cycles:.2} | {} | {floors} | {ratios} | {} | {} | {} | {} | {} | {} |\n",
             path.file_name().unwrap().to_string_lossy(),
-            r["cycles_per_period_after_faults"]
-                .as_f64()
-                .map_or("-".to_string(), |c| format!("{c:.2}")),
+            calm.map_or("-".to_string(), |c| format!("{c:.2}")),
             t["releases"],
             ms("p50"),
             ms("p99"),

@@ -117,6 +117,7 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
                     from: "a".into(),
                     to: Some("b".into()),
                     leaving: false,
+                    accounts: 1,
                 }
             }),
             "{}",
@@ -152,6 +153,120 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
         n.shutdown();
         n.wait().await.unwrap();
     }
+    broker.stop().await;
+}
+
+/// A fair-share move's release names its receiver and wakes that node alone. A receiver that
+/// answered that it would claim but does not (it stopped, paused or filled up since) would leave
+/// the account free until some node's next cycle: a second on, the old owner announces it again
+/// naming nobody, so that the nodes with room wake for it. Here b is a member below its share
+/// that answers every offer that it will claim, and never claims.
+#[tokio::test]
+async fn an_account_its_named_receiver_does_not_claim_is_announced_again_naming_nobody() {
+    use copier_node::channels::{Handoff, Notice, RELEASED, Release, decode};
+    use copier_node::db::lease::{self, CycleParams};
+    let (CopySetup { db, broker, .. }, a) = seven_accounts_on_a("handoff-unclaimed").await;
+    let mut offers = PgListener::connect(&db.url).await.unwrap();
+    offers.listen("copier_handoff").await.unwrap();
+    let mut releases = PgListener::connect(&db.url).await.unwrap();
+    releases.listen(RELEASED).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let connect = async || {
+        <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+            .await
+            .unwrap()
+    };
+    // b's membership, renewed every 200 ms.
+    let member = tokio::spawn({
+        let (mut conn, stop) = (connect().await, stop.clone());
+        async move {
+            let mut every = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = every.tick() => {}
+                }
+                let member = CycleParams {
+                    node_id: "b",
+                    instance_id: "ib",
+                    platform: "mt5",
+                    capacity: 100,
+                    claim_limit: 0,
+                    trust: Duration::from_secs(2),
+                    owned: 0,
+                    starting: 0,
+                    lease: Duration::from_secs(3),
+                    held: &[],
+                    claim: false,
+                    kept: &[],
+                };
+                lease::cycle(&mut conn, &member).await.unwrap();
+            }
+        }
+    });
+    // b's answers: every offer to it, that it will claim.
+    let answers = tokio::spawn({
+        let (mut conn, stop) = (connect().await, stop.clone());
+        async move {
+            loop {
+                let n = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    n = offers.recv() => n.unwrap(),
+                };
+                let Ok(Notice::Handoff(offer)) = decode(n.channel(), n.payload()) else {
+                    continue;
+                };
+                if offer.ready || offer.to != "b" {
+                    continue;
+                }
+                let answer = Handoff {
+                    ready: true,
+                    claims: Some(true),
+                    ..offer
+                };
+                lease::announce_handoff(&mut conn, &answer.payload())
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    let mut heard = async || -> Release {
+        loop {
+            let n = tokio::time::timeout(WAIT, releases.recv())
+                .await
+                .expect("a release announced")
+                .unwrap();
+            if let Ok(Notice::Released { release, .. }) = decode(n.channel(), n.payload())
+                && release.from == "a"
+            {
+                break release;
+            }
+        }
+    };
+    let named = heard().await;
+    assert_eq!(named.to.as_deref(), Some("b"), "{named:?}");
+    assert!(!named.leaving && named.accounts >= 1, "{named:?}");
+    let again = loop {
+        let release = heard().await;
+        if release.to.is_none() {
+            break release;
+        }
+    };
+    assert!(!again.leaving, "{again:?}");
+    assert!(again.accounts >= 1, "{again:?}");
+    stop.cancel();
+    member.await.unwrap();
+    answers.await.unwrap();
+    // Nobody took them meanwhile: a is above its share, b claims nothing.
+    let mut conn = db.conn().await;
+    let free: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(free >= i64::from(again.accounts), "{free} free");
+    a.shutdown();
+    a.wait().await.unwrap();
     broker.stop().await;
 }
 

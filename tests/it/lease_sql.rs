@@ -411,6 +411,7 @@ async fn release_is_fenced_by_epoch_and_announced() {
         from: "a".into(),
         to: Some("b".into()),
         leaving: false,
+        accounts: 1,
     };
     assert_eq!(
         copier_node::channels::decode(n.channel(), n.payload()),
@@ -458,10 +459,76 @@ async fn release_is_fenced_by_epoch_and_announced() {
     );
 }
 
+/// Accounts released to a receiver are announced again, naming nobody, only while they are
+/// still free: one announcement per platform with how many are; none once they are claimed or
+/// disabled, and the ids still free are returned.
+#[tokio::test]
+async fn accounts_still_free_are_announced_again_naming_nobody() {
+    use copier_node::channels::{Notice, RELEASED, Release, decode};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 3, &[]))
+        .await
+        .unwrap();
+    let epochs: Vec<i64> = a.owned.iter().map(|r| r.epoch).collect();
+    lease::release(&mut conn, "a", &epochs, "released: rebalanced", Some("b"))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE trading_accounts SET enabled = false WHERE id = 3")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen(RELEASED).await.unwrap();
+    let mut next = async || {
+        let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("an announcement or the marker")
+            .unwrap();
+        (n.payload() != "marker").then(|| decode(n.channel(), n.payload()))
+    };
+    // 1 and 2 free, 3 disabled.
+    let mut still = lease::announce_unclaimed(&mut conn, "a", &[1, 2, 3])
+        .await
+        .unwrap();
+    still.sort();
+    assert_eq!(still, [1, 2]);
+    assert_eq!(
+        next().await,
+        Some(Ok(Notice::Released {
+            platform: "mt5".into(),
+            release: Release {
+                from: "a".into(),
+                to: None,
+                leaving: false,
+                accounts: 2,
+            }
+        }))
+    );
+    // c claims 1 and 2: nothing is free, nothing is announced (the marker comes next).
+    lease::cycle(&mut conn, &params("c", "ic", 3, &[]))
+        .await
+        .unwrap();
+    assert!(
+        lease::announce_unclaimed(&mut conn, "a", &[1, 2, 3])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(RELEASED)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(next().await, None, "announced with nothing free");
+}
+
 /// A node's releases made at about the same time (a shutdown handing thousands off) go to the
 /// database together: far fewer transactions than releases (PostgreSQL's own count is the judge,
 /// beside the same releases made one after another), each row with its own status, one
-/// announcement for each receiver named (and one naming no one), and a row no longer at the
+/// announcement for each receiver named (and one naming no one) with how many accounts it
+/// released, and a row no longer at the
 /// epoch asked for is left as it is and reported so.
 #[tokio::test]
 async fn releases_at_once_go_in_a_few_statements_each_with_its_status_and_receiver() {
@@ -539,16 +606,21 @@ async fn releases_at_once_go_in_a_few_statements_each_with_its_status_and_receiv
         match copier_node::channels::decode(n.channel(), n.payload()) {
             Ok(copier_node::channels::Notice::Released { platform, release }) => {
                 assert_eq!((platform.as_str(), release.from.as_str()), ("mt5", "a"));
-                heard.push(release.to);
+                heard.push((release.to, release.accounts));
             }
             other => panic!("not a release: {other:?}"),
         }
     }
     heard.sort();
+    let third = (N / 3) as u32;
     assert_eq!(
         heard,
-        [None, Some("b".to_string()), Some("c".to_string())],
-        "one announcement per receiver named"
+        [
+            (None, third),
+            (Some("b".to_string()), third),
+            (Some("c".to_string()), third)
+        ],
+        "one announcement per receiver named, with the accounts it released"
     );
     drop(writer);
     pool.close().await;
@@ -732,7 +804,7 @@ async fn the_count_owned_after_a_claim_is_published_by_its_instance_alone() {
 
 /// A node's departure is announced as it begins (its shutdown's first cycle) and again as it
 /// leaves, both as leaving, so that every peer counts its larger share (a release naming no one
-/// wakes only the peers with room).
+/// wakes only a few of the peers with room); the leave's counts the accounts it released.
 #[tokio::test]
 async fn a_departure_is_announced_as_leaving_when_it_begins_and_when_the_node_leaves() {
     use copier_node::channels::{Notice, RELEASED, Release, decode};
@@ -744,12 +816,13 @@ async fn a_departure_is_announced_as_leaving_when_it_begins_and_when_the_node_le
         .unwrap();
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener.listen(RELEASED).await.unwrap();
-    let leaving = Notice::Released {
+    let leaving = |accounts: u32| Notice::Released {
         platform: "mt5".into(),
         release: Release {
             from: "a".into(),
             to: None,
             leaving: true,
+            accounts,
         },
     };
     let mut heard = async || {
@@ -762,13 +835,17 @@ async fn a_departure_is_announced_as_leaving_when_it_begins_and_when_the_node_le
     lease::announce_departure(&mut conn, "a", "mt5")
         .await
         .unwrap();
-    assert_eq!(heard().await, Ok(leaving.clone()), "as the shutdown begins");
+    assert_eq!(heard().await, Ok(leaving(0)), "as the shutdown begins");
     let all: Vec<i64> = a.owned.iter().map(|r| r.epoch).collect();
     let out = lease::leave(&mut conn, "a", "ia", "mt5", &all)
         .await
         .unwrap();
     assert!(out.left);
-    assert_eq!(heard().await, Ok(leaving), "as it leaves");
+    assert_eq!(
+        heard().await,
+        Ok(leaving(1)),
+        "as it leaves, with the account it released"
+    );
 }
 
 #[tokio::test]
