@@ -1953,6 +1953,14 @@ mod tests {
     /// grace.
     const REGRESSIONS: &[(u64, &str)] = &[
         (
+            4_802_964_320_063_681_451,
+            "the grace keeps the last read-back (mutant grace-keeps-the-read-back), in the schedules since a release wakes its receiver or a few nodes with room: two orders on one account, the later at the older epoch",
+        ),
+        (
+            414_751_904_517_549_567,
+            "trust counted from the reply (mutant trust-from-the-reply), in the schedules since a release wakes its receiver or a few nodes with room: two open gates on one account",
+        ),
+        (
             8_375_391_443_978_730_902,
             "trust counted from the reply (mutant trust-from-the-reply), in the schedules since cold starts settle and declined moves are called off: two open gates on one account",
         ),
