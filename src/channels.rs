@@ -119,9 +119,9 @@ impl Release {
     /// about as many of the nodes with room as there are accounts, and [`SPARE_WAKES`] more
     /// ([`Room::odds`]); and every peer when `from` leaves (the shares change). Every other
     /// node keeps its cycle: a node at its share could claim nothing (its claim is bounded by
-    /// its share), and a release named to another node is that node's. An account nobody woke
-    /// for is claimed at a cycle of the nodes with room (they run one soon while accounts are
-    /// free).
+    /// its share), and a release named to another node is that node's (still free a second
+    /// later, it is announced again naming no one). An account nobody woke for is claimed at the
+    /// next cycle of a node with room (a period at most).
     pub fn wakes(
         &self,
         from_platform: &str,

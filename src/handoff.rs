@@ -7,8 +7,9 @@
 //! copying with its gate open until that node answers or [`crate::session::Handoffs::wait`] passes (a
 //! fair-share move whose receiver answers that it will not claim is called off there), then stops
 //! as before (gate closed, orders in flight finished, release committed and announced: naming R
-//! when R answered that it will claim, so R's lease loop and those of nodes below their shares,
-//! not every node's, cycle at once). The claim is today's: whoever claims first wins. The receiver R logs in **without a fence** (the
+//! when R answered that it will claim, so R's lease loop alone cycles at once; still free a
+//! second later, the account is announced again naming no one). The claim is today's: whoever
+//! claims first wins. The receiver R logs in **without a fence** (the
 //! old owner's orders still pass at a fencing server) and holds the login; R's account task,
 //! once its claim committed, raises the fence to its epoch with the bridge's `fence` request and
 //! then starts its session. Where the bridge promises an ordered stream (`ordered_stream` in its

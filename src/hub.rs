@@ -2,8 +2,8 @@
 //! breaks LISTEN), fanned out to whoever needs notifications:
 //!
 //! * release announcements (`copier_released`) from other nodes of the platform wake the lease
-//!   loop to claim at once (instant handoff): a hand-off's release wakes its receiver and the
-//!   nodes below their shares, any other release every node
+//!   loop to claim at once (instant handoff): a hand-off's release wakes its receiver alone, a
+//!   release naming no one a few of the nodes below their shares, a departure every node
 //!   ([`crate::channels::Release::wakes`]);
 //! * master events (`copier_master_<id>`) go to every follower session subscribed to that master;
 //! * account changes (`copier_links`, from triggers on `copy_links` and on the connection

@@ -120,8 +120,7 @@ pub struct NodeHost {
     shared: NodeShared,
     events: mpsc::UnboundedSender<Event>,
     /// Hand-offs offered, by (account, epoch): `true` once the receiver answered that it will
-    /// claim (the release then names it, so only it and the peers with room wake:
-    /// [`crate::channels::Release`]). The release takes the entry, so an answer arriving after
+    /// claim (the release then names it, and only it wakes: [`crate::channels::Release`]). The release takes the entry, so an answer arriving after
     /// it (the session ended on its own meanwhile) finds none and leaves none behind.
     claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), bool>>>,
 }
@@ -210,12 +209,14 @@ impl Host for NodeHost {
                     debug!(account_id, to, "hand-off declined by its receiver");
                     return;
                 }
+                // Named only when the receiver said it will claim: a release named to a
+                // receiver that did not answer in time (slow, paused, dead) would wake only it.
                 if let Some(claims) = claimed_by_receiver
                     .lock()
                     .expect("never poisoned")
                     .get_mut(&key)
                 {
-                    *claims = true;
+                    *claims = answered == Some(true);
                 }
                 gate.close();
                 session.cancel();
@@ -235,7 +236,7 @@ impl Host for NodeHost {
     fn release(&mut self, account_id: i64, epoch: i64, status: &'static str, to: Option<&str>) {
         let releaser = self.shared.services.releaser.clone();
         let node_id: Arc<str> = self.shared.services.node_id.as_str().into();
-        // Named only when the receiver said it will claim; otherwise the peers with room wake.
+        // Named only when the receiver said it will claim; otherwise a few peers with room wake.
         let claims = self
             .claimed_by_receiver
             .lock()
@@ -286,10 +287,11 @@ impl Host for NodeHost {
                 }
             }
             let _ = events.send(Event::Released { account_id, epoch });
-            // Its announcement woke only the receiver: if that node has not claimed it by
-            // now (it stopped, paused or filled up since it answered), a few with room wake.
+            // Its announcement woke only the receiver, or a few nodes with room: if none has
+            // claimed it by now (the receiver stopped, paused or filled up since it answered;
+            // the few woken had filled up or their notices were late), a few with room wake.
             // Not once the node has ended: its leave woke every peer.
-            if released && to.is_some() {
+            if released {
                 tokio::select! {
                     _ = tokio::time::sleep(UNCLAIMED_AFTER) => {}
                     _ = ended.cancelled() => return,
@@ -298,8 +300,15 @@ impl Host for NodeHost {
                     node_id,
                     account_id,
                 };
-                if let Ok(true) = unclaimed.write(check).await {
-                    debug!(account_id, to, "the named receiver has not claimed the account: announced again, naming nobody");
+                match unclaimed.write(check).await {
+                    Ok(true) => {
+                        debug!(account_id, to, "nobody has claimed the released account: announced again, naming nobody");
+                    }
+                    Ok(false) => {}
+                    // The account waits for a cycle of a node with room (a period at most).
+                    Err(e) => {
+                        debug!(account_id, to, error = %e, "announcing an unclaimed account again failed");
+                    }
                 }
             }
         });
@@ -329,9 +338,9 @@ impl Host for NodeHost {
     }
 }
 
-/// How long after a release named its receiver the account, if still free, is announced again
-/// naming nobody ([`db::lease::announce_unclaimed`]): the receiver answered that it would
-/// claim, and on a healthy database claims within milliseconds of the announcement.
+/// How long after its release an account, if still free, is announced again naming nobody
+/// ([`db::lease::announce_unclaimed`]): the named receiver, or the few nodes a release naming
+/// no one wakes, claim within milliseconds of the announcement on a healthy database.
 pub(crate) const UNCLAIMED_AFTER: Duration = Duration::from_secs(1);
 
 /// The release status of a fair-share move.

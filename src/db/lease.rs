@@ -545,8 +545,9 @@ impl crate::db::batch::Batched for HandoffNotice {
 }
 
 /// Announces again, naming nobody, those of `accounts` that are still free (unowned, enabled):
-/// released to a named receiver that has not claimed them (it stopped, paused or filled up
-/// since it answered), they are any node's with room ([`crate::channels::Release::wakes`]).
+/// released a while ago and claimed by nobody (a named receiver stopped, paused or filled up
+/// since it answered; the few nodes a release naming no one woke had filled up, or their
+/// notices were late), they are any node's with room ([`crate::channels::Release::wakes`]).
 /// One announcement per platform, with how many accounts are still free; announces nothing
 /// when none is. Returns the ids still free.
 pub async fn announce_unclaimed(
@@ -575,7 +576,7 @@ SELECT NULL FROM (SELECT pg_notify($3, platform || ' ' || json_build_object('fro
         .collect()
 }
 
-/// An account released to a named receiver, to announce again if still free
+/// An account released a while ago, to announce again if still free
 /// ([`announce_unclaimed`]), waiting for the node's [`UnclaimedAnnouncer`].
 #[derive(Debug, Clone)]
 pub struct Unclaimed {

@@ -492,8 +492,8 @@ enum Ev {
     ReleaseExec(i64, i64, u64, Option<String>),
     /// Its reply arrives.
     Released(i64, i64),
-    /// [`crate::supervisor::UNCLAIMED_AFTER`] after a release that named a receiver: the
-    /// account, if still free, is announced again naming nobody.
+    /// [`crate::supervisor::UNCLAIMED_AFTER`] after a release: the account, if still free, is
+    /// announced again naming nobody.
     Unclaimed(i64),
     /// A peer's release announcement.
     Wake,
@@ -1373,11 +1373,11 @@ impl World {
                 let released = self.db.release(&node_id, &[epoch]);
                 self.committed();
                 self.note(|_| format!("n{i} released account {account} (epoch {epoch})"));
-                let named = to.is_some() && !released.is_empty();
+                let announced = !released.is_empty();
                 self.announce(i, &released, to, false);
                 let at = self.now + self.latency();
                 self.push_for(at, i, incarnation, Ev::Released(account, epoch));
-                if named {
+                if announced {
                     let at = at + us(crate::supervisor::UNCLAIMED_AFTER);
                     self.push_for(at, i, incarnation, Ev::Unclaimed(account));
                 }
@@ -1390,7 +1390,13 @@ impl World {
                     .is_some_and(|a| a.node_id.is_none() && a.enabled);
                 if free {
                     self.note(|_| format!("n{i} announces {account} again: unclaimed"));
+                    // The account is timed from its release, as named: the wait for a receiver
+                    // that did not claim counts.
+                    let released = self.released_at.get(&account).cloned();
                     self.announce(i, &[account], None, false);
+                    if let Some(released) = released {
+                        self.released_at.insert(account, released);
+                    }
                 }
             }
             Ev::Released(account, epoch) => {
@@ -1952,6 +1958,10 @@ mod tests {
     /// forgotten before that cycle's read-back is applied), or when the model had no failover
     /// grace.
     const REGRESSIONS: &[(u64, &str)] = &[
+        (
+            10_739_644_310_042_793_008,
+            "the grace keeps the last read-back (mutant grace-keeps-the-read-back), in the schedules since every release still free a second later is announced again: two open gates on one account",
+        ),
         (
             4_802_964_320_063_681_451,
             "the grace keeps the last read-back (mutant grace-keeps-the-read-back), in the schedules since a release wakes its receiver or a few nodes with room: two orders on one account, the later at the older epoch",
@@ -2719,7 +2729,8 @@ mod tests {
             assert_eq!(core.next_cause(), NextCycle::Period);
             at = next;
         }
-        // With room: 40 of a share of 45. A cycle that claims 5 of 20 free runs again soon...
+        // With room: 40 of a share of 45 (90 seen). A cycle that claims 5 of 20 free (a share of
+        // 55 then) runs again soon...
         let mut claiming = lone_core_with(t, 100, cycle);
         claiming.acknowledged(t, t, &seen(40, 100, 50, 0)).unwrap();
         let next = claiming.acknowledged(t, t, &seen(45, 100, 50, 20)).unwrap();
