@@ -262,9 +262,18 @@ async fn a_slow_renewal_does_not_extend_trust_beyond_t0_plus_lease_minus_fence()
     };
     let window = Duration::from_secs(20);
     let node = start_node(&config(&db, "a", 100, timing)).await;
-    wait_state(&node.state, "a owns both", Duration::from_secs(10), |s| {
+    let owning = wait_state(&node.state, "a owns both", Duration::from_secs(10), |s| {
         s.owned.len() == 2
     })
+    .await;
+    // One cycle more: the count the node publishes after the cycle that claimed (an `UPDATE` of
+    // its membership) is done, so the only statement the lock below can hold is a cycle.
+    wait_state(
+        &node.state,
+        "a cycle after the claim",
+        Duration::from_secs(10),
+        |s| s.cycles > owning.cycles,
+    )
     .await;
     let failed = node.state.borrow().failed_cycles;
 
@@ -277,7 +286,7 @@ async fn a_slow_renewal_does_not_extend_trust_beyond_t0_plus_lease_minus_fence()
     let mut watcher = db.conn().await;
     eventually("the cycle to wait on the lock", Duration::from_secs(10), async || {
         let waiting: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'copier-node a' AND wait_event_type = 'Lock')",
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'copier-node a' AND wait_event_type = 'Lock' AND query LIKE '%copier_timeline()%')",
         )
         .fetch_one(&mut watcher)
         .await
