@@ -7,17 +7,44 @@
 /// through [`failpoint!`].
 #[cfg(feature = "failpoints")]
 pub(crate) async fn hold(var: &str, held: &str) {
-    use std::time::Duration;
     let Some(path) = std::env::var_os(var).map(std::path::PathBuf::from) else {
         return;
     };
     if path.exists() {
         tracing::warn!(path = %path.display(), "fault injection: {held}");
+        let mut present = watch(path);
+        // The sender lives until it has said the file is gone.
+        let _ = present.wait_for(|present| !present).await;
+        tracing::warn!("fault injection: released ({held})");
+    }
+}
+
+/// Whether the file at `path` is still there: one poll every 10 ms per held path, however many
+/// tasks wait on it. (A poll per waiting task made a thousand sessions held at their start-up
+/// a hundred thousand wake-ups a second: the node's own lease cycles slowed behind them.)
+#[cfg(feature = "failpoints")]
+fn watch(path: std::path::PathBuf) -> tokio::sync::watch::Receiver<bool> {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    use std::time::Duration;
+    use tokio::sync::watch;
+    static HELD: LazyLock<Mutex<HashMap<std::path::PathBuf, watch::Receiver<bool>>>> =
+        LazyLock::new(Mutex::default);
+    let mut held = HELD.lock().expect("no panic while the map is held");
+    if let Some(present) = held.get(&path)
+        && *present.borrow()
+    {
+        return present.clone();
+    }
+    let (tx, present) = watch::channel(true);
+    held.insert(path.clone(), present.clone());
+    tokio::spawn(async move {
         while path.exists() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tracing::warn!("fault injection: released ({held})");
-    }
+        let _ = tx.send(false);
+    });
+    present
 }
 
 /// Whether the point named by `var` is on (its variable set and its file present): for points that

@@ -223,6 +223,18 @@ impl NodeProcess {
 
 impl Drop for NodeProcess {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failing test shows what the node itself said (its own lines, not every
+            // account's lines), for the run that cannot be repeated.
+            let out = self.output();
+            let own: Vec<&str> = out.lines().filter(|l| !l.contains("account_id")).collect();
+            eprintln!(
+                "--- {} ({}), its last own log lines:\n{}",
+                self.node_id,
+                self.log.display(),
+                own[own.len().saturating_sub(60)..].join("\n")
+            );
+        }
         if self.status.is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
