@@ -67,6 +67,12 @@ pub struct Release {
     /// grows, which its next cycle learns. Absent in older nodes' announcements.
     #[serde(default)]
     pub leaving: bool,
+    /// A leave whose departure `from` announced before (as its shutdown began): every peer
+    /// counts its share without `from` already, so the accounts the leave released wake as a
+    /// release naming nobody does ([`Room::odds`]), not every peer a second time. Absent in
+    /// older nodes' announcements (and in the departure's own): every peer wakes.
+    #[serde(default)]
+    pub announced: bool,
     /// How many claimable accounts the statement released (one announcement stands for a
     /// batch's releases to the same receiver). Absent in older nodes' announcements: one.
     #[serde(default = "one")]
@@ -117,7 +123,8 @@ impl Release {
     /// on `from_platform` (a peer's, of its platform), `draw` a uniform draw in [0, 1): the
     /// node a hand-off named (it answered that it has room); for a release that names nobody,
     /// about as many of the nodes with room as there are accounts, and [`SPARE_WAKES`] more
-    /// ([`Room::odds`]); and every peer when `from` leaves (the shares change). Every other
+    /// ([`Room::odds`]); and every peer when `from` leaves (the shares change), unless that
+    /// departure was announced before (`announced`: then as a release naming nobody). Every other
     /// node keeps its cycle: a node at its share could claim nothing (its claim is bounded by
     /// its share), and a release named to another node is that node's (still free a second
     /// later, it is announced again naming no one). An account nobody woke for is claimed at the
@@ -134,7 +141,7 @@ impl Release {
             return false;
         }
         match self.to.as_deref() {
-            _ if self.leaving => true,
+            _ if self.leaving && !self.announced => true,
             Some(to) => to == me,
             None => draw < room.odds(self.accounts),
         }
@@ -168,6 +175,7 @@ pub fn decode(channel: &str, payload: &str) -> Result<Notice, String> {
                     from: rest.to_string(),
                     to: None,
                     leaving: true,
+                    announced: false,
                     accounts: 1,
                 });
                 Ok(Notice::Released {
@@ -204,6 +212,7 @@ mod tests {
             from: "mt5 host a".into(),
             to: Some("mt5-host-b".into()),
             leaving: false,
+            announced: false,
             accounts: 4,
         };
         assert_eq!(
@@ -222,6 +231,7 @@ mod tests {
                     from: "mt5-host-a".into(),
                     to: None,
                     leaving: true,
+                    announced: false,
                     accounts: 1,
                 }
             })
@@ -235,6 +245,7 @@ mod tests {
                     from: "a".into(),
                     to: None,
                     leaving: false,
+                    announced: false,
                     accounts: 1,
                 }
             })
@@ -283,11 +294,13 @@ mod tests {
     }
 
     #[test]
-    fn a_release_wakes_its_named_receiver_a_bounded_few_with_room_and_a_departure_every_peer() {
+    fn a_release_wakes_its_named_receiver_a_bounded_few_with_room_and_an_unannounced_departure_every_peer()
+     {
         let release = |to: Option<&str>, leaving: bool, accounts: u32| Release {
             from: "a".into(),
             to: to.map(str::to_string),
             leaving,
+            announced: false,
             accounts,
         };
         let none = Room::default();
@@ -342,5 +355,20 @@ mod tests {
             !departure.wakes("mt5", "mt5", "a", room(0), 0.0),
             "its own release"
         );
+        // The leave after an announced departure: the peers already count without `a`, and
+        // its accounts wake as a release naming nobody does.
+        let leave = Release {
+            announced: true,
+            ..release(None, true, 7)
+        };
+        assert!(
+            !leave.wakes("mt5", "mt5", "c", none, 0.0),
+            "a peer at its share keeps its cycle"
+        );
+        let odds = room(99).odds(7);
+        assert!(leave.wakes("mt5", "mt5", "c", room(99), odds * 0.99));
+        assert!(!leave.wakes("mt5", "mt5", "c", room(99), odds));
+        // A leave whose departure was not announced (the announcement failed): every peer.
+        assert!(release(None, true, 7).wakes("mt5", "mt5", "c", none, 0.999));
     }
 }

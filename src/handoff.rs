@@ -95,19 +95,19 @@ pub async fn offer(
                 && h.account_id == account_id
                 && h.to == to
             {
-                return h.claims;
+                return Some(h.claims);
             }
         }
         None
     };
     tokio::select! {
-        answered = tokio::time::timeout(handoffs.wait(), wait) => {
-            let answered = answered.ok().flatten();
-            if answered.is_none() {
+        answered = tokio::time::timeout(handoffs.wait(), wait) => match answered.ok().flatten() {
+            Some(claims) => claims,
+            None => {
                 info!(account_id, to, wait_ms = handoffs.wait().as_millis() as u64, "the receiving node did not answer the hand-off offer in time; handing off anyway");
+                None
             }
-            answered
-        }
+        },
         _ = stopped.cancelled() => None,
     }
 }

@@ -626,14 +626,16 @@ pub struct LeaveOutcome {
 }
 
 /// Clean shutdown in one statement: release the given epochs, delete this instance's
-/// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`] to every
-/// peer (the node left their fair shares).
+/// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`]: to every
+/// peer (the node left their fair shares), or, when the node `announced` its departure before
+/// ([`announce_departure`]), as a release naming nobody ([`crate::channels::Release::announced`]).
 pub async fn leave(
     conn: &mut PgConnection,
     node_id: &str,
     instance_id: &str,
     platform: &str,
     epochs: &[i64],
+    announced: bool,
 ) -> Result<LeaveOutcome, sqlx::Error> {
     const SQL: &str = r#"
 WITH locked AS (
@@ -661,7 +663,7 @@ UNION ALL
 SELECT 'left', NULL FROM gone
 UNION ALL
 SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_object('from', $1::text, 'to', NULL::text, 'leaving', true,
-                                                            'accounts', (SELECT count(*) FROM released))::text)) n
+                                                            'announced', $6::bool, 'accounts', (SELECT count(*) FROM released))::text)) n
 "#;
     let rows = sqlx::query(SQL)
         .bind(node_id)
@@ -669,6 +671,7 @@ SELECT 'notified', NULL FROM (SELECT pg_notify($5, $4 || ' ' || json_build_objec
         .bind(epochs)
         .bind(platform)
         .bind(RELEASED_CHANNEL)
+        .bind(announced)
         .fetch_all(conn)
         .await?;
     let mut out = LeaveOutcome::default();
@@ -715,6 +718,7 @@ pub async fn announce_departure(
             from: node_id.to_string(),
             to: None,
             leaving: true,
+            announced: false,
             accounts: 0,
         },
     );

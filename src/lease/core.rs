@@ -78,11 +78,20 @@ pub struct Core<H: Host> {
     /// How many trusted peers were below their shares at the last cycle, by their published
     /// counts ([`Core::room`]).
     peers_below: u32,
+    /// Since when this node's cycles have seen accounts still free after their claims, without
+    /// a break ([`Core::orphans`]).
+    free_since: Option<Instant>,
+    /// How many accounts this node may own after its next cycle's claims when that is beyond
+    /// its share (0: its share bounds them): accounts left free for a period, which the peers
+    /// whose shares they are in do not claim ([`Core::orphans`]).
+    orphans_limit: u32,
     /// The platform's account counts of the last cycles, and when ([`Core::total`]).
     totals: std::collections::VecDeque<(Instant, u64)>,
     /// Shutting down: whether the departure is still to be announced (`Some(false)`, once a
     /// cycle published it), or was ([`Core::take_departure`]).
     departure: Option<bool>,
+    /// The departure announcement went out ([`Core::departure_announced`]).
+    departure_announced: bool,
     /// What the node owns after a cycle that claimed, still to be published
     /// ([`Core::take_owned_to_publish`]).
     owned_to_publish: Option<u32>,
@@ -203,8 +212,11 @@ impl<H: Host> Core<H> {
             joining: Joining::New,
             starving: std::collections::HashMap::new(),
             peers_below: 0,
+            free_since: None,
+            orphans_limit: 0,
             totals: std::collections::VecDeque::new(),
             departure: None,
+            departure_announced: false,
             owned_to_publish: None,
         }
     }
@@ -218,6 +230,18 @@ impl<H: Host> Core<H> {
             return true;
         }
         false
+    }
+
+    /// The departure announcement (after [`Core::take_departure`]) was sent: the peers count
+    /// their shares without this node, and the leave's release needs to wake only as many of
+    /// them as its accounts ([`crate::channels::Release::announced`]).
+    pub fn note_departure_announced(&mut self) {
+        self.departure_announced = true;
+    }
+
+    /// Whether [`Core::note_departure_announced`] was called.
+    pub fn departure_announced(&self) -> bool {
+        self.departure_announced
     }
 
     /// What to publish as this node's `owned` right after a cycle that claimed rows (the cycle
@@ -269,7 +293,8 @@ impl<H: Host> Core<H> {
             _ => window,
         };
         let owned = self.supervisor.owned();
-        let claim = self.draining.is_none() && !self.late;
+        // A late cycle renews only, but for accounts nobody claims ([`Core::orphans`]).
+        let claim = self.draining.is_none() && (!self.late || self.orphans_limit > 0);
         if self.draining.is_none() && !claim {
             self.metrics.lease_cycles_renew_only.inc();
         }
@@ -281,7 +306,14 @@ impl<H: Host> Core<H> {
                 Vec::new()
             },
             claim_limit: if self.joining == Joining::Settled {
-                self.share_limit().min(self.admitted(owned.len()))
+                let limit = if self.late {
+                    self.orphans_limit
+                } else {
+                    self.share_limit().max(self.orphans_limit)
+                };
+                limit
+                    .min(self.node.capacity)
+                    .min(self.admitted(owned.len()))
             } else {
                 0
             },
@@ -419,6 +451,9 @@ impl<H: Host> Core<H> {
         self.metrics.accounts_claimable.set(outcome.free as i64);
         self.peers = outcome.peers.clone();
         self.free = outcome.free;
+        let left = outcome.free.saturating_sub(claimed);
+        self.free_since = (left > 0).then(|| self.free_since.unwrap_or(acknowledged));
+        self.orphans_limit = 0;
         // Nobody can claim during a grace: handing accounts off would only leave them unowned.
         let moved = if outcome.database.grace.is_zero() {
             self.rebalance(outcome, claimed, acknowledged)
@@ -454,7 +489,6 @@ impl<H: Host> Core<H> {
             s.rebalance_moves += moved;
             s.handoffs += u64::from(moved > 0);
         });
-        let left = outcome.free.saturating_sub(claimed);
         Ok(self.schedule(t0, acknowledged, outcome, left))
     }
 
@@ -551,6 +585,7 @@ impl<H: Host> Core<H> {
             .iter()
             .filter(|p| p.trusted && p.owned < shares.get(&p.node_id).copied().unwrap_or(0))
             .count() as u32;
+        self.orphans_limit = self.orphans(outcome, &shares, claimed, now);
         if self.draining.is_some() {
             return 0;
         }
@@ -620,6 +655,86 @@ impl<H: Host> Core<H> {
         );
         self.metrics.rebalance_moves.inc_by(moved.len() as u64);
         moved.len() as u64
+    }
+
+    /// How many accounts this node may own after its next cycle's claims, for accounts nobody
+    /// claims (0: none such). A free account is in the share of some node below its share,
+    /// which claims it within moments (woken by the release, at its lease's expiry, or soon
+    /// after a cycle that left accounts free), unless that node cannot: a node whose cycles run
+    /// late renews only, for as long as they do (the simulator: an account free for 84 s, a node
+    /// overloaded into renewing only and its one peer at its share). So once accounts have been
+    /// free after every one of this node's cycles for a period (and for twice
+    /// [`crate::supervisor::UNCLAIMED_AFTER`] at least: the old owner's second announcement and
+    /// the claims it wakes come first):
+    /// * a node at its share (or above) claims its part of them beyond its share: the free
+    ///   accounts split over itself and its trusted peers at their shares, up to its capacity;
+    /// * a node whose cycles run late claims one, whatever its share: with every node
+    ///   overloaded, an account served late is better than one served by nobody, and one
+    ///   account a period adds little to a late cycle.
+    ///
+    /// Not while a peer below its share is starting more sessions than admission lets wait (it
+    /// claims as they get through), nor during a shutdown. What was claimed beyond a share goes
+    /// back by the fair share's moves once its peer has room.
+    fn orphans(
+        &mut self,
+        outcome: &CycleOutcome,
+        shares: &std::collections::BTreeMap<String, u32>,
+        claimed: u64,
+        now: Instant,
+    ) -> u32 {
+        let period = self
+            .node
+            .cycle
+            .mul_f64(1.0 - JITTER)
+            .max(crate::supervisor::UNCLAIMED_AFTER * 2);
+        let left = outcome.free.saturating_sub(claimed);
+        let share = |p: &crate::db::lease::Peer| shares.get(&p.node_id).copied().unwrap_or(0);
+        let admitting = outcome
+            .peers
+            .iter()
+            .any(|p| p.trusted && p.owned < share(p) && p.starting as usize > ADMIT_WHEN_STARTING);
+        if self.draining.is_some()
+            || admitting
+            || self.free_since.is_none_or(|since| now - since < period)
+        {
+            return 0;
+        }
+        let n = if self.late {
+            1
+        } else if self.wanted as u32 >= self.share_limit() {
+            let peers_at_share = outcome
+                .peers
+                .iter()
+                .filter(|p| p.trusted && p.owned >= share(p))
+                .count() as u64;
+            u32::try_from(left.div_ceil(1 + peers_at_share)).unwrap_or(u32::MAX)
+        } else {
+            // Below its share and on time: it claims them as it is.
+            return 0;
+        };
+        let n = n.min(self.node.capacity.saturating_sub(self.wanted as u32));
+        if n == 0 {
+            return 0;
+        }
+        let free_for_s = format!(
+            "{:.1}",
+            (now - self.free_since.unwrap_or(now)).as_secs_f64()
+        );
+        if self.late {
+            warn!(
+                free = left,
+                free_for_s,
+                "accounts free for a period while this node's cycles run late: claiming one anyway"
+            );
+        } else {
+            info!(
+                free = left,
+                claiming_beyond_share = n,
+                free_for_s,
+                "accounts free for a period while this node is at its fair share (their nodes are not claiming them): claiming some beyond the share"
+            );
+        }
+        self.wanted as u32 + n
     }
 
     /// The platform's accounts as the shares count them: the most of the counts `seen` over the
@@ -850,7 +965,8 @@ impl<H: Host> Core<H> {
     }
 
     /// Whether the next cycle claims, from how long this one took: a late cycle makes the next
-    /// one renew only; the first cycle on time claims again.
+    /// one renew only (but for accounts nobody claims, [`Core::orphans`]); the first cycle on
+    /// time claims again.
     fn note_lateness(&mut self, took: Duration) {
         let late = took > self.late_after();
         if late && !self.late {
@@ -876,8 +992,10 @@ impl<H: Host> Core<H> {
             .inc();
         self.failures += 1;
         self.late = true;
-        // The retry renews only: no claim waits for start-ups meanwhile.
+        // The retry renews only: no claim waits for start-ups meanwhile, and none is made for
+        // accounts nobody claims.
         self.admit_at = None;
+        self.orphans_limit = 0;
         let backoff = retry_delay(self.failures, self.node.cycle);
         let trusted = self.deadline.is_some_and(|d| trust::holds(now, d));
         warn!(error = %reason, attempt = self.failures, retry_in_ms = backoff.as_millis() as u64, trusted, "lease cycle failed");

@@ -261,7 +261,7 @@ async fn publish_owned(
 /// cycles, and the hand-offs that find no receiver ready release their accounts to whoever has
 /// room.
 async fn announce_departure(
-    core: &Core<NodeHost>,
+    core: &mut Core<NodeHost>,
     session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) {
@@ -271,7 +271,10 @@ async fn announce_departure(
     })
     .await
     {
-        Ok(()) => info!("departure announced: the peers count their shares without this node"),
+        Ok(()) => {
+            core.note_departure_announced();
+            info!("departure announced: the peers count their shares without this node")
+        }
         Err(error) => {
             warn!(error = %error, "could not announce the departure; the peers learn it at their next cycles")
         }
@@ -365,6 +368,7 @@ async fn leave(
     conn: &mut Option<PgConnection>,
 ) {
     let (epochs, kept) = core.leave_epochs();
+    let announced = core.departure_announced();
     let node = &core.node;
     let mut retry = crate::retry::LEAVE.start();
     let give_up = Instant::now() + node.lease.saturating_sub(node.fence);
@@ -377,7 +381,15 @@ async fn leave(
             }
             let c = conn.as_mut().expect("connected above");
             db::run_on(c, session, async |c| {
-                db::lease::leave(c, &node.node_id, &core.instance_id, &node.platform, &epochs).await
+                db::lease::leave(
+                    c,
+                    &node.node_id,
+                    &core.instance_id,
+                    &node.platform,
+                    &epochs,
+                    announced,
+                )
+                .await
             })
             .await
         })

@@ -472,6 +472,18 @@ impl Host for SimHost {
     }
 }
 
+/// What an announcement says of its sender leaving ([`Release::leaving`], [`Release::announced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// A release: the sender stays.
+    No,
+    /// The sender leaves the fair shares (its shutdown began, or it left without having said
+    /// so): every peer wakes.
+    Departure,
+    /// The leave after an announced departure: its accounts wake as a release naming nobody.
+    AfterDeparture,
+}
+
 #[derive(Debug, Clone)]
 enum Ev {
     /// The node's cycle timer (its token: a later timer replaces it, as the loop's `next`).
@@ -507,8 +519,9 @@ enum Ev {
     Shutdown,
     /// The shutdown grace ran out.
     DrainTimeout,
-    /// The leave statement reaches the database: the epochs, the instance, the incarnation.
-    LeaveExec(Vec<i64>, String, u64),
+    /// The leave statement reaches the database: the epochs, the instance, the incarnation,
+    /// whether the node announced its departure before.
+    LeaveExec(Vec<i64>, String, u64, bool),
     /// A crashed or departed node id starts again as a new instance.
     Start,
 }
@@ -1280,7 +1293,10 @@ impl World {
                             // As the node: its shutdown's first cycle is followed by the
                             // announcement that it left the fair shares.
                             self.note(|_| format!("n{i} announces its departure"));
-                            self.announce(i, &[], None, true);
+                            self.announce(i, &[], None, Leave::Departure);
+                            if let Some(core) = self.nodes[i].core.as_mut() {
+                                core.note_departure_announced();
+                            }
                         }
                         for (row, was_open) in outcome.owned.iter().zip(open_before) {
                             // A gate that opened, or one replaced by an open gate of another
@@ -1374,7 +1390,7 @@ impl World {
                 self.committed();
                 self.note(|_| format!("n{i} released account {account} (epoch {epoch})"));
                 let announced = !released.is_empty();
-                self.announce(i, &released, to, false);
+                self.announce(i, &released, to, Leave::No);
                 let at = self.now + self.latency();
                 self.push_for(at, i, incarnation, Ev::Released(account, epoch));
                 if announced {
@@ -1393,7 +1409,7 @@ impl World {
                     // The account is timed from its release, as named: the wait for a receiver
                     // that did not claim counts.
                     let released = self.released_at.get(&account).cloned();
-                    self.announce(i, &[account], None, false);
+                    self.announce(i, &[account], None, Leave::No);
                     if let Some(released) = released {
                         self.released_at.insert(account, released);
                     }
@@ -1492,13 +1508,18 @@ impl World {
                 self.maybe_leave(i);
             }
             Ev::DrainTimeout => self.leave(i),
-            Ev::LeaveExec(epochs, instance, incarnation) => {
+            Ev::LeaveExec(epochs, instance, incarnation, announced) => {
                 self.set_db_clock();
                 let id = self.nodes[i].id.clone();
                 let out = self.db.leave(&id, &instance, &epochs);
                 self.committed();
                 self.note(|_| format!("n{i} left: released {:?}", out.released));
-                self.announce(i, &out.released, None, true);
+                let leave = if announced {
+                    Leave::AfterDeparture
+                } else {
+                    Leave::Departure
+                };
+                self.announce(i, &out.released, None, leave);
                 if self.nodes[i].incarnation != incarnation {
                     // Started again meanwhile: that instance is not the one that left.
                     return Ok(());
@@ -1557,6 +1578,7 @@ impl World {
             return;
         }
         let (epochs, _) = core.leave_epochs();
+        let announced = core.departure_announced();
         let instance = core.instance_id.clone();
         let at = self.db_at();
         // The process exits after this statement: nothing else of it runs.
@@ -1569,15 +1591,15 @@ impl World {
             at,
             i,
             incarnation,
-            Ev::LeaveExec(epochs, instance, incarnation),
+            Ev::LeaveExec(epochs, instance, incarnation, announced),
         );
     }
 
     /// A release or a leave committed: the node announces it, naming the hand-off's receiver
-    /// `to` (a release of disabled accounts only is not announced; a leave always is); each
+    /// `to` (a release of disabled accounts only is not announced; a departure always is); each
     /// listener hears it (or not) and wakes as the node's hub decides ([`Release::wakes`]).
     /// The enabled accounts among `released` are timed until a node owns them again.
-    fn announce(&mut self, from: usize, released: &[i64], to: Option<String>, leave: bool) {
+    fn announce(&mut self, from: usize, released: &[i64], to: Option<String>, leave: Leave) {
         let mut accounts = 0;
         for id in released {
             if self.db.account(*id).is_some_and(|a| a.enabled) {
@@ -1585,13 +1607,14 @@ impl World {
                 accounts += 1;
             }
         }
-        if accounts == 0 && !leave {
+        if accounts == 0 && leave == Leave::No {
             return;
         }
         let release = Release {
             from: self.nodes[from].id.clone(),
             to,
-            leaving: leave,
+            leaving: leave != Leave::No,
+            announced: leave == Leave::AfterDeparture,
             accounts,
         };
         for j in 0..self.nodes.len() {
@@ -1600,11 +1623,12 @@ impl World {
             }
             let room = self.room(j);
             // Drawn only where the draw decides (a release naming nobody, a node with room).
-            let draw = if release.to.is_none() && !release.leaving && room.any() {
-                self.rng.f64()
-            } else {
-                0.0
-            };
+            let draw =
+                if release.to.is_none() && (!release.leaving || release.announced) && room.any() {
+                    self.rng.f64()
+                } else {
+                    0.0
+                };
             if !release.wakes("mt5", "mt5", &self.nodes[j].id, room, draw) {
                 continue;
             }
@@ -1958,6 +1982,10 @@ mod tests {
     /// forgotten before that cycle's read-back is applied), or when the model had no failover
     /// grace.
     const REGRESSIONS: &[(u64, &str)] = &[
+        (
+            7_085_529_010_025_350_245,
+            "trust counted from the reply (mutant trust-from-the-reply), in the schedules since accounts nobody claims are claimed beyond a share or by a late node: two open gates on one account",
+        ),
         (
             10_739_644_310_042_793_008,
             "the grace keeps the last read-back (mutant grace-keeps-the-read-back), in the schedules since every release still free a second later is announced again: two open gates on one account",
@@ -2763,6 +2791,120 @@ mod tests {
         assert!(
             next >= t + cycle.mul_f64(0.8),
             "short of capacity keeps the period"
+        );
+    }
+
+    /// A node at its share claims beyond it, at most its part of the free accounts, once
+    /// accounts have been free after each of its cycles for a period: they are in the share of
+    /// a peer that does not claim them (one whose cycles run late renews only, for as long as it
+    /// is late). Not sooner, not while that peer is busy starting sessions (it claims as they get
+    /// through), and not once nothing is left free; a node below its share claims as before,
+    /// and one whose cycles run late claims one account, not none.
+    #[test]
+    fn a_node_at_its_share_claims_accounts_left_free_for_a_period_beyond_it() {
+        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
+        let t = Instant::now();
+        let cycle = Duration::from_secs(4);
+        let period = cycle.mul_f64(0.8);
+        // Owning 50, a trusted peer of capacity 100 owning 50 - `free` and starting `starting`,
+        // with `free` free: shares of 50 each (the peer below its by what is free).
+        let seen = |free: u64, starting: u32| CycleOutcome {
+            member: true,
+            owned: (1..=50)
+                .map(|id| OwnedRow {
+                    id,
+                    epoch: id,
+                    wanted: true,
+                    claimed_ms: id,
+                })
+                .collect(),
+            peers: vec![Peer {
+                node_id: "p".into(),
+                expires_in: cycle * 6,
+                live: true,
+                trusted: true,
+                capacity: 100,
+                owned: 50 - free as u32,
+                starting,
+            }],
+            free,
+            ..CycleOutcome::default()
+        };
+        let limit = |core: &crate::lease::Core<SimHost>, at: Instant| {
+            let prepared = core.prepare(at);
+            core.params(&prepared).claim_limit
+        };
+        let mut core = lone_core_with(t, 100, cycle);
+        core.acknowledged(t, t, &seen(0, 0)).unwrap();
+        assert_eq!(limit(&core, t), 50, "its share, nothing free");
+        // Free from `first` on, after every cycle.
+        let first = t + Duration::from_secs(1);
+        core.acknowledged(first, first, &seen(2, 0)).unwrap();
+        assert_eq!(limit(&core, first), 50, "free for a moment: the peer's");
+        let soon = first + period - Duration::from_millis(1);
+        core.acknowledged(soon, soon, &seen(2, 0)).unwrap();
+        assert_eq!(limit(&core, soon), 50, "free for less than a period");
+        let later = first + period;
+        core.acknowledged(later, later, &seen(2, 0)).unwrap();
+        assert_eq!(
+            limit(&core, later),
+            52,
+            "free for a period: both, beyond its share (no other peer at its share)"
+        );
+        // The peer starts as many sessions as admission allows: it claims more as they end.
+        let busy = later + Duration::from_secs(1);
+        let admitting = crate::lease::ADMIT_WHEN_STARTING as u32 + 1;
+        core.acknowledged(busy, busy, &seen(2, admitting)).unwrap();
+        assert_eq!(limit(&core, busy), 50, "the peer is starting sessions");
+        // Nothing left free: back to the share, and the clock starts again.
+        let claimed = busy + Duration::from_secs(1);
+        core.acknowledged(claimed, claimed, &seen(0, 0)).unwrap();
+        assert_eq!(limit(&core, claimed), 50, "nothing free");
+        let again = claimed + Duration::from_secs(1);
+        core.acknowledged(again, again, &seen(2, 0)).unwrap();
+        assert_eq!(limit(&core, again), 50, "free again, for a moment");
+        // Above its share (52 of a share of 51, the peer at 48, 2 free), the same once a period
+        // has passed: beyond what it owns.
+        let mut above = lone_core_with(t, 100, cycle);
+        let mut view = seen(2, 0);
+        view.owned.extend((51..=52).map(|id| OwnedRow {
+            id,
+            epoch: id,
+            wanted: true,
+            claimed_ms: id,
+        }));
+        for at in [t, first, later] {
+            above.acknowledged(at, at, &view).unwrap();
+        }
+        assert_eq!(above.target(), Some(51));
+        assert_eq!(limit(&above, later), 54, "52 owned and the 2 free");
+        // Below its share (40 of 45, 90 seen) it claims up to its share, as before.
+        let mut below = lone_core_with(t, 100, cycle);
+        let mut view = seen(10, 0);
+        view.owned.truncate(40);
+        view.peers[0].owned = 40;
+        below.acknowledged(t, t, &view).unwrap();
+        for at in [first, later, later + period] {
+            below.acknowledged(at, at, &view).unwrap();
+            assert_eq!(limit(&below, at), 45, "below its share: claims up to it");
+        }
+        // Its cycles running late, it renews only; once accounts have stayed free for a
+        // period, it claims one anyway, whatever its share (every node may be overloaded).
+        let mut late = lone_core_with(t, 100, cycle);
+        late.acknowledged(t, t, &view).unwrap();
+        let slow = late.late_after() + Duration::from_millis(1);
+        let claims = |core: &crate::lease::Core<SimHost>, at: Instant| {
+            let prepared = core.prepare(at);
+            let params = core.params(&prepared);
+            params.claim.then_some(params.claim_limit)
+        };
+        late.acknowledged(first - slow, first, &view).unwrap();
+        assert_eq!(claims(&late, first), None, "late: renews only");
+        late.acknowledged(later - slow, later, &view).unwrap();
+        assert_eq!(
+            claims(&late, later),
+            Some(41),
+            "free for a period: one more"
         );
     }
 

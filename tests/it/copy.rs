@@ -702,6 +702,7 @@ async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one
         from: "a".into(),
         to: to.map(str::to_string),
         leaving: false,
+        announced: false,
         accounts,
     };
     let at_share = Room::default();
@@ -746,6 +747,7 @@ async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one
         from: "a".into(),
         to: None,
         leaving: true,
+        announced: false,
         accounts: 0,
     };
     assert!(
@@ -756,6 +758,7 @@ async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one
         from: "c".into(),
         to: None,
         leaving: true,
+        announced: false,
         accounts: 0,
     };
     assert!(!woken(own, alone).await, "its own release woke the node");

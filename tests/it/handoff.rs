@@ -117,6 +117,7 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
                     from: "a".into(),
                     to: Some("b".into()),
                     leaving: false,
+                    announced: false,
                     accounts: 1,
                 }
             }),
@@ -160,114 +161,178 @@ async fn a_fair_share_move_prepares_the_receiver_while_the_old_owner_copies() {
 /// answered that it would claim but does not (it stopped, paused or filled up since) would leave
 /// the account free until some node's next cycle: a second on, the old owner announces it again
 /// naming nobody, so that the nodes with room wake for it. Here b is a member below its share
-/// that answers every offer that it will claim, and never claims.
+/// that answers every offer that it will claim, and never claims: with no other node to take
+/// the account, a, above its share, takes it back once it has been free for a period (its peer
+/// below its share is not claiming it; `Core::orphans`).
 #[tokio::test]
 async fn an_account_its_named_receiver_does_not_claim_is_announced_again_naming_nobody() {
-    use copier_node::channels::{Handoff, Notice, RELEASED, Release, decode};
-    use copier_node::db::lease::{self, CycleParams};
     let (CopySetup { db, broker, .. }, a) = seven_accounts_on_a("handoff-unclaimed").await;
-    let mut offers = PgListener::connect(&db.url).await.unwrap();
-    offers.listen("copier_handoff").await.unwrap();
-    let mut releases = PgListener::connect(&db.url).await.unwrap();
-    releases.listen(RELEASED).await.unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let connect = async || {
-        <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-            .await
-            .unwrap()
-    };
-    // b's membership, renewed every 200 ms.
-    let member = tokio::spawn({
-        let (mut conn, stop) = (connect().await, stop.clone());
-        async move {
-            let mut every = tokio::time::interval(Duration::from_millis(200));
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = every.tick() => {}
-                }
-                let member = CycleParams {
-                    node_id: "b",
-                    instance_id: "ib",
-                    platform: "mt5",
-                    capacity: 100,
-                    claim_limit: 0,
-                    trust: Duration::from_secs(2),
-                    owned: 0,
-                    starting: 0,
-                    lease: Duration::from_secs(3),
-                    held: &[],
-                    claim: false,
-                    kept: &[],
-                };
-                lease::cycle(&mut conn, &member).await.unwrap();
-            }
-        }
-    });
-    // b's answers: every offer to it, that it will claim.
-    let answers = tokio::spawn({
-        let (mut conn, stop) = (connect().await, stop.clone());
-        async move {
-            loop {
-                let n = tokio::select! {
-                    _ = stop.cancelled() => break,
-                    n = offers.recv() => n.unwrap(),
-                };
-                let Ok(Notice::Handoff(offer)) = decode(n.channel(), n.payload()) else {
-                    continue;
-                };
-                if offer.ready || offer.to != "b" {
-                    continue;
-                }
-                let answer = Handoff {
-                    ready: true,
-                    claims: Some(true),
-                    ..offer
-                };
-                lease::announce_handoff(&mut conn, &answer.payload())
-                    .await
-                    .unwrap();
-            }
-        }
-    });
-    let mut heard = async || -> Release {
-        loop {
-            let n = tokio::time::timeout(WAIT, releases.recv())
-                .await
-                .expect("a release announced")
-                .unwrap();
-            if let Ok(Notice::Released { release, .. }) = decode(n.channel(), n.payload())
-                && release.from == "a"
-            {
-                break release;
-            }
-        }
-    };
-    let named = heard().await;
+    let mut releases = ReleasesHeard::listen(&db.url).await;
+    let b = FakeReceiver::start(&db.url, Some(true)).await;
+    let named = releases.next_from_a().await;
     assert_eq!(named.to.as_deref(), Some("b"), "{named:?}");
     assert!(!named.leaving && named.accounts >= 1, "{named:?}");
     let again = loop {
-        let release = heard().await;
+        let release = releases.next_from_a().await;
         if release.to.is_none() {
             break release;
         }
     };
     assert!(!again.leaving, "{again:?}");
     assert!(again.accounts >= 1, "{again:?}");
-    stop.cancel();
-    member.await.unwrap();
-    answers.await.unwrap();
-    // Nobody took them meanwhile: a is above its share, b claims nothing.
+    // b, still a member below its share, claims nothing; a takes every account back.
     let mut conn = db.conn().await;
-    let free: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-    assert!(free >= i64::from(again.accounts), "{free} free");
+    eventually("a to own every account again", WAIT, async || {
+        let (by_a, by_b): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE node_id = 'a'), count(*) FILTER (WHERE node_id = 'b')
+               FROM trading_accounts",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(by_b, 0, "b never claims");
+        (by_a == 7).then_some(())
+    })
+    .await;
+    // a stops while b still answers (its shutdown offers b the accounts).
     a.shutdown();
     a.wait().await.unwrap();
+    b.stop().await;
     broker.stop().await;
+}
+
+/// A release names its receiver only when the receiver answered that it will claim: one that
+/// answers without saying so (an older node's answer) may not take the account up, and a
+/// release named to it would wake nobody else. Here b answers every offer, ready, saying
+/// nothing of claiming: a's release names nobody.
+#[tokio::test]
+async fn a_receiver_that_does_not_say_it_will_claim_is_not_named() {
+    let (CopySetup { db, broker, .. }, a) = seven_accounts_on_a("handoff-unsaid").await;
+    let mut releases = ReleasesHeard::listen(&db.url).await;
+    let b = FakeReceiver::start(&db.url, None).await;
+    let release = releases.next_from_a().await;
+    assert_eq!(release.to, None, "{release:?}");
+    assert!(!release.leaving && release.accounts >= 1, "{release:?}");
+    // a stops while b still answers (its shutdown offers b the accounts).
+    a.shutdown();
+    a.wait().await.unwrap();
+    b.stop().await;
+    broker.stop().await;
+}
+
+/// The `copier_released` announcements of node a, as heard.
+struct ReleasesHeard(PgListener);
+
+impl ReleasesHeard {
+    async fn listen(url: &str) -> ReleasesHeard {
+        let mut listener = PgListener::connect(url).await.unwrap();
+        listener
+            .listen(copier_node::channels::RELEASED)
+            .await
+            .unwrap();
+        ReleasesHeard(listener)
+    }
+
+    async fn next_from_a(&mut self) -> copier_node::channels::Release {
+        use copier_node::channels::{Notice, decode};
+        loop {
+            let n = tokio::time::timeout(WAIT, self.0.recv())
+                .await
+                .expect("a release announced")
+                .unwrap();
+            if let Ok(Notice::Released { release, .. }) = decode(n.channel(), n.payload())
+                && release.from == "a"
+            {
+                return release;
+            }
+        }
+    }
+}
+
+/// Node b, played by the test: a member below its share (its membership renewed every 200 ms,
+/// capacity 100, claiming nothing) that answers every hand-off offered to it, ready, with
+/// `claims` as its word on claiming, and never claims.
+struct FakeReceiver {
+    stop: tokio_util::sync::CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl FakeReceiver {
+    async fn start(url: &str, claims: Option<bool>) -> FakeReceiver {
+        use copier_node::channels::{Handoff, Notice, decode};
+        use copier_node::db::lease::{self, CycleParams};
+        let connect = async || {
+            <sqlx::PgConnection as sqlx::Connection>::connect(url)
+                .await
+                .unwrap()
+        };
+        let mut offers = PgListener::connect(url).await.unwrap();
+        offers.listen("copier_handoff").await.unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let member = tokio::spawn({
+            let (mut conn, stop) = (connect().await, stop.clone());
+            async move {
+                let mut every = tokio::time::interval(Duration::from_millis(200));
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = every.tick() => {}
+                    }
+                    let member = CycleParams {
+                        node_id: "b",
+                        instance_id: "ib",
+                        platform: "mt5",
+                        capacity: 100,
+                        claim_limit: 0,
+                        trust: Duration::from_secs(2),
+                        owned: 0,
+                        starting: 0,
+                        lease: Duration::from_secs(3),
+                        held: &[],
+                        claim: false,
+                        kept: &[],
+                    };
+                    lease::cycle(&mut conn, &member).await.unwrap();
+                }
+            }
+        });
+        let answers = tokio::spawn({
+            let (mut conn, stop) = (connect().await, stop.clone());
+            async move {
+                loop {
+                    let n = tokio::select! {
+                        _ = stop.cancelled() => break,
+                        n = offers.recv() => n.unwrap(),
+                    };
+                    let Ok(Notice::Handoff(offer)) = decode(n.channel(), n.payload()) else {
+                        continue;
+                    };
+                    if offer.ready || offer.to != "b" {
+                        continue;
+                    }
+                    let answer = Handoff {
+                        ready: true,
+                        claims,
+                        ..offer
+                    };
+                    lease::announce_handoff(&mut conn, &answer.payload())
+                        .await
+                        .unwrap();
+                }
+            }
+        });
+        FakeReceiver {
+            stop,
+            tasks: vec![member, answers],
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+    }
 }
 
 /// A SIGTERM hand-off, prepared: the stopping node offers each account to the peer that will

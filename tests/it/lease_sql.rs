@@ -411,6 +411,7 @@ async fn release_is_fenced_by_epoch_and_announced() {
         from: "a".into(),
         to: Some("b".into()),
         leaving: false,
+        announced: false,
         accounts: 1,
     };
     assert_eq!(
@@ -502,6 +503,7 @@ async fn accounts_still_free_are_announced_again_naming_nobody() {
                 from: "a".into(),
                 to: None,
                 leaving: false,
+                announced: false,
                 accounts: 2,
             }
         }))
@@ -750,13 +752,13 @@ async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
         .unwrap();
     let e1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
     // Account 2's task "did not stop": only account 1 is released; the membership stays.
-    let out = lease::leave(&mut conn, "a", "ia", "mt5", &[e1])
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &[e1], true)
         .await
         .unwrap();
     assert_eq!(out.released, vec![1]);
     assert!(!out.left);
     let all: Vec<i64> = a.owned.iter().map(|r| r.epoch).collect();
-    let out = lease::leave(&mut conn, "a", "ia", "mt5", &all)
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &all, true)
         .await
         .unwrap();
     assert_eq!(out.released, vec![2]);
@@ -804,24 +806,27 @@ async fn the_count_owned_after_a_claim_is_published_by_its_instance_alone() {
 
 /// A node's departure is announced as it begins (its shutdown's first cycle) and again as it
 /// leaves, both as leaving, so that every peer counts its larger share (a release naming no one
-/// wakes only a few of the peers with room); the leave's counts the accounts it released.
+/// wakes only a few of the peers with room); the leave's counts the accounts it released, and
+/// says whether the departure was announced before (then the peers counted already, and the
+/// accounts wake as a release naming nobody does).
 #[tokio::test]
 async fn a_departure_is_announced_as_leaving_when_it_begins_and_when_the_node_leaves() {
     use copier_node::channels::{Notice, RELEASED, Release, decode};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
-    insert_accounts(&mut conn, 1..=1, "mt5").await;
-    let a = lease::cycle(&mut conn, &params("a", "ia", 1, &[]))
+    insert_accounts(&mut conn, 1..=2, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 2, &[]))
         .await
         .unwrap();
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener.listen(RELEASED).await.unwrap();
-    let leaving = |accounts: u32| Notice::Released {
+    let leaving = |accounts: u32, announced: bool| Notice::Released {
         platform: "mt5".into(),
         release: Release {
             from: "a".into(),
             to: None,
             leaving: true,
+            announced,
             accounts,
         },
     };
@@ -835,16 +840,31 @@ async fn a_departure_is_announced_as_leaving_when_it_begins_and_when_the_node_le
     lease::announce_departure(&mut conn, "a", "mt5")
         .await
         .unwrap();
-    assert_eq!(heard().await, Ok(leaving(0)), "as the shutdown begins");
-    let all: Vec<i64> = a.owned.iter().map(|r| r.epoch).collect();
-    let out = lease::leave(&mut conn, "a", "ia", "mt5", &all)
-        .await
-        .unwrap();
-    assert!(out.left);
     assert_eq!(
         heard().await,
-        Ok(leaving(1)),
-        "as it leaves, with the account it released"
+        Ok(leaving(0, false)),
+        "as the shutdown begins"
+    );
+    // The first leave releases account 1 (account 2's session "did not stop") after an
+    // announcement that did not go out; the second, account 2 after one that did.
+    let epoch = |id: i64| a.owned.iter().find(|r| r.id == id).unwrap().epoch;
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &[epoch(1)], false)
+        .await
+        .unwrap();
+    assert_eq!((out.released, out.left), (vec![1], false));
+    assert_eq!(
+        heard().await,
+        Ok(leaving(1, false)),
+        "as it leaves, with the account it released, waking every peer"
+    );
+    let out = lease::leave(&mut conn, "a", "ia", "mt5", &[epoch(2)], true)
+        .await
+        .unwrap();
+    assert_eq!((out.released, out.left), (vec![2], true));
+    assert_eq!(
+        heard().await,
+        Ok(leaving(1, true)),
+        "its departure announced before: the peers counted already"
     );
 }
 

@@ -359,7 +359,7 @@ async fn run(seed: u64) -> usize {
                 let instance_id = node.instance_id();
                 step = format!("leave {instance_id}");
                 let held = node.held.clone();
-                let real = lease::leave(&mut conn, &node.id, &instance_id, "mt5", &held)
+                let real = lease::leave(&mut conn, &node.id, &instance_id, "mt5", &held, false)
                     .await
                     .unwrap();
                 let modelled = model.leave(
