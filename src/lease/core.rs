@@ -79,8 +79,9 @@ pub struct Core<H: Host> {
     /// counts ([`Core::room`]).
     peers_below: u32,
     /// Since when this node's cycles have seen accounts still free after their claims, without
-    /// a break ([`Core::orphans`]).
-    free_since: Option<Instant>,
+    /// a break ([`Core::orphans`]), and how many were left free then: the clock starts again
+    /// whenever fewer are.
+    free_since: Option<(Instant, u64)>,
     /// How many accounts this node may own after its next cycle's claims when that is beyond
     /// its share (0: its share bounds them): accounts left free for a period, which the peers
     /// whose shares they are in do not claim ([`Core::orphans`]).
@@ -452,7 +453,12 @@ impl<H: Host> Core<H> {
         self.peers = outcome.peers.clone();
         self.free = outcome.free;
         let left = outcome.free.saturating_sub(claimed);
-        self.free_since = (left > 0).then(|| self.free_since.unwrap_or(acknowledged));
+        self.free_since = match self.free_since {
+            _ if left == 0 => None,
+            Some((since, then)) if left >= then => Some((since, then)),
+            // Claims go on (a fleet's cold start, a crash's accounts): nobody is stuck yet.
+            _ => Some((acknowledged, left)),
+        };
         self.orphans_limit = 0;
         // Nobody can claim during a grace: handing accounts off would only leave them unowned.
         let moved = if outcome.database.grace.is_zero() {
@@ -673,8 +679,10 @@ impl<H: Host> Core<H> {
     ///   account a period adds little to a late cycle.
     ///
     /// Not while a peer below its share is starting more sessions than admission lets wait (it
-    /// claims as they get through), nor during a shutdown. What was claimed beyond a share goes
-    /// back by the fair share's moves once its peer has room.
+    /// claims as they get through), nor in a fleet's cold start (more accounts free than owned:
+    /// the nodes still count their shares), nor during a shutdown; and the period starts again
+    /// whenever fewer accounts are left free than when it began (claims go on). What was claimed
+    /// beyond a share goes back by the fair share's moves once its peer has room.
     fn orphans(
         &mut self,
         outcome: &CycleOutcome,
@@ -693,23 +701,46 @@ impl<H: Host> Core<H> {
             .peers
             .iter()
             .any(|p| p.trusted && p.owned < share(p) && p.starting as usize > ADMIT_WHEN_STARTING);
+        // A fleet's cold start (more accounts free than the nodes own): the nodes still count
+        // their shares, and those that settled first would take the others' accounts.
+        let owned = self.wanted as u64
+            + outcome
+                .peers
+                .iter()
+                .filter(|p| p.live)
+                .map(|p| u64::from(p.owned))
+                .sum::<u64>();
         if self.draining.is_some()
             || admitting
-            || self.free_since.is_none_or(|since| now - since < period)
+            || left > owned
+            || self
+                .free_since
+                .is_none_or(|(since, _)| now - since < period)
         {
             return 0;
         }
+        let limit = self.share_limit();
         let n = if self.late {
             1
-        } else if self.wanted as u32 >= self.share_limit() {
+        } else if self.wanted as u32 >= limit && self.starving.is_empty() {
             let peers_at_share = outcome
                 .peers
                 .iter()
                 .filter(|p| p.trusted && p.owned >= share(p))
                 .count() as u64;
-            u32::try_from(left.div_ceil(1 + peers_at_share)).unwrap_or(u32::MAX)
+            // Within the rebalance margin, which moves nothing back: in a fleet's cold start
+            // the nodes that settled first see most accounts free for a period, and claiming up
+            // to their capacities would hand the surplus off for many periods after.
+            let within =
+                (limit + balance::margin(limit, self.knobs())).saturating_sub(self.wanted as u32);
+            u32::try_from(left.div_ceil(1 + peers_at_share))
+                .unwrap_or(u32::MAX)
+                .min(within)
         } else {
-            // Below its share and on time: it claims them as it is.
+            // Below its share and on time: it claims them as it is. Or a peer is far below its
+            // share (a node that restarted, a node that just joined): the free accounts are
+            // its, and taking them would only make more moves to it; if its cycles run late,
+            // it claims one a period itself (above).
             return 0;
         };
         let n = n.min(self.node.capacity.saturating_sub(self.wanted as u32));
@@ -718,7 +749,7 @@ impl<H: Host> Core<H> {
         }
         let free_for_s = format!(
             "{:.1}",
-            (now - self.free_since.unwrap_or(now)).as_secs_f64()
+            (now - self.free_since.map_or(now, |(since, _)| since)).as_secs_f64()
         );
         if self.late {
             warn!(

@@ -2798,8 +2798,9 @@ mod tests {
     /// accounts have been free after each of its cycles for a period: they are in the share of
     /// a peer that does not claim them (one whose cycles run late renews only, for as long as it
     /// is late). Not sooner, not while that peer is busy starting sessions (it claims as they get
-    /// through), and not once nothing is left free; a node below its share claims as before,
-    /// and one whose cycles run late claims one account, not none.
+    /// through), nor while a peer is far below its share (the accounts are its), and not once
+    /// nothing is left free; a node below its share claims as before, and one whose cycles run
+    /// late claims one account, not none.
     #[test]
     fn a_node_at_its_share_claims_accounts_left_free_for_a_period_beyond_it() {
         use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
@@ -2863,6 +2864,18 @@ mod tests {
         let again = claimed + Duration::from_secs(1);
         core.acknowledged(again, again, &seen(2, 0)).unwrap();
         assert_eq!(limit(&core, again), 50, "free again, for a moment");
+        // A peer far below its share (40 of 50, by more than the margin: a node that restarted
+        // or joined): the 10 free are its to take, however long they stay free.
+        let mut beside_starving = lone_core_with(t, 100, cycle);
+        beside_starving.acknowledged(t, t, &seen(0, 0)).unwrap();
+        for at in [first, later] {
+            beside_starving.acknowledged(at, at, &seen(10, 0)).unwrap();
+        }
+        assert_eq!(
+            limit(&beside_starving, later),
+            50,
+            "a peer far below its share"
+        );
         // Above its share (52 of a share of 51, the peer at 48, 2 free), the same once a period
         // has passed: beyond what it owns.
         let mut above = lone_core_with(t, 100, cycle);
