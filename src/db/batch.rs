@@ -51,6 +51,13 @@ pub trait Batched: Sized + Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>>;
 }
 
+/// Each job's outcome when a statement answers with the ids it did something for (released,
+/// found still free): whether the job's id is among them, in the jobs' order.
+pub fn among<T>(jobs: &[T], id: impl Fn(&T) -> i64, ids: Vec<i64>) -> Vec<bool> {
+    let ids: std::collections::HashSet<i64> = ids.into_iter().collect();
+    jobs.iter().map(|j| ids.contains(&id(j))).collect()
+}
+
 /// The longest a writer that gives way to orders waits for them before it writes anyway (a node
 /// always busy still writes its ledger at least this often).
 pub const GIVE_WAY: Duration = Duration::from_millis(50);

@@ -474,7 +474,7 @@ impl crate::db::batch::Batched for Releasing {
     ) -> crate::future::BoxFuture<'a, Result<Vec<bool>, sqlx::Error>> {
         Box::pin(async move {
             // One node's releases in practice; a statement per node named otherwise.
-            let mut released = std::collections::HashSet::new();
+            let mut released = Vec::new();
             let mut nodes: Vec<&str> = jobs.iter().map(|j| &*j.node_id).collect();
             nodes.sort_unstable();
             nodes.dedup();
@@ -486,10 +486,7 @@ impl crate::db::batch::Batched for Releasing {
                     .collect();
                 released.extend(release_each(&mut *conn, node_id, &releases).await?);
             }
-            Ok(jobs
-                .iter()
-                .map(|j| released.contains(&j.account_id))
-                .collect())
+            Ok(crate::db::batch::among(jobs, |j| j.account_id, released))
         })
     }
 }
@@ -603,15 +600,8 @@ impl crate::db::batch::Batched for Unclaimed {
             };
             // One node's writer: every check names the same node.
             let ids: Vec<i64> = checks.iter().map(|c| c.account_id).collect();
-            let free: std::collections::HashSet<i64> =
-                announce_unclaimed(conn, &first.node_id, &ids)
-                    .await?
-                    .into_iter()
-                    .collect();
-            Ok(checks
-                .iter()
-                .map(|c| free.contains(&c.account_id))
-                .collect())
+            let free = announce_unclaimed(conn, &first.node_id, &ids).await?;
+            Ok(crate::db::batch::among(checks, |c| c.account_id, free))
         })
     }
 }

@@ -2803,52 +2803,36 @@ mod tests {
     /// late claims one account, not none.
     #[test]
     fn a_node_at_its_share_claims_accounts_left_free_for_a_period_beyond_it() {
-        use crate::db::lease::{CycleOutcome, OwnedRow, Peer};
+        use crate::db::lease::OwnedRow;
         let t = Instant::now();
         let cycle = Duration::from_secs(4);
         let period = cycle.mul_f64(0.8);
         // Owning 50, a trusted peer of capacity 100 owning 50 - `free` and starting `starting`,
         // with `free` free: shares of 50 each (the peer below its by what is free).
-        let seen = |free: u64, starting: u32| CycleOutcome {
-            member: true,
-            owned: (1..=50)
-                .map(|id| OwnedRow {
-                    id,
-                    epoch: id,
-                    wanted: true,
-                    claimed_ms: id,
-                })
-                .collect(),
-            peers: vec![Peer {
-                node_id: "p".into(),
-                expires_in: cycle * 6,
-                live: true,
-                trusted: true,
-                capacity: 100,
-                owned: 50 - free as u32,
-                starting,
-            }],
-            free,
-            ..CycleOutcome::default()
-        };
-        let limit = |core: &crate::lease::Core<SimHost>, at: Instant| {
-            let prepared = core.prepare(at);
-            core.params(&prepared).claim_limit
+        let seen = |free: u64, starting: u32| {
+            let mut outcome = view(50, free, &[("p", 50 - free as u32)]);
+            outcome.peers[0].capacity = 100;
+            outcome.peers[0].starting = starting;
+            outcome
         };
         let mut core = lone_core_with(t, 100, cycle);
         core.acknowledged(t, t, &seen(0, 0)).unwrap();
-        assert_eq!(limit(&core, t), 50, "its share, nothing free");
+        assert_eq!(claim_limit(&core, t), 50, "its share, nothing free");
         // Free from `first` on, after every cycle.
         let first = t + Duration::from_secs(1);
         core.acknowledged(first, first, &seen(2, 0)).unwrap();
-        assert_eq!(limit(&core, first), 50, "free for a moment: the peer's");
+        assert_eq!(
+            claim_limit(&core, first),
+            50,
+            "free for a moment: the peer's"
+        );
         let soon = first + period - Duration::from_millis(1);
         core.acknowledged(soon, soon, &seen(2, 0)).unwrap();
-        assert_eq!(limit(&core, soon), 50, "free for less than a period");
+        assert_eq!(claim_limit(&core, soon), 50, "free for less than a period");
         let later = first + period;
         core.acknowledged(later, later, &seen(2, 0)).unwrap();
         assert_eq!(
-            limit(&core, later),
+            claim_limit(&core, later),
             52,
             "free for a period: both, beyond its share (no other peer at its share)"
         );
@@ -2856,14 +2840,18 @@ mod tests {
         let busy = later + Duration::from_secs(1);
         let admitting = crate::lease::ADMIT_WHEN_STARTING as u32 + 1;
         core.acknowledged(busy, busy, &seen(2, admitting)).unwrap();
-        assert_eq!(limit(&core, busy), 50, "the peer is starting sessions");
+        assert_eq!(
+            claim_limit(&core, busy),
+            50,
+            "the peer is starting sessions"
+        );
         // Nothing left free: back to the share, and the clock starts again.
         let claimed = busy + Duration::from_secs(1);
         core.acknowledged(claimed, claimed, &seen(0, 0)).unwrap();
-        assert_eq!(limit(&core, claimed), 50, "nothing free");
+        assert_eq!(claim_limit(&core, claimed), 50, "nothing free");
         let again = claimed + Duration::from_secs(1);
         core.acknowledged(again, again, &seen(2, 0)).unwrap();
-        assert_eq!(limit(&core, again), 50, "free again, for a moment");
+        assert_eq!(claim_limit(&core, again), 50, "free again, for a moment");
         // A peer far below its share (40 of 50, by more than the margin: a node that restarted
         // or joined): the 10 free are its to take, however long they stay free.
         let mut beside_starving = lone_core_with(t, 100, cycle);
@@ -2872,7 +2860,7 @@ mod tests {
             beside_starving.acknowledged(at, at, &seen(10, 0)).unwrap();
         }
         assert_eq!(
-            limit(&beside_starving, later),
+            claim_limit(&beside_starving, later),
             50,
             "a peer far below its share"
         );
@@ -2890,7 +2878,7 @@ mod tests {
             above.acknowledged(at, at, &view).unwrap();
         }
         assert_eq!(above.target(), Some(51));
-        assert_eq!(limit(&above, later), 54, "52 owned and the 2 free");
+        assert_eq!(claim_limit(&above, later), 54, "52 owned and the 2 free");
         // Below its share (40 of 45, 90 seen) it claims up to its share, as before.
         let mut below = lone_core_with(t, 100, cycle);
         let mut view = seen(10, 0);
@@ -2899,7 +2887,11 @@ mod tests {
         below.acknowledged(t, t, &view).unwrap();
         for at in [first, later, later + period] {
             below.acknowledged(at, at, &view).unwrap();
-            assert_eq!(limit(&below, at), 45, "below its share: claims up to it");
+            assert_eq!(
+                claim_limit(&below, at),
+                45,
+                "below its share: claims up to it"
+            );
         }
         // Its cycles running late, it renews only; once accounts have stayed free for a
         // period, it claims one anyway, whatever its share (every node may be overloaded).
