@@ -88,14 +88,22 @@ pub struct Core<H: Host> {
     orphans_limit: u32,
     /// The platform's account counts of the last cycles, and when ([`Core::total`]).
     totals: std::collections::VecDeque<(Instant, u64)>,
-    /// Shutting down: whether the departure is still to be announced (`Some(false)`, once a
-    /// cycle published it), or was ([`Core::take_departure`]).
-    departure: Option<bool>,
-    /// The departure announcement went out ([`Core::departure_announced`]).
-    departure_announced: bool,
+    /// Shutting down: where the departure's announcement stands ([`Core::take_departure`]).
+    departure: Option<Departure>,
     /// What the node owns after a cycle that claimed, still to be published
     /// ([`Core::take_owned_to_publish`]).
     owned_to_publish: Option<u32>,
+}
+
+/// A shutdown's announcement that the node left the fair shares ([`Core::take_departure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Departure {
+    /// A cycle published it: to be announced.
+    Due,
+    /// Being announced.
+    Taken,
+    /// Announced ([`Core::note_departure_announced`]).
+    Announced,
 }
 
 /// A node that starts while more accounts are free than its live peers own (a cold start, of
@@ -217,7 +225,6 @@ impl<H: Host> Core<H> {
             orphans_limit: 0,
             totals: std::collections::VecDeque::new(),
             departure: None,
-            departure_announced: false,
             owned_to_publish: None,
         }
     }
@@ -226,8 +233,8 @@ impl<H: Host> Core<H> {
     /// node no longer counts for fair shares): time to announce the departure, so that every
     /// peer counts its larger share before it is asked to take this node's accounts.
     pub fn take_departure(&mut self) -> bool {
-        if self.departure == Some(false) {
-            self.departure = Some(true);
+        if self.departure == Some(Departure::Due) {
+            self.departure = Some(Departure::Taken);
             return true;
         }
         false
@@ -237,12 +244,12 @@ impl<H: Host> Core<H> {
     /// their shares without this node, and the leave's release needs to wake only as many of
     /// them as its accounts ([`crate::channels::Release::announced`]).
     pub fn note_departure_announced(&mut self) {
-        self.departure_announced = true;
+        self.departure = Some(Departure::Announced);
     }
 
     /// Whether [`Core::note_departure_announced`] was called.
     pub fn departure_announced(&self) -> bool {
-        self.departure_announced
+        self.departure == Some(Departure::Announced)
     }
 
     /// What to publish as this node's `owned` right after a cycle that claimed rows (the cycle
@@ -462,7 +469,7 @@ impl<H: Host> Core<H> {
         self.orphans_limit = 0;
         // Nobody can claim during a grace: handing accounts off would only leave them unowned.
         let moved = if outcome.database.grace.is_zero() {
-            self.rebalance(outcome, claimed, acknowledged)
+            self.rebalance(outcome, left, acknowledged)
         } else {
             0
         };
@@ -478,7 +485,7 @@ impl<H: Host> Core<H> {
         );
         let draining = self.draining.is_some();
         if draining && self.departure.is_none() {
-            self.departure = Some(false);
+            self.departure = Some(Departure::Due);
         }
         let target = self.target;
         self.publish(|s| {
@@ -541,9 +548,10 @@ impl<H: Host> Core<H> {
     }
 
     /// Computes this node's fair share from the cycle's view of the platform and hands off what
-    /// is above it (bounded per cycle, with hysteresis). `claimed`: the rows the cycle claimed,
-    /// which its count of free rows still includes. Returns the accounts handed off.
-    fn rebalance(&mut self, outcome: &CycleOutcome, claimed: u64, now: Instant) -> u64 {
+    /// is above it (bounded per cycle, with hysteresis). `left`: the rows still free after the
+    /// cycle's claims (its count of free rows includes what it claimed). Returns the accounts
+    /// handed off.
+    fn rebalance(&mut self, outcome: &CycleOutcome, left: u64, now: Instant) -> u64 {
         let owned = self.supervisor.owned().len() as u32;
         let me = self.node.node_id.clone();
         let mut members = vec![balance::Member {
@@ -570,7 +578,7 @@ impl<H: Host> Core<H> {
                 .filter(|p| p.live)
                 .map(|p| p.owned as u64)
                 .sum::<u64>()
-            + outcome.free.saturating_sub(claimed);
+            + left;
         let total = self.total(seen, now);
         let shares = balance::shares(&members, total);
         let target = shares.get(&me).copied().unwrap_or(0);
@@ -591,7 +599,7 @@ impl<H: Host> Core<H> {
             .iter()
             .filter(|p| p.trusted && p.owned < shares.get(&p.node_id).copied().unwrap_or(0))
             .count() as u32;
-        self.orphans_limit = self.orphans(outcome, &shares, claimed, now);
+        self.orphans_limit = self.orphans(outcome, &shares, left, now);
         if self.draining.is_some() {
             return 0;
         }
@@ -667,13 +675,14 @@ impl<H: Host> Core<H> {
     /// claims (0: none such). A free account is in the share of some node below its share,
     /// which claims it within moments (woken by the release, at its lease's expiry, or soon
     /// after a cycle that left accounts free), unless that node cannot: a node whose cycles run
-    /// late renews only, for as long as they do (the simulator: an account free for 84 s, a node
-    /// overloaded into renewing only and its one peer at its share). So once accounts have been
+    /// late renews only, for as long as they do (the simulator: an account free for 84 s, both
+    /// of its nodes overloaded into renewing only). So once accounts have been
     /// free after every one of this node's cycles for a period (and for twice
     /// [`crate::supervisor::UNCLAIMED_AFTER`] at least: the old owner's second announcement and
     /// the claims it wakes come first):
-    /// * a node at its share (or above) claims its part of them beyond its share: the free
-    ///   accounts split over itself and its trusted peers at their shares, up to its capacity;
+    /// * a node at its share (or above), while no peer is far below its own share (the accounts
+    ///   are that peer's), claims its part of them beyond its share: the free accounts split
+    ///   over itself and its trusted peers at their shares, within the rebalance margin;
     /// * a node whose cycles run late claims one, whatever its share: with every node
     ///   overloaded, an account served late is better than one served by nobody, and one
     ///   account a period adds little to a late cycle.
@@ -687,7 +696,7 @@ impl<H: Host> Core<H> {
         &mut self,
         outcome: &CycleOutcome,
         shares: &std::collections::BTreeMap<String, u32>,
-        claimed: u64,
+        left: u64,
         now: Instant,
     ) -> u32 {
         let period = self
@@ -695,7 +704,6 @@ impl<H: Host> Core<H> {
             .cycle
             .mul_f64(1.0 - JITTER)
             .max(crate::supervisor::UNCLAIMED_AFTER * 2);
-        let left = outcome.free.saturating_sub(claimed);
         let share = |p: &crate::db::lease::Peer| shares.get(&p.node_id).copied().unwrap_or(0);
         let admitting = outcome
             .peers
