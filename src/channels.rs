@@ -41,6 +41,11 @@ pub struct Handoff {
     /// an offer.
     #[serde(default)]
     pub claims: Option<bool>,
+    /// In an offer: the old owner is shutting down and chose the receiver by the shares without
+    /// itself, so the receiver takes it while it has room below its capacity, at its own share
+    /// or not ([`Room::takes`]). Absent (older nodes): `false`.
+    #[serde(default)]
+    pub leaving: bool,
 }
 
 impl Handoff {
@@ -97,12 +102,22 @@ pub struct Room {
     pub lacks: u32,
     /// How many of its trusted peers are below their shares, by their published counts.
     pub peers_below: u32,
+    /// Able to claim at its next cycle and below its capacity, at its share or not: it takes
+    /// what a departing peer offers it ([`Handoff::leaving`]), since that peer's share is
+    /// split among the nodes that stay.
+    pub takes_over: bool,
 }
 
 impl Room {
     /// Below its share: it answers offers that it will claim.
     pub fn any(&self) -> bool {
         self.lacks > 0
+    }
+
+    /// Whether it answers an offer that it will claim the account: below its share, or, for a
+    /// departing peer's offer (`leaving`), below its capacity.
+    pub fn takes(&self, leaving: bool) -> bool {
+        if leaving { self.takes_over } else { self.any() }
     }
 
     /// The chance that a release of `accounts` accounts that names no receiver wakes this node:
@@ -273,10 +288,19 @@ mod tests {
             from: "node a".into(),
             to: "b".into(),
             claims: None,
+            leaving: false,
         };
         assert_eq!(
             decode(HANDOFF, &offer.payload()),
             Ok(Notice::Handoff(offer.clone()))
+        );
+        let leaving = Handoff {
+            leaving: true,
+            ..offer.clone()
+        };
+        assert_eq!(
+            decode(HANDOFF, &leaving.payload()),
+            Ok(Notice::Handoff(leaving))
         );
         assert!(decode(HANDOFF, "offer 5 a b").is_err());
         // An older node's answer: it says nothing of claiming.
@@ -307,6 +331,7 @@ mod tests {
         let room = |peers_below: u32| Room {
             lacks: 3,
             peers_below,
+            takes_over: true,
         };
         let named = release(Some("b"), false, 1);
         assert!(

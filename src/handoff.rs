@@ -58,13 +58,16 @@ const PREPARE_WITHIN: Duration = Duration::from_secs(10);
 
 /// Offers `account_id` to `to` and waits, the session still copying, for `to`'s answer, at most
 /// [`crate::session::Handoffs::wait`], or until `stopped` fires (the session was stopped for good: shutdown, a
-/// lost lease). `Some(true)` when `to` answered that it will claim the account (it has room and
-/// is not shutting down), `Some(false)` when it answered that it will not; `None` without an
-/// answer in time (or from an older node, whose answer says nothing of claiming).
+/// lost lease). `leaving`: this node is shutting down (`to` was chosen by the shares without
+/// it, so `to` takes the account below its capacity, at its own share or not). `Some(true)` when
+/// `to` answered that it will claim the account (it has room and is not shutting down),
+/// `Some(false)` when it answered that it will not; `None` without an answer in time (or from an
+/// older node, whose answer says nothing of claiming).
 pub async fn offer(
     node: &NodeServices,
     account_id: i64,
     to: &str,
+    leaving: bool,
     stopped: &CancellationToken,
 ) -> Option<bool> {
     let handoffs = &node.handoffs;
@@ -80,6 +83,7 @@ pub async fn offer(
             from: handoffs.node_id().to_string(),
             to: to.to_string(),
             claims: None,
+            leaving,
         };
         if let Err(e) = node
             .handoff_notices
@@ -162,8 +166,11 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         if shutdown.is_cancelled() {
             anyhow::bail!("this node is shutting down");
         }
-        if !node.hub.room() {
+        if !node.hub.takes(offer.leaving) {
             // It would answer that it will not claim: a login would be for nothing.
+            if offer.leaving {
+                anyhow::bail!("no room here (at its capacity, or its last cycle late)");
+            }
             anyhow::bail!("no room here (at its fair share, counting it, or its last cycle late)");
         }
         let held = handoffs.held();
@@ -260,7 +267,7 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
     // Read as the answer leaves: the receiver's share may have changed while it logged in.
     let answer = Handoff {
         ready: true,
-        claims: Some(!shutdown.is_cancelled() && node.hub.room()),
+        claims: Some(!shutdown.is_cancelled() && node.hub.takes(offer.leaving)),
         ..offer.clone()
     };
     if let Err(e) = node

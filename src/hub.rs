@@ -192,9 +192,10 @@ impl Hub {
         }
     }
 
-    /// Whether the lease loop takes accounts handed off to it ([`Wake::room`]).
-    pub fn room(&self) -> bool {
-        self.wake.room().any()
+    /// Whether the lease loop takes an account handed off to it ([`Wake::room`],
+    /// [`channels::Room::takes`]): `leaving`, by a departing peer.
+    pub fn takes(&self, leaving: bool) -> bool {
+        self.wake.room().takes(leaving)
     }
 
     /// Subscribes `sender` to `topic`. Resolves once the LISTEN is confirmed (waiting while the
@@ -774,6 +775,7 @@ mod tests {
         let room = channels::Room {
             lacks: 3,
             peers_below: 7,
+            takes_over: true,
         };
         wake.set_room(room);
         assert_eq!(wake.room(), room);
@@ -782,6 +784,10 @@ mod tests {
         assert_eq!(wake.room(), room, "a cycle on time so far");
         wake.room_until(now);
         assert!(!wake.room().any(), "a cycle running late");
+        assert!(
+            !wake.room().takes(true),
+            "a cycle running late takes no departing peer's accounts either"
+        );
         wake.set_room(room);
         assert_eq!(wake.room(), room, "set again after the cycle");
         wake.set_room(channels::Room::default());

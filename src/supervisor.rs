@@ -77,15 +77,16 @@ pub trait Host {
     fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &Self::Session);
     /// Asks a session to stop; it reports [`Event::Exited`] once its work in flight is done.
     fn cancel(&mut self, session: &Self::Session);
-    /// Hands a running session's account off to `to` (fair share, or a shutdown): the host may
-    /// keep the session copying behind its open `gate` while `to` prepares, then closes the gate
-    /// and stops the session as [`Host::cancel`] does. By default: at once.
+    /// Hands a running session's account off to `to` (fair share, or a shutdown: `leaving`):
+    /// the host may keep the session copying behind its open `gate` while `to` prepares, then
+    /// closes the gate and stops the session as [`Host::cancel`] does. By default: at once.
     fn hand_off(
         &mut self,
         _account_id: i64,
         gate: &Arc<AccountGate>,
         session: &Self::Session,
         _to: Option<&str>,
+        _leaving: bool,
     ) {
         gate.close();
         self.cancel(session);
@@ -176,6 +177,7 @@ impl Host for NodeHost {
         gate: &Arc<AccountGate>,
         session: &CancellationToken,
         to: Option<&str>,
+        leaving: bool,
     ) {
         let services = self.shared.services.clone();
         let (Some(to), false) = (to, services.handoffs.wait().is_zero()) else {
@@ -193,7 +195,8 @@ impl Host for NodeHost {
         self.shared.tracker.spawn(
             async move {
                 // The session copies on, behind its gate, until the receiver is ready.
-                let answered = crate::handoff::offer(&services, account_id, &to, &session).await;
+                let answered =
+                    crate::handoff::offer(&services, account_id, &to, leaving, &session).await;
                 let key = (account_id, gate.epoch());
                 if answered == Some(false) {
                     // The receiver said it will not claim (no room): the supervisor decides
@@ -681,7 +684,7 @@ impl<H: Host> Supervisor<H> {
                         to = to.as_str(),
                         "handing the account off (shutdown)"
                     );
-                    self.hand_off(id, Some(to), "released: shutdown");
+                    self.hand_off(id, Some(to), true, "released: shutdown");
                 }
                 None => self.stop(id, None),
             }
@@ -710,7 +713,7 @@ impl<H: Host> Supervisor<H> {
                 account_id = *id,
                 to, "handing the account off to rebalance (fair share)"
             );
-            self.hand_off(*id, to, REBALANCED);
+            self.hand_off(*id, to, false, REBALANCED);
         }
         chosen
     }
@@ -811,9 +814,16 @@ impl<H: Host> Supervisor<H> {
         self.stopped(account_id, a, release, None);
     }
 
-    /// Hands the account off to `to`, released with `release` once its task has returned: the
-    /// host may keep the session copying until `to` is ready (see [`Host::hand_off`]).
-    fn hand_off(&mut self, account_id: i64, to: Option<&str>, release: &'static str) {
+    /// Hands the account off to `to` (`leaving`: this node shuts down), released with `release`
+    /// once its task has returned: the host may keep the session copying until `to` is ready
+    /// (see [`Host::hand_off`]).
+    fn hand_off(
+        &mut self,
+        account_id: i64,
+        to: Option<&str>,
+        leaving: bool,
+        release: &'static str,
+    ) {
         let Some(a) = self.active.remove(&account_id) else {
             return;
         };
@@ -821,7 +831,8 @@ impl<H: Host> Supervisor<H> {
             a.gate.close();
             self.host.cancel(&a.session);
         } else {
-            self.host.hand_off(account_id, &a.gate, &a.session, to);
+            self.host
+                .hand_off(account_id, &a.gate, &a.session, to, leaving);
         }
         self.stopped(account_id, a, Some(release), to);
     }

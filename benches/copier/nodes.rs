@@ -256,7 +256,10 @@ impl Setup {
             }
         }
         self.broker.stop().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // `COPIER_BENCH_KEEP=1` keeps the logs and the journal, while looking into a run.
+        if std::env::var_os("COPIER_BENCH_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -348,14 +348,27 @@ impl<H: Host> Core<H> {
 
     /// [`Core::has_room`] as much as the node lacks to its share, beside what its peers lack:
     /// which releases wake it ([`crate::channels::Release::wakes`]).
+    ///
+    /// With it, whether the node takes what a departing peer hands it: [`Core::has_room`] with
+    /// its capacity in place of its share (a departing peer's share is split among the nodes
+    /// that stay, so their next cycles claim beyond their present shares).
     pub fn room(&self) -> crate::channels::Room {
-        if !self.has_room() {
-            return crate::channels::Room::default();
-        }
         let running = self.supervisor.running() as u32;
+        let takes_over = self.draining.is_none()
+            && !self.late
+            && self.joining == Joining::Settled
+            && self.target.is_some()
+            && running < self.node.capacity;
+        if !self.has_room() {
+            return crate::channels::Room {
+                takes_over,
+                ..crate::channels::Room::default()
+            };
+        }
         crate::channels::Room {
             lacks: self.share_limit().saturating_sub(running),
             peers_below: self.peers_below,
+            takes_over,
         }
     }
 

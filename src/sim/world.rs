@@ -369,13 +369,14 @@ enum Effect {
         /// The hand-off's receiver, named in the announcement.
         to: Option<String>,
     },
-    /// A fair-share hand-off: the session copies on behind its open gate until its receiver is
-    /// ready (a random wait), then stops.
+    /// A hand-off (fair share, or a shutdown's: `leaving`): the session copies on behind its
+    /// open gate until its receiver is ready (a random wait), then stops.
     HandOff {
         account: i64,
         epoch: i64,
         gate: Arc<AccountGate>,
         to: Option<String>,
+        leaving: bool,
     },
     RestartLater,
 }
@@ -432,12 +433,14 @@ impl Host for SimHost {
         gate: &Arc<AccountGate>,
         session: &(i64, i64),
         to: Option<&str>,
+        leaving: bool,
     ) {
         self.effects.push(Effect::HandOff {
             account,
             epoch: session.1,
             gate: gate.clone(),
             to: to.map(str::to_string),
+            leaving,
         });
     }
 
@@ -498,7 +501,7 @@ enum Ev {
     Exited(i64, i64),
     /// A handed-off session's receiver is ready (or the wait ran out): its gate closes and it
     /// stops, unless something closed it first.
-    HandedOff(i64, i64, Arc<AccountGate>, Option<String>),
+    HandedOff(i64, i64, Arc<AccountGate>, Option<String>, bool),
     /// A release statement reaches the database (sent by the node's incarnation given), its
     /// announcement naming the receiver given.
     ReleaseExec(i64, i64, u64, Option<String>),
@@ -1326,10 +1329,11 @@ impl World {
                     }
                 }
             }
-            Ev::HandedOff(account, epoch, gate, to) => {
+            Ev::HandedOff(account, epoch, gate, to, leaving) => {
                 // The receiver answers if it heard the offer and runs unpaused, that it will
-                // claim if it has room (as `handoff::prepare` answers); then the release names
-                // it. Without an answer the hand-off goes on, naming no one.
+                // claim if it has room (below its share, or for a departing peer's offer below
+                // its capacity, as `handoff::prepare` answers); then the release names it.
+                // Without an answer the hand-off goes on, naming no one.
                 let receiver = to
                     .as_ref()
                     .and_then(|to| self.nodes.iter().position(|n| &n.id == to));
@@ -1343,7 +1347,7 @@ impl World {
                             .is_some_and(|c| c.draining().is_none())
                 }) && !(self.faulty()
                     && self.rng.f64() < self.cfg.faults.notify_lost);
-                let claims = answered && receiver.is_some_and(|j| self.room(j).any());
+                let claims = answered && receiver.is_some_and(|j| self.room(j).takes(leaving));
                 if answered && !claims {
                     // As the node's host: the supervisor calls a fair-share move off (the
                     // session goes on) or stops a shutdown's hand-off.
@@ -1689,12 +1693,13 @@ impl World {
                     epoch,
                     gate,
                     to,
+                    leaving,
                 } => {
                     self.nodes[i]
                         .cancelled_at
                         .insert((account, epoch), self.now);
                     let at = self.now + self.rng.u64(0..=HAND_OFF_WAIT);
-                    self.push(at, i, Ev::HandedOff(account, epoch, gate, to));
+                    self.push(at, i, Ev::HandedOff(account, epoch, gate, to, leaving));
                 }
                 Effect::Release {
                     account,
@@ -2911,6 +2916,41 @@ mod tests {
             Some(41),
             "free for a period: one more"
         );
+    }
+
+    /// A node at its share answers a departing peer's offers that it will claim (that peer's
+    /// share is split among the nodes that stay), and an ordinary offer that it will not; at its
+    /// capacity, or shutting down itself, neither.
+    #[test]
+    fn a_node_at_its_share_takes_a_departing_peers_accounts_below_its_capacity() {
+        let t = Instant::now();
+        let cycle = Duration::from_secs(4);
+        // Owning 50 of 100 beside a peer of the same capacity owning 50: a share of 50.
+        let seen = |capacity: u32| {
+            let mut outcome = view(50, 0, &[("p", 50)]);
+            outcome.peers[0].capacity = capacity;
+            outcome
+        };
+        let mut core = lone_core_with(t, 100, cycle);
+        core.acknowledged(t, t, &seen(100)).unwrap();
+        assert_eq!(claim_limit(&core, t), 50, "at its share");
+        let room = core.room();
+        assert!(
+            !room.takes(false),
+            "an ordinary offer: no room at its share"
+        );
+        assert!(
+            room.takes(true),
+            "a departing peer's offer: room below its capacity"
+        );
+        // At its capacity: neither.
+        let mut full = lone_core_with(t, 50, cycle);
+        full.acknowledged(t, t, &seen(50)).unwrap();
+        assert_eq!(claim_limit(&full, t), 50, "at its share and its capacity");
+        assert!(!full.room().takes(true), "at its capacity");
+        // Shutting down itself: neither.
+        core.begin_shutdown(t);
+        assert!(!core.room().takes(true), "shutting down");
     }
 
     /// A lone core's cycle read-back: it owns accounts `1..=mine` of 10, a trusted peer `p` of

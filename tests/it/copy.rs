@@ -674,6 +674,7 @@ async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one
             from: "a".into(),
             to: "c".into(),
             claims: None,
+            leaving: false,
         };
         sqlx::query("SELECT pg_notify($1, $2), pg_notify($3, $4)")
             .bind(RELEASED)
@@ -710,10 +711,12 @@ async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one
     let among_many = Room {
         lacks: 2,
         peers_below: u32::MAX,
+        takes_over: true,
     };
     let alone = Room {
         lacks: 2,
         peers_below: 0,
+        takes_over: true,
     };
     assert!(
         !woken(release(Some("b"), 1), at_share).await,
@@ -798,6 +801,7 @@ async fn hand_off_answers_reach_only_the_offer_of_their_account() {
         from: from.into(),
         to: to.into(),
         claims: Some(true),
+        leaving: false,
     };
     let sent = [
         notice(true, 2, "c", "b"),  // b's answer to c's offer of 2

@@ -333,7 +333,9 @@ impl FakeReceiver {
 /// by it) until that peer has logged in ahead; only then does it close the gate, finish, release
 /// and leave. The peer raises each prepared login's fence (no second login): every order of the
 /// stopping node precedes that raise in the journal and every order of the peer follows it, and
-/// nothing is copied twice, with the broker's fence check and dedupe off.
+/// nothing is copied twice, with the broker's fence check and dedupe off. The peer is at its
+/// own fair share when the offers come (no room of its own, as in a cluster at rest): the
+/// departing node's share is what it takes.
 #[tokio::test]
 async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies() {
     let (
@@ -343,18 +345,28 @@ async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies
             broker,
             t,
             mut conn,
+            addr,
             ..
         },
         a,
     ) = seven_accounts_on_a("handoff-sigterm").await;
-    // b joins and takes its fair share first (the move tested above). Which three or four end
-    // at b does not matter here (a share counted while a move is under way can leave a with
-    // three): what a holds when it stops is read from the rows.
+    // An eighth account (a follower of no master), so that the shares are even: four each.
+    add_account(&mut conn, 8, "follower", &addr, "f8").await;
+    wait_state(&a.state, "a owns the eighth account", WAIT, |s| {
+        s.owned.len() == 8
+    })
+    .await;
+    // b joins and takes its fair share first (the move tested above). What a holds when it
+    // stops is read from the rows.
     let b = start_node(&config(&db, "b", 100, FAST)).await;
-    let held_by_a = settled_split(&mut conn, &a, &b).await;
+    let held_by_a = settled_split(&mut conn, &a, &b, 8).await;
+    wait_state(&b.state, "b at its fair share", WAIT, |s| {
+        s.target.is_some_and(|t| s.owned.len() as u32 >= t)
+    })
+    .await;
     assert!(
         (3..=4).contains(&held_by_a.len()),
-        "a keeps its share of three or four: {held_by_a:?}"
+        "a keeps its share of four (three, while a move is under way): {held_by_a:?}"
     );
     let first = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
     eventually("the first trade copied everywhere", WAIT, async || {
@@ -377,7 +389,7 @@ async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies
     let offered_login = format!("f{offered}");
     a.wait().await.unwrap();
     wait_state(&b.state, "b owns every account", WAIT, |s| {
-        s.owned.len() == 7
+        s.owned.len() == 8
     })
     .await;
     t.close("m1", first, None).await;
@@ -392,11 +404,11 @@ async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies
     for login in &held_by_a {
         assert_prepared_then_raised(&lines, login, "a", "b");
     }
-    // b raised a prepared login at each of its claims: at the move and at the stop, seven.
+    // b raised a prepared login at each of its claims: at the move and at the stop, eight.
     let (_, metrics) = get(b.http_addr, "/metrics").await;
     assert_eq!(
         sample(&metrics, "copier_handoff_logins_total{outcome=\"raised\"}"),
-        7.0
+        8.0
     );
     b.shutdown();
     b.wait().await.unwrap();
@@ -428,7 +440,7 @@ async fn a_receivers_first_order_after_a_prepared_claim_needs_no_read() {
     })
     .await;
     let b = start_node(&config(&db, "b", 100, FAST)).await;
-    let held_by_a = settled_split(&mut conn, &a, &b).await;
+    let held_by_a = settled_split(&mut conn, &a, &b, 7).await;
     // b's sessions through their start (the trade below is then a copy each, not a snapshot a
     // slow start could find already closed).
     eventually("b's sessions started", WAIT, async || {
@@ -780,13 +792,13 @@ async fn followers_reconciled(conn: &mut sqlx::PgConnection) {
     .await;
 }
 
-/// Waits until the rows show every account owned by a or b, b holding at least its share of
-/// three, and both nodes' sessions matching the rows (no move under way); returns the logins a
-/// holds.
+/// Waits until the rows show all `accounts` owned by a or b, b holding at least three, and both
+/// nodes' sessions matching the rows (no move under way); returns the logins a holds.
 async fn settled_split(
     conn: &mut sqlx::PgConnection,
     a: &copier_node::app::NodeHandle,
     b: &copier_node::app::NodeHandle,
+    accounts: usize,
 ) -> Vec<String> {
     let mut last = (Vec::new(), 0, 0);
     let settled = tokio::time::timeout(WAIT, async {
@@ -805,7 +817,7 @@ async fn settled_split(
             let (at_a, at_b) = (at("a"), at("b"));
             let running_a: Vec<i64> = a.state.borrow().owned.keys().copied().collect();
             let running_b: Vec<i64> = b.state.borrow().owned.keys().copied().collect();
-            if at_a.len() + at_b.len() == 7
+            if at_a.len() + at_b.len() == accounts
                 && at_b.len() >= 3
                 && at_a == running_a
                 && at_b == running_b

@@ -678,6 +678,7 @@ async fn hand_off_notices_at_once_go_in_a_few_statements_and_each_is_heard() {
         from: "a".into(),
         to: format!("n{}", id % 3),
         claims: (id % 2 == 0).then_some(id % 4 == 0),
+        leaving: id % 5 == 0,
     };
     let announcer = async || {
         let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
