@@ -70,6 +70,10 @@ impl NodeHandle {
 /// [`crate::lease::SHUTDOWN_GRACE`], or given up on), how long account and background tasks get
 /// to return before the node stops without them.
 const TASKS_STOP_WITHIN: Duration = Duration::from_secs(1);
+/// How long the checks of the last releases get at shutdown: each waits
+/// [`crate::supervisor::UNCLAIMED_AFTER`] after its release, then runs one statement.
+const CHECKS_WITHIN: Duration =
+    Duration::from_secs(crate::supervisor::UNCLAIMED_AFTER.as_secs() + 1);
 /// How long the status writer gets for its last batch at shutdown.
 const STATUS_FLUSH_WITHIN: Duration = Duration::from_secs(2);
 
@@ -197,6 +201,7 @@ pub async fn start(
             });
         }
         let tracker = TaskTracker::new();
+        let checks = TaskTracker::new();
         let wake = Arc::new(crate::hub::Wake::default());
         let background = CancellationToken::new();
         // Spawned inside the node's span, so its log lines carry node_id.
@@ -259,6 +264,7 @@ pub async fn start(
             status,
             base: MonoBase::new(),
             tracker: tracker.clone(),
+            checks: checks.clone(),
             sessions: background.child_token(),
         };
         let background_tasks = TaskTracker::new();
@@ -303,6 +309,10 @@ pub async fn start(
                 // Tasks left running were given the shutdown grace; they end with the process.
                 let _ = tokio::time::timeout(TASKS_STOP_WITHIN, tracker.wait()).await;
                 let _ = tokio::time::timeout(TASKS_STOP_WITHIN, background_tasks.wait()).await;
+                // The last releases' checks (announced again if still free a second on: the
+                // receiver a shutdown named did not claim), before the pool closes.
+                checks.close();
+                let _ = tokio::time::timeout(CHECKS_WITHIN, checks.wait()).await;
                 services.brokers.close_all();
                 writer_cancel.cancel();
                 let _ = tokio::time::timeout(STATUS_FLUSH_WITHIN, writer).await;

@@ -32,6 +32,10 @@ pub struct NodeShared {
     pub status: StatusWriter,
     pub base: MonoBase,
     pub tracker: TaskTracker,
+    /// The checks that announce a released account again if nobody claimed it within
+    /// [`UNCLAIMED_AFTER`]: waited for when the node ends (a bounded wait), so that a stopping
+    /// node's last hand-offs are checked too, after its leave.
+    pub checks: TaskTracker,
     /// The parent of every account task's token: cancelled when the node ends, it stops any
     /// session still running then (each is normally stopped on its own, gate first).
     pub sessions: CancellationToken,
@@ -249,7 +253,7 @@ impl Host for NodeHost {
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
         let unclaimed = self.shared.services.unclaimed.clone();
-        let ended = self.shared.sessions.clone();
+        let checks = self.shared.checks.clone();
         self.shared.tracker.spawn(async move {
             const ATTEMPTS: u32 = 5;
             let mut retry = retry::RELEASE.start();
@@ -293,26 +297,26 @@ impl Host for NodeHost {
             // Its announcement woke only the receiver, or a few nodes with room: if none has
             // claimed it by now (the receiver stopped, paused or filled up since it answered;
             // the few woken had filled up or their notices were late), a few with room wake.
-            // Not once the node has ended: its leave woke every peer.
+            // Also once the node has ended (a shutdown's hand-offs end in its leave): the node
+            // waits for its checks before it exits.
             if released {
-                tokio::select! {
-                    _ = tokio::time::sleep(UNCLAIMED_AFTER) => {}
-                    _ = ended.cancelled() => return,
-                }
-                let check = db::lease::Unclaimed {
-                    node_id,
-                    account_id,
-                };
-                match unclaimed.write(check).await {
-                    Ok(true) => {
-                        debug!(account_id, to, "nobody has claimed the released account: announced again, naming nobody");
+                checks.spawn(async move {
+                    tokio::time::sleep(UNCLAIMED_AFTER).await;
+                    let check = db::lease::Unclaimed {
+                        node_id,
+                        account_id,
+                    };
+                    match unclaimed.write(check).await {
+                        Ok(true) => {
+                            debug!(account_id, to, "nobody has claimed the released account: announced again, naming nobody");
+                        }
+                        Ok(false) => {}
+                        // The account waits for a cycle of a node with room (a period at most).
+                        Err(e) => {
+                            debug!(account_id, to, error = %e, "announcing an unclaimed account again failed");
+                        }
                     }
-                    Ok(false) => {}
-                    // The account waits for a cycle of a node with room (a period at most).
-                    Err(e) => {
-                        debug!(account_id, to, error = %e, "announcing an unclaimed account again failed");
-                    }
-                }
+                });
             }
         });
     }
@@ -962,6 +966,7 @@ mod tests {
             status,
             base: MonoBase::new(),
             tracker: TaskTracker::new(),
+            checks: TaskTracker::new(),
             sessions: CancellationToken::new(),
         };
         (Supervisor::new(shared, tx), rx)

@@ -617,6 +617,9 @@ struct Node {
     /// account is released) only after its order in flight has left.
     sending: HashMap<(i64, i64), Us>,
     leaving: bool,
+    /// The incarnation that last left gracefully: its process waits for the checks of its last
+    /// releases before it exits, so its [`Ev::Unclaimed`] still run.
+    left: Option<u64>,
 }
 
 struct Sched {
@@ -741,6 +744,7 @@ impl World {
                     cancelled_at: HashMap::new(),
                     sending: HashMap::new(),
                     leaving: false,
+                    left: None,
                 }
             })
             .collect();
@@ -919,6 +923,12 @@ impl World {
                 continue;
             }
             if s.incarnation != self.nodes[s.node].incarnation {
+                // A process that left gracefully runs its release checks before it exits.
+                if matches!(s.ev, Ev::Unclaimed(_))
+                    && self.nodes[s.node].left == Some(s.incarnation)
+                {
+                    self.handle(s.node, s.ev)?;
+                }
                 continue;
             }
             if self.nodes[s.node].paused_until > self.now {
@@ -1585,8 +1595,10 @@ impl World {
         let announced = core.departure_announced();
         let instance = core.instance_id.clone();
         let at = self.db_at();
-        // The process exits after this statement: nothing else of it runs.
+        // The process exits after this statement: nothing else of it runs but the checks of its
+        // last releases.
         let node = &mut self.nodes[i];
+        node.left = Some(node.incarnation);
         node.incarnation += 1;
         node.core = None;
         node.in_flight = None;

@@ -194,6 +194,47 @@ async fn an_account_its_named_receiver_does_not_claim_is_announced_again_naming_
     broker.stop().await;
 }
 
+/// A stopping node's hand-offs are checked after its leave too: an account whose named receiver
+/// does not claim it is announced again naming nobody a second after its release, although the
+/// node that released it has left by then (it waits for its checks before it exits; the leave
+/// after an announced departure wakes only a few nodes). Here b is a member below its share that
+/// answers every offer that it will claim, and never claims.
+#[tokio::test]
+async fn a_stopping_nodes_hand_off_its_receiver_does_not_claim_is_announced_again_after_its_leave()
+{
+    let (CopySetup { db, broker, .. }, a) = seven_accounts_on_a("handoff-unclaimed-leave").await;
+    let mut releases = ReleasesHeard::listen(&db.url).await;
+    let b = FakeReceiver::start(&db.url, Some(true)).await;
+    let moved = releases.next_from_a().await;
+    assert_eq!(moved.to.as_deref(), Some("b"), "{moved:?}");
+    a.shutdown();
+    a.wait().await.unwrap();
+    // What a announced, in order, up to its leave (the departure announced as it began, so the
+    // leave says `announced`): the shutdown's hand-offs among them, named to b.
+    let mut named_at_shutdown = 0;
+    let mut departed = false;
+    loop {
+        let release = releases.next_from_a().await;
+        if release.leaving && release.announced {
+            break;
+        }
+        departed |= release.leaving;
+        if departed && release.to.as_deref() == Some("b") {
+            named_at_shutdown += release.accounts;
+        }
+    }
+    assert!(departed, "the departure is announced before the leave");
+    assert!(named_at_shutdown >= 1, "the shutdown hands accounts to b");
+    // After the leave: b claimed none of them, and each is announced again, naming nobody.
+    let again = releases.next_from_a().await;
+    assert!(
+        again.to.is_none() && !again.leaving && again.accounts >= 1,
+        "{again:?}"
+    );
+    b.stop().await;
+    broker.stop().await;
+}
+
 /// A release names its receiver only when the receiver answered that it will claim: one that
 /// answers without saying so (an older node's answer) may not take the account up, and a
 /// release named to it would wake nobody else. Here b answers every offer, ready, saying
