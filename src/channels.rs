@@ -109,13 +109,17 @@ pub struct Room {
 }
 
 impl Room {
-    /// Below its share: it answers offers that it will claim.
+    /// Below its share: it answers a fair-share move's offers that it will claim (a departing
+    /// peer's by [`Room::takes_over`]), and releases naming no one may wake it.
     pub fn any(&self) -> bool {
         self.lacks > 0
     }
 
     /// Whether it answers an offer that it will claim the account: below its share, or, for a
-    /// departing peer's offer (`leaving`), below its capacity.
+    /// departing peer's offer (`leaving`), below its capacity. A promise of room only: a
+    /// receiver whose next cycle still counts the departing peer (its departure not yet read)
+    /// claims at the cycle after, and one offered more than it can start claims the rest as
+    /// its sessions start (the old owner's check announces what stays free a second on).
     pub fn takes(&self, leaving: bool) -> bool {
         if leaving { self.takes_over } else { self.any() }
     }

@@ -169,7 +169,9 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
         if !node.hub.takes(offer.leaving) {
             // It would answer that it will not claim: a login would be for nothing.
             if offer.leaving {
-                anyhow::bail!("no room here (at its capacity, or its last cycle late)");
+                anyhow::bail!(
+                    "no room here (at its capacity, its last cycle late, or its share not yet counted)"
+                );
             }
             anyhow::bail!("no room here (at its fair share, counting it, or its last cycle late)");
         }
