@@ -238,6 +238,60 @@ async fn a_stopping_nodes_hand_off_its_receiver_does_not_claim_is_announced_agai
     broker.stop().await;
 }
 
+/// The same through the binary: a stopping process exits only after the checks of its last
+/// releases ran, so the hand-offs its receiver did not claim are announced again although the
+/// process is gone (without that wait, it exits before the checks' second).
+#[tokio::test]
+async fn a_stopping_process_runs_the_checks_of_its_last_hand_offs_before_it_exits() {
+    use crate::support::process::NodeProcess;
+    let CopySetup {
+        db,
+        broker,
+        mut conn,
+        addr,
+        ..
+    } = CopySetup::with("handoff-unclaimed-exit", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+    })
+    .await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
+        add_link(&mut conn, 1, id, LinkSpec::default()).await;
+    }
+    let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
+    followers_reconciled(&mut conn).await;
+    let mut releases = ReleasesHeard::listen(&db.url).await;
+    let b = FakeReceiver::start(&db.url, Some(true)).await;
+    let moved = releases.next_from_a().await;
+    assert_eq!(moved.to.as_deref(), Some("b"), "{moved:?}");
+    a.signal("TERM");
+    let status = a.wait_exit(WAIT).await;
+    assert!(status.success(), "{status}\n{}", a.output());
+    let mut named_at_shutdown = 0;
+    let mut departed = false;
+    loop {
+        let release = releases.next_from_a().await;
+        if release.leaving && release.announced {
+            break;
+        }
+        departed |= release.leaving;
+        if departed && release.to.as_deref() == Some("b") {
+            named_at_shutdown += release.accounts;
+        }
+    }
+    assert!(named_at_shutdown >= 1, "the shutdown hands accounts to b");
+    let mut again = 0;
+    while again < named_at_shutdown {
+        let release = releases.next_from_a().await;
+        assert!(release.to.is_none() && !release.leaving, "{release:?}");
+        again += release.accounts;
+    }
+    b.stop().await;
+    broker.stop().await;
+}
+
 /// A release names its receiver only when the receiver answered that it will claim: one that
 /// answers without saying so (an older node's answer) may not take the account up, and a
 /// release named to it would wake nobody else. Here b answers every offer, ready, saying
