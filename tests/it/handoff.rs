@@ -209,31 +209,7 @@ async fn a_stopping_nodes_hand_off_its_receiver_does_not_claim_is_announced_agai
     assert_eq!(moved.to.as_deref(), Some("b"), "{moved:?}");
     a.shutdown();
     a.wait().await.unwrap();
-    // What a announced, in order, up to its leave (the departure announced as it began, so the
-    // leave says `announced`; without that, this waits until `next_from_a` gives up): the
-    // shutdown's hand-offs among them, named to b.
-    let mut named_at_shutdown = 0;
-    let mut departed = false;
-    loop {
-        let release = releases.next_from_a().await;
-        if release.leaving && release.announced {
-            break;
-        }
-        departed |= release.leaving;
-        if departed && release.to.as_deref() == Some("b") {
-            named_at_shutdown += release.accounts;
-        }
-    }
-    assert!(departed, "the departure is announced before the leave");
-    assert!(named_at_shutdown >= 1, "the shutdown hands accounts to b");
-    // After the leave: b claimed none of them, and each is announced again, naming nobody
-    // (with, at most, a fair-share move's accounts released in the second before the stop).
-    let mut again = 0;
-    while again < named_at_shutdown {
-        let release = releases.next_from_a().await;
-        assert!(release.to.is_none() && !release.leaving, "{release:?}");
-        again += release.accounts;
-    }
+    releases.shutdown_hand_offs_to_b_announced_again().await;
     b.stop().await;
     broker.stop().await;
 }
@@ -255,11 +231,7 @@ async fn a_stopping_process_runs_the_checks_of_its_last_hand_offs_before_it_exit
         o.dedupe = false;
     })
     .await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    for id in 2..=7 {
-        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
-        add_link(&mut conn, 1, id, LinkSpec::default()).await;
-    }
+    add_seven_accounts(&mut conn, &addr).await;
     let mut a = NodeProcess::spawn(&db, "a", 100, FAST, &[]);
     followers_reconciled(&mut conn).await;
     let mut releases = ReleasesHeard::listen(&db.url).await;
@@ -269,25 +241,7 @@ async fn a_stopping_process_runs_the_checks_of_its_last_hand_offs_before_it_exit
     a.signal("TERM");
     let status = a.wait_exit(WAIT).await;
     assert!(status.success(), "{status}\n{}", a.output());
-    let mut named_at_shutdown = 0;
-    let mut departed = false;
-    loop {
-        let release = releases.next_from_a().await;
-        if release.leaving && release.announced {
-            break;
-        }
-        departed |= release.leaving;
-        if departed && release.to.as_deref() == Some("b") {
-            named_at_shutdown += release.accounts;
-        }
-    }
-    assert!(named_at_shutdown >= 1, "the shutdown hands accounts to b");
-    let mut again = 0;
-    while again < named_at_shutdown {
-        let release = releases.next_from_a().await;
-        assert!(release.to.is_none() && !release.leaving, "{release:?}");
-        again += release.accounts;
-    }
+    releases.shutdown_hand_offs_to_b_announced_again().await;
     b.stop().await;
     broker.stop().await;
 }
@@ -322,6 +276,34 @@ impl ReleasesHeard {
             .await
             .unwrap();
         ReleasesHeard(listener)
+    }
+
+    /// Once a has stopped with b as its receiver: what a announced, in order, up to its leave
+    /// (the departure announced as it began, so the leave says `announced`; without that, this
+    /// waits until `next_from_a` gives up), the shutdown's hand-offs named to b among them; then,
+    /// after the leave, b having claimed none, each of those announced again naming nobody (with,
+    /// at most, a fair-share move's accounts released in the second before the stop).
+    async fn shutdown_hand_offs_to_b_announced_again(&mut self) {
+        let mut named_at_shutdown = 0;
+        let mut departed = false;
+        loop {
+            let release = self.next_from_a().await;
+            if release.leaving && release.announced {
+                break;
+            }
+            departed |= release.leaving;
+            if departed && release.to.as_deref() == Some("b") {
+                named_at_shutdown += release.accounts;
+            }
+        }
+        assert!(departed, "the departure is announced before the leave");
+        assert!(named_at_shutdown >= 1, "the shutdown hands accounts to b");
+        let mut again = 0;
+        while again < named_at_shutdown {
+            let release = self.next_from_a().await;
+            assert!(release.to.is_none() && !release.leaving, "{release:?}");
+            again += release.accounts;
+        }
     }
 
     async fn next_from_a(&mut self) -> copier_node::channels::Release {
@@ -860,11 +842,7 @@ async fn seven_accounts_on_a_with(
     })
     .await;
     let (conn, addr) = (&mut setup.conn, setup.addr.clone());
-    add_account(conn, 1, "master", &addr, "m1").await;
-    for id in 2..=7 {
-        add_account(conn, id, "follower", &addr, &format!("f{id}")).await;
-        add_link(conn, 1, id, LinkSpec::default()).await;
-    }
+    add_seven_accounts(conn, &addr).await;
     let mut a_config = config(&setup.db, "a", 100, FAST);
     a_config.handoff_prepare = Duration::from_secs(10);
     let a = start_node(&a_config).await;
@@ -874,6 +852,15 @@ async fn seven_accounts_on_a_with(
     .await;
     followers_reconciled(conn).await;
     (setup, a)
+}
+
+/// A master (1, `m1`) and six followers of it (2 to 7, `f2` to `f7`) on the broker at `addr`.
+async fn add_seven_accounts(conn: &mut sqlx::PgConnection, addr: &str) {
+    add_account(conn, 1, "master", addr, "m1").await;
+    for id in 2..=7 {
+        add_account(conn, id, "follower", addr, &format!("f{id}")).await;
+        add_link(conn, 1, id, LinkSpec::default()).await;
+    }
 }
 
 /// Waits until every follower's session has reconciled with its master.
