@@ -338,12 +338,16 @@ impl<H: Host> Core<H> {
     /// a fair-share move is then called off), and that a release to another node or to nobody
     /// wakes too ([`crate::channels::Release::wakes`]).
     pub fn has_room(&self) -> bool {
-        self.draining.is_none()
-            && !self.late
-            && self.joining == Joining::Settled
+        self.claims_next()
             && self
                 .target
                 .is_some_and(|t| (self.supervisor.running() as u32) < t.min(self.node.capacity))
+    }
+
+    /// A member that claims at its next cycle: not shutting down, its last cycle on time, past
+    /// a cold start's count.
+    fn claims_next(&self) -> bool {
+        self.draining.is_none() && !self.late && self.joining == Joining::Settled
     }
 
     /// [`Core::has_room`] as much as the node lacks to its share, beside what its peers lack:
@@ -354,11 +358,8 @@ impl<H: Host> Core<H> {
     /// that stay, so their next cycles claim beyond their present shares).
     pub fn room(&self) -> crate::channels::Room {
         let running = self.supervisor.running() as u32;
-        let takes_over = self.draining.is_none()
-            && !self.late
-            && self.joining == Joining::Settled
-            && self.target.is_some()
-            && running < self.node.capacity;
+        let takes_over =
+            self.claims_next() && self.target.is_some() && running < self.node.capacity;
         if !self.has_room() {
             return crate::channels::Room {
                 takes_over,
