@@ -1,7 +1,7 @@
 //! The lease cycle through PgBouncer (Debian's 1.18), beside the same cycle straight to
 //! PostgreSQL in the same run: in session mode (the bounds SET once per connection) and in
-//! transaction mode (every cycle an explicit transaction that begins with `DEALLOCATE ALL` and
-//! the bounds as `SET LOCAL`, then COMMIT). Floors: one `SELECT 1` round trip to PostgreSQL and
+//! transaction mode (every cycle one message: the bounds as `SET LOCAL` and the statement with
+//! its parameters written in, `db::lease::cycle_on`). Floors: one `SELECT 1` round trip to PostgreSQL and
 //! through PgBouncer.
 
 use std::fmt::Write as _;
@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::cycle::{fill, node_connection_with, steady_params};
 use crate::stats::Stats;
 use crate::{Options, Pg, Report};
-use copier_node::db::lease::cycle;
-use copier_node::db::{self, Pooler, Session, SessionBounds};
+use copier_node::db::lease::cycle_on;
+use copier_node::db::{Pooler, Session, SessionBounds};
 use copier_node::pgtmp::{PGBOUNCER, PgBouncer};
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
@@ -98,7 +98,7 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
         let mut samples = Vec::new();
         for i in 0..runs + 3 {
             let t = Instant::now();
-            let out = db::run_on(&mut conn, &session, async |c| cycle(c, &params).await).await?;
+            let out = cycle_on(&mut conn, &session, &params).await?;
             if i >= 3 {
                 samples.push(t.elapsed());
             }
@@ -134,7 +134,7 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
     let _ = std::fs::remove_dir_all(&dir);
     admin.close().await?;
     report.markdown.push(format!(
-        "## Lease cycle through PgBouncer\n\nOne node's whole cycle owning {owned} accounts (room for as many more) in a table of {rows} rows shaped as in \"Lease cycle\", {runs} cycles after 3 warm-up cycles, on one connection: straight to PostgreSQL, through PgBouncer 1.18 in session mode (`database_pooler = \"session\"`), and in transaction mode (`database_pooler = \"transaction\"`: each cycle is `BEGIN; DEALLOCATE ALL; SET LOCAL` the bounds, the cycle statement, `COMMIT`: two round trips more). Floor on each path: one `SELECT 1` round trip, p50 and p99 over {runs}.\n\n{md}"
+        "## Lease cycle through PgBouncer\n\nOne node's whole cycle owning {owned} accounts (room for as many more) in a table of {rows} rows shaped as in \"Lease cycle\", {runs} cycles after 3 warm-up cycles, on one connection: straight to PostgreSQL, through PgBouncer 1.18 in session mode (`database_pooler = \"session\"`), and in transaction mode (`database_pooler = \"transaction\"`: each cycle is one simple-protocol message, `SET LOCAL` the bounds and the cycle statement with its parameters written in, one implicit transaction: one round trip as directly, with a parse and a plan each time where the direct connection reuses its prepared statement). Floor on each path: one `SELECT 1` round trip, p50 and p99 over {runs}.\n\n{md}"
     ));
     Ok(())
 }

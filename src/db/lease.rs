@@ -314,6 +314,83 @@ pub async fn cycle(
         .bind(i32::try_from(p.starting).unwrap_or(i32::MAX))
         .fetch_all(conn)
         .await?;
+    outcome(rows)
+}
+
+/// Runs one lease cycle as [`cycle`] does, behind a transaction pooler (`session.pooler` is
+/// [`super::Pooler::Transaction`]): one simple-protocol message holding the bounds as
+/// `SET LOCAL` and the cycle statement with its parameters written in as literals
+/// ([`cycle_sql_with_literals`]). A message of several statements is one implicit transaction on
+/// whichever server the pooler chose, so this is one round trip, as the cycle is straight to
+/// PostgreSQL, where the extended protocol of a unit of work ([`super::run_on`]) takes four
+/// (`BEGIN`, parse, execute, `COMMIT`); nor does it leave a named statement behind. Anywhere else
+/// it is [`cycle`], a cached prepared statement, unchanged.
+pub async fn cycle_on(
+    conn: &mut PgConnection,
+    session: &super::Session,
+    p: &CycleParams<'_>,
+) -> Result<CycleOutcome, sqlx::Error> {
+    let Some(bounds) = session.set_local() else {
+        return cycle(conn, p).await;
+    };
+    let sql = format!("{bounds}; {}", cycle_sql_with_literals(p));
+    let rows = sqlx::Executor::fetch_all(conn, sql.as_str()).await?;
+    outcome(rows)
+}
+
+/// [`CYCLE_SQL`] with each parameter `$n` replaced by a typed literal of [`cycle`]'s binding
+/// (text as an escaped string, numbers as digits, epochs as an array literal), in one pass so
+/// that nothing written in is read again as a parameter.
+pub fn cycle_sql_with_literals(p: &CycleParams<'_>) -> String {
+    fn text(s: &str) -> String {
+        // An escape string: independent of `standard_conforming_strings`.
+        format!("(E'{}'::text)", s.replace('\\', "\\\\").replace('\'', "''"))
+    }
+    fn epochs(v: &[i64]) -> String {
+        let items: Vec<String> = v.iter().map(i64::to_string).collect();
+        format!("('{{{}}}'::int8[])", items.join(","))
+    }
+    let int4 = |v: u32| format!("({}::int4)", i32::try_from(v).unwrap_or(i32::MAX));
+    let int8 = |d: Duration| {
+        format!(
+            "({}::int8)",
+            i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+        )
+    };
+    let literal = |n: usize| match n {
+        1 => text(p.node_id),
+        2 => text(p.instance_id),
+        3 => text(p.platform),
+        4 => int4(p.capacity),
+        5 => int8(p.lease),
+        6 => epochs(p.held),
+        7 => format!("({})", p.claim),
+        8 => int4(p.claim_limit),
+        9 => int8(p.trust),
+        10 => int4(p.owned),
+        11 => epochs(p.kept),
+        12 => int4(p.starting),
+        other => unreachable!("CYCLE_SQL has no parameter ${other}"),
+    };
+    let mut out = String::with_capacity(CYCLE_SQL.len() + 16 * p.held.len());
+    let mut rest = CYCLE_SQL;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len() - at - 1);
+        match rest[at + 1..at + 1 + digits].parse::<usize>() {
+            Ok(n) => out.push_str(&literal(n)),
+            Err(_) => out.push('$'),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What the cycle's rows say.
+fn outcome(rows: Vec<sqlx::postgres::PgRow>) -> Result<CycleOutcome, sqlx::Error> {
     let mut out = CycleOutcome::default();
     for row in rows {
         let kind: &str = row.try_get("kind")?;
@@ -737,4 +814,58 @@ DELETE FROM nodes g
         .execute(conn)
         .await?
         .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How often `$n` (and not `$n0`..) appears in [`CYCLE_SQL`].
+    fn placeholders(n: usize) -> usize {
+        let tag = format!("${n}");
+        CYCLE_SQL
+            .match_indices(&tag)
+            .filter(|(at, _)| {
+                !CYCLE_SQL[at + tag.len()..].starts_with(|c: char| c.is_ascii_digit())
+            })
+            .count()
+    }
+
+    #[test]
+    fn every_parameter_is_written_in_as_a_literal_and_nothing_written_in_is_read_again() {
+        let p = CycleParams {
+            node_id: "n'$1\\",
+            instance_id: "$12",
+            platform: "mt5",
+            capacity: 7,
+            claim_limit: 5,
+            trust: Duration::from_millis(4_500),
+            owned: 2,
+            starting: 1,
+            lease: Duration::from_millis(6_000),
+            held: &[11, 12],
+            claim: false,
+            kept: &[12],
+        };
+        let sql = cycle_sql_with_literals(&p);
+        let node = r"(E'n''$1\\'::text)";
+        let instance = "(E'$12'::text)";
+        assert_eq!(sql.matches(node).count(), placeholders(1));
+        assert_eq!(sql.matches(instance).count(), placeholders(2));
+        assert_eq!(sql.matches("('{11,12}'::int8[])").count(), placeholders(6));
+        assert_eq!(sql.matches("('{12}'::int8[])").count(), placeholders(11));
+        assert_eq!(sql.matches("(6000::int8)").count(), placeholders(5));
+        assert_eq!(sql.matches("(4500::int8)").count(), placeholders(9));
+        assert_eq!(sql.matches("(false)").count(), placeholders(7));
+        let bare = sql.replace(node, "").replace(instance, "");
+        assert!(
+            !bare
+                .match_indices('$')
+                .any(|(at, _)| bare[at + 1..].starts_with(|c: char| c.is_ascii_digit())),
+            "a parameter left in: {bare}"
+        );
+        for n in 1..=12 {
+            assert!(placeholders(n) > 0, "${n} is a parameter of the cycle");
+        }
+    }
 }

@@ -37,7 +37,8 @@ pub enum Pooler {
     Session,
     /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`): every unit of work is
     /// an explicit transaction that sets the bounds with `SET LOCAL`, with no prepared statement
-    /// outliving it; LISTEN goes to `listen_database_url` or is replaced by `events_poll`.
+    /// outliving it (the lease cycle is one message instead: [`lease::cycle_on`]); LISTEN goes
+    /// to `listen_database_url` or is replaced by `events_poll`.
     Transaction,
 }
 
@@ -156,13 +157,20 @@ impl Session {
     /// fails with "already exists". Dropping the server's statements when a unit begins leaves only
     /// this unit's own there until it ends (the pooler keeps the server for the whole transaction).
     pub fn begin(&self) -> Option<String> {
+        self.set_local()
+            .map(|bounds| format!("BEGIN; DEALLOCATE ALL; {bounds}"))
+    }
+
+    /// Behind a transaction pooler: the bounds as `SET LOCAL` statements (for the start of a
+    /// transaction). None otherwise.
+    pub fn set_local(&self) -> Option<String> {
         if self.pooler != Pooler::Transaction {
             return None;
         }
         let ms = |d: Duration| d.as_millis();
         let b = self.bounds;
         Some(format!(
-            "BEGIN; DEALLOCATE ALL; SET LOCAL statement_timeout = '{}ms'; SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'; SET LOCAL synchronous_commit = on; SET LOCAL jit = off",
+            "SET LOCAL statement_timeout = '{}ms'; SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'; SET LOCAL synchronous_commit = on; SET LOCAL jit = off",
             ms(b.statement),
             ms(b.lock),
             ms(b.idle_in_transaction)

@@ -205,7 +205,7 @@ async fn cycle(
             *conn = Some(fresh);
         }
         let c = conn.as_mut().expect("connected above");
-        db::run_on(c, session, async |c| db::lease::cycle(c, &params).await).await
+        db::lease::cycle_on(c, session, &params).await
     })
     .await;
     let acknowledged = Instant::now();

@@ -181,6 +181,165 @@ async fn through_a_transaction_pooler_every_unit_of_work_carries_the_bounds_and_
     }
 }
 
+/// Behind a transaction pooler the lease cycle is one message (`lease::cycle_on`: the bounds as
+/// `SET LOCAL` and the statement with its parameters written in). Through PgBouncer in
+/// transaction mode with one server connection: every parameter arrives as the node holds it (a
+/// node id with a quote, a backslash and `$1` in it; capacity, sessions starting and owned; lease
+/// and trust; the claim limit; the held epochs, renewed as they are; through a grace only the kept
+/// one), no prepared statement is left on the shared server, and the bounds hold inside the
+/// message: with the node's membership row locked elsewhere the cycle fails on the lock timeout
+/// instead of waiting.
+#[tokio::test]
+async fn through_a_transaction_pooler_the_lease_cycle_is_one_message_with_its_parameters_and_bounds()
+ {
+    use copier_node::db::lease::{CycleParams, cycle_on};
+    use copier_node::db::{self, Pooler, Session, SessionBounds};
+    use sqlx::{Connection, PgConnection};
+    if !pgbouncer::available() {
+        return;
+    }
+    let db_ = crate::support::TestDb::new().await;
+    let mut direct = db_.conn().await;
+    crate::support::insert_accounts(&mut direct, 1..=10, "mt5").await;
+    let dir = Scratch::new("pgbouncer-tx-cycle");
+    let bouncer = pgbouncer::start_sized(&dir.0, &db_.url, "transaction", "extra_float_digits", 1);
+    let session = Session {
+        bounds: SessionBounds::for_fence(Duration::from_millis(1500)),
+        pooler: Pooler::Transaction,
+    };
+    let url = config_url(&bouncer.url(&db_.name), "cycle", 10, FAST).database_url;
+    let node = "o'bri\\en $1 $12";
+    let options = db::node_options(&url, node, session).unwrap();
+    let mut conn = PgConnection::connect_with(&options).await.unwrap();
+    let params = |held: &'static [i64], kept: &'static [i64]| CycleParams {
+        node_id: node,
+        instance_id: "i'1",
+        platform: "mt5",
+        capacity: 10,
+        claim_limit: 3,
+        trust: Duration::from_millis(45_000),
+        owned: held.len() as u32,
+        starting: 2,
+        lease: Duration::from_millis(60_000),
+        held,
+        claim: true,
+        kept,
+    };
+    let first = cycle_on(&mut conn, &session, &params(&[], &[]))
+        .await
+        .unwrap();
+    assert!(first.member, "the membership upsert matched");
+    let ids: Vec<i64> = first.owned.iter().map(|r| r.id).collect();
+    assert_eq!(
+        ids,
+        [1, 2, 3],
+        "claimed up to the claim limit, lowest ids first"
+    );
+    let (instance, capacity, starting, owned, lease_ms, trust_ms): (
+        String,
+        i32,
+        i32,
+        i32,
+        f64,
+        f64,
+    ) = sqlx::query_as(
+        "SELECT instance_id, capacity, starting, owned,
+                    extract(epoch FROM lease_until - renewed_at)::float8 * 1000,
+                    extract(epoch FROM trust_until - renewed_at)::float8 * 1000
+               FROM nodes WHERE node_id = $1",
+    )
+    .bind(node)
+    .fetch_one(&mut direct)
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            instance.as_str(),
+            capacity,
+            starting,
+            owned,
+            lease_ms.round(),
+            trust_ms.round()
+        ),
+        ("i'1", 10, 2, 0, 60_000.0, 45_000.0),
+        "the membership as the node holds it"
+    );
+    let rows: Vec<String> =
+        sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE node_id IS NOT NULL")
+            .fetch_all(&mut direct)
+            .await
+            .unwrap();
+    assert_eq!(rows, [node; 3], "the claimed rows name the node exactly");
+
+    let epochs: &'static [i64] = first
+        .owned
+        .iter()
+        .map(|r| r.epoch)
+        .collect::<Vec<_>>()
+        .leak();
+    let again = cycle_on(&mut conn, &session, &params(epochs, &[]))
+        .await
+        .unwrap();
+    let renewed: Vec<(i64, i64)> = again.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    let before: Vec<(i64, i64)> = first.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    assert_eq!(
+        renewed, before,
+        "held epochs renewed as they are, nothing claimed past the limit"
+    );
+
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_prepared_statements")
+        .persistent(false)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        left, 0,
+        "the one server connection holds no prepared statement"
+    );
+
+    // Through a grace only the kept epochs are renewed.
+    sqlx::query("UPDATE copier_database SET claims_after = now() + interval '1 hour'")
+        .execute(&mut direct)
+        .await
+        .unwrap();
+    let kept: &'static [i64] = vec![epochs[1]].leak();
+    let grace = cycle_on(&mut conn, &session, &params(epochs, kept))
+        .await
+        .unwrap();
+    assert!(
+        grace.database.grace > Duration::ZERO,
+        "the cycle saw the grace"
+    );
+    let renewed: Vec<(i64, i64)> = grace.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    assert_eq!(
+        renewed,
+        [before[1]],
+        "only the kept epoch renewed through a grace"
+    );
+
+    // The bounds hold inside the message: a lock held elsewhere fails the cycle on the lock
+    // timeout (a fifth of the fence) instead of waiting on it.
+    let mut holder = direct.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM nodes WHERE node_id = $1 FOR UPDATE")
+        .bind(node)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let blocked = tokio::time::timeout(
+        Duration::from_secs(20),
+        cycle_on(&mut conn, &session, &params(epochs, kept)),
+    )
+    .await
+    .expect("the cycle waited on the lock: no lock timeout inside the message")
+    .expect_err("a cycle whose membership row is locked elsewhere fails");
+    let code = blocked
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.to_string());
+    assert_eq!(code.as_deref(), Some("55P03"), "lock timeout: {blocked}");
+    holder.rollback().await.unwrap();
+}
+
 /// Three nodes through PgBouncer in transaction mode with one server connection
 /// (`default_pool_size = 1`): two listen on a direct connection (`listen_database_url`), one polls
 /// (`events_poll`). They share two masters and four followers and copy every trade once.
