@@ -50,6 +50,9 @@ enum Scenario {
     SlowLoginSigterm {
         prepared: bool,
     },
+    /// A prepared SIGTERM hand-off with that broker of the node holding the master: the master
+    /// moves too, so every follower's copies wait for its new session's first publication.
+    SlowLoginSigtermMaster,
 }
 
 /// The slow trade server of the [`Scenario::SlowLoginMove`] rows: its login, and each read.
@@ -75,6 +78,9 @@ impl Scenario {
             Scenario::SlowLoginSigterm { prepared: false } => {
                 "SIGTERM hand-off, slow trade server, not prepared (`handoff_prepare = 0s`)"
             }
+            Scenario::SlowLoginSigtermMaster => {
+                "SIGTERM hand-off of the master's node, slow trade server, prepared (default)"
+            }
         }
     }
 
@@ -85,6 +91,7 @@ impl Scenario {
             Scenario::SlowSteady
                 | Scenario::SlowLoginMove { .. }
                 | Scenario::SlowLoginSigterm { .. }
+                | Scenario::SlowLoginSigtermMaster
         )
     }
 
@@ -122,6 +129,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         Scenario::SlowLoginMove { prepared: false },
         Scenario::SlowLoginSigterm { prepared: true },
         Scenario::SlowLoginSigterm { prepared: false },
+        Scenario::SlowLoginSigtermMaster,
     ]
     .into_iter()
     .enumerate()
@@ -146,17 +154,30 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
             timing.extend(["--handoff-prepare", "0s"]);
         }
         let timing = timing.as_slice();
-        let first = setup.spawn_node("ha", timing.iter().copied())?;
+        let mut pids = HashMap::new();
+        pids.insert("ha", setup.spawn_node("ha", timing.iter().copied())?);
         setup
             .wait_settled(followers + 1, Duration::from_secs(60))
             .await?;
         if !scenario.moves() {
-            setup.spawn_node("hb", timing.iter().copied())?;
+            pids.insert("hb", setup.spawn_node("hb", timing.iter().copied())?);
             setup
                 .wait_settled(followers + 1, Duration::from_secs(60))
                 .await?;
         }
         let before = setup.owners().await?;
+        // Which node a SIGTERM stops: where fair share left the master decides whether it moves
+        // too, so each row names it (the one holding the master, or the other).
+        let master_node = before
+            .iter()
+            .find(|(id, _)| **id < 1_000_000)
+            .map(|(_, node)| node.clone())
+            .context("the master is owned")?;
+        let master_pid = pids[master_node.as_str()];
+        let other_pid = pids
+            .iter()
+            .find(|(node, _)| **node != master_node)
+            .map(|(_, pid)| *pid);
         let logins: Vec<String> = (1..=followers).map(|g| format!("f{g}")).collect();
         let mut observer = Observer::new(&setup.broker.addr.clone(), &logins).await?;
         let trader = BridgeClient::connect(setup.broker.addr.clone(), "manual");
@@ -171,10 +192,17 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
                     Scenario::FairShareMove | Scenario::SlowLoginMove { .. } => {
                         setup.spawn_node("hb", timing.iter().copied())?;
                     }
-                    Scenario::Sigterm | Scenario::SlowLoginSigterm { .. } => {
+                    Scenario::Sigterm
+                    | Scenario::SlowLoginSigterm { .. }
+                    | Scenario::SlowLoginSigtermMaster => {
+                        let pid = if scenario == Scenario::SlowLoginSigtermMaster {
+                            master_pid
+                        } else {
+                            other_pid.context("two nodes run")?
+                        };
                         let _ = tokio::process::Command::new("kill")
                             .arg("-TERM")
-                            .arg(first.to_string())
+                            .arg(pid.to_string())
                             .status()
                             .await;
                     }
@@ -280,7 +308,7 @@ pub(crate) async fn handoff(options: &Options, pg: &Pg, report: &mut Report) -> 
         setup.stop().await;
     }
     report.markdown.push(format!(
-        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share, prepared as below: each moved account is released by its owner once the newcomer has logged it in ahead or the preparation's bound passed, then claimed by the newcomer at once on the release's announcement), or one of two nodes gets SIGTERM (it hands each account to the other, prepared as below, and releases it; the other claims it at once). The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last five rows use a slow trade server, whose every login takes {} ms and every read (positions, history, pending orders, account, symbols) {} ms (`sim-broker --login-delay --read-delay`, as a real trade server's take hundreds of milliseconds): the same load without a hand-off, then the fair-share move and the SIGTERM hand-off, each prepared (the default: the old owner offers each account to the node that will take it and copies on until that node has logged in without a fence and read the account ahead, then releases; the receiver raises the fence after its claim and starts from what it read, brought current by its stream) and not prepared (`--handoff-prepare 0s`: the receiver logs in and reads after its claim; on SIGTERM every gate closes at once). The moved followers' copies are every copy to a follower whose owner changed, over the whole stream, and their p99 is set against the p99 of the row without a hand-off on the same broker. Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
+        "## Copy latency across hand-offs\n\nOne master and {followers} followers on node processes (lease 3 s, fence 1 s, cycle 500 ms); the master opens a position every {} ms, {trades} in all, and every follower's copy is timed from the master's order accepted to the copy's `opened` event at the benchmark (as in the copy latency section). A fifth of the way in: nothing (two nodes share the accounts by fair share throughout), a second node starts (the first hands it its fair share, prepared as below: each moved account is released by its owner once the newcomer has logged it in ahead or the preparation's bound passed, then claimed by the newcomer at once on the release's announcement), or one of two nodes gets SIGTERM (it hands each account to the other, prepared as below, and releases it; the other claims it at once): the node not holding the master, except in the last row, where the master's node stops and the master moves too, so every follower's copies wait for its new session's first publication. The legs are the same copies' from the copy ledger (millisecond clocks). A hand-off moves an account only after its old owner's gate closed and its release committed: the new owner's session logs in, reads the follower and its masters, and only then sends; the copies caught in between wait for it (the p99 and max). The last six rows use a slow trade server, whose every login takes {} ms and every read (positions, history, pending orders, account, symbols) {} ms (`sim-broker --login-delay --read-delay`, as a real trade server's take hundreds of milliseconds): the same load without a hand-off, then the fair-share move and the SIGTERM hand-off, each prepared (the default: the old owner offers each account to the node that will take it and copies on until that node has logged in without a fence and read the account ahead, then releases; the receiver raises the fence after its claim and starts from what it read, brought current by its stream) and not prepared (`--handoff-prepare 0s`: the receiver logs in and reads after its claim; on SIGTERM every gate closes at once), and last the SIGTERM of the master's node, prepared. The moved followers' copies are every copy to a follower whose owner changed, over the whole stream, and their p99 is set against the p99 of the row without a hand-off on the same broker. Floor: one NOTIFY delivered plus one broker round trip ({floor:.2} ms).\n\n{md}",
         spacing.as_millis(),
         SLOW_LOGIN.as_millis(),
         SLOW_READ.as_millis()

@@ -1,13 +1,15 @@
 //! Property test of the follower's decisions: for random master histories (opens, partial and
 //! full closes, stop changes, copies closed by hand on the follower) and random delivery (events
-//! dropped, repeated, cut by gaps; stream updates before or after replies), the event path plus
+//! dropped, repeated, cut by gaps, or replaced by the master's whole snapshot as a new owner
+//! publishes it; stream updates before or after replies), the event path plus
 //! reconcile reaches the state that reconcile with perfect knowledge reaches, never holds two
 //! copies of one master position, and never reopens a copy the follower closed.
 //!
 //! The decisions are the production ones ([`plan`], [`plan_ticket`], [`apply_event`],
-//! [`CopyIndex`]); what is modelled here is the broker and the session's sequencing (an event at
-//! exactly seq + 1 is applied, anything else reconciles; an open a non-open event finds owed is
-//! left to the next reconcile).
+//! [`changed_tickets`], [`CopyIndex`]); what is modelled here is the broker and the session's
+//! sequencing (an event at exactly seq + 1 is applied, a snapshot's changed tickets are decided
+//! as their events, anything else reconciles; an open a non-open event finds owed is left to the
+//! next reconcile).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -15,7 +17,9 @@ use proptest::prelude::*;
 
 use super::events::MasterEvent;
 use super::index::CopyIndex;
-use super::reconcile::{Action, Memory, Situation, apply_event, plan, plan_ticket};
+use super::reconcile::{
+    Action, Memory, Situation, apply_event, changed_tickets, plan, plan_ticket,
+};
 use super::rules::{Inputs, Link, LotMode};
 use super::{MasterPosition, parse_marker};
 use crate::broker::types::{ClosedBy, ClosedPosition, Position, PositionChange, Side, SymbolSpec};
@@ -263,6 +267,44 @@ impl Follower {
         self.send(link, actions, matches!(event, MasterEvent::Open { .. }));
     }
 
+    /// A snapshot at `seq` instead of the event (a new owner's first publication, which the
+    /// session takes as the events it stands for: each changed ticket decided from the copies
+    /// it knows, an open only for a new position).
+    fn on_snapshot(&mut self, link: &Link, seq: i64, snapshot: &[MasterPosition]) {
+        if self.owed {
+            self.reconcile(link, seq, snapshot);
+            return;
+        }
+        let Some((have, view)) = &mut self.view else {
+            self.reconcile(link, seq, snapshot);
+            return;
+        };
+        if seq <= *have {
+            return;
+        }
+        let changed = changed_tickets(view, &[], snapshot, &[]);
+        *view = snapshot.to_vec();
+        *have = seq;
+        let specs = specs();
+        for (ticket, is_open) in changed {
+            let position = snapshot.iter().find(|p| p.ticket == ticket);
+            let actions = plan_ticket(
+                link,
+                ticket,
+                position,
+                &self.index,
+                &Situation {
+                    memory: &self.memory,
+                    funds: &Inputs::default(),
+                    specs: &specs,
+                    at: (1, seq),
+                    pending: Default::default(),
+                },
+            );
+            self.send(link, actions, is_open);
+        }
+    }
+
     fn hand_close(&mut self, master_ticket: i64) {
         let tickets: Vec<i64> = self
             .server
@@ -293,6 +335,8 @@ enum Delivery {
     Deliver,
     Drop,
     Repeat,
+    /// Not the event but the master's whole snapshot after it (its new owner's first).
+    Snapshot,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -307,7 +351,12 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn delivery() -> impl Strategy<Value = Delivery> {
-    prop_oneof![6 => Just(Delivery::Deliver), 2 => Just(Delivery::Drop), 1 => Just(Delivery::Repeat)]
+    prop_oneof![
+        6 => Just(Delivery::Deliver),
+        2 => Just(Delivery::Drop),
+        1 => Just(Delivery::Repeat),
+        1 => Just(Delivery::Snapshot),
+    ]
 }
 
 fn link(lot: u8, reverse: bool, copy_sl_tp: bool) -> Link {
@@ -448,6 +497,8 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
         match delivery {
             Delivery::Deliver => a.on_event(link, seq, &event, &master),
             Delivery::Drop => lossless = false,
+            // Nothing is lost: the snapshot holds every change the dropped event would carry.
+            Delivery::Snapshot => a.on_snapshot(link, seq, &master),
             Delivery::Repeat => {
                 a.on_event(link, seq, &event, &master);
                 a.on_event(link, seq, &event, &master);

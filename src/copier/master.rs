@@ -149,7 +149,10 @@ async fn serve(
             }
         },
     };
-    if !m.load().await? {
+    // A prepared hand-off's master is live work: its followers' copies wait for its first
+    // publication, and the session starts among the moved followers' start-up reads, which
+    // take the background turns.
+    if !m.load(ahead.is_some()).await? {
         return Ok(Ended::Stopped);
     }
     // A new owner always publishes once under its epoch, so followers reconcile early.
@@ -222,16 +225,20 @@ fn store_funds(ctx: &AccountContext, info: AccountInfo) -> Option<i64> {
 }
 
 impl Master<'_> {
-    /// Loads the published state; false if the task was stopped meanwhile.
-    async fn load(&mut self) -> anyhow::Result<bool> {
+    /// Loads the published state (`live`: at once, as live work; otherwise in a background
+    /// turn); false if the task was stopped meanwhile.
+    async fn load(&mut self, live: bool) -> anyhow::Result<bool> {
         let mut retry = crate::retry::MASTER_PUBLISH.start();
         loop {
-            let result = self
-                .ctx
-                .node
-                .db
-                .background(async |conn| db::copy::master_state(&mut *conn, self.id).await)
-                .await;
+            let db = &self.ctx.node.db;
+            let id = self.id;
+            let result = if live {
+                db.run(async |conn| db::copy::master_state(&mut *conn, id).await)
+                    .await
+            } else {
+                db.background(async |conn| db::copy::master_state(&mut *conn, id).await)
+                    .await
+            };
             match result {
                 Ok(state) => {
                     if let Some(state) = state {

@@ -599,6 +599,37 @@ pub fn open_decision(
     }
 }
 
+/// What a master's snapshot (`positions`, `orders`) changes against the one the copies follow
+/// (`before_positions`, `before_orders`): the tickets whose position or order was added, is gone
+/// or differs, in ticket order, each with whether its position is new (an open, as its event
+/// would say: only then may its decision open a copy). Deciding each with [`plan_key`] takes the
+/// snapshot as the events it stands for.
+pub fn changed_tickets(
+    before_positions: &[MasterPosition],
+    before_orders: &[MasterOrder],
+    positions: &[MasterPosition],
+    orders: &[MasterOrder],
+) -> Vec<(i64, bool)> {
+    let before_p: HashMap<i64, &MasterPosition> =
+        before_positions.iter().map(|p| (p.ticket, p)).collect();
+    let after_p: HashMap<i64, &MasterPosition> = positions.iter().map(|p| (p.ticket, p)).collect();
+    let before_o: HashMap<i64, &MasterOrder> =
+        before_orders.iter().map(|o| (o.ticket, o)).collect();
+    let after_o: HashMap<i64, &MasterOrder> = orders.iter().map(|o| (o.ticket, o)).collect();
+    let tickets: std::collections::BTreeSet<i64> = before_p
+        .keys()
+        .chain(after_p.keys())
+        .chain(before_o.keys())
+        .chain(after_o.keys())
+        .copied()
+        .collect();
+    tickets
+        .into_iter()
+        .filter(|t| before_p.get(t) != after_p.get(t) || before_o.get(t) != after_o.get(t))
+        .map(|t| (t, after_p.contains_key(&t) && !before_p.contains_key(&t)))
+        .collect()
+}
+
 /// A master's snapshot after one of its events (the event path keeps the snapshot it last
 /// reconciled to current this way, and decides from it exactly as reconcile would).
 pub fn apply_event(

@@ -772,6 +772,130 @@ async fn a_masters_hand_off_costs_its_followers_no_read() {
     broker.stop().await;
 }
 
+/// A trade while the master moves costs its followers no read either: the new owner's first
+/// snapshot differs from what the copies follow by a position opened while no node held the
+/// master, and the followers decide it as its open event would have been decided, from the
+/// copies they know, instead of reconciling (a reconcile reads each follower's broker account:
+/// with a slow trade server every follower would stall). a holds the master and stops; b, full
+/// with the six followers, cannot take it; the master opens a position; c starts and takes the
+/// master. Judged from the journal with every read journaled: from c's first login of the
+/// master until the last copy of that position, b read no follower's positions, orders or
+/// history; each position was copied once to each follower (the one held across the move
+/// too), and every copy closed.
+#[tokio::test]
+async fn a_trade_while_the_master_moves_costs_its_followers_no_read() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        t,
+        mut conn,
+        addr,
+        ..
+    } = CopySetup::with("handoff-master-trades-while-moving", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.journal_reads = true;
+        o.read_delay = Duration::from_millis(200);
+    })
+    .await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
+        add_link(&mut conn, 1, id, LinkSpec::default()).await;
+    }
+    // a takes the master alone (claims go by id, capacity 1), b the followers (capacity 6: no
+    // room for the master once a stops).
+    let a = start_node(&config(&db, "a", 1, UNHURRIED)).await;
+    wait_state(&a.state, "a owns the master", WAIT, |s| {
+        s.owned.contains_key(&1)
+    })
+    .await;
+    let b = start_node(&config(&db, "b", 6, UNHURRIED)).await;
+    wait_state(&b.state, "b owns the followers", WAIT, |s| {
+        s.owned.len() == 6
+    })
+    .await;
+    followers_reconciled(&mut conn).await;
+    let held = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    eventually("the held position copied everywhere", WAIT, async || {
+        let copied = journal(&dir.path("journal.jsonl"))
+            .iter()
+            .filter(|l| l.accepted && l.action == "open" && l.client == "b")
+            .count();
+        (copied == 6).then_some(())
+    })
+    .await;
+    a.shutdown();
+    a.wait().await.unwrap();
+    eventually("the master free", WAIT, async || {
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = 1")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        owner.is_none().then_some(())
+    })
+    .await;
+    // The master trades while no node holds it: its next owner's first snapshot carries it.
+    let during = t.open("m1", "GBPUSD", Side::Sell, 1.0, None, None).await;
+    let c = start_node(&config(&db, "c", 1, UNHURRIED)).await;
+    eventually(
+        "the position opened during the move copied everywhere",
+        WAIT,
+        async || {
+            let lines = journal(&dir.path("journal.jsonl"));
+            let copied = (2..=7)
+                .filter(|id| {
+                    lines.iter().any(|l| {
+                        l.accepted
+                            && l.action == "open"
+                            && l.login == format!("f{id}")
+                            && l.comment
+                                .as_deref()
+                                .is_some_and(|c| c.contains(&during.to_string()))
+                    })
+                })
+                .count();
+            (copied == 6).then_some(())
+        },
+    )
+    .await;
+    t.close("m1", held, None).await;
+    t.close("m1", during, None).await;
+    let lines = copied_once_each(&dir, 2).await;
+    let taken = lines
+        .iter()
+        .position(|l| l.client == "c" && l.login == "m1" && l.action == "login")
+        .expect("c took the master through its login");
+    let last_copy = lines
+        .iter()
+        .rposition(|l| {
+            l.client == "b"
+                && l.action == "open"
+                && l.accepted
+                && l.comment
+                    .as_deref()
+                    .is_some_and(|c| c.contains(&during.to_string()))
+        })
+        .expect("b copied the position opened during the move");
+    let reads: Vec<(&str, &str)> = lines[taken..last_copy]
+        .iter()
+        .filter(|l| l.client == "b" && l.login.starts_with('f'))
+        .filter(|l| ["positions", "history", "orders"].contains(&l.action.as_str()))
+        .map(|l| (l.login.as_str(), l.action.as_str()))
+        .collect();
+    assert!(
+        reads.is_empty(),
+        "b read its followers to copy a trade made while the master moved: {reads:?}"
+    );
+    for n in [b, c] {
+        n.shutdown();
+        n.wait().await.unwrap();
+    }
+    broker.stop().await;
+}
+
 /// `login` moved from `old` to `new` by a prepared hand-off, judged from the journal: `new`
 /// logged it in twice, first without a fence (the prepared login) and then with one (the raise),
 /// every order of `old` precedes that raise and every order of `new` follows it.

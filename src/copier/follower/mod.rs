@@ -35,7 +35,7 @@ use tracing::{debug, info, warn};
 use super::events::{MasterEvent, MasterNotice};
 use super::index::CopyIndex;
 use super::reconcile::{
-    Action, Memory, PendingCopies, Situation, apply_event, limit_follower_copies,
+    Action, Memory, PendingCopies, Situation, apply_event, changed_tickets, limit_follower_copies,
     limit_open_copies, plan, plan_key,
 };
 use super::rules::{Inputs, Link};
@@ -700,7 +700,7 @@ impl Follower<'_> {
                 "gap in the master's sequence"
             };
             if (n.epoch != epoch || n.event == MasterEvent::Snapshot)
-                && self.snapshot_unchanged(n.master).await
+                && self.take_snapshot(n.master, received, heard_us).await
             {
                 return;
             }
@@ -713,14 +713,44 @@ impl Follower<'_> {
         let view = self.masters.get_mut(&n.master).expect("checked above");
         apply_event(&mut view.positions, &mut view.orders, &n.event);
         view.seq = n.seq;
+        let is_open = matches!(n.event, MasterEvent::Open { .. });
+        self.decide(
+            n.master,
+            ticket,
+            is_open,
+            Clock::Event,
+            (n.epoch, n.seq),
+            received,
+            heard_us,
+        )
+        .await;
+    }
+
+    /// Decides the copies of master `m`'s `ticket` as the view now holds it (an event's, or a
+    /// snapshot's change taken as its event): from the follower's copies as this session knows
+    /// them, without a read of its broker. An open is copied only when `is_open` (the ticket's
+    /// position is new); otherwise a copy found owed is left to a reconcile.
+    #[allow(clippy::too_many_arguments)]
+    async fn decide(
+        &mut self,
+        m: i64,
+        ticket: i64,
+        is_open: bool,
+        clock: Clock,
+        at: (i64, i64),
+        received: Instant,
+        heard_us: i64,
+    ) {
+        let Some(view) = self.masters.get(&m) else {
+            return;
+        };
         let position = view.positions.iter().find(|p| p.ticket == ticket).cloned();
         let order = view.orders.iter().find(|o| o.ticket == ticket).cloned();
-        let is_open = matches!(n.event, MasterEvent::Open { .. });
         if is_open {
-            if self.needs_master_funds(n.master) {
-                self.refresh_master_funds(n.master).await;
+            if self.needs_master_funds(m) {
+                self.refresh_master_funds(m).await;
             }
-            if self.has_equity_stop(n.master) {
+            if self.has_equity_stop(m) {
                 self.report_funds().await;
             }
         }
@@ -728,15 +758,20 @@ impl Follower<'_> {
         // (its `first_seen_ms`, database clock) and delivered within milliseconds, so the
         // decision's time is that plus how long the event has waited here. Other events carry
         // no clock: a copy they find owed is left to a reconcile, which reads the database's.
-        let funds = Inputs {
-            now_ms: position
+        // A snapshot's changes are decided on the clock of its read, as a reconcile's are.
+        let now_ms = match clock {
+            Clock::Event => position
                 .as_ref()
                 .and_then(|p| p.first_seen_ms)
                 .filter(|_| is_open)
                 .map(|seen| seen + received.elapsed().as_millis() as i64),
-            ..self.funds_for(n.master)
+            Clock::Read(now_ms) => Some(now_ms),
         };
-        for link in self.links_of(n.master) {
+        let funds = Inputs {
+            now_ms,
+            ..self.funds_for(m)
+        };
+        for link in self.links_of(m) {
             let actions = plan_key(
                 &link,
                 ticket,
@@ -747,7 +782,7 @@ impl Follower<'_> {
                     memory: &self.memory,
                     funds: &funds,
                     specs: &self.specs,
-                    at: (n.epoch, n.seq),
+                    at,
                     pending: self.pending,
                 },
             );
@@ -782,13 +817,18 @@ impl Follower<'_> {
 }
 
 impl Follower<'_> {
-    /// A snapshot the master published (a new owner's first, or its owner's after a doubt)
-    /// that holds exactly the positions and orders the copies follow already: taken at its
-    /// (epoch, seq) with nothing to decide, and true. Deciding against it would decide what was
-    /// decided, and a reconcile would read the follower's broker account for nothing (a
-    /// master's hand-off would stall every follower for its reads). False, and nothing taken,
-    /// when it differs, a reconcile is owed, the gate is closed, or the read fails.
-    async fn snapshot_unchanged(&mut self, m: i64) -> bool {
+    /// A snapshot the master published (a new owner's first, or its owner's after a doubt),
+    /// taken at its (epoch, seq) without a reconcile, and true. Where it holds exactly the
+    /// positions and orders the copies follow already, there is nothing to decide: a reconcile
+    /// would read the follower's broker account for nothing (a master's hand-off would stall
+    /// every follower for its reads). Where it differs (the master traded while it moved, or
+    /// its old owner's last events were lost), each ticket that differs is decided as its event
+    /// would have been ([`Follower::decide`]): from the copies this session knows, which its
+    /// broker stream keeps current, so a trade during the move is copied without a read
+    /// either. False, and nothing taken, when a reconcile is owed (the session's own view may
+    /// be stale), the gate is closed, the snapshot is from before a failover or no newer than
+    /// the view, or the read fails: then the caller reconciles.
+    async fn take_snapshot(&mut self, m: i64, received: Instant, heard_us: i64) -> bool {
         if self.owing.due || !self.ctx.gate.holds() {
             return false;
         }
@@ -809,26 +849,59 @@ impl Follower<'_> {
             o.sort_by_key(|o| o.ticket);
             (p, o)
         };
-        let same = !state.before_failover
-            && (state.epoch, state.seq) > (view.epoch, view.seq)
-            && by_ticket(state.positions, state.orders)
-                == by_ticket(view.positions.clone(), view.orders.clone());
-        if same {
+        if state.before_failover || (state.epoch, state.seq) <= (view.epoch, view.seq) {
+            return false;
+        }
+        let (positions, orders) = by_ticket(state.positions, state.orders);
+        let changed = changed_tickets(&view.positions, &view.orders, &positions, &orders);
+        let at = (state.epoch, state.seq);
+        view.epoch = state.epoch;
+        view.seq = state.seq;
+        view.positions = positions;
+        view.orders = orders;
+        self.report_master(m, at.0, at.1);
+        if changed.is_empty() {
             debug!(
                 master_id = m,
-                epoch = state.epoch,
-                seq = state.seq,
+                epoch = at.0,
+                seq = at.1,
                 "the master's snapshot holds what the copies follow: taken, nothing to reconcile"
             );
-            view.epoch = state.epoch;
-            view.seq = state.seq;
-            self.report_master(m, state.epoch, state.seq);
+            return true;
         }
-        same
+        info!(
+            master_id = m,
+            epoch = at.0,
+            seq = at.1,
+            changed = changed.len(),
+            "the master's snapshot differs from what the copies follow: each change decided as its event, without a reconcile"
+        );
+        for (ticket, is_open) in changed {
+            self.decide(
+                m,
+                ticket,
+                is_open,
+                Clock::Read(state.now_ms),
+                at,
+                received,
+                heard_us,
+            )
+            .await;
+        }
+        true
     }
 }
 
 /// The master ticket an event concerns.
+/// The clock a decision's `now_ms` comes from ([`Follower::decide`]).
+#[derive(Debug, Clone, Copy)]
+enum Clock {
+    /// An event's: an open's first record plus how long its notice waited here.
+    Event,
+    /// A read's: the database clock when the snapshot was read.
+    Read(i64),
+}
+
 fn event_ticket(event: &MasterEvent) -> Option<i64> {
     match event {
         MasterEvent::Snapshot => None,
