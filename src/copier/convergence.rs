@@ -269,7 +269,8 @@ impl Follower {
 
     /// A snapshot at `seq` instead of the event (a new owner's first publication, which the
     /// session takes as the events it stands for: each changed ticket decided from the copies
-    /// it knows, an open only for a new position).
+    /// it knows, an open only for a new position; as in production, it reconciles instead when
+    /// a reconcile is owed or the snapshot is no newer than its view).
     fn on_snapshot(&mut self, link: &Link, seq: i64, snapshot: &[MasterPosition]) {
         if self.owed {
             self.reconcile(link, seq, snapshot);
@@ -280,6 +281,7 @@ impl Follower {
             return;
         };
         if seq <= *have {
+            self.reconcile(link, seq, snapshot);
             return;
         }
         let changed = changed_tickets(view, &[], snapshot, &[]);
@@ -497,8 +499,12 @@ fn run(link: &Link, ops: &[(Op, Delivery, u8)]) -> (Follower, Follower, Vec<Mast
         match delivery {
             Delivery::Deliver => a.on_event(link, seq, &event, &master),
             Delivery::Drop => lossless = false,
-            // Nothing is lost: the snapshot holds every change the dropped event would carry.
-            Delivery::Snapshot => a.on_snapshot(link, seq, &master),
+            // The snapshot holds every change so far, those of events dropped before it too:
+            // from here the event path must again be where perfect knowledge is.
+            Delivery::Snapshot => {
+                a.on_snapshot(link, seq, &master);
+                lossless = true;
+            }
             Delivery::Repeat => {
                 a.on_event(link, seq, &event, &master);
                 a.on_event(link, seq, &event, &master);

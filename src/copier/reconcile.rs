@@ -1149,6 +1149,50 @@ mod tests {
         ));
     }
 
+    /// A snapshot's changes against the view: positions opened (new: an open), gone, partly
+    /// closed or with new stops; pending orders placed, amended, cancelled; a pending order
+    /// filled (its position new: an open). Unchanged tickets are not named.
+    #[test]
+    fn a_snapshot_names_each_changed_ticket_once_and_only_new_positions_as_opens() {
+        let kept = master(1, 1.0, 1.0);
+        let trimmed_before = master(2, 1.0, 1.0);
+        let trimmed_after = master(2, 0.5, 1.0);
+        let gone = master(3, 1.0, 1.0);
+        let mut stops = master(4, 1.0, 1.0);
+        let opened = master(5, 1.0, 1.0);
+        let filled = master(9, 1.0, 1.0);
+        let before_p = vec![kept.clone(), trimmed_before, gone, stops.clone()];
+        stops.sl = Some(1.05);
+        let after_p = vec![kept, trimmed_after, stops, opened, filled];
+        let amended_before = morder(7, Side::Buy, PendingKind::Limit, 1.09);
+        let amended_after = morder(7, Side::Buy, PendingKind::Limit, 1.08);
+        let before_o = vec![
+            morder(6, Side::Buy, PendingKind::Limit, 1.09),
+            amended_before,
+            morder(9, Side::Sell, PendingKind::Stop, 1.05),
+            morder(11, Side::Sell, PendingKind::Limit, 1.2),
+        ];
+        let after_o = vec![
+            amended_after,
+            morder(8, Side::Sell, PendingKind::Limit, 1.2),
+            morder(11, Side::Sell, PendingKind::Limit, 1.2),
+        ];
+        assert_eq!(
+            changed_tickets(&before_p, &before_o, &after_p, &after_o),
+            [
+                (2, false),
+                (3, false),
+                (4, false),
+                (5, true),
+                (6, false),
+                (7, false),
+                (8, false),
+                (9, true),
+            ]
+        );
+        assert!(changed_tickets(&after_p, &after_o, &after_p, &after_o).is_empty());
+    }
+
     // Pending orders: the policy in `plan_key`'s doc, one rule per test.
 
     fn morder(ticket: i64, side: Side, kind: PendingKind, price: f64) -> MasterOrder {

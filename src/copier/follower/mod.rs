@@ -765,7 +765,7 @@ impl Follower<'_> {
                 .and_then(|p| p.first_seen_ms)
                 .filter(|_| is_open)
                 .map(|seen| seen + received.elapsed().as_millis() as i64),
-            Clock::Read(now_ms) => Some(now_ms),
+            Clock::Read(now_ms, read_at) => Some(now_ms + read_at.elapsed().as_millis() as i64),
         };
         let funds = Inputs {
             now_ms,
@@ -838,6 +838,7 @@ impl Follower<'_> {
             .db
             .background(async |conn| db::copy::master_state(&mut *conn, m).await)
             .await;
+        let read_at = Instant::now();
         let Ok(Some(state)) = read else {
             return false;
         };
@@ -881,7 +882,7 @@ impl Follower<'_> {
                 m,
                 ticket,
                 is_open,
-                Clock::Read(state.now_ms),
+                Clock::Read(state.now_ms, read_at),
                 at,
                 received,
                 heard_us,
@@ -898,8 +899,9 @@ impl Follower<'_> {
 enum Clock {
     /// An event's: an open's first record plus how long its notice waited here.
     Event,
-    /// A read's: the database clock when the snapshot was read.
-    Read(i64),
+    /// A read's: the database clock when the snapshot was read, plus how long ago that was
+    /// (the changes of one snapshot are decided one after the other).
+    Read(i64, Instant),
 }
 
 fn event_ticket(event: &MasterEvent) -> Option<i64> {
