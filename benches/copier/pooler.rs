@@ -25,20 +25,14 @@ pub(crate) struct PoolerRow {
     pub(crate) select_1: Stats,
 }
 
-async fn select_1(conn: &mut PgConnection, runs: usize) -> anyhow::Result<Stats> {
-    let mut samples = Vec::new();
-    for i in 0..runs + 3 {
-        let t = Instant::now();
-        // Unnamed, so it is safe outside a transaction behind a transaction pooler too.
-        sqlx::query("SELECT 1")
-            .persistent(false)
-            .execute(&mut *conn)
-            .await?;
-        if i >= 3 {
-            samples.push(t.elapsed());
-        }
-    }
-    Ok(Stats::of(&samples))
+/// One `SELECT 1` round trip. Unnamed, so it is safe outside a transaction behind a
+/// transaction pooler too.
+async fn select_1(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::query("SELECT 1")
+        .persistent(false)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> anyhow::Result<()> {
@@ -68,7 +62,10 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
     let mut md = String::from(
         "| path | owned | cycle p50 / p99 | `SELECT 1` p50 / p99 | cycle ÷ direct cycle |\n|---|---:|---:|---:|---:|\n",
     );
-    let mut direct_p50 = f64::NAN;
+    // The three paths side by side: every bouncer started and every connection open first,
+    // then the cycles (and the `SELECT 1`s) taken in turns, one per path, so that whatever the
+    // machine does meanwhile (a vacuum, another section's leftovers) weighs on each alike.
+    let mut paths = Vec::new();
     for (path, mode) in [
         ("PostgreSQL directly", None),
         (
@@ -93,14 +90,17 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
                 (Some(b), Session { bounds, pooler }, target)
             }
         };
-        let mut conn = node_connection_with(&target, session).await?;
-        let params = steady_params(&held);
-        let mut samples = Vec::new();
-        for i in 0..runs + 3 {
+        let conn = node_connection_with(&target, session).await?;
+        paths.push((path, session, conn, bouncer));
+    }
+    let params = steady_params(&held);
+    let mut cycles: Vec<Vec<Duration>> = vec![Vec::new(); paths.len()];
+    for i in 0..runs + 3 {
+        for (k, (path, session, conn, _)) in paths.iter_mut().enumerate() {
             let t = Instant::now();
-            let out = cycle_on(&mut conn, &session, &params).await?;
+            let out = cycle_on(conn, session, &params).await?;
             if i >= 3 {
-                samples.push(t.elapsed());
+                cycles[k].push(t.elapsed());
             }
             anyhow::ensure!(
                 out.owned.len() == held.len(),
@@ -109,11 +109,21 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
                 held.len()
             );
         }
-        let c = Stats::of(&samples);
-        let s = select_1(&mut conn, runs).await?;
-        if mode.is_none() {
-            direct_p50 = c.p50_ms;
+    }
+    let mut selects: Vec<Vec<Duration>> = vec![Vec::new(); paths.len()];
+    for i in 0..runs + 3 {
+        for (k, (_, _, conn, _)) in paths.iter_mut().enumerate() {
+            let t = Instant::now();
+            select_1(conn).await?;
+            if i >= 3 {
+                selects[k].push(t.elapsed());
+            }
         }
+    }
+    let direct_p50 = Stats::of(&cycles[0]).p50_ms;
+    for (k, (path, _, conn, bouncer)) in paths.into_iter().enumerate() {
+        let c = Stats::of(&cycles[k]);
+        let s = Stats::of(&selects[k]);
         println!("pooler {path}: cycle {} select 1 {}", c.show(), s.show());
         let _ = writeln!(
             md,
@@ -134,7 +144,7 @@ pub(crate) async fn pooler(options: &Options, pg: &Pg, report: &mut Report) -> a
     let _ = std::fs::remove_dir_all(&dir);
     admin.close().await?;
     report.markdown.push(format!(
-        "## Lease cycle through PgBouncer\n\nOne node's whole cycle owning {owned} accounts (room for as many more) in a table of {rows} rows shaped as in \"Lease cycle\", {runs} cycles after 3 warm-up cycles, on one connection: straight to PostgreSQL, through PgBouncer 1.18 in session mode (`database_pooler = \"session\"`), and in transaction mode (`database_pooler = \"transaction\"`: each cycle is one simple-protocol message, `SET LOCAL` the bounds and the cycle statement with its parameters written in, one implicit transaction: one round trip as directly, with a parse and a plan each time where the direct connection reuses its prepared statement). Floor on each path: one `SELECT 1` round trip, p50 and p99 over {runs}.\n\n{md}"
+        "## Lease cycle through PgBouncer\n\nOne node's whole cycle owning {owned} accounts (room for as many more) in a table of {rows} rows shaped as in \"Lease cycle\", {runs} cycles after 3 warm-up cycles on each path, one connection each, the paths taking turns cycle by cycle: straight to PostgreSQL, through PgBouncer 1.18 in session mode (`database_pooler = \"session\"`), and in transaction mode (`database_pooler = \"transaction\"`: each cycle is one simple-protocol message, `SET LOCAL` the bounds and the cycle statement with its parameters written in, one implicit transaction: one round trip as directly, with a parse and a plan each time where the direct connection reuses its prepared statement). Floor on each path: one `SELECT 1` round trip, p50 and p99 over {runs}, in turns as well.\n\n{md}"
     ));
     Ok(())
 }

@@ -250,11 +250,30 @@ impl Follower {
             }
         };
         let position = view.iter().find(|p| p.ticket == ticket).cloned();
+        self.decide(
+            link,
+            seq,
+            ticket,
+            position.as_ref(),
+            matches!(event, MasterEvent::Open { .. }),
+        );
+    }
+
+    /// Decides one master ticket as the session does (`plan_ticket` against the copies it
+    /// knows) and sends what it decided, an open only when `open_allowed`.
+    fn decide(
+        &mut self,
+        link: &Link,
+        seq: i64,
+        ticket: i64,
+        position: Option<&MasterPosition>,
+        open_allowed: bool,
+    ) {
         let specs = specs();
         let actions = plan_ticket(
             link,
             ticket,
-            position.as_ref(),
+            position,
             &self.index,
             &Situation {
                 memory: &self.memory,
@@ -264,7 +283,7 @@ impl Follower {
                 pending: Default::default(),
             },
         );
-        self.send(link, actions, matches!(event, MasterEvent::Open { .. }));
+        self.send(link, actions, open_allowed);
     }
 
     /// A snapshot at `seq` instead of the event (a new owner's first publication, which the
@@ -287,23 +306,9 @@ impl Follower {
         let changed = changed_tickets(view, &[], snapshot, &[]);
         *view = snapshot.to_vec();
         *have = seq;
-        let specs = specs();
         for (ticket, is_open) in changed {
             let position = snapshot.iter().find(|p| p.ticket == ticket);
-            let actions = plan_ticket(
-                link,
-                ticket,
-                position,
-                &self.index,
-                &Situation {
-                    memory: &self.memory,
-                    funds: &Inputs::default(),
-                    specs: &specs,
-                    at: (1, seq),
-                    pending: Default::default(),
-                },
-            );
-            self.send(link, actions, is_open);
+            self.decide(link, seq, ticket, position, is_open);
         }
     }
 

@@ -652,52 +652,16 @@ async fn a_receivers_first_order_after_a_prepared_claim_needs_no_read() {
 /// the periodic funds read of `account` may fall in the window), and each copy was opened once.
 #[tokio::test]
 async fn a_masters_hand_off_costs_its_followers_no_read() {
+    // b has room for the master (seven by capacity: a keeps the master until it stops, as the
+    // helper says, and b takes it then).
+    let (setup, a, b, held) = master_on_a_followers_on_b("handoff-master-moves", 7).await;
     let CopySetup {
-        db,
         dir,
         broker,
         t,
         mut conn,
-        addr,
         ..
-    } = CopySetup::with("handoff-master-moves", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-        o.journal_reads = true;
-        o.read_delay = Duration::from_millis(200);
-    })
-    .await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    for id in 2..=7 {
-        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
-        add_link(&mut conn, 1, id, LinkSpec::default()).await;
-    }
-    // a takes the master alone (claims go by id), b the followers. Capacities 1 and 7 make
-    // those their fair shares (of seven, by capacity, the remainder to the lower id): a keeps
-    // the master until it stops (with a larger b, a's share would be none, and a cycle reading b
-    // before b published its claims could hand the master off early), and b has room for it.
-    let a = start_node(&config(&db, "a", 1, UNHURRIED)).await;
-    wait_state(&a.state, "a owns the master", WAIT, |s| {
-        s.owned.contains_key(&1)
-    })
-    .await;
-    let b = start_node(&config(&db, "b", 7, UNHURRIED)).await;
-    wait_state(&b.state, "b owns the followers", WAIT, |s| {
-        s.owned.len() == 6
-    })
-    .await;
-    followers_reconciled(&mut conn).await;
-    // A position open across the move: what the new owner publishes is what the copies follow.
-    let held = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
-    eventually("the position copied everywhere", WAIT, async || {
-        let copied = journal(&dir.path("journal.jsonl"))
-            .iter()
-            .filter(|l| l.accepted && l.action == "open" && l.client == "b")
-            .count();
-        (copied == 6).then_some(())
-    })
-    .await;
-
+    } = setup;
     let published_at = async |conn: &mut sqlx::PgConnection| -> i64 {
         sqlx::query_scalar("SELECT epoch FROM master_state WHERE master_id = 1")
             .fetch_one(conn)
@@ -784,48 +748,17 @@ async fn a_masters_hand_off_costs_its_followers_no_read() {
 /// too), and every copy closed.
 #[tokio::test]
 async fn a_trade_while_the_master_moves_costs_its_followers_no_read() {
+    // b, at capacity 6, has no room for the master once a stops.
+    let (setup, a, b, held) =
+        master_on_a_followers_on_b("handoff-master-trades-while-moving", 6).await;
     let CopySetup {
         db,
         dir,
         broker,
         t,
         mut conn,
-        addr,
         ..
-    } = CopySetup::with("handoff-master-trades-while-moving", |o| {
-        o.fence_check = false;
-        o.dedupe = false;
-        o.journal_reads = true;
-        o.read_delay = Duration::from_millis(200);
-    })
-    .await;
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    for id in 2..=7 {
-        add_account(&mut conn, id, "follower", &addr, &format!("f{id}")).await;
-        add_link(&mut conn, 1, id, LinkSpec::default()).await;
-    }
-    // a takes the master alone (claims go by id, capacity 1), b the followers (capacity 6: no
-    // room for the master once a stops).
-    let a = start_node(&config(&db, "a", 1, UNHURRIED)).await;
-    wait_state(&a.state, "a owns the master", WAIT, |s| {
-        s.owned.contains_key(&1)
-    })
-    .await;
-    let b = start_node(&config(&db, "b", 6, UNHURRIED)).await;
-    wait_state(&b.state, "b owns the followers", WAIT, |s| {
-        s.owned.len() == 6
-    })
-    .await;
-    followers_reconciled(&mut conn).await;
-    let held = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
-    eventually("the held position copied everywhere", WAIT, async || {
-        let copied = journal(&dir.path("journal.jsonl"))
-            .iter()
-            .filter(|l| l.accepted && l.action == "open" && l.client == "b")
-            .count();
-        (copied == 6).then_some(())
-    })
-    .await;
+    } = setup;
     a.shutdown();
     a.wait().await.unwrap();
     eventually("the master free", WAIT, async || {
@@ -894,6 +827,63 @@ async fn a_trade_while_the_master_moves_costs_its_followers_no_read() {
         n.wait().await.unwrap();
     }
     broker.stop().await;
+}
+
+/// The start of the master's-move tests: a slow trade server (every read 200 ms and journaled,
+/// fence check and dedupe off, as MT4/MT5 servers); master 1 (`m1`) and six followers 2..=7
+/// linked to it; node a holds the master alone and node b the followers, every follower
+/// reconciled; then a position opened on the master (returned, with the setup and the nodes)
+/// and copied to all six by b. Claims go by id: a, of capacity 1, takes the master, and keeps it
+/// until it stops (with a larger a, or a larger share of it, a cycle reading b before b
+/// published its claims could hand the master off early); b's capacity (`b_capacity`) says
+/// whether it has room for the master once a stops.
+async fn master_on_a_followers_on_b(
+    name: &str,
+    b_capacity: u32,
+) -> (
+    CopySetup,
+    copier_node::app::NodeHandle,
+    copier_node::app::NodeHandle,
+    i64,
+) {
+    let mut setup = CopySetup::with(name, |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.journal_reads = true;
+        o.read_delay = Duration::from_millis(200);
+    })
+    .await;
+    let addr = setup.addr.clone();
+    add_account(&mut setup.conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        add_account(&mut setup.conn, id, "follower", &addr, &format!("f{id}")).await;
+        add_link(&mut setup.conn, 1, id, LinkSpec::default()).await;
+    }
+    let a = start_node(&config(&setup.db, "a", 1, UNHURRIED)).await;
+    wait_state(&a.state, "a owns the master", WAIT, |s| {
+        s.owned.contains_key(&1)
+    })
+    .await;
+    let b = start_node(&config(&setup.db, "b", b_capacity, UNHURRIED)).await;
+    wait_state(&b.state, "b owns the followers", WAIT, |s| {
+        s.owned.len() == 6
+    })
+    .await;
+    followers_reconciled(&mut setup.conn).await;
+    let held = setup
+        .t
+        .open("m1", "EURUSD", Side::Buy, 1.0, None, None)
+        .await;
+    let dir = &setup.dir;
+    eventually("the held position copied everywhere", WAIT, async || {
+        let copied = journal(&dir.path("journal.jsonl"))
+            .iter()
+            .filter(|l| l.accepted && l.action == "open" && l.client == "b")
+            .count();
+        (copied == 6).then_some(())
+    })
+    .await;
+    (setup, a, b, held)
 }
 
 /// `login` moved from `old` to `new` by a prepared hand-off, judged from the journal: `new`
