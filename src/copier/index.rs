@@ -548,6 +548,21 @@ impl CopyIndex {
     }
 
     /// Copy `ticket`'s volume when it was opened (its current volume if unknown).
+    /// `ticket` and, for an MT4 remainder, the tickets it was split from, nearest first: what a
+    /// record keyed by the copy's first ticket (its late-copy base) is found under.
+    pub fn ancestry(&self, ticket: i64) -> Vec<i64> {
+        let mut line = vec![ticket];
+        let mut t = ticket;
+        while let Some(&up) = self.parent.get(&t) {
+            if line.contains(&up) {
+                break;
+            }
+            line.push(up);
+            t = up;
+        }
+        line
+    }
+
     pub fn original_volume(&self, copy: &Position) -> f64 {
         self.original
             .get(&copy.ticket)

@@ -506,10 +506,13 @@ pub fn plan_ticket(
         .map(|dup| close(link, ticket, dup, "duplicate copy"))
         .collect();
     if let Some(spec) = at.specs.get(&copy.symbol) {
-        let base = at
-            .memory
-            .bases
-            .get(&copy.ticket)
+        // Recorded under the copy's first ticket: an MT4 remainder finds it through its lineage
+        // (without it, a late copy's second trim scaled against the master's opening volume and
+        // closed too much).
+        let base = index
+            .ancestry(copy.ticket)
+            .iter()
+            .find_map(|t| at.memory.bases.get(t))
             .copied()
             .unwrap_or(m.open_volume);
         let target = trimmed_volume(index.original_volume(copy), base, m.volume, spec);
@@ -1000,6 +1003,44 @@ mod tests {
         );
         assert!(
             matches!(&run(&f, &[master(10, 0.3, 1.0)])[0], Action::Trim { close_volume, target, .. } if *close_volume == 0.15 && *target == 0.15)
+        );
+    }
+
+    /// MT4's ways: a late copy (0.2 for a master already down to 0.4 of 0.8, base 0.4) trimmed
+    /// once closes whole and leaves a remainder under a new ticket (`from #901`); at the master's
+    /// next partial close the remainder still trims against the base its first ticket recorded:
+    /// to 0.05 for a master at 0.1, not to what 0.1 of 0.8 would make it (which closed too much:
+    /// found by the fault suite's MT4 scenario, `not converged`).
+    #[test]
+    fn a_late_copys_mt4_remainder_trims_against_the_base_of_its_first_ticket() {
+        let mut memory = Memory::default();
+        memory.bases.insert(901, 0.4);
+        let mut index = CopyIndex::default();
+        index.opened(copy(901, 10, 0.2));
+        index.reduced(901, 0.0);
+        index.opened(Position {
+            comment: "from #901".into(),
+            ..copy(902, 10, 0.1)
+        });
+        assert_eq!(index.ancestry(902), [902, 901]);
+        let specs = specs();
+        let actions = plan(
+            &link(),
+            &[master(10, 0.1, 0.8)],
+            &[],
+            &index,
+            &Situation {
+                memory: &memory,
+                funds: &Inputs::default(),
+                specs: &specs,
+                at: (5, 12),
+                pending: Default::default(),
+            },
+        );
+        assert!(
+            matches!(&actions[..], [Action::Trim { ticket: 902, close_volume, target, .. }]
+                if (*close_volume - 0.05).abs() < 1e-9 && (*target - 0.05).abs() < 1e-9),
+            "{actions:?}"
         );
     }
 
