@@ -184,6 +184,11 @@ impl Setup {
             .args(timing)
             .env("COPIER_DATABASE_URL", &self.url)
             .env_remove("DATABASE_URL")
+            // The benchmark's own settings are not the node's: a `COPIER_` variable that names
+            // no configuration key is a warning the run would count against the node.
+            .env_remove("COPIER_BENCH_KEEP")
+            .env_remove("COPIER_BENCH_NODE_LOG")
+            .env_remove("COPIER_BENCH_NODE")
             // `COPIER_BENCH_NODE_LOG=warn,copier_node::lease=debug`: more of the nodes' logs,
             // while looking into a run (warnings are counted by level, whatever else is logged).
             .env(
