@@ -721,12 +721,7 @@ async fn a_masters_hand_off_costs_its_followers_no_read() {
         .iter()
         .rposition(|l| l.client == "b" && l.action == "close" && l.accepted)
         .expect("b closed the copies");
-    let reads: Vec<(&str, &str)> = lines[taken..last_close]
-        .iter()
-        .filter(|l| l.client == "b" && l.login.starts_with('f'))
-        .filter(|l| ["positions", "history", "orders"].contains(&l.action.as_str()))
-        .map(|l| (l.login.as_str(), l.action.as_str()))
-        .collect();
+    let reads = followers_read_by_b(&lines[taken..last_close]);
     assert!(
         reads.is_empty(),
         "b read its followers while the master moved: {reads:?}"
@@ -812,12 +807,7 @@ async fn a_trade_while_the_master_moves_costs_its_followers_no_read() {
                     .is_some_and(|c| c.contains(&during.to_string()))
         })
         .expect("b copied the position opened during the move");
-    let reads: Vec<(&str, &str)> = lines[taken..last_copy]
-        .iter()
-        .filter(|l| l.client == "b" && l.login.starts_with('f'))
-        .filter(|l| ["positions", "history", "orders"].contains(&l.action.as_str()))
-        .map(|l| (l.login.as_str(), l.action.as_str()))
-        .collect();
+    let reads = followers_read_by_b(&lines[taken..last_copy]);
     assert!(
         reads.is_empty(),
         "b read its followers to copy a trade made while the master moved: {reads:?}"
@@ -827,6 +817,19 @@ async fn a_trade_while_the_master_moves_costs_its_followers_no_read() {
         n.wait().await.unwrap();
     }
     broker.stop().await;
+}
+
+/// What node b read of its followers in `lines` that a reconcile reads (positions, history,
+/// orders; the periodic funds read of `account` is not one), as (login, action).
+fn followers_read_by_b(
+    lines: &[copier_node::sim_broker::journal::JournalEntry],
+) -> Vec<(&str, &str)> {
+    lines
+        .iter()
+        .filter(|l| l.client == "b" && l.login.starts_with('f'))
+        .filter(|l| ["positions", "history", "orders"].contains(&l.action.as_str()))
+        .map(|l| (l.login.as_str(), l.action.as_str()))
+        .collect()
 }
 
 /// The start of the master's-move tests: a slow trade server (every read 200 ms and journaled,
