@@ -32,6 +32,7 @@ use crate::broker::types::{
 use crate::broker::{BrokerError, ReadAhead, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::copy::{AccountRow, Published};
+use crate::future::BoxFuture;
 use crate::hub::{Signal, Topic};
 use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
@@ -160,6 +161,9 @@ async fn serve(
     ctx.started();
     let mut background = spread_interval(BACKGROUND_SYNC);
     let mut funds = spread_interval(FUNDS_EVERY);
+    // The periodic reading of the master's figures runs beside its events: a slow trade server's
+    // answer (hundreds of milliseconds) holds up no publication, and so no follower's copy.
+    let mut reading: Option<BoxFuture<'static, Result<AccountInfo, BrokerError>>> = None;
     loop {
         let retry = tokio::time::sleep(RETRY);
         tokio::select! {
@@ -192,10 +196,17 @@ async fn serve(
             },
             _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,
             _ = background.tick() => m.sync(session.api.as_ref(), false).await?,
-            _ = funds.tick() => {
-                if let Some(offset) = report_funds(ctx, session.api.as_ref()).await {
+            read = async { reading.as_mut().expect("a reading under way").await }, if reading.is_some() => {
+                reading = None;
+                if let Some(offset) = read.ok().and_then(|info| store_funds(ctx, info)) {
                     m.offset_ms = offset;
                 }
+            }
+            _ = funds.tick() => {
+                reading.get_or_insert_with(|| {
+                    let api = session.api.clone();
+                    Box::pin(async move { api.account().await })
+                });
             }
         }
         if ctx.cancel.is_cancelled() {

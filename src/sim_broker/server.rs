@@ -132,13 +132,15 @@ struct Shared {
     core: Mutex<Core>,
     next_conn: AtomicU64,
     login_delay: Duration,
-    read_delay: Duration,
+    /// [`ServeOptions::read_delay`] in microseconds (changed by [`SimBroker::set_read_delay`]).
+    read_delay_us: AtomicU64,
     fence_request: bool,
 }
 
 /// A running server.
 pub struct SimBroker {
     pub addr: SocketAddr,
+    shared: Arc<Shared>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -187,16 +189,33 @@ impl SimBroker {
             }),
             next_conn: AtomicU64::new(1),
             login_delay: options.login_delay,
-            read_delay: options.read_delay,
+            read_delay_us: AtomicU64::new(
+                u64::try_from(options.read_delay.as_micros()).unwrap_or(u64::MAX),
+            ),
             fence_request: options.fence_request,
         });
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(run(listener, shared, options.price_walk, shutdown.clone()));
+        let task = tokio::spawn(run(
+            listener,
+            shared.clone(),
+            options.price_walk,
+            shutdown.clone(),
+        ));
         Ok(SimBroker {
             addr,
+            shared,
             shutdown,
             task,
         })
+    }
+
+    /// From now on every read waits `delay` before it is answered (a trade server turning slow
+    /// under a running session; reads already waiting keep their delay).
+    pub fn set_read_delay(&self, delay: Duration) {
+        self.shared.read_delay_us.store(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Stops accepting, closes every connection, and waits.
@@ -714,7 +733,9 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
 fn delay_of(shared: &Shared, request: &Request) -> Duration {
     match request {
         Request::Login { .. } => shared.login_delay,
-        _ if read_of(request).is_some() => shared.read_delay,
+        _ if read_of(request).is_some() => {
+            Duration::from_micros(shared.read_delay_us.load(Ordering::Relaxed))
+        }
         _ => Duration::ZERO,
     }
 }

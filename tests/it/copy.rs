@@ -1407,8 +1407,8 @@ async fn a_batch_of_reads_the_database_refuses_fails_every_read_at_once() {
 /// Followers' reconcile reads made at about the same time go to the database together: far
 /// fewer transactions than reads (PostgreSQL's own count is the judge, beside the same reads made
 /// one after another), and each follower gets its own: its master's snapshot and funds, its own
-/// bases, final decisions and ledger rows; a master that never published reads as none, and a
-/// master whose snapshot does not parse fails its own followers' reads alone.
+/// bases, final decisions, ledger rows and pending copies; a master that never published reads
+/// as none, and a master whose snapshot does not parse fails its own followers' reads alone.
 #[tokio::test]
 async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_its_own() {
     use copier_node::db::copy::{LedgerRead, LedgerReader, ReconcileRead, ReconcileReader};
@@ -1426,7 +1426,8 @@ async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_i
     }
     // Master 1 published one position and has funds; master 100's snapshot does not parse;
     // master 200 never published. Follower 4 has a late-copy base, follower 5 a final decision,
-    // follower 6 a copy in the ledger (and one on another login it no longer trades).
+    // follower 6 a copy in the ledger (and one on another login it no longer trades), follower 7
+    // two pending copies, one of them cancelled (and one on another login).
     conn.execute(
         r#"INSERT INTO master_state (master_id, epoch, seq, positions, updated_at)
            VALUES (1, 7, 3, '[{"ticket": 11, "symbol": "EURUSD", "side": "buy", "volume": 1.0, "open_volume": 1.0, "open_price": 1.1, "sl": null, "tp": null, "magic": 0}]', now()),
@@ -1440,7 +1441,13 @@ async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_i
                                     master_server, master_login, master_ticket, symbol, side, volume,
                                     filled_price, node_id, owner_epoch)
            SELECT 6, t, 'broker:1', l, id, 1, 'broker:1', 'm1', 11, 'EURUSD', 'buy', 1.0, 1.1, 'n', 1
-             FROM copy_links, (VALUES (501, 'f6'), (502, 'old6')) v(t, l) WHERE follower_id = 6"#,
+             FROM copy_links, (VALUES (501, 'f6'), (502, 'old6')) v(t, l) WHERE follower_id = 6;
+           INSERT INTO order_copies (follower_id, server, login, link_id, master_id, master_server,
+                                     master_login, master_ticket, follower_ticket, ended, node_id,
+                                     owner_epoch)
+           SELECT 7, 'broker:1', l, id, 1, 'broker:1', 'm1', t, t + 600, e, 'n', 1
+             FROM copy_links, (VALUES (13, 'f7', NULL), (14, 'f7', 'cancelled'), (15, 'old7', NULL))
+                  v(t, l, e) WHERE follower_id = 7"#,
     )
     .await
     .unwrap();
@@ -1544,9 +1551,27 @@ async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_i
     for (r, got) in ledger.iter().zip(copied) {
         let got = got.expect("the reader answers");
         if r.follower == 6 {
-            assert_eq!(got, [(link_of[&6], 11, 501, None)], "the copy on f6 only");
+            assert_eq!(
+                got.copied,
+                [(link_of[&6], 11, 501, None)],
+                "the copy on f6 only"
+            );
         } else {
-            assert!(got.is_empty(), "follower {}: {got:?}", r.follower);
+            assert!(got.copied.is_empty(), "follower {}: {got:?}", r.follower);
+        }
+        if r.follower == 7 {
+            let mut placed = got.placed.clone();
+            placed.sort_by_key(|p| p.1);
+            assert_eq!(
+                placed,
+                [
+                    (link_of[&7], 13, Some(613), false),
+                    (link_of[&7], 14, Some(614), true)
+                ],
+                "the pending copies on f7 only"
+            );
+        } else {
+            assert!(got.placed.is_empty(), "follower {}: {got:?}", r.follower);
         }
     }
 }
@@ -1801,5 +1826,85 @@ async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_ow
     assert!(
         nobody.links.is_empty() && nobody.max_open_copies.is_none() && nobody.risk.is_empty(),
         "{nobody:?}"
+    );
+}
+
+/// A slow trade server's answer to the follower's periodic reading of its figures (every five
+/// seconds for a follower with risk limits) holds up none of its copies. Once its copy is open,
+/// every read is answered six seconds after it is asked (the journal records a read as it is
+/// answered), longer than the readings' period, so a session that waited for its reading would
+/// be waiting for one nearly all the time. The master closes as soon as a slow reading has been
+/// answered, the next one already asked: the follower's close comes before that next reading's
+/// answer in the journal. Fails when the session waits for its reading before it takes the next
+/// event (the close then comes after it). The broker's protections are off.
+#[tokio::test]
+async fn a_slow_reading_of_the_followers_figures_holds_up_no_copy() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::with("copy-slow-reading", |o| {
+        o.fence_check = false;
+        o.dedupe = false;
+        o.journal_reads = true;
+    })
+    .await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
+    // A limit out of reach: the follower's figures are read every five seconds.
+    conn.execute(
+        "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+         VALUES (2, 'lifetime', 'equity', true, 90, 'close_only')",
+    )
+    .await
+    .unwrap();
+    let node = start_node(&config(&db, "a", 10, FAST)).await;
+    followers_ready(&mut conn, &[2]).await;
+    let ticket = t.open("m1", "EURUSD", Side::Buy, 0.2, None, None).await;
+    t.copy_of("f2", magic, ticket, WAIT).await;
+
+    let journal_path = dir.path("journal.jsonl");
+    let is_reading = |l: &JournalEntry| l.login == "f2" && l.client == "a" && l.action == "account";
+    broker.set_read_delay(Duration::from_secs(6));
+    let before = journal(&journal_path)
+        .iter()
+        .filter(|l| is_reading(l))
+        .count();
+    eventually(
+        "a slow reading of the follower's figures",
+        Duration::from_secs(60),
+        async || {
+            let readings = journal(&journal_path)
+                .iter()
+                .filter(|l| is_reading(l))
+                .count();
+            (readings > before).then_some(())
+        },
+    )
+    .await;
+    t.close("m1", ticket, None).await;
+    eventually(
+        "the follower's copy closed",
+        Duration::from_secs(60),
+        async || t.positions("f2").await.is_empty().then_some(()),
+    )
+    .await;
+    broker.set_read_delay(Duration::ZERO);
+    node.shutdown();
+    node.wait().await.unwrap();
+    broker.stop().await;
+
+    let lines = journal(&journal_path);
+    let close = lines
+        .iter()
+        .position(|l| l.login == "f2" && l.client == "a" && l.action == "close")
+        .expect("the follower's close");
+    let answered_before = lines[..close].iter().filter(|l| is_reading(l)).count();
+    assert_eq!(
+        answered_before,
+        before + 1,
+        "the follower's close waited for its next reading of its figures"
     );
 }

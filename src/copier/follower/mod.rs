@@ -214,6 +214,11 @@ async fn serve(
     let mut links = spread_interval(LINKS_EVERY);
     let mut funds = spread_interval(FUNDS_EVERY);
     let mut risk_check = spread_interval(RISK_EVERY);
+    // The periodic reading of the account's figures runs beside the session's work: a slow trade
+    // server's answer (hundreds of milliseconds) holds up no copy. Its figures are taken when it
+    // answers, one reading at a time.
+    let mut reading: Option<crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>>> =
+        None;
     loop {
         let retry_at = f.owing.at;
         tokio::select! {
@@ -264,9 +269,15 @@ async fn serve(
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
-            _ = risk_check.tick(), if !f.risk.limits.is_empty() || !f.risk.closing.is_empty() => f.report_funds().await,
+            read = async { reading.as_mut().expect("a reading under way").await }, if reading.is_some() => {
+                reading = None;
+                f.take_funds(read).await;
+            }
+            _ = risk_check.tick(), if !f.risk.limits.is_empty() || !f.risk.closing.is_empty() => {
+                reading.get_or_insert_with(|| f.read_funds());
+            }
             _ = funds.tick() => {
-                f.report_funds().await;
+                reading.get_or_insert_with(|| f.read_funds());
                 let masters: Vec<i64> = f.master_funds.keys().copied().collect();
                 for m in masters {
                     f.refresh_master_funds(m).await;
@@ -277,29 +288,16 @@ async fn serve(
 }
 
 impl Follower<'_> {
-    /// Reads what the ledger says this follower ever copied (R2 then holds whatever history the
-    /// broker keeps), and records the copies of master `m` a read shows that have no row yet
-    /// (an order whose reply was lost, found by its marker).
-    async fn sync_ledger(&mut self, m: i64, open: &[Position], masters: &[MasterPosition]) -> bool {
-        // This session's own rows first, so the read below sees them.
-        self.flush_ledger().await;
-        let copied = self
-            .ctx
-            .node
-            .ledger_reads
-            .write(db::copy::LedgerRead {
-                follower: self.id,
-                server: self.server.clone(),
-                login: self.login.clone(),
-            })
-            .await;
-        let copied = match copied {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, "reading the copy ledger failed; nothing is decided until it can be read");
-                return false;
-            }
-        };
+    /// Takes what the ledger says this follower ever copied, as read with the reconcile's other
+    /// reads (R2 then holds whatever history the broker keeps), and records the copies of master
+    /// `m` a read shows that have no row yet (an order whose reply was lost, found by its marker).
+    fn sync_ledger(
+        &mut self,
+        m: i64,
+        open: &[Position],
+        masters: &[MasterPosition],
+        copied: Vec<db::copy::ledger::Copied>,
+    ) {
         let magics: HashMap<i64, i64> = self.links.list.iter().map(|l| (l.id, l.magic)).collect();
         let mut recorded: HashSet<i64> = HashSet::new();
         for (link_id, master_ticket, ticket, volume) in copied {
@@ -350,7 +348,6 @@ impl Follower<'_> {
                 self.record_copy(&record);
             }
         }
-        true
     }
 
     fn links_of(&self, master: i64) -> Vec<Link> {
@@ -397,6 +394,13 @@ impl Follower<'_> {
     async fn report_funds(&mut self) {
         let read = self.api.account().await;
         self.take_funds(read).await;
+    }
+
+    /// A reading of the account's figures that borrows nothing of the session (taken by
+    /// [`Self::take_funds`] when it answers).
+    fn read_funds(&self) -> crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>> {
+        let api = self.api.clone();
+        Box::pin(async move { api.account().await })
     }
 
     /// Takes the account's figures as read (or as the fence's reply carried them).
@@ -477,17 +481,24 @@ impl Follower<'_> {
                 }
             }
         }
-        // With the node's other followers' reads of the moment (one batch, a background turn).
-        let db_read = self
-            .ctx
-            .node
-            .reconciles
-            .write(db::copy::ReconcileRead {
+        // This session's own ledger rows first, so the reads below see them.
+        self.flush_ledger().await;
+        // The database's part, read at once (neither waits for the other): the master's snapshot
+        // with what the follower remembers of it, and what the follower ever copied and placed,
+        // each with the node's other followers' reads of the moment (one batch, a background
+        // turn). Nothing but this session writes the follower's ledgers while it owns the account.
+        let (db_read, ledgers) = tokio::join!(
+            self.ctx.node.reconciles.write(db::copy::ReconcileRead {
                 follower: self.id,
                 master: m,
-            })
-            .await
-            .and_then(|read| read);
+            }),
+            self.ctx.node.ledger_reads.write(db::copy::LedgerRead {
+                follower: self.id,
+                server: self.server.clone(),
+                login: self.login.clone(),
+            }),
+        );
+        let db_read = db_read.and_then(|read| read);
         let db::copy::ReconcileBasis {
             state,
             master_funds,
@@ -550,15 +561,19 @@ impl Follower<'_> {
             ),
         };
         let (view, now_ms) = view;
-        if !self.sync_ledger(m, &positions, &view.positions).await
-            || !self.sync_order_copies(m, &orders).await
-        {
-            // Without the ledger a copy the follower closed could look never made: decide
-            // nothing until it can be read.
-            self.masters.remove(&m);
-            self.owe("copy ledger read failed");
-            return;
-        }
+        let ledgers = match ledgers {
+            Ok(l) => l,
+            Err(e) => {
+                // Without the ledger a copy the follower closed could look never made: decide
+                // nothing until it can be read.
+                warn!(master_id = m, error = %e, "reading the copy ledgers failed; nothing is decided until they can be read");
+                self.masters.remove(&m);
+                self.owe("copy ledger read failed");
+                return;
+            }
+        };
+        self.sync_ledger(m, &positions, &view.positions, ledgers.copied);
+        self.sync_order_copies(m, &orders, ledgers.placed).await;
         // Copy tickets the ledger taught the index may resolve MT4 remainders of this read.
         if self.index.take_learned() {
             self.index.rebuild(&positions, &history);

@@ -447,25 +447,15 @@ impl Follower<'_> {
         }
     }
 
-    /// Reads what the ledger of order copies says was ever placed (and which of those left the
-    /// book without a fill), and records the pending copies of master `m` a read shows whose
-    /// ticket it lacks. False when it cannot be read.
-    pub(super) async fn sync_order_copies(&mut self, m: i64, orders: &[PendingOrder]) -> bool {
-        let placed = self
-            .ctx
-            .node
-            .db
-            .run(async |conn| {
-                db::copy::ledger::placed(&mut *conn, self.id, &self.server, &self.login).await
-            })
-            .await;
-        let placed = match placed {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(error = %db::describe(&e), "reading the ledger of order copies failed; nothing is decided until it can be read");
-                return false;
-            }
-        };
+    /// Takes what the ledger of order copies says was ever placed (and which of those left the
+    /// book without a fill), as read with the reconcile's other reads, and records the pending
+    /// copies of master `m` a read shows whose ticket it lacks.
+    pub(super) async fn sync_order_copies(
+        &mut self,
+        m: i64,
+        orders: &[PendingOrder],
+        placed: Vec<db::copy::ledger::Placed>,
+    ) {
         let mut recorded = std::collections::HashSet::new();
         for (link_id, master_ticket, ticket, ended) in placed {
             if let Some(link) = self.links.list.iter().find(|l| l.id == link_id) {
@@ -490,6 +480,5 @@ impl Follower<'_> {
                 }
             }
         }
-        true
     }
 }

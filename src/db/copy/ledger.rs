@@ -280,25 +280,45 @@ async fn fenced_on_order_copy(
     Ok(query.fetch_one(conn).await? > 0)
 }
 
-/// Every pending copy the follower's broker account ever placed for its masters' current
-/// accounts: (link, master ticket, its ticket if known, ended without a fill).
-pub async fn placed(
+/// A pending copy the ledger of order copies holds: (link, master ticket, its ticket if known,
+/// ended without a fill).
+pub type Placed = (i64, i64, Option<i64>, bool);
+
+/// Every pending copy each follower's broker account ever placed for its masters' current
+/// accounts, for many in one statement (one with none is absent).
+pub async fn placed_of(
     conn: &mut PgConnection,
-    follower_id: i64,
-    server: &str,
-    login: &str,
-) -> Result<Vec<(i64, i64, Option<i64>, bool)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT o.link_id, o.master_ticket, o.follower_ticket, o.ended IS NOT NULL
-           FROM order_copies o JOIN trading_accounts m ON m.id = o.master_id
-          WHERE o.follower_id = $1 AND o.server = $2 AND o.login = $3
-            AND o.master_server = m.server AND o.master_login = m.login",
+    keys: &[LedgerKey],
+) -> Result<HashMap<LedgerKey, Vec<Placed>>, sqlx::Error> {
+    let mut keys: Vec<&LedgerKey> = keys.iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let followers: Vec<i64> = keys.iter().map(|k| k.0).collect();
+    let servers: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
+    let logins: Vec<&str> = keys.iter().map(|k| k.2.as_str()).collect();
+    type Found = (i64, String, String, i64, i64, Option<i64>, bool);
+    let rows: Vec<Found> = sqlx::query_as(
+        "SELECT q.follower_id, q.server, q.login,
+                o.link_id, o.master_ticket, o.follower_ticket, o.ended IS NOT NULL
+           FROM unnest($1::bigint[], $2::text[], $3::text[]) q(follower_id, server, login)
+           JOIN order_copies o
+             ON o.follower_id = q.follower_id AND o.server = q.server AND o.login = q.login
+           JOIN trading_accounts m ON m.id = o.master_id
+          WHERE o.master_server = m.server AND o.master_login = m.login",
     )
-    .bind(follower_id)
-    .bind(server)
-    .bind(login)
+    .bind(&followers)
+    .bind(&servers)
+    .bind(&logins)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(super::grouped(rows.into_iter().map(
+        |(follower, server, login, link, master_ticket, ticket, ended)| {
+            (
+                (follower, server, login),
+                (link, master_ticket, ticket, ended),
+            )
+        },
+    )))
 }
 
 /// One copy to record, with the writer's ownership of the follower.

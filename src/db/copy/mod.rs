@@ -36,7 +36,9 @@ pub use master::{
     FirstSeen, MasterPublisher, MasterState, PublishWrite, Published, master_state, master_states,
     publish, publish_many, stamp_first_seen,
 };
-pub use reconcile::{LedgerRead, LedgerReader, ReconcileBasis, ReconcileRead, ReconcileReader};
+pub use reconcile::{
+    LedgerRead, LedgerReader, LedgerRows, ReconcileBasis, ReconcileRead, ReconcileReader,
+};
 pub use risk::{Saved, save_risk_state};
 
 /// Rows of a batched read gathered by whom they belong to (a follower, a ledger key): what each

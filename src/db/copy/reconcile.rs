@@ -4,9 +4,10 @@
 //! follower's own reads did ([`crate::db::Db::background`]). A hundred followers of one master
 //! read its snapshot once.
 //!
-//! Two readers, as a reconcile makes two reads: [`ReconcileRead`] before it reads the follower's
-//! broker (the master's snapshot and funds, the follower's late-copy bases and final decisions),
-//! [`LedgerRead`] after it (what the follower ever copied, once its own rows are written).
+//! Two readers, whose reads a reconcile makes at once, before it reads the follower's broker:
+//! [`ReconcileRead`] (the master's snapshot and funds, the follower's late-copy bases and final
+//! decisions) and [`LedgerRead`] (what the follower ever copied and placed, once its own rows are
+//! written).
 
 use std::collections::{HashMap, HashSet};
 
@@ -93,7 +94,9 @@ impl Batched for ReconcileRead {
     }
 }
 
-/// One follower's copies as the ledger records them ([`super::ledger::copied`]).
+/// One follower's copies as the ledgers record them: what it ever copied
+/// ([`super::ledger::copied`]) and the pending copies it ever placed
+/// ([`super::ledger::placed_of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerRead {
     pub follower: i64,
@@ -101,11 +104,19 @@ pub struct LedgerRead {
     pub login: String,
 }
 
-/// The node's reader of what its followers ever copied: one statement a batch.
+/// What a [`LedgerRead`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LedgerRows {
+    pub copied: Vec<super::ledger::Copied>,
+    pub placed: Vec<super::ledger::Placed>,
+}
+
+/// The node's reader of what its followers ever copied and placed: two statements a batch, on
+/// one connection.
 pub type LedgerReader = BatchWriter<LedgerRead>;
 
 impl Batched for LedgerRead {
-    type Outcome = Vec<super::ledger::Copied>;
+    type Outcome = LedgerRows;
     const WHAT: &'static str = "copy ledger reader";
     const MAX: usize = 1000;
     const ALONE_WHEN_REFUSED: bool = false;
@@ -120,9 +131,13 @@ impl Batched for LedgerRead {
                 .map(|r| (r.follower, r.server.clone(), r.login.clone()))
                 .collect();
             let copied = super::ledger::copied_of(conn, &keys).await?;
+            let placed = super::ledger::placed_of(conn, &keys).await?;
             Ok(keys
                 .iter()
-                .map(|k| copied.get(k).cloned().unwrap_or_default())
+                .map(|k| LedgerRows {
+                    copied: copied.get(k).cloned().unwrap_or_default(),
+                    placed: placed.get(k).cloned().unwrap_or_default(),
+                })
                 .collect())
         })
     }
