@@ -1908,3 +1908,102 @@ async fn a_slow_reading_of_the_followers_figures_holds_up_no_copy() {
         "the follower's close waited for its next reading of its figures"
     );
 }
+
+/// A follower's session subscribes to the masters its row named as it was read, and asks for
+/// their snapshots beside its links; its links, as read after, decide what it copies, each from
+/// its own master's snapshot. Master 1 has published a position. Held (a fault-injection point)
+/// between the read of its row and its login, the follower's links change: the link from
+/// master 1 is removed, and one from master 3 is added that copies existing positions, with a
+/// position opened on master 3. Let go, the follower copies master 3's position (a master its
+/// row did not name) and never master 1's (read ahead for it, its link gone). Judged from the
+/// broker's journal, its protections off. Fails when master 1's snapshot, read ahead, is taken
+/// for master 3's (shown by hand), or when a master the row did not name is never read.
+#[tokio::test]
+async fn a_followers_links_changed_after_its_row_was_read_decide_what_it_copies() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::unprotected("copy-first-reads").await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    add_account(&mut conn, 3, "master", &addr, "m3").await;
+    // Master 1 publishes its position (no follower yet).
+    let first_position = t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
+    let node = start_node(&config(&db, "pre", 10, FAST)).await;
+    eventually("master 1's published position", WAIT, async || {
+        let positions: Option<String> =
+            sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = 1")
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+        positions
+            .filter(|p| p.contains(&first_position.to_string()))
+            .map(|_| ())
+    })
+    .await;
+    node.shutdown();
+    node.wait().await.unwrap();
+
+    add_account(&mut conn, 2, "follower", &addr, "f2").await;
+    let (old_link, _) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let hold = dir.path("hold");
+    std::fs::write(&hold, b"hold").unwrap();
+    let mut node =
+        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
+            node_id: "a".into(),
+            capacity: 10,
+            timing: FAST,
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: vec![("COPIERTEST_HOLD_START".into(), hold.display().to_string())],
+            extra: Vec::new(),
+        });
+    // Every session holds at its login: each has read its row.
+    eventually("the three sessions held at their login", WAIT, async || {
+        (node
+            .output()
+            .matches("account session held before its login")
+            .count()
+            == 3)
+            .then_some(())
+    })
+    .await;
+    conn.execute(format!("DELETE FROM copy_links WHERE id = {old_link}").as_str())
+        .await
+        .unwrap();
+    let existing = LinkSpec {
+        copy_existing: true,
+        ..LinkSpec::default()
+    };
+    let (_, magic) = add_link(&mut conn, 3, 2, existing).await;
+    let third = t.open("m3", "GBPUSD", Side::Sell, 0.2, None, None).await;
+    std::fs::remove_file(&hold).unwrap();
+    t.copy_of("f2", magic, third, WAIT).await;
+    eventually("f2's reconcile of master 3", WAIT, async || {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        status
+            .filter(|s| s.starts_with("follower: master 3"))
+            .map(|_| ())
+    })
+    .await;
+    node.signal("TERM");
+    node.wait_exit(WAIT).await;
+    broker.stop().await;
+
+    let copied = journal(&dir.path("journal.jsonl")).into_iter().any(|l| {
+        l.login == "f2"
+            && l.action == "open"
+            && l.comment.as_deref() == Some(&format!("mc{first_position}"))
+    });
+    assert!(
+        !copied,
+        "f2 copied master 1's position, whose link was removed"
+    );
+}

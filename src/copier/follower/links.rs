@@ -135,6 +135,26 @@ impl Follower<'_> {
         }
     }
 
+    /// Subscribes to the events of each of `masters` not subscribed to yet; false when the
+    /// session was stopped meanwhile or the notification hub is gone.
+    pub(super) async fn subscribe_masters(&mut self, masters: &HashSet<i64>) -> bool {
+        for m in masters {
+            if !self.links.subscriptions.contains_key(m) {
+                let sub = tokio::select! {
+                    _ = self.ctx.cancel.cancelled() => return false,
+                    s = self.ctx.node.hub.subscribe(Topic::Master(*m), self.signals.clone()) => s,
+                };
+                match sub {
+                    Some(s) => {
+                        self.links.subscriptions.insert(*m, s);
+                    }
+                    None => return false,
+                }
+            }
+        }
+        true
+    }
+
     pub(super) async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
         // Read with the other followers' of this node that ask meanwhile (one batch).
         let loaded = self
@@ -178,19 +198,8 @@ impl Follower<'_> {
             return true;
         }
         let wanted: HashSet<i64> = links.iter().map(|l| l.master_id).collect();
-        for m in &wanted {
-            if !self.links.subscriptions.contains_key(m) {
-                let sub = tokio::select! {
-                    _ = self.ctx.cancel.cancelled() => return false,
-                    s = self.ctx.node.hub.subscribe(Topic::Master(*m), self.signals.clone()) => s,
-                };
-                match sub {
-                    Some(s) => {
-                        self.links.subscriptions.insert(*m, s);
-                    }
-                    None => return false,
-                }
-            }
+        if !self.subscribe_masters(&wanted).await {
+            return false;
         }
         self.links.subscriptions.retain(|m, _| wanted.contains(m));
         let changed: BTreeMap<i64, ()> = links

@@ -43,6 +43,7 @@ use super::{MasterOrder, MasterPosition, spread_interval};
 use crate::broker::types::{AccountInfo, ClosedPosition, PendingOrder, Position, SymbolSpec};
 use crate::broker::{BrokerError, ReadAhead, SessionEvent, TradeApi};
 use crate::db;
+use crate::db::batch::Submitted;
 use crate::db::copy::AccountRow;
 use crate::hub::{Signal, Topic};
 use crate::session::{AccountContext, Ended};
@@ -103,6 +104,47 @@ struct Follower<'a> {
     /// What a prepared login read ahead of the claim, current at the raise: the session start's
     /// first read of the trade server (and its symbols), then gone.
     ahead: Option<Box<ReadAhead>>,
+    /// The database's part of the session's first reconcile, read beside its links: taken by
+    /// that reconcile when nothing was carried out since the read, then gone.
+    first: Option<FirstReads>,
+}
+
+/// A session's first reads of the database ([`FirstReads::ask`]): its row's masters' snapshots
+/// (with the follower's bases and decisions) and its ledgers, asked for before its links are
+/// read and answered meanwhile.
+struct FirstReads {
+    bases: HashMap<i64, Submitted<Result<db::copy::ReconcileBasis, String>>>,
+    ledgers: Submitted<db::copy::LedgerRows>,
+    /// [`send::Sending::actions`] when they were asked for: an action since may have written
+    /// what they read.
+    actions: u64,
+}
+
+impl FirstReads {
+    /// Asks the node's readers, at once, for the snapshot of each of `masters` (subscribed to
+    /// before: nothing they publish after the read is missed) and for the follower's ledgers.
+    fn ask(
+        ctx: &AccountContext,
+        follower: db::copy::LedgerRead,
+        masters: &HashSet<i64>,
+        actions: u64,
+    ) -> FirstReads {
+        let id = follower.follower;
+        FirstReads {
+            bases: masters
+                .iter()
+                .map(|&m| {
+                    let read = db::copy::ReconcileRead {
+                        follower: id,
+                        master: m,
+                    };
+                    (m, ctx.node.reconciles.submit(read))
+                })
+                .collect(),
+            ledgers: ctx.node.ledger_reads.submit(follower),
+            actions,
+        }
+    }
 }
 
 /// A reconcile is owed; retried at `at` ([`crate::retry::FOLLOWER_RECONCILE`]).
@@ -176,6 +218,7 @@ async fn follow(
         },
         fills: HashSet::new(),
         ahead: session.ahead.take(),
+        first: None,
     };
     let ended = serve(&mut f, session, row, &mut signals).await;
     // The session's ledger rows are in before it ends (and so before the account is released).
@@ -202,12 +245,27 @@ async fn serve(
     } else {
         f.report_funds().await;
     }
+    // The masters the row named as it was read: subscribed to now, their snapshots and the
+    // ledgers asked for before the links are read, so that the first reconcile waits for one
+    // turn of the database fewer (a master the links no longer name is dropped with its
+    // subscription; one they name anew is read by its reconcile, as any).
+    let hinted: HashSet<i64> = row.masters.iter().copied().collect();
+    if !f.subscribe_masters(&hinted).await {
+        return Ok(Ended::Stopped);
+    }
+    let ledger = db::copy::LedgerRead {
+        follower: f.id,
+        server: f.server.clone(),
+        login: f.login.clone(),
+    };
+    f.first = Some(FirstReads::ask(ctx, ledger, &hinted, f.sending.actions));
     if !f.reload_links().await {
         return Ok(Ended::Stopped);
     }
     f.reconcile_all("session start").await;
     // Current at the raise only: what came since is on the stream, and a later reconcile reads.
     f.ahead = None;
+    f.first = None;
     ctx.started();
     // A slow reconcile of every master, so a lost last event is repaired too.
     let mut background = spread_interval(ctx.node.reconcile_every);
@@ -481,24 +539,42 @@ impl Follower<'_> {
                 }
             }
         }
-        // This session's own ledger rows first, so the reads below see them.
-        self.flush_ledger().await;
-        // The database's part, read at once (neither waits for the other): the master's snapshot
-        // with what the follower remembers of it, and what the follower ever copied and placed,
-        // each with the node's other followers' reads of the moment (one batch, a background
-        // turn). Nothing but this session writes the follower's ledgers while it owns the account.
-        let (db_read, ledgers) = tokio::join!(
-            self.ctx.node.reconciles.write(db::copy::ReconcileRead {
-                follower: self.id,
-                master: m,
-            }),
-            self.ctx.node.ledger_reads.write(db::copy::LedgerRead {
-                follower: self.id,
-                server: self.server.clone(),
-                login: self.login.clone(),
-            }),
-        );
-        let db_read = db_read.and_then(|read| read);
+        // The session's first reads, asked for beside its links, if they hold this master and
+        // nothing was carried out since (nothing this session wrote is missing from them).
+        let first = self
+            .first
+            .take()
+            .filter(|r| r.actions == self.sending.actions)
+            .and_then(|mut r| r.bases.remove(&m).map(|b| (b, r.ledgers)));
+        let (db_read, ledgers) = match first {
+            Some((basis, ledgers)) => {
+                tokio::join!(
+                    async { basis.outcome().await.and_then(|read| read) },
+                    ledgers.outcome()
+                )
+            }
+            None => {
+                // This session's own ledger rows first, so the reads below see them.
+                self.flush_ledger().await;
+                // The database's part, read at once (neither waits for the other): the master's
+                // snapshot with what the follower remembers of it, and what the follower ever
+                // copied and placed, each with the node's other followers' reads of the moment
+                // (one batch, a background turn). Nothing but this session writes the
+                // follower's ledgers while it owns the account.
+                let (db_read, ledgers) = tokio::join!(
+                    self.ctx.node.reconciles.write(db::copy::ReconcileRead {
+                        follower: self.id,
+                        master: m,
+                    }),
+                    self.ctx.node.ledger_reads.write(db::copy::LedgerRead {
+                        follower: self.id,
+                        server: self.server.clone(),
+                        login: self.login.clone(),
+                    }),
+                );
+                (db_read.and_then(|read| read), ledgers)
+            }
+        };
         let db::copy::ReconcileBasis {
             state,
             master_funds,

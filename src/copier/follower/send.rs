@@ -28,6 +28,8 @@ use crate::retry;
 pub(super) struct Sending {
     /// Copies opened this session.
     pub(super) copies: u64,
+    /// Actions carried out this session (sent, skipped or waited: each may write a record).
+    pub(super) actions: u64,
     /// Ledger rows handed to the node's writer whose outcome is not looked at yet (by the copy's
     /// ticket).
     pub(super) ledger: Vec<(i64, crate::db::batch::Submitted<bool>)>,
@@ -61,6 +63,7 @@ impl Follower<'_> {
         source: Option<&MasterPosition>,
         heard_us: Option<i64>,
     ) -> Sent {
+        self.sending.actions += 1;
         let decided_us = crate::wall_clock::unix_us();
         let master_ticket = action.master_ticket();
         match &action {

@@ -27,6 +27,9 @@ pub struct AccountRow {
     pub server: String,
     pub login: String,
     pub credentials: Option<Secret>,
+    /// The masters the account's copy links named when the row was read (none for a master): a
+    /// follower's session subscribes to them and reads their snapshots beside its links.
+    pub masters: Vec<i64>,
 }
 
 /// Reads an account row. A role other than `master` or `follower` (the schema's CHECK forbids
@@ -50,7 +53,10 @@ pub async fn load_accounts(
     ids: &[i64],
 ) -> Result<HashMap<i64, Result<AccountRow, String>>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT id, role, server, login, credentials FROM trading_accounts WHERE id = ANY($1)",
+        "SELECT a.id, a.role, a.server, a.login, a.credentials,
+                ARRAY(SELECT DISTINCT l.master_id FROM copy_links l WHERE l.follower_id = a.id)
+                    AS masters
+           FROM trading_accounts a WHERE a.id = ANY($1)",
     )
     .bind(ids)
     .fetch_all(conn)
@@ -81,6 +87,7 @@ pub async fn load_accounts(
                     credentials: r
                         .try_get::<Option<String>, _>("credentials")?
                         .map(Secret::new),
+                    masters: r.try_get("masters")?,
                 }),
             ))
         })
