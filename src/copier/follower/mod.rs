@@ -105,8 +105,12 @@ struct Follower<'a> {
     /// first read of the trade server (and its symbols), then gone.
     ahead: Option<Box<ReadAhead>>,
     /// The database's part of the session's first reconcile, read beside its links: taken by
-    /// that reconcile when nothing was carried out since the read, then gone.
+    /// that reconcile when nothing was carried out (and no ledger row written) since the read,
+    /// then gone.
     first: Option<FirstReads>,
+    /// Readings of the account's figures made inline ([`Follower::report_funds`]): a reading
+    /// beside the session's work asked for before the latest of them is older, and not taken.
+    inline_readings: u64,
 }
 
 /// A session's first reads of the database ([`FirstReads::ask`]): its row's masters' snapshots
@@ -219,6 +223,7 @@ async fn follow(
         fills: HashSet::new(),
         ahead: session.ahead.take(),
         first: None,
+        inline_readings: 0,
     };
     let ended = serve(&mut f, session, row, &mut signals).await;
     // The session's ledger rows are in before it ends (and so before the account is released).
@@ -273,10 +278,12 @@ async fn serve(
     let mut funds = spread_interval(FUNDS_EVERY);
     let mut risk_check = spread_interval(RISK_EVERY);
     // The periodic reading of the account's figures runs beside the session's work: a slow trade
-    // server's answer (hundreds of milliseconds) holds up no copy. Its figures are taken when it
-    // answers, one reading at a time.
-    let mut reading: Option<crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>>> =
-        None;
+    // server's answer (hundreds of milliseconds) holds up no copy. Taken when it answers (one at
+    // a time), unless an inline reading was made since it was asked for.
+    let mut reading: Option<(
+        u64,
+        crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>>,
+    )> = None;
     loop {
         let retry_at = f.owing.at;
         tokio::select! {
@@ -327,15 +334,17 @@ async fn serve(
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
-            read = async { reading.as_mut().expect("a reading under way").await }, if reading.is_some() => {
-                reading = None;
-                f.take_funds(read).await;
+            read = async { reading.as_mut().expect("a reading under way").1.as_mut().await }, if reading.is_some() => {
+                let (asked_after, _) = reading.take().expect("a reading under way");
+                if asked_after == f.inline_readings {
+                    f.take_funds(read).await;
+                }
             }
             _ = risk_check.tick(), if !f.risk.limits.is_empty() || !f.risk.closing.is_empty() => {
-                reading.get_or_insert_with(|| f.read_funds());
+                reading.get_or_insert_with(|| (f.inline_readings, f.read_funds()));
             }
             _ = funds.tick() => {
-                reading.get_or_insert_with(|| f.read_funds());
+                reading.get_or_insert_with(|| (f.inline_readings, f.read_funds()));
                 let masters: Vec<i64> = f.master_funds.keys().copied().collect();
                 for m in masters {
                     f.refresh_master_funds(m).await;
@@ -450,6 +459,9 @@ impl Follower<'_> {
     }
 
     async fn report_funds(&mut self) {
+        // A reading under way beside the work was asked for earlier: its answer would be older
+        // than this one's, and is not taken.
+        self.inline_readings += 1;
         let read = self.api.account().await;
         self.take_funds(read).await;
     }
@@ -544,7 +556,7 @@ impl Follower<'_> {
         let first = self
             .first
             .take()
-            .filter(|r| r.actions == self.sending.actions)
+            .filter(|r| r.actions == self.sending.actions && self.sending.ledger.is_empty())
             .and_then(|mut r| r.bases.remove(&m).map(|b| (b, r.ledgers)));
         let (db_read, ledgers) = match first {
             Some((basis, ledgers)) => {
@@ -580,6 +592,7 @@ impl Follower<'_> {
             master_funds,
             bases,
             decided,
+            read_at,
         } = match db_read {
             Ok(x) => x,
             Err(e) => {
@@ -664,8 +677,10 @@ impl Follower<'_> {
         if self.has_equity_stop(m) {
             self.report_funds().await;
         }
+        // The database's clock now: the snapshot's read plus the time since (the reads of the
+        // follower's broker and ledgers, an early read of a session's start).
         let funds = Inputs {
-            now_ms,
+            now_ms: now_ms.map(|ms| ms + read_at.elapsed().as_millis() as i64),
             ..self.funds_for(m)
         };
         let mut sent = 0;

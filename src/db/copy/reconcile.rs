@@ -38,6 +38,9 @@ pub struct ReconcileBasis {
     pub bases: HashMap<i64, f64>,
     /// The follower's (link, master ticket) pairs a final decision says never to copy.
     pub decided: HashSet<(i64, i64)>,
+    /// When the read was answered, on the node's clock: the snapshot's `now_ms` plus the time
+    /// since is the database's clock at a later decision.
+    pub read_at: tokio::time::Instant,
 }
 
 /// The node's reader of its followers' reconcile reads: four statements a batch, however many
@@ -68,6 +71,7 @@ impl Batched for ReconcileRead {
             let funds = accounts_funds(&mut *conn, &masters).await?;
             let bases = load_bases_of(&mut *conn, &followers).await?;
             let decided = load_decided_of(&mut *conn, &followers).await?;
+            let read_at = tokio::time::Instant::now();
             Ok(reads
                 .iter()
                 .map(|r| {
@@ -87,6 +91,7 @@ impl Batched for ReconcileRead {
                         master_funds: funds.get(&r.master).copied().unwrap_or_default(),
                         bases: bases.get(&r.follower).cloned().unwrap_or_default(),
                         decided: decided.get(&r.follower).cloned().unwrap_or_default(),
+                        read_at,
                     })
                 })
                 .collect())
