@@ -66,17 +66,24 @@ pub type LedgerKey = (i64, String, String);
 /// volume it opened with if recorded.
 pub type Copied = (i64, i64, i64, Option<f64>);
 
+/// The columns a batched statement binds for `keys`, each key once.
+fn key_columns(keys: &[LedgerKey]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
+    let mut keys: Vec<&LedgerKey> = keys.iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    (
+        keys.iter().map(|k| k.0).collect(),
+        keys.iter().map(|k| k.1.as_str()).collect(),
+        keys.iter().map(|k| k.2.as_str()).collect(),
+    )
+}
+
 /// What a follower copied ([`copied`]), for many in one statement (one with none is absent).
 pub async fn copied_of(
     conn: &mut PgConnection,
     keys: &[LedgerKey],
 ) -> Result<HashMap<LedgerKey, Vec<Copied>>, sqlx::Error> {
-    let mut keys: Vec<&LedgerKey> = keys.iter().collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let followers: Vec<i64> = keys.iter().map(|k| k.0).collect();
-    let servers: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-    let logins: Vec<&str> = keys.iter().map(|k| k.2.as_str()).collect();
+    let (followers, servers, logins) = key_columns(keys);
     type Found = (i64, String, String, i64, i64, i64, Option<f64>);
     let rows: Vec<Found> = sqlx::query_as(
         "SELECT q.follower_id, q.server, q.login,
@@ -290,12 +297,7 @@ pub async fn placed_of(
     conn: &mut PgConnection,
     keys: &[LedgerKey],
 ) -> Result<HashMap<LedgerKey, Vec<Placed>>, sqlx::Error> {
-    let mut keys: Vec<&LedgerKey> = keys.iter().collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let followers: Vec<i64> = keys.iter().map(|k| k.0).collect();
-    let servers: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-    let logins: Vec<&str> = keys.iter().map(|k| k.2.as_str()).collect();
+    let (followers, servers, logins) = key_columns(keys);
     type Found = (i64, String, String, i64, i64, Option<i64>, bool);
     let rows: Vec<Found> = sqlx::query_as(
         "SELECT q.follower_id, q.server, q.login,
