@@ -98,16 +98,11 @@ impl CopyIndex {
         // An MT4 remainder's opening volume is its lineage's: what it holds plus every part its
         // ancestors closed.
         for p in open {
-            let mut t = p.ticket;
-            let mut seen = HashSet::new();
-            while let Some(&up) = self.parent.get(&t) {
-                if !seen.insert(up) {
-                    break;
-                }
-                let closed = closed_volume.get(&up).copied().unwrap_or(0.0);
-                *closed_volume.entry(p.ticket).or_default() += closed;
-                t = up;
-            }
+            let closed: f64 = self.ancestry(p.ticket)[1..]
+                .iter()
+                .map(|up| closed_volume.get(up).copied().unwrap_or(0.0))
+                .sum();
+            *closed_volume.entry(p.ticket).or_default() += closed;
         }
         // A pending copy that filled between the read of the orders and this one shows in both:
         // it is a copy now (its position keeps the order's ticket, as the FIX adapter shows an
@@ -330,17 +325,10 @@ impl CopyIndex {
     /// The largest opening volume the copy ledger recorded for `ticket` or, for an MT4
     /// remainder, for any ticket of its lineage (0 when none).
     fn recorded_opening(&self, ticket: i64) -> f64 {
-        let mut t = ticket;
-        let mut seen = HashSet::new();
-        let mut most = 0.0_f64;
-        while seen.insert(t) {
-            most = most.max(self.recorded.get(&t).copied().unwrap_or(0.0));
-            match self.parent.get(&t) {
-                Some(&up) => t = up,
-                None => break,
-            }
-        }
-        most
+        self.ancestry(ticket)
+            .iter()
+            .map(|t| self.recorded.get(t).copied().unwrap_or(0.0))
+            .fold(0.0, f64::max)
     }
 
     /// True (once) when a copy ticket was learned since the last call: a read then resolves

@@ -113,42 +113,15 @@ struct Follower<'a> {
     inline_readings: u64,
 }
 
-/// A session's first reads of the database ([`FirstReads::ask`]): its row's masters' snapshots
-/// (with the follower's bases and decisions) and its ledgers, asked for before its links are
-/// read and answered meanwhile.
+/// A session's first reads of the database: its row's masters' snapshots (with the follower's
+/// bases and decisions) and its ledgers, asked for before its links are read (the masters
+/// subscribed to before: nothing they publish after the read is missed) and answered meanwhile.
 struct FirstReads {
     bases: HashMap<i64, Submitted<Result<db::copy::ReconcileBasis, String>>>,
     ledgers: Submitted<db::copy::LedgerRows>,
     /// [`send::Sending::actions`] when they were asked for: an action since may have written
     /// what they read.
     actions: u64,
-}
-
-impl FirstReads {
-    /// Asks the node's readers, at once, for the snapshot of each of `masters` (subscribed to
-    /// before: nothing they publish after the read is missed) and for the follower's ledgers.
-    fn ask(
-        ctx: &AccountContext,
-        follower: db::copy::LedgerRead,
-        masters: &HashSet<i64>,
-        actions: u64,
-    ) -> FirstReads {
-        let id = follower.follower;
-        FirstReads {
-            bases: masters
-                .iter()
-                .map(|&m| {
-                    let read = db::copy::ReconcileRead {
-                        follower: id,
-                        master: m,
-                    };
-                    (m, ctx.node.reconciles.submit(read))
-                })
-                .collect(),
-            ledgers: ctx.node.ledger_reads.submit(follower),
-            actions,
-        }
-    }
 }
 
 /// A reconcile is owed; retried at `at` ([`crate::retry::FOLLOWER_RECONCILE`]).
@@ -258,12 +231,11 @@ async fn serve(
     if !f.subscribe_masters(&hinted).await {
         return Ok(Ended::Stopped);
     }
-    let ledger = db::copy::LedgerRead {
-        follower: f.id,
-        server: f.server.clone(),
-        login: f.login.clone(),
-    };
-    f.first = Some(FirstReads::ask(ctx, ledger, &hinted, f.sending.actions));
+    f.first = Some(FirstReads {
+        bases: hinted.iter().map(|&m| (m, f.ask_basis(m))).collect(),
+        ledgers: f.ask_ledgers(),
+        actions: f.sending.actions,
+    });
     if !f.reload_links().await {
         return Ok(Ended::Stopped);
     }
@@ -466,6 +438,26 @@ impl Follower<'_> {
         self.take_funds(read).await;
     }
 
+    /// Asks the node's reader for master `m`'s snapshot and funds with this follower's late-copy
+    /// bases and final decisions (with the node's other followers' reads of the moment: one
+    /// batch, a background turn).
+    fn ask_basis(&self, m: i64) -> Submitted<Result<db::copy::ReconcileBasis, String>> {
+        self.ctx.node.reconciles.submit(db::copy::ReconcileRead {
+            follower: self.id,
+            master: m,
+        })
+    }
+
+    /// Asks the node's reader for what the follower ever copied and placed (one batch, a
+    /// background turn).
+    fn ask_ledgers(&self) -> Submitted<db::copy::LedgerRows> {
+        self.ctx.node.ledger_reads.submit(db::copy::LedgerRead {
+            follower: self.id,
+            server: self.server.clone(),
+            login: self.login.clone(),
+        })
+    }
+
     /// A reading of the account's figures that borrows nothing of the session (taken by
     /// [`Self::take_funds`] when it answers).
     fn read_funds(&self) -> crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>> {
@@ -558,35 +550,20 @@ impl Follower<'_> {
             .take()
             .filter(|r| r.actions == self.sending.actions && self.sending.ledger.is_empty())
             .and_then(|mut r| r.bases.remove(&m).map(|b| (b, r.ledgers)));
-        let (db_read, ledgers) = match first {
-            Some((basis, ledgers)) => {
-                tokio::join!(
-                    async { basis.outcome().await.and_then(|read| read) },
-                    ledgers.outcome()
-                )
-            }
+        let (basis, ledgers) = match first {
+            Some(asked) => asked,
             None => {
                 // This session's own ledger rows first, so the reads below see them.
                 self.flush_ledger().await;
-                // The database's part, read at once (neither waits for the other): the master's
-                // snapshot with what the follower remembers of it, and what the follower ever
-                // copied and placed, each with the node's other followers' reads of the moment
-                // (one batch, a background turn). Nothing but this session writes the
-                // follower's ledgers while it owns the account.
-                let (db_read, ledgers) = tokio::join!(
-                    self.ctx.node.reconciles.write(db::copy::ReconcileRead {
-                        follower: self.id,
-                        master: m,
-                    }),
-                    self.ctx.node.ledger_reads.write(db::copy::LedgerRead {
-                        follower: self.id,
-                        server: self.server.clone(),
-                        login: self.login.clone(),
-                    }),
-                );
-                (db_read.and_then(|read| read), ledgers)
+                (self.ask_basis(m), self.ask_ledgers())
             }
         };
+        // Read at once (neither waits for the other). Nothing but this session writes the
+        // follower's ledgers while it owns the account.
+        let (db_read, ledgers) = tokio::join!(
+            async { basis.outcome().await.and_then(|read| read) },
+            ledgers.outcome()
+        );
         let db::copy::ReconcileBasis {
             state,
             master_funds,
