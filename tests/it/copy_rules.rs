@@ -20,8 +20,6 @@ use std::time::Duration;
 
 use copier_node::broker::types::{Position, Side};
 
-use copier_node::sim_broker::tools;
-
 use crate::suite::oracle::{Account, Expect, closed_while_master_open};
 use crate::support::broker::journal;
 use crate::support::fixture::CopySetup;
@@ -359,9 +357,9 @@ async fn case(seed: u64) -> usize {
     let node = node.expect("started at or before the last trade");
     // Never below the minimum while the master position is open: no copy was closed entirely
     // before its master position, by the broker's record of both accounts.
-    let account = async |login: &str| Account {
-        open: s.t.positions(login).await,
-        history: tools::history(&s.addr, login).await.unwrap(),
+    let account = async |login: &str| {
+        let (open, history) = s.t.record(login).await;
+        Account { open, history }
     };
     let master = account("m1").await;
     for (login, rule, magic) in &links {
@@ -465,9 +463,10 @@ async fn start(s: &CopySetup) -> copier_node::app::NodeHandle {
 /// reference model says, with nothing copied twice.
 #[tokio::test]
 async fn random_links_and_master_histories_copy_as_the_documented_rules_say() {
-    let seeds: Vec<u64> = match std::env::var("COPIER_RULES_SEED") {
-        Ok(s) => vec![s.parse().expect("COPIER_RULES_SEED is a number")],
-        Err(_) => (0..8).map(|_| fastrand::u64(..)).collect(),
+    let replay = std::env::var("COPIER_RULES_SEED").ok();
+    let seeds: Vec<u64> = match &replay {
+        Some(s) => vec![s.parse().expect("COPIER_RULES_SEED is a number")],
+        None => (0..8).map(|_| fastrand::u64(..)).collect(),
     };
     let mut held = 0;
     for seed in seeds {
@@ -475,5 +474,6 @@ async fn random_links_and_master_histories_copy_as_the_documented_rules_say() {
         held += case(seed).await;
     }
     eprintln!("{held} copies checked against the reference");
-    assert!(held > 0, "no case left a copy to check");
+    // Eight cases leave copies to check; one replayed case may end with none held.
+    assert!(held > 0 || replay.is_some(), "no case left a copy to check");
 }

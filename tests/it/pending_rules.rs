@@ -425,12 +425,13 @@ async fn case(seed: u64, tally: &mut Tally) {
     // closed), whichever way the copy came.
     for (login, _, magic) in &links {
         let mut tickets: BTreeMap<String, HashSet<i64>> = BTreeMap::new();
-        for p in tools::positions(&s.addr, login).await.unwrap() {
+        let (open, closed) = s.t.record(login).await;
+        for p in open {
             if p.magic == *magic {
                 tickets.entry(p.comment).or_default().insert(p.ticket);
             }
         }
-        for c in tools::history(&s.addr, login).await.unwrap() {
+        for c in closed {
             if c.position.magic == *magic {
                 tickets
                     .entry(c.position.comment)

@@ -20,7 +20,8 @@ use std::sync::Once;
 use std::time::Duration;
 
 use copier_node::app::{self, NodeHandle, RunOptions};
-use copier_node::broker::types::{Position, Side};
+use copier_node::broker::types::{ClosedPosition, Position, Side};
+use copier_node::broker::{BrokerError, RejectCode};
 use copier_node::config::{Config, Layers};
 use copier_node::lease::NodeState;
 use copier_node::sim_broker::tools::{self, HandOrder};
@@ -457,6 +458,27 @@ impl Trader {
         tools::positions(&self.addr, login)
             .await
             .unwrap_or_default()
+    }
+
+    /// The broker's record of `login`: its open positions and its closed ones; none of either for
+    /// a login the broker never saw (it creates an account at its first login, and a follower
+    /// the reference leaves without copies may not have logged in yet when a case ends). Any
+    /// other failure of the read fails the test.
+    pub async fn record(&self, login: &str) -> (Vec<Position>, Vec<ClosedPosition>) {
+        fn known<T>(read: Result<Vec<T>, BrokerError>, what: &str, login: &str) -> Vec<T> {
+            match read {
+                Err(BrokerError::Rejected(r)) if r.code == RejectCode::UnknownLogin => Vec::new(),
+                other => other.unwrap_or_else(|e| panic!("reading the {what} of {login}: {e}")),
+            }
+        }
+        (
+            known(
+                tools::positions(&self.addr, login).await,
+                "positions",
+                login,
+            ),
+            known(tools::history(&self.addr, login).await, "history", login),
+        )
     }
 
     /// The open copy of master ticket `master_ticket` under `magic` on `login`, once it exists.
