@@ -2007,3 +2007,128 @@ async fn a_followers_links_changed_after_its_row_was_read_decide_what_it_copies(
         "f2 copied master 1's position, whose link was removed"
     );
 }
+
+/// A follower whose first read of its links fails (the links table renamed away for the moment
+/// between its row's read and its login) reads them again with the reconcile it then owes, and
+/// copies its master's position: not a session left without links until its next re-read of
+/// them (a minute) or the background reconcile (three). Judged from the broker's positions.
+/// Fails when a failed first read leaves the session copying nothing until then.
+#[tokio::test]
+async fn a_followers_failed_first_links_read_is_read_again_and_it_copies() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::unprotected("copy-links-read-fails").await;
+    let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
+    let ticket = t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
+    let hold = dir.path("hold");
+    std::fs::write(&hold, b"hold").unwrap();
+    let mut node =
+        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
+            node_id: "a".into(),
+            capacity: 10,
+            timing: FAST,
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: vec![("COPIERTEST_HOLD_START".into(), hold.display().to_string())],
+            extra: Vec::new(),
+        });
+    eventually("both sessions held at their login", WAIT, async || {
+        (node
+            .output()
+            .matches("account session held before its login")
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    conn.execute("ALTER TABLE copy_links RENAME TO copy_links_away")
+        .await
+        .unwrap();
+    std::fs::remove_file(&hold).unwrap();
+    eventually("f2's first links read failing", WAIT, async || {
+        node.output()
+            .contains("reading the follower's links failed")
+            .then_some(())
+    })
+    .await;
+    conn.execute("ALTER TABLE copy_links_away RENAME TO copy_links")
+        .await
+        .unwrap();
+    t.copy_of("f2", magic, ticket, WAIT).await;
+    node.signal("TERM");
+    node.wait_exit(WAIT).await;
+    broker.stop().await;
+}
+
+/// A reconcile times its decisions by the database's clock at its snapshot's read plus the time
+/// since: a follower's broker reads that answer late count against a link's `max_delay_ms`.
+/// Master 1's position, recorded well within the limit when a link copying existing positions
+/// with `max_delay_ms` 2000 is added, is judged too late once the follower's three reads (a
+/// second each) are through, and never copied. Fails when the decision is timed at the
+/// snapshot's read alone (the copy is made, a second or more older than the limit allows).
+#[tokio::test]
+async fn a_reconcile_times_its_decisions_after_its_slow_reads_of_the_follower() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        addr,
+        t,
+        mut conn,
+    } = CopySetup::unprotected("copy-decision-clock").await;
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    add_account(&mut conn, 2, "follower", &addr, "f2").await;
+    let node = start_node(&config(&db, "a", 10, FAST)).await;
+    eventually("f2's session, with no links yet", WAIT, async || {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        status
+            .filter(|s| s == "follower: no copy links")
+            .map(|_| ())
+    })
+    .await;
+    let ticket = t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
+    eventually("master 1's published position", WAIT, async || {
+        let positions: Option<String> =
+            sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = 1")
+                .fetch_optional(&mut conn)
+                .await
+                .unwrap();
+        positions
+            .filter(|p| p.contains(&ticket.to_string()))
+            .map(|_| ())
+    })
+    .await;
+    broker.set_read_delay(Duration::from_secs(1));
+    let existing = LinkSpec {
+        copy_existing: true,
+        ..Default::default()
+    };
+    // With its limit in one transaction (link changes are announced at commit).
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    let (link, _) = add_link(&mut tx, 1, 2, existing).await;
+    tx.execute(format!("UPDATE copy_links SET max_delay_ms = 2000 WHERE id = {link}").as_str())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let reason = skip_reason(&mut conn, link, ticket).await;
+    assert!(
+        reason.contains("too late") && reason.contains("over the link's max_delay_ms 2000"),
+        "{reason}"
+    );
+    node.shutdown();
+    node.wait().await.unwrap();
+    broker.stop().await;
+    let copied = journal(&dir.path("journal.jsonl"))
+        .into_iter()
+        .any(|l| l.login == "f2" && l.action == "open");
+    assert!(!copied, "f2 copied a position past its link's max_delay_ms");
+}

@@ -20,6 +20,9 @@ pub(super) struct Links {
     pub(super) list: Vec<Link>,
     /// The links were read at least once (later changes reconcile the masters concerned).
     pub(super) loaded: bool,
+    /// The last read failed: the list may be old (or, at the session's start, empty), so the
+    /// next reconcile of every master, owed at once, reads them first.
+    pub(super) stale: bool,
     /// Links that do not parse (shown on the status until mended).
     pub(super) bad: BTreeSet<String>,
     /// Links removed with `on_remove = 'close'` whose copies are still to be closed.
@@ -172,10 +175,13 @@ impl Follower<'_> {
                 read.links
             }
             Err(e) => {
-                warn!(error = %e, "reading the follower's links failed; keeping the current ones");
+                warn!(error = %e, "reading the follower's links failed; keeping the current ones until the owed reconcile reads them again");
+                self.links.stale = true;
+                self.owe("links read failed");
                 return true;
             }
         };
+        self.links.stale = false;
         let mut links = Vec::new();
         let mut problems = BTreeSet::new();
         for row in rows {

@@ -492,6 +492,11 @@ impl Follower<'_> {
 
     async fn reconcile_all(&mut self, why: &str) {
         self.owing.due = false;
+        // A failed read left the links as they were (none, when it was the session's first):
+        // read again, or this reconcile would skip a master they name now.
+        if self.links.stale && !self.load_links_only(false).await {
+            return;
+        }
         if !self.links.removed.is_empty() {
             self.close_removed().await;
         }
