@@ -486,21 +486,32 @@ async fn settle(
 #[tokio::test]
 async fn random_master_pending_orders_copy_as_the_documented_rules_say() {
     let replay = std::env::var("COPIER_PENDING_SEED").ok();
-    let seeds: Vec<u64> = match &replay {
-        Some(s) => vec![s.parse().expect("COPIER_PENDING_SEED is a number")],
-        None => (0..6).map(|_| fastrand::u64(..)).collect(),
-    };
     let mut tally = Tally::default();
-    for seed in seeds {
-        eprintln!("pending rules, seed {seed} (replay: COPIER_PENDING_SEED={seed})");
-        case(seed, &mut tally).await;
+    let exercised = |t: &Tally| t.held > 0 && t.amended > 0 && t.cancelled > 0 && t.filled > 0;
+    match &replay {
+        Some(s) => {
+            let seed = s.parse().expect("COPIER_PENDING_SEED is a number");
+            case(seed, &mut tally).await;
+        }
+        // Six cases, and more (up to 24) while they have not met every kind of step: six alone
+        // now and then met no cancel or no amend (each comes a few times in six cases), and
+        // the run failed for the draw, not for the product.
+        None => {
+            for n in 0..24 {
+                if n >= 6 && exercised(&tally) {
+                    break;
+                }
+                let seed = fastrand::u64(..);
+                eprintln!("pending rules, seed {seed} (replay: COPIER_PENDING_SEED={seed})");
+                case(seed, &mut tally).await;
+            }
+        }
     }
     eprintln!("{tally:?}");
     // The cases met what the test is named for: copies to check, amends, cancels and fills
     // (a replayed case alone need not have met them all).
     assert!(
-        replay.is_some()
-            || (tally.held > 0 && tally.amended > 0 && tally.cancelled > 0 && tally.filled > 0),
+        replay.is_some() || exercised(&tally),
         "the cases did not exercise every kind of step: {tally:?}"
     );
 }
