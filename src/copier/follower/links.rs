@@ -20,8 +20,9 @@ pub(super) struct Links {
     pub(super) list: Vec<Link>,
     /// The links were read at least once (later changes reconcile the masters concerned).
     pub(super) loaded: bool,
-    /// The last read failed: the list may be old (or, at the session's start, empty), so the
-    /// next reconcile of every master, owed at once, reads them first.
+    /// The session's first read failed: the list is empty, so the reconcile of every master
+    /// owed then reads them first (a later failure keeps the links read before, re-read at the
+    /// next tick or announcement).
     pub(super) stale: bool,
     /// Links that do not parse (shown on the status until mended).
     pub(super) bad: BTreeSet<String>,
@@ -174,10 +175,14 @@ impl Follower<'_> {
                 self.take_risk_limits(read.risk);
                 read.links
             }
-            Err(e) => {
-                warn!(error = %e, "reading the follower's links failed; keeping the current ones until the owed reconcile reads them again");
+            Err(e) if !self.links.loaded => {
+                warn!(error = %e, "reading the follower's links failed at the session's start; read again with the reconcile owed");
                 self.links.stale = true;
                 self.owe("links read failed");
+                return true;
+            }
+            Err(e) => {
+                warn!(error = %e, "reading the follower's links failed; keeping the current ones");
                 return true;
             }
         };

@@ -492,8 +492,8 @@ impl Follower<'_> {
 
     async fn reconcile_all(&mut self, why: &str) {
         self.owing.due = false;
-        // A failed read left the links as they were (none, when it was the session's first):
-        // read again, or this reconcile would skip a master they name now.
+        // The session's first read of its links failed: read again, or this reconcile would
+        // skip every master they name.
         if self.links.stale && !self.load_links_only(false).await {
             return;
         }
