@@ -73,8 +73,8 @@ pub struct Release {
     #[serde(default)]
     pub leaving: bool,
     /// A leave whose departure `from` announced before (as its shutdown began): every peer
-    /// counts its share without `from` already, so the accounts the leave released wake as a
-    /// release naming nobody does ([`Room::odds`]), not every peer a second time. Absent in
+    /// counts its share without `from` already, so it wakes the nodes with room (what `from`
+    /// released while it drained may be free still), not every peer a second time. Absent in
     /// older nodes' announcements (and in the departure's own): every peer wakes.
     #[serde(default)]
     pub announced: bool,

@@ -695,7 +695,7 @@ pub struct LeaveOutcome {
 /// Clean shutdown in one statement: release the given epochs, delete this instance's
 /// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`]: to every
 /// peer (the node left their fair shares), or, when the node `announced` its departure before
-/// ([`announce_departure`]), as a release naming nobody ([`crate::channels::Release::announced`]).
+/// ([`announce_departure`]), to every peer with room ([`crate::channels::Release::announced`]).
 pub async fn leave(
     conn: &mut PgConnection,
     node_id: &str,

@@ -483,7 +483,7 @@ enum Leave {
     /// The sender leaves the fair shares (its shutdown began, or it left without having said
     /// so): every peer wakes.
     Departure,
-    /// The leave after an announced departure: its accounts wake as a release naming nobody.
+    /// The leave after an announced departure: it wakes every node with room.
     AfterDeparture,
 }
 
@@ -1638,7 +1638,8 @@ impl World {
                 continue;
             }
             let room = self.room(j);
-            // Drawn only where the draw decides (a release naming nobody, a node with room).
+            // Drawn for a release naming nobody at a node with room (a leave after an announced
+            // departure draws too, unused: the schedules of the pinned seeds stay as they were).
             let draw =
                 if release.to.is_none() && (!release.leaving || release.announced) && room.any() {
                     self.rng.f64()

@@ -2056,6 +2056,18 @@ async fn a_followers_failed_first_links_read_is_read_again_and_it_copies() {
             .then_some(())
     })
     .await;
+    // Its status says so (not that it has no links) while the reads fail.
+    eventually("f2's status", WAIT, async || {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        status
+            .filter(|s| s == "follower: copy links not read yet (retrying)")
+            .map(|_| ())
+    })
+    .await;
     conn.execute("ALTER TABLE copy_links_away RENAME TO copy_links")
         .await
         .unwrap();

@@ -509,7 +509,11 @@ impl Follower<'_> {
             .into_iter()
             .collect();
         if masters.is_empty() {
-            self.set_status("follower: no copy links");
+            self.set_status(if self.links.stale {
+                "follower: copy links not read yet (retrying)"
+            } else {
+                "follower: no copy links"
+            });
             return;
         }
         for m in masters {
