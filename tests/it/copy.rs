@@ -17,6 +17,41 @@ use crate::support::{
 
 const WAIT: Duration = Duration::from_secs(15);
 
+/// A node process whose account sessions each hold before their login (each has read its row),
+/// once `sessions` of them do; let go by removing the returned file.
+async fn held_at_login(
+    db: &TestDb,
+    dir: &Scratch,
+    sessions: usize,
+) -> (crate::support::process::NodeProcess, std::path::PathBuf) {
+    let hold = dir.path("hold");
+    std::fs::write(&hold, b"hold").unwrap();
+    let node =
+        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
+            node_id: "a".into(),
+            capacity: 10,
+            timing: FAST,
+            database_url: db.url.clone(),
+            listen_url: None,
+            env: vec![("COPIERTEST_HOLD_START".into(), hold.display().to_string())],
+            extra: Vec::new(),
+        });
+    eventually(
+        format!("{sessions} sessions held at their login"),
+        WAIT,
+        async || {
+            (node
+                .output()
+                .matches("account session held before its login")
+                .count()
+                == sessions)
+                .then_some(())
+        },
+    )
+    .await;
+    (node, hold)
+}
+
 /// Waits until every follower's session has reconciled with its master once.
 async fn followers_ready(conn: &mut sqlx::PgConnection, ids: &[i64]) {
     eventually("follower sessions to reconcile", WAIT, async || {
@@ -1949,28 +1984,8 @@ async fn a_followers_links_changed_after_its_row_was_read_decide_what_it_copies(
 
     add_account(&mut conn, 2, "follower", &addr, "f2").await;
     let (old_link, _) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
-    let hold = dir.path("hold");
-    std::fs::write(&hold, b"hold").unwrap();
-    let mut node =
-        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
-            node_id: "a".into(),
-            capacity: 10,
-            timing: FAST,
-            database_url: db.url.clone(),
-            listen_url: None,
-            env: vec![("COPIERTEST_HOLD_START".into(), hold.display().to_string())],
-            extra: Vec::new(),
-        });
     // Every session holds at its login: each has read its row.
-    eventually("the three sessions held at their login", WAIT, async || {
-        (node
-            .output()
-            .matches("account session held before its login")
-            .count()
-            == 3)
-            .then_some(())
-    })
-    .await;
+    let (mut node, hold) = held_at_login(&db, &dir, 3).await;
     conn.execute(format!("DELETE FROM copy_links WHERE id = {old_link}").as_str())
         .await
         .unwrap();
@@ -2025,27 +2040,7 @@ async fn a_followers_failed_first_links_read_is_read_again_and_it_copies() {
     } = CopySetup::unprotected("copy-links-read-fails").await;
     let (_, magic) = master_and_follower(&mut conn, &addr, LinkSpec::default()).await;
     let ticket = t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
-    let hold = dir.path("hold");
-    std::fs::write(&hold, b"hold").unwrap();
-    let mut node =
-        crate::support::process::NodeProcess::spawn_with(&crate::support::process::NodeSpec {
-            node_id: "a".into(),
-            capacity: 10,
-            timing: FAST,
-            database_url: db.url.clone(),
-            listen_url: None,
-            env: vec![("COPIERTEST_HOLD_START".into(), hold.display().to_string())],
-            extra: Vec::new(),
-        });
-    eventually("both sessions held at their login", WAIT, async || {
-        (node
-            .output()
-            .matches("account session held before its login")
-            .count()
-            == 2)
-            .then_some(())
-    })
-    .await;
+    let (mut node, hold) = held_at_login(&db, &dir, 2).await;
     conn.execute("ALTER TABLE copy_links RENAME TO copy_links_away")
         .await
         .unwrap();
