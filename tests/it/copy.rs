@@ -17,6 +17,45 @@ use crate::support::{
 
 const WAIT: Duration = Duration::from_secs(15);
 
+/// Waits until master `master`'s published snapshot holds position `ticket`.
+async fn published(conn: &mut sqlx::PgConnection, master: i64, ticket: i64) {
+    eventually(
+        format!("master {master}'s published position {ticket}"),
+        WAIT,
+        async || {
+            let positions: Option<String> =
+                sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = $1")
+                    .bind(master)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .unwrap();
+            positions
+                .filter(|p| p.contains(&ticket.to_string()))
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+/// Waits until account `id`'s status is one `wanted` accepts.
+async fn status_becomes(
+    conn: &mut sqlx::PgConnection,
+    id: i64,
+    what: &str,
+    wanted: impl Fn(&str) -> bool,
+) {
+    eventually(what, WAIT, async || {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = $1")
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        status.filter(|s| wanted(s)).map(|_| ())
+    })
+    .await;
+}
+
 /// A node process whose account sessions each hold before their login (each has read its row),
 /// once `sessions` of them do; let go by removing the returned file.
 async fn held_at_login(
@@ -1968,17 +2007,7 @@ async fn a_followers_links_changed_after_its_row_was_read_decide_what_it_copies(
     // Master 1 publishes its position (no follower yet).
     let first_position = t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
     let node = start_node(&config(&db, "pre", 10, FAST)).await;
-    eventually("master 1's published position", WAIT, async || {
-        let positions: Option<String> =
-            sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = 1")
-                .fetch_optional(&mut conn)
-                .await
-                .unwrap();
-        positions
-            .filter(|p| p.contains(&first_position.to_string()))
-            .map(|_| ())
-    })
-    .await;
+    published(&mut conn, 1, first_position).await;
     node.shutdown();
     node.wait().await.unwrap();
 
@@ -1997,15 +2026,8 @@ async fn a_followers_links_changed_after_its_row_was_read_decide_what_it_copies(
     let third = t.open("m3", "GBPUSD", Side::Sell, 0.2, None, None).await;
     std::fs::remove_file(&hold).unwrap();
     t.copy_of("f2", magic, third, WAIT).await;
-    eventually("f2's reconcile of master 3", WAIT, async || {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-        status
-            .filter(|s| s.starts_with("follower: master 3"))
-            .map(|_| ())
+    status_becomes(&mut conn, 2, "f2's reconcile of master 3", |s| {
+        s.starts_with("follower: master 3")
     })
     .await;
     node.signal("TERM");
@@ -2052,15 +2074,8 @@ async fn a_followers_failed_first_links_read_is_read_again_and_it_copies() {
     })
     .await;
     // Its status says so (not that it has no links) while the reads fail.
-    eventually("f2's status", WAIT, async || {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-        status
-            .filter(|s| s == "follower: copy links not read yet (retrying)")
-            .map(|_| ())
+    status_becomes(&mut conn, 2, "f2's status", |s| {
+        s == "follower: copy links not read yet (retrying)"
     })
     .await;
     conn.execute("ALTER TABLE copy_links_away RENAME TO copy_links")
@@ -2091,29 +2106,12 @@ async fn a_reconcile_times_its_decisions_after_its_slow_reads_of_the_follower() 
     add_account(&mut conn, 1, "master", &addr, "m1").await;
     add_account(&mut conn, 2, "follower", &addr, "f2").await;
     let node = start_node(&config(&db, "a", 10, FAST)).await;
-    eventually("f2's session, with no links yet", WAIT, async || {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 2")
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-        status
-            .filter(|s| s == "follower: no copy links")
-            .map(|_| ())
+    status_becomes(&mut conn, 2, "f2's session, with no links yet", |s| {
+        s == "follower: no copy links"
     })
     .await;
     let ticket = t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
-    eventually("master 1's published position", WAIT, async || {
-        let positions: Option<String> =
-            sqlx::query_scalar("SELECT positions::text FROM master_state WHERE master_id = 1")
-                .fetch_optional(&mut conn)
-                .await
-                .unwrap();
-        positions
-            .filter(|p| p.contains(&ticket.to_string()))
-            .map(|_| ())
-    })
-    .await;
+    published(&mut conn, 1, ticket).await;
     broker.set_read_delay(Duration::from_secs(1));
     let existing = LinkSpec {
         copy_existing: true,
