@@ -524,6 +524,13 @@ impl Follower<'_> {
         }
     }
 
+    /// A reconcile of master `m` that could not decide: the snapshot the copies matched is
+    /// forgotten (they are not known to match any) and a reconcile of every master is owed.
+    fn reconcile_later(&mut self, m: i64, why: &str) {
+        self.masters.remove(&m);
+        self.owe(why);
+    }
+
     /// Reconciles the follower's copies of master `m` to its snapshot.
     async fn reconcile_master(&mut self, m: i64, why: &str) {
         self.ctx.node.metrics.reconciles.inc();
@@ -583,9 +590,7 @@ impl Follower<'_> {
             Ok(x) => x,
             Err(e) => {
                 warn!(master_id = m, error = %e, "reconcile could not read the master's snapshot; retrying later");
-                self.masters.remove(&m);
-                self.owe("database unavailable");
-                return;
+                return self.reconcile_later(m, "database unavailable");
             }
         };
         if state.as_ref().is_some_and(|s| s.before_failover) {
@@ -596,10 +601,17 @@ impl Follower<'_> {
                 why,
                 "master snapshot written before the database failed over: waiting for its owner to publish again"
             );
-            self.masters.remove(&m);
-            self.owe("master snapshot from before the database failover");
-            return;
+            return self.reconcile_later(m, "master snapshot from before the database failover");
         }
+        let ledgers = match ledgers {
+            Ok(l) => l,
+            Err(e) => {
+                // Without the ledger a copy the follower closed could look never made: decide
+                // nothing until it can be read (and read nothing of the broker for it).
+                warn!(master_id = m, error = %e, "reading the copy ledgers failed; nothing is decided until they can be read");
+                return self.reconcile_later(m, "copy ledger read failed");
+            }
+        };
         self.master_funds.insert(m, master_funds);
         self.memory.bases = bases;
         // Decisions recorded by this session whose write failed still count.
@@ -608,9 +620,7 @@ impl Follower<'_> {
             Ok(x) => x,
             Err(e) => {
                 warn!(master_id = m, error = %e, "reconcile could not read the follower's positions; retrying later");
-                self.masters.remove(&m);
-                self.owe("broker read failed");
-                return;
+                return self.reconcile_later(m, "broker read failed");
             }
         };
         self.index.rebuild_orders(&orders);
@@ -636,17 +646,6 @@ impl Follower<'_> {
             ),
         };
         let (view, now_ms) = view;
-        let ledgers = match ledgers {
-            Ok(l) => l,
-            Err(e) => {
-                // Without the ledger a copy the follower closed could look never made: decide
-                // nothing until it can be read.
-                warn!(master_id = m, error = %e, "reading the copy ledgers failed; nothing is decided until they can be read");
-                self.masters.remove(&m);
-                self.owe("copy ledger read failed");
-                return;
-            }
-        };
         self.sync_ledger(m, &positions, &view.positions, ledgers.copied);
         self.sync_order_copies(m, &orders, ledgers.placed).await;
         // Copy tickets the ledger taught the index may resolve MT4 remainders of this read.
