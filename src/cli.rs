@@ -526,6 +526,11 @@ pub struct ServeArgs {
     /// it is answered, e.g. `200ms` (a slow trade server); other requests are not held up by it.
     #[arg(long, value_name = "DURATION", default_value = "0s")]
     pub read_delay: String,
+    /// Answer a delayed read with the account as it was when the read was asked, as a real
+    /// trade server's reply is its state when it took the request (by default, as it is when
+    /// answered).
+    #[arg(long)]
+    pub reads_as_of_request: bool,
     /// Journal every read too (`action` the read: `positions`, `history`, `orders`, `account`,
     /// or `symbols` with an empty `login`), to tell from the journal alone what a client read.
     #[arg(long)]

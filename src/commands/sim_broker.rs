@@ -65,6 +65,7 @@ pub(super) async fn sim_broker(command: SimBrokerCommand) -> Result<(), CommandE
                 },
                 login_delay: request_delay(&args.login_delay, "--login-delay")?,
                 read_delay: request_delay(&args.read_delay, "--read-delay")?,
+                reads_as_of_request: args.reads_as_of_request,
                 journal_reads: args.journal_reads,
                 fence_request: !args.no_fence_request,
             };

@@ -17,6 +17,7 @@
 //! owner follows it too): followers see a partial close, not a close and a new position.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -45,9 +46,23 @@ type Read = (
     Vec<ClosedPosition>,
 );
 
+/// A master's positions and history as read.
+type Positions = (Vec<Position>, Vec<ClosedPosition>);
+
+/// What a sync asked of the trade server, as answered (judged by [`Master::take_reading`]).
+struct Reading {
+    /// `None` when not asked: the bridge lists no pending orders.
+    orders: Option<Result<Vec<PendingOrder>, BrokerError>>,
+    /// `None` when not asked: the orders' read failed (both are read again together).
+    broker: Option<Result<Positions, BrokerError>>,
+}
+
 /// How often the session re-reads the broker to catch a lost stream event, and reports
 /// balance and equity.
 const BACKGROUND_SYNC: Duration = Duration::from_secs(120);
+/// Background re-reads dropped in a row (a change came while each was read) before the next one
+/// is read inline ([`Rereads`]).
+const NOT_TAKEN_AT_MOST: u32 = 2;
 const FUNDS_EVERY: Duration = Duration::from_secs(30);
 /// How soon a failed publication is retried (as a snapshot).
 const RETRY: Duration = Duration::from_millis(500);
@@ -77,6 +92,9 @@ struct Master<'a> {
     /// a ticket is never opened again, so an `opened` for one is an update older than what was
     /// read, queued on the stream since the login.
     gone: HashSet<i64>,
+    /// Changes taken (stream updates, reads, publications): a background re-read asked for
+    /// before the latest is older than the view, and not taken.
+    changes: u64,
 }
 
 /// Runs the master session until stopped.
@@ -135,6 +153,7 @@ async fn serve(
         seq: 0,
         dirty: false,
         gone: HashSet::new(),
+        changes: 0,
         contracts: match match &ahead {
             Some(a) => Ok(a.symbols.clone()),
             None => session.api.symbols().await,
@@ -164,6 +183,7 @@ async fn serve(
     // The periodic reading of the master's figures runs beside its events: a slow trade server's
     // answer (hundreds of milliseconds) holds up no publication, and so no follower's copy.
     let mut reading: Option<BoxFuture<'static, Result<AccountInfo, BrokerError>>> = None;
+    let mut rereads = Rereads::default();
     loop {
         let retry = tokio::time::sleep(RETRY);
         tokio::select! {
@@ -195,7 +215,11 @@ async fn serve(
                 None => bail!("the notification hub stopped"),
             },
             _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,
-            _ = background.tick() => m.sync(session.api.as_ref(), false).await?,
+            _ = background.tick() => rereads.start(&mut m, &session.api).await?,
+            _ = sync_asked(), if rereads.under_way.is_none() => rereads.start(&mut m, &session.api).await?,
+            read = async { rereads.under_way.as_mut().expect("a re-read under way").1.as_mut().await }, if rereads.under_way.is_some() => {
+                rereads.answered(&mut m, session.api.as_ref(), read).await?;
+            }
             read = async { reading.as_mut().expect("a reading under way").await }, if reading.is_some() => {
                 reading = None;
                 if let Some(offset) = read.ok().and_then(|info| store_funds(ctx, info)) {
@@ -211,6 +235,68 @@ async fn serve(
         }
         if ctx.cancel.is_cancelled() {
             return Ok(Ended::Stopped);
+        }
+    }
+}
+
+/// The periodic re-read of the master's broker, which catches an update the stream lost. It runs
+/// beside the session's work (a slow trade server's three reads take a second or more, and a
+/// session waiting for them would publish nothing meanwhile), and is taken only if the session
+/// took no change while it was read: a server answers as of the request, so an older read would
+/// undo a newer change. One dropped [`NOT_TAKEN_AT_MOST`] times in a row is read inline next, as
+/// a reconnect's is (the updates wait for it): an active master still has its broker compared.
+#[derive(Default)]
+struct Rereads {
+    /// The re-read asked for, with the changes taken then.
+    under_way: Option<(u64, BoxFuture<'static, Reading>)>,
+    /// Re-reads dropped in a row.
+    not_taken: u32,
+}
+
+impl Rereads {
+    /// Starts a re-read unless one is under way.
+    async fn start(&mut self, m: &mut Master<'_>, api: &Arc<dyn TradeApi>) -> anyhow::Result<()> {
+        if self.under_way.is_some() {
+            return Ok(());
+        }
+        if self.not_taken >= NOT_TAKEN_AT_MOST {
+            info!(
+                dropped = self.not_taken,
+                "the master's broker is re-read inline: its last re-reads were each older than a change"
+            );
+            self.not_taken = 0;
+            return m.sync(api.as_ref(), false).await;
+        }
+        let api = api.clone();
+        let orders_unsupported = m.orders_unsupported;
+        self.under_way = Some((
+            m.changes,
+            Box::pin(async move { read_server(api.as_ref(), orders_unsupported).await }),
+        ));
+        Ok(())
+    }
+
+    /// Takes the re-read under way, as answered: compared and published unless a change was
+    /// taken since it was asked for.
+    async fn answered(
+        &mut self,
+        m: &mut Master<'_>,
+        api: &dyn TradeApi,
+        reading: Reading,
+    ) -> anyhow::Result<()> {
+        let (asked_at, _) = self.under_way.take().expect("a re-read under way");
+        if asked_at != m.changes {
+            self.not_taken += 1;
+            debug!(
+                not_taken = self.not_taken,
+                "the re-read of the master's broker is older than a change taken since: dropped"
+            );
+            return Ok(());
+        }
+        self.not_taken = 0;
+        match m.take_reading(reading) {
+            Some(read) => m.apply_read(api, false, read).await,
+            None => Ok(()),
         }
     }
 }
@@ -278,44 +364,41 @@ impl Master<'_> {
         }
     }
 
-    /// The master's pending orders (`None`: its bridge lists none), positions and history, read
-    /// together; `None` (and the sync owed) when a read failed.
-    async fn read(&mut self, api: &dyn TradeApi) -> Option<Read> {
-        // Orders before positions: an order that fills between the reads is in the positions.
-        // Both are taken together or not at all (an order gone without its position would read
-        // as cancelled).
-        let orders = if self.orders_unsupported {
-            None
-        } else {
-            match api.orders().await {
-                Ok(orders) => Some(orders),
-                Err(BrokerError::Rejected(r))
-                    if r.code == crate::broker::RejectCode::InvalidRequest =>
-                {
-                    // A bridge older than pending orders: its fills are copied as positions.
-                    info!(reason = %r.reason, "the master's bridge lists no pending orders: only their fills are published");
-                    self.orders_unsupported = true;
-                    self.orders.clear();
-                    None
-                }
-                Err(e) => {
-                    // Positions without orders could show an order gone that filled meanwhile:
-                    // both are read again together.
-                    warn!(error = %e, "reading the master's pending orders failed; keeping the published snapshot");
-                    self.dirty = true;
-                    return None;
-                }
+    /// The master's pending orders (`None`: its bridge lists none), positions and history as
+    /// `reading` answered them; `None` (and the sync owed) when a read failed.
+    fn take_reading(&mut self, reading: Reading) -> Option<Read> {
+        let orders = match reading.orders {
+            None => None,
+            Some(Ok(orders)) => Some(orders),
+            Some(Err(BrokerError::Rejected(r)))
+                if r.code == crate::broker::RejectCode::InvalidRequest =>
+            {
+                // A bridge older than pending orders: its fills are copied as positions.
+                info!(reason = %r.reason, "the master's bridge lists no pending orders: only their fills are published");
+                self.orders_unsupported = true;
+                self.orders.clear();
+                None
             }
-        };
-        let (positions, history) = match read_broker(api).await {
-            Ok(x) => x,
-            Err(e) => {
-                warn!(error = %e, "reading the master's positions failed; keeping the published snapshot");
+            Some(Err(e)) => {
+                // Positions without orders could show an order gone that filled meanwhile:
+                // both are read again together.
+                warn!(error = %e, "reading the master's pending orders failed; keeping the published snapshot");
                 self.dirty = true;
                 return None;
             }
         };
-        Some((orders, positions, history))
+        match reading.broker {
+            Some(Ok((positions, history))) => Some((orders, positions, history)),
+            Some(Err(e)) => {
+                warn!(error = %e, "reading the master's positions failed; keeping the published snapshot");
+                self.dirty = true;
+                None
+            }
+            None => {
+                self.dirty = true;
+                None
+            }
+        }
     }
 
     /// Compares the broker with the view and publishes a snapshot if anything differs (or if
@@ -332,13 +415,28 @@ impl Master<'_> {
         force: bool,
         ahead: Option<Box<ReadAhead>>,
     ) -> anyhow::Result<()> {
-        let (orders, positions, history) = match ahead {
+        let read = match ahead {
             Some(a) => (Some(a.orders), a.positions, a.history),
-            None => match self.read(api).await {
-                Some(read) => read,
-                None => return Ok(()),
-            },
+            None => {
+                let reading = read_server(api, self.orders_unsupported).await;
+                match self.take_reading(reading) {
+                    Some(read) => read,
+                    None => return Ok(()),
+                }
+            }
         };
+        self.apply_read(api, force, read).await
+    }
+
+    /// Compares `read` with the view and publishes a snapshot if anything differs (or if
+    /// `force`).
+    async fn apply_read(
+        &mut self,
+        api: &dyn TradeApi,
+        force: bool,
+        (orders, positions, history): Read,
+    ) -> anyhow::Result<()> {
+        self.changes += 1;
         let open: HashSet<i64> = positions.iter().map(|p| p.ticket).collect();
         self.gone.extend(
             history
@@ -418,6 +516,7 @@ impl Master<'_> {
 
     /// Turns one broker change into an event and publishes it.
     async fn on_change(&mut self, change: PositionChange) -> anyhow::Result<()> {
+        self.changes += 1;
         let event = match change {
             PositionChange::Opened { position } if self.gone.contains(&position.ticket) => {
                 // Queued before a read that showed it closed: the read is newer.
@@ -732,9 +831,45 @@ impl Master<'_> {
     }
 }
 
-async fn read_broker(
-    api: &dyn TradeApi,
-) -> Result<(Vec<Position>, Vec<ClosedPosition>), BrokerError> {
+/// Reads the master's pending orders (unless its bridge lists none), then its positions and
+/// history: orders first, so an order that fills between the reads is in the positions.
+async fn read_server(api: &dyn TradeApi, orders_unsupported: bool) -> Reading {
+    let orders = if orders_unsupported {
+        None
+    } else {
+        Some(api.orders().await)
+    };
+    let broker = match &orders {
+        Some(Err(BrokerError::Rejected(r)))
+            if r.code == crate::broker::RejectCode::InvalidRequest =>
+        {
+            Some(read_broker(api).await)
+        }
+        Some(Err(_)) => None,
+        _ => Some(read_broker(api).await),
+    };
+    Reading { orders, broker }
+}
+
+/// Fault point `COPIERTEST_MASTER_SYNC`: while its file exists, the periodic re-read of the
+/// broker ([`Rereads`]) starts again as soon as the last one is over (the tests' way to a
+/// re-read under way; the period is two minutes).
+#[cfg(feature = "failpoints")]
+async fn sync_asked() {
+    if std::env::var_os("COPIERTEST_MASTER_SYNC").is_none() {
+        return std::future::pending::<()>().await;
+    }
+    while !crate::failpoints::active("COPIERTEST_MASTER_SYNC") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn sync_asked() {
+    std::future::pending::<()>().await;
+}
+
+async fn read_broker(api: &dyn TradeApi) -> Result<Positions, BrokerError> {
     let positions = api.positions().await?;
     let history = api.history().await?;
     Ok((positions, history))

@@ -76,6 +76,10 @@ pub struct ServeOptions {
     /// before it is answered (read when answered), as a slow trade server's reads take hundreds
     /// of milliseconds; other requests on the connection are not held up by it.
     pub read_delay: Duration,
+    /// Answer a delayed read with the account as it was when the read was asked (journaled
+    /// then), as a real trade server's reply is its state when it took the request: a change
+    /// made during the delay is not in it. Off: as it is when answered.
+    pub reads_as_of_request: bool,
     /// Journal every read too (`action` the read's op, `login` empty for `symbols`), so that
     /// a check can tell from the journal alone what a client read and when.
     pub journal_reads: bool,
@@ -106,6 +110,7 @@ impl ServeOptions {
             clock_offset_ms: 0,
             login_delay: Duration::ZERO,
             read_delay: Duration::ZERO,
+            reads_as_of_request: false,
             journal_reads: false,
             fence_request: true,
             mt4: false,
@@ -134,6 +139,7 @@ struct Shared {
     login_delay: Duration,
     /// [`ServeOptions::read_delay`] in microseconds (changed by [`SimBroker::set_read_delay`]).
     read_delay_us: AtomicU64,
+    reads_as_of_request: bool,
     fence_request: bool,
 }
 
@@ -192,6 +198,7 @@ impl SimBroker {
             read_delay_us: AtomicU64::new(
                 u64::try_from(options.read_delay.as_micros()).unwrap_or(u64::MAX),
             ),
+            reads_as_of_request: options.reads_as_of_request,
             fence_request: options.fence_request,
         });
         let shutdown = CancellationToken::new();
@@ -368,12 +375,15 @@ async fn connection(
                     let (shared, mut conn, line) =
                         (shared.clone(), conn.clone(), line.trim_end().to_string());
                     let closed = closed.clone();
+                    // A read as of its request: answered now, sent after the delay.
+                    let now = (shared.reads_as_of_request && !is_login(&line))
+                        .then(|| handle(&shared, &mut conn, &line));
                     tokio::spawn(async move {
                         tokio::select! {
                             _ = tokio::time::sleep(delay) => {}
                             _ = closed.cancelled() => return,
                         }
-                        let reply = handle(&shared, &mut conn, &line);
+                        let reply = now.unwrap_or_else(|| handle(&shared, &mut conn, &line));
                         let _ = conn.tx.send(reply);
                     });
                     continue;
@@ -738,6 +748,12 @@ fn delay_of(shared: &Shared, request: &Request) -> Duration {
         }
         _ => Duration::ZERO,
     }
+}
+
+/// Whether a request line is a login (delayed, it takes effect when answered).
+fn is_login(line: &str) -> bool {
+    serde_json::from_str::<RequestFrame>(line)
+        .is_ok_and(|f| matches!(f.request, Request::Login { .. }))
 }
 
 /// A read's op and login (empty for the server's symbols); `None` for any other request.
