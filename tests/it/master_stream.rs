@@ -201,6 +201,17 @@ impl Rereading {
         .await
     }
 
+    /// A master trade, once the follower holds its copy: its ticket.
+    async fn trade_copied(&self, side: Side) -> i64 {
+        let ticket = self
+            .setup
+            .t
+            .open("m1", "EURUSD", side, 0.1, None, None)
+            .await;
+        self.setup.t.copy_of("f2", self.magic, ticket, WAIT).await;
+        ticket
+    }
+
     async fn stop(mut self) -> Vec<JournalEntry> {
         std::fs::remove_file(&self.trigger).unwrap();
         self.setup.broker.set_read_delay(Duration::ZERO);
@@ -215,6 +226,24 @@ fn us(l: &JournalEntry) -> i64 {
     l.ts_us.expect("journaled in microseconds")
 }
 
+/// When the follower's copy of master ticket `ticket` was journaled (µs).
+fn copied_at(lines: &[JournalEntry], ticket: i64) -> i64 {
+    lines
+        .iter()
+        .find(|l| {
+            l.login == "f2"
+                && l.action == "open"
+                && l.comment.as_deref() == Some(&format!("mc{ticket}"))
+        })
+        .map(us)
+        .expect("the follower's copy")
+}
+
+/// When a read asked at `asked` (µs) is answered.
+fn answered(asked: i64) -> i64 {
+    asked + i64::try_from(SLOW_READ.as_micros()).unwrap()
+}
+
 /// The master session's periodic re-read of its broker (every two minutes: three reads, each
 /// hundreds of milliseconds on a real trade server) holds up none of its publications. A master
 /// trade made just after a re-read's first read was asked is copied before that read is
@@ -225,32 +254,18 @@ fn us(l: &JournalEntry) -> i64 {
 async fn a_masters_slow_reread_of_its_broker_holds_up_no_copy() {
     let r = Rereading::start("master-slow-reread").await;
     let asked = r.next_read("orders").await;
-    let ticket = r
-        .setup
-        .t
-        .open("m1", "EURUSD", Side::Sell, 0.1, None, None)
-        .await;
-    r.setup.t.copy_of("f2", r.magic, ticket, WAIT).await;
+    let ticket = r.trade_copied(Side::Sell).await;
     let lines = r.stop().await;
     let trade = lines
         .iter()
         .find(|l| l.login == "m1" && l.action == "open" && l.ticket == Some(ticket))
         .map(us)
         .expect("the master's trade");
-    let copy = lines
-        .iter()
-        .find(|l| {
-            l.login == "f2"
-                && l.action == "open"
-                && l.comment.as_deref() == Some(&format!("mc{ticket}"))
-        })
-        .map(us)
-        .expect("the follower's copy");
     assert!(
         asked < trade,
         "precondition: the re-read's read was asked before the trade"
     );
-    let answered = asked + i64::try_from(SLOW_READ.as_micros()).unwrap();
+    let (copy, answered) = (copied_at(&lines, ticket), answered(asked));
     assert!(
         copy < answered,
         "the copy ({copy} µs) waited for the master's re-read asked at {asked} µs (answered at {answered} µs)"
@@ -322,31 +337,12 @@ async fn a_master_whose_rereads_are_each_outrun_reads_the_next_inline() {
     let r = Rereading::start("master-outrun-rereads").await;
     for _ in 0..2 {
         r.next_read("orders").await;
-        let ticket = r
-            .setup
-            .t
-            .open("m1", "EURUSD", Side::Buy, 0.1, None, None)
-            .await;
-        r.setup.t.copy_of("f2", r.magic, ticket, WAIT).await;
+        r.trade_copied(Side::Buy).await;
     }
     let asked = r.next_read("orders").await;
-    let ticket = r
-        .setup
-        .t
-        .open("m1", "EURUSD", Side::Sell, 0.1, None, None)
-        .await;
-    r.setup.t.copy_of("f2", r.magic, ticket, WAIT).await;
+    let ticket = r.trade_copied(Side::Sell).await;
     let lines = r.stop().await;
-    let copy = lines
-        .iter()
-        .find(|l| {
-            l.login == "f2"
-                && l.action == "open"
-                && l.comment.as_deref() == Some(&format!("mc{ticket}"))
-        })
-        .map(us)
-        .expect("the follower's copy");
-    let answered = asked + i64::try_from(SLOW_READ.as_micros()).unwrap();
+    let (copy, answered) = (copied_at(&lines, ticket), answered(asked));
     assert!(
         copy > answered,
         "the copy ({copy} µs) came before the inline re-read asked at {asked} µs was answered ({answered} µs)"
