@@ -188,12 +188,12 @@ async fn serve(
         let retry = tokio::time::sleep(RETRY);
         tokio::select! {
             _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
-            _ = ctx.gate.restored() => m.sync(session.api.as_ref(), false).await?,
+            _ = ctx.gate.restored() => rereads.inline(&mut m, session.api.as_ref(), false).await?,
             event = session.events.recv() => match event {
                 Some(SessionEvent::Position(change)) => m.on_change(change).await?,
                 Some(SessionEvent::Reconnected) => {
                     info!("master broker session reconnected: publishing what changed meanwhile");
-                    m.sync(session.api.as_ref(), false).await?;
+                    rereads.inline(&mut m, session.api.as_ref(), false).await?;
                 }
                 Some(SessionEvent::LoginLost(reason)) => bail!("the broker refused the master's login after a reconnect: {reason}"),
                 None => bail!("the broker session ended"),
@@ -214,7 +214,7 @@ async fn serve(
                 Some(Signal::Notice(..) | Signal::MasterChanged(_) | Signal::Handoff(_)) => {}
                 None => bail!("the notification hub stopped"),
             },
-            _ = retry, if m.dirty => m.sync(session.api.as_ref(), true).await?,
+            _ = retry, if m.dirty => rereads.inline(&mut m, session.api.as_ref(), true).await?,
             _ = background.tick() => rereads.start(&mut m, &session.api).await?,
             _ = sync_asked(), if rereads.under_way.is_none() => rereads.start(&mut m, &session.api).await?,
             read = async { rereads.under_way.as_mut().expect("a re-read under way").1.as_mut().await }, if rereads.under_way.is_some() => {
@@ -264,8 +264,7 @@ impl Rereads {
                 dropped = self.not_taken,
                 "the master's broker is re-read inline: its last re-reads were each older than a change"
             );
-            self.not_taken = 0;
-            return m.sync(api.as_ref(), false).await;
+            return self.inline(m, api.as_ref(), false).await;
         }
         let api = api.clone();
         let orders_unsupported = m.orders_unsupported;
@@ -274,6 +273,21 @@ impl Rereads {
             Box::pin(async move { read_server(api.as_ref(), orders_unsupported).await }),
         ));
         Ok(())
+    }
+
+    /// Re-reads the broker inline (the updates wait for it), dropping the re-read under way
+    /// first: it would be older, and a bridge that takes one request of an account at a time
+    /// (FIX's) would hold the inline read behind it, while only this session's loop, waiting
+    /// here, could finish it.
+    async fn inline(
+        &mut self,
+        m: &mut Master<'_>,
+        api: &dyn TradeApi,
+        force: bool,
+    ) -> anyhow::Result<()> {
+        self.under_way = None;
+        self.not_taken = 0;
+        m.sync(api, force).await
     }
 
     /// Takes the re-read under way, as answered: compared and published unless a change was

@@ -459,14 +459,16 @@ fn handle(shared: &Shared, conn: &mut Conn, line: &str) -> String {
                 &HelloResult {
                     server: format!("copier-node sim-broker {}", env!("CARGO_PKG_VERSION")),
                     protocol: PROTOCOL_VERSION,
-                    features: if shared.fence_request {
-                        vec![
-                            FEATURE_FENCE.to_string(),
-                            FEATURE_ORDERED_STREAM.to_string(),
-                        ]
-                    } else {
-                        vec![FEATURE_ORDERED_STREAM.to_string()]
-                    },
+                    // A read as of its request may miss a change whose update went out before
+                    // its reply: not the `ordered_stream` promise.
+                    features: [
+                        shared.fence_request.then_some(FEATURE_FENCE),
+                        (!shared.reads_as_of_request).then_some(FEATURE_ORDERED_STREAM),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .map(str::to_string)
+                    .collect(),
                 },
             );
         }

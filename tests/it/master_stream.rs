@@ -136,7 +136,6 @@ struct Rereading {
     setup: CopySetup,
     node: NodeProcess,
     trigger: std::path::PathBuf,
-    magic: i64,
     /// The master's position open before the re-reads started (copied).
     open: i64,
 }
@@ -176,7 +175,6 @@ impl Rereading {
             setup,
             node,
             trigger,
-            magic,
             open,
         }
     }
@@ -201,14 +199,19 @@ impl Rereading {
         .await
     }
 
-    /// A master trade, once the follower holds its copy: its ticket.
+    /// A master trade, once the follower's copy is in the journal (the journal, not a read of
+    /// the follower's positions: each read takes [`SLOW_READ`]): its ticket.
     async fn trade_copied(&self, side: Side) -> i64 {
         let ticket = self
             .setup
             .t
             .open("m1", "EURUSD", side, 0.1, None, None)
             .await;
-        self.setup.t.copy_of("f2", self.magic, ticket, WAIT).await;
+        let path = self.setup.dir.path("journal.jsonl");
+        eventually(format!("the copy of {ticket}"), WAIT, async || {
+            copy_in(&journal(&path), ticket)
+        })
+        .await;
         ticket
     }
 
@@ -226,8 +229,8 @@ fn us(l: &JournalEntry) -> i64 {
     l.ts_us.expect("journaled in microseconds")
 }
 
-/// When the follower's copy of master ticket `ticket` was journaled (µs).
-fn copied_at(lines: &[JournalEntry], ticket: i64) -> i64 {
+/// When the follower's copy of master ticket `ticket` was journaled (µs), if it was.
+fn copy_in(lines: &[JournalEntry], ticket: i64) -> Option<i64> {
     lines
         .iter()
         .find(|l| {
@@ -236,7 +239,11 @@ fn copied_at(lines: &[JournalEntry], ticket: i64) -> i64 {
                 && l.comment.as_deref() == Some(&format!("mc{ticket}"))
         })
         .map(us)
-        .expect("the follower's copy")
+}
+
+/// When the follower's copy of master ticket `ticket` was journaled (µs).
+fn copied_at(lines: &[JournalEntry], ticket: i64) -> i64 {
+    copy_in(lines, ticket).expect("the follower's copy")
 }
 
 /// When a read asked at `asked` (µs) is answered.
@@ -275,9 +282,10 @@ async fn a_masters_slow_reread_of_its_broker_holds_up_no_copy() {
 /// A re-read asked before a change is older than it: the master session does not take it. The
 /// master closes its position just after a re-read's positions read was asked (which answers,
 /// as a real server's does, with the position still open); once that re-read is over (the next
-/// one has asked for its orders), the master's published snapshot (`master_state`) does not
-/// list the closed position, and the follower's copy stays closed. Fails when the session takes
-/// every re-read whatever came meanwhile (shown by hand: the snapshot lists it again).
+/// one has asked for its orders), the master's published snapshot (`master_state`, what is
+/// judged: the product's output, held to the close in the broker's journal) does not list the
+/// closed position, and the follower's copy stays closed. Fails when the session takes every
+/// re-read whatever came meanwhile (shown by hand: the snapshot lists it again).
 #[tokio::test]
 async fn a_masters_reread_asked_before_a_close_does_not_undo_it() {
     let mut r = Rereading::start("master-stale-reread").await;
@@ -285,7 +293,10 @@ async fn a_masters_reread_asked_before_a_close_does_not_undo_it() {
     let asked = r.next_read("positions").await;
     r.setup.t.close("m1", open, None).await;
     eventually("the follower's copy closed", WAIT, async || {
-        r.setup.t.positions("f2").await.is_empty().then_some(())
+        journal(&r.setup.dir.path("journal.jsonl"))
+            .iter()
+            .any(|l| l.login == "f2" && l.action == "close")
+            .then_some(())
     })
     .await;
     // The next re-read is asked only once this one is over.
@@ -330,8 +341,9 @@ async fn a_masters_reread_asked_before_a_close_does_not_undo_it() {
 /// A master whose every re-read is outrun by a change still has its broker compared: after two
 /// re-reads in a row dropped (a trade made while each was read), the next is read inline, and a
 /// trade made just after its first read was asked waits for it: in the journal, the follower's
-/// copy comes after that read's answer. Fails when every re-read runs beside the work whatever
-/// was dropped before (the copy then comes within the read, shown by hand).
+/// copy comes after that re-read's last read (history, asked once its orders and positions were
+/// answered). Fails when every re-read runs beside the work whatever was dropped before (the
+/// copy then comes within the first read, shown by hand).
 #[tokio::test]
 async fn a_master_whose_rereads_are_each_outrun_reads_the_next_inline() {
     let r = Rereading::start("master-outrun-rereads").await;
@@ -342,9 +354,16 @@ async fn a_master_whose_rereads_are_each_outrun_reads_the_next_inline() {
     let asked = r.next_read("orders").await;
     let ticket = r.trade_copied(Side::Sell).await;
     let lines = r.stop().await;
-    let (copy, answered) = (copied_at(&lines, ticket), answered(asked));
+    let copy = copied_at(&lines, ticket);
+    // The re-read's last read (history), asked once its orders and positions were answered.
+    let last = lines
+        .iter()
+        .filter(|l| l.client == "a" && l.login == "m1" && l.action == "history")
+        .map(us)
+        .find(|&at| at > asked)
+        .expect("the re-read's history read");
     assert!(
-        copy > answered,
-        "the copy ({copy} µs) came before the inline re-read asked at {asked} µs was answered ({answered} µs)"
+        last < copy,
+        "the copy ({copy} µs) came before the re-read asked at {asked} µs had read its orders and positions (its history read asked at {last} µs): it was not read inline"
     );
 }
