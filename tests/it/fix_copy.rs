@@ -667,3 +667,70 @@ async fn stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_cl
     assert_eq!(stopped, 1, "the venue's stop closed it");
     node.shutdown();
 }
+
+/// A FIX master's session re-reads its account inline when a publication failed (and after a
+/// reconnect, or trust restored), while its periodic re-read may be under way beside its
+/// updates. The adapter takes one request of an account at a time, and the re-read under way,
+/// held in its positions read (fault point `COPIERTEST_FIX_HOLD_POSITIONS`, its periodic re-reads
+/// started at once by `COPIERTEST_MASTER_SYNC`), has that turn: only the session's own loop,
+/// waiting for the inline re-read, could finish it. A trade's publication fails (the snapshot's
+/// table renamed away); the inline re-read that retries it drops the held one and reads
+/// (reaching the held read itself); let go, with the table back, the trade is copied. Fails when
+/// the inline re-read waits behind the one under way (the session hangs, shown by hand).
+#[tokio::test]
+async fn a_fix_masters_inline_reread_during_its_background_one_does_not_hang_it() {
+    use crate::support::process::{NodeProcess, NodeSpec};
+
+    let mut s = CopySetup::new("fix-reread-inline").await;
+    let v = venue(&s, &["m1"], Positions::Acknowledged);
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "b2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let (reread, hold) = (s.dir.path("reread"), s.dir.path("hold"));
+    let mut node = NodeProcess::spawn_with(&NodeSpec {
+        node_id: "fx".into(),
+        capacity: 10,
+        timing: FAST,
+        database_url: s.db.url.clone(),
+        listen_url: None,
+        env: vec![
+            (
+                "COPIERTEST_MASTER_SYNC".into(),
+                reread.display().to_string(),
+            ),
+            (
+                "COPIERTEST_FIX_HOLD_POSITIONS".into(),
+                hold.display().to_string(),
+            ),
+        ],
+        extra: Vec::new(),
+    });
+    wait_status(&mut s.conn, 2, "follower: master").await;
+    let first = hand(&v, "open m1 EURUSD buy 0.1");
+    s.t.copy_of("b2", magic, first, WAIT).await;
+    std::fs::write(&hold, b"hold").unwrap();
+    std::fs::write(&reread, b"reread").unwrap();
+    let held = "FIX positions read held";
+    node.wait_for_output(held, WAIT).await;
+    sqlx::query("ALTER TABLE master_state RENAME TO master_state_away")
+        .execute(&mut s.conn)
+        .await
+        .unwrap();
+    let second = hand(&v, "open m1 EURUSD sell 0.1");
+    eventually(
+        "the inline re-read at the held read too",
+        WAIT,
+        async || (node.output().matches(held).count() >= 2).then_some(()),
+    )
+    .await;
+    sqlx::query("ALTER TABLE master_state_away RENAME TO master_state")
+        .execute(&mut s.conn)
+        .await
+        .unwrap();
+    std::fs::remove_file(&reread).unwrap();
+    std::fs::remove_file(&hold).unwrap();
+    s.t.copy_of("b2", magic, second, WAIT).await;
+    node.signal("TERM");
+    node.wait_exit(WAIT).await;
+}

@@ -19,6 +19,10 @@ impl TradeApi for SessionApi {
     fn positions(&self) -> BoxFuture<'_, Result<Vec<Position>, BrokerError>> {
         Box::pin(async move {
             let _op = self.0.ops.lock().await;
+            crate::failpoints::failpoint!(
+                "COPIERTEST_FIX_HOLD_POSITIONS",
+                "FIX positions read held (the account's turn taken)"
+            );
             let positions = self.0.read_positions().await?;
             Ok(positions.into_iter().map(|p| self.0.shown(p)).collect())
         })
