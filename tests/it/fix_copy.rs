@@ -734,3 +734,31 @@ async fn a_fix_masters_inline_reread_during_its_background_one_does_not_hang_it(
     node.signal("TERM");
     node.wait_exit(WAIT).await;
 }
+
+/// The venue logs the session out and resets its sequence numbers (both sides at 1, as venues do
+/// at a trading-day roll), well below the node's after a day's messages (150 trades here): the
+/// node's FIX session of the master connects again (QuickFIX's threaded initiator: the
+/// single-threaded one never did after a venue's Logout), resets its own numbers (the answer
+/// to a logon at its old numbers is too low for it), re-reads the master, and a trade made
+/// meanwhile is copied. Fails without either part (shown by hand): no new connection at all; or
+/// every logon answer refused as too low while the venue's numbers climb three a try.
+#[tokio::test]
+async fn a_fix_master_logs_on_again_after_the_venue_resets_its_sequence_numbers() {
+    let mut s = CopySetup::new("fix-venue-reset").await;
+    let v = venue(&s, &["m1"], Positions::Acknowledged);
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "b2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let node = start_node(&config(&s.db, "fx-node", 100, FAST)).await;
+    wait_status(&mut s.conn, 2, "follower: master").await;
+    let mut last = 0;
+    for _ in 0..150 {
+        last = hand(&v, "open m1 EURUSD buy 0.01");
+    }
+    s.t.copy_of("b2", magic, last, WAIT).await;
+    assert_eq!(v.control("reset m1"), "ok");
+    let after = hand(&v, "open m1 EURUSD sell 0.1");
+    s.t.copy_of("b2", magic, after, WAIT).await;
+    node.shutdown();
+}

@@ -3,14 +3,17 @@
 //!
 //! Each account runs its own initiator on a thread of its own (QuickFIX's objects are neither
 //! `Send` nor `'static`): the thread builds the settings, the callbacks and the initiator, starts
-//! it, and waits for [`Engine`] to be dropped, then logs out and stops. What the engine receives
+//! it, and waits for [`Engine`] to be dropped, then logs out and stops. The initiator is
+//! QuickFIX's threaded one (its session's socket on a thread of QuickFIX's, calling the callbacks
+//! there): the single-threaded one never connected again after a venue's Logout. What the engine receives
 //! reaches the async side as [`EngineEvent`]s; messages go out with [`Engine::send`], which
 //! QuickFIX makes safe from any thread.
 //!
 //! Sequence numbers: an engine starts with an empty in-memory store and its first Logon carries
 //! ResetSeqNumFlag (141=Y), so a new owner never needs the previous owner's store; reconnects of
 //! the same engine keep the store, so the venue's ResendRequest and gap fill recover what a drop
-//! lost. An order is never sent late: a NewOrderSingle the engine would resend (PossDupFlag) is
+//! lost; a venue that reset its own numbers (its answer to a logon is below what the store
+//! expects) gets a Logon that resets both sides. An order is never sent late: a NewOrderSingle the engine would resend (PossDupFlag) is
 //! turned into a gap fill, and its outcome is found by OrderStatusRequest instead.
 
 use std::sync::Arc;
@@ -262,7 +265,7 @@ fn run(
         &app,
         &store,
         &logs,
-        FixSocketServerKind::SingleThreaded,
+        FixSocketServerKind::MultiThreaded,
     )
     .map_err(e)?;
     initiator.start().map_err(e)?;
@@ -312,7 +315,8 @@ struct Callbacks {
     logged_on: Arc<AtomicBool>,
     events: mpsc::UnboundedSender<EngineEvent>,
     /// True until a Logon of this engine is accepted: until then every Logon carries
-    /// ResetSeqNumFlag (a refused first attempt must not leave the next without it).
+    /// ResetSeqNumFlag (a refused first attempt must not leave the next without it). True again
+    /// once the venue is found to have reset its own numbers.
     reset: AtomicBool,
 }
 
@@ -350,6 +354,17 @@ impl ApplicationCallback for Callbacks {
 
     fn on_msg_to_admin(&self, msg: &mut Message, _session: &SessionId) {
         self.stamp_node(msg);
+        if msg_type(msg) == "5"
+            && msg
+                .get_field(58)
+                .is_some_and(|text| text.starts_with("MsgSeqNum too low"))
+        {
+            // The venue numbers from below what this engine expects: it reset its sequence
+            // numbers (a Logout, then both sides at 1). Kept, the store would refuse every logon
+            // answer as too low, for ever: the next Logon resets both sides.
+            warn!(session = %self.config.identity(), "the venue's sequence numbers went back (it reset them): the next logon resets ours");
+            self.reset.store(true, Ordering::Release);
+        }
         if msg_type(msg) == "A" {
             let _ = msg.set_field(553, self.config.username.as_str());
             if let Some(password) = &self.config.password {
