@@ -737,11 +737,10 @@ async fn a_fix_masters_inline_reread_during_its_background_one_does_not_hang_it(
 
 /// The venue logs the session out and resets its sequence numbers (both sides at 1, as venues do
 /// at a trading-day roll), well below the node's after a day's messages (150 trades here): the
-/// node's FIX session of the master connects again (QuickFIX's threaded initiator: the
-/// single-threaded one never did after a venue's Logout), resets its own numbers (the answer
-/// to a logon at its old numbers is too low for it), re-reads the master, and a trade made
-/// meanwhile is copied. Fails without either part (shown by hand): no new connection at all; or
-/// every logon answer refused as too low while the venue's numbers climb three a try.
+/// node's FIX session of the master connects again (QuickFIX's single-threaded initiator opens
+/// no new connection after a venue's Logout: the engine builds it again, its first Logon
+/// resetting both sides' numbers), re-reads the master, and a trade made meanwhile is copied.
+/// Fails when the initiator is not built again (no new connection at all, shown by hand).
 #[tokio::test]
 async fn a_fix_master_logs_on_again_after_the_venue_resets_its_sequence_numbers() {
     let mut s = CopySetup::new("fix-venue-reset").await;

@@ -3,17 +3,18 @@
 //!
 //! Each account runs its own initiator on a thread of its own (QuickFIX's objects are neither
 //! `Send` nor `'static`): the thread builds the settings, the callbacks and the initiator, starts
-//! it, and waits for [`Engine`] to be dropped, then logs out and stops. The initiator is
-//! QuickFIX's threaded one (its session's socket on a thread of QuickFIX's, calling the callbacks
-//! there): the single-threaded one never connected again after a venue's Logout. What the engine receives
+//! it, and waits for [`Engine`] to be dropped, then logs out and stops. After a venue's Logout,
+//! QuickFIX's single-threaded initiator opens no new connection: a session still down a few
+//! seconds later has its initiator built again (an empty store, its first Logon resetting both
+//! sides' numbers). (QuickFIX's threaded initiator does reconnect, but a review of its C++ found
+//! a socket closed twice when it stops during a connect.) What the engine receives
 //! reaches the async side as [`EngineEvent`]s; messages go out with [`Engine::send`], which
 //! QuickFIX makes safe from any thread.
 //!
 //! Sequence numbers: an engine starts with an empty in-memory store and its first Logon carries
 //! ResetSeqNumFlag (141=Y), so a new owner never needs the previous owner's store; reconnects of
 //! the same engine keep the store, so the venue's ResendRequest and gap fill recover what a drop
-//! lost; a venue that reset its own numbers (its answer to a logon is below what the store
-//! expects) gets a Logon that resets both sides. An order is never sent late: a NewOrderSingle the engine would resend (PossDupFlag) is
+//! lost. An order is never sent late: a NewOrderSingle the engine would resend (PossDupFlag) is
 //! turned into a gap fill, and its outcome is found by OrderStatusRequest instead.
 
 use std::sync::Arc;
@@ -85,6 +86,11 @@ pub struct Engine {
 /// anyway: a venue that answers at all answers within a round trip, and one that does not must
 /// not hold a release (and so the account's next owner) for long.
 pub const LOGOUT: Duration = Duration::from_secs(3);
+/// How often the engine thread looks whether the venue's Logout left the session down.
+const REBUILD_CHECK: Duration = Duration::from_millis(200);
+/// How long after the venue's Logout a session not logged on again has its initiator built
+/// again: past QuickFIX's reconnect interval (1 s) and its connect.
+const REBUILD_AFTER: Duration = Duration::from_secs(3);
 
 /// Engines of this process by session identity: QuickFIX keeps one global registry of sessions,
 /// so a second engine for the same identity waits for the first to be gone.
@@ -251,26 +257,69 @@ fn run(
             .map_err(e)?,
         )
         .map_err(e)?;
+    // A venue's Logout leaves QuickFIX's single-threaded initiator without a new connection (it
+    // times its Logon out, every 10 s, for ever): past a reconnect's interval without a logon,
+    // the initiator is built again, its store empty (its first Logon resets both sides' numbers,
+    // as a new owner's does).
+    while initiate(config, &settings, &logged_on, alive, &events, &stopped)? {
+        warn!(session = %config.identity(), "the FIX session did not connect again after the venue's Logout: its initiator started again (its first Logon resets the sequence numbers)");
+    }
+    Ok(())
+}
+
+/// One initiator of the engine thread, until the engine is stopped (false) or the venue's Logout
+/// left the session down (true: stopped, to be built again).
+fn initiate(
+    config: &EngineConfig,
+    settings: &SessionSettings,
+    logged_on: &Arc<AtomicBool>,
+    alive: &std::sync::Mutex<bool>,
+    events: &mpsc::UnboundedSender<EngineEvent>,
+    stopped: &std::sync::mpsc::Receiver<()>,
+) -> Result<bool, String> {
+    let e = |e: quickfix::QuickFixError| e.to_string();
+    let session = session_id(config).map_err(e)?;
     let callbacks = Callbacks {
         config: config.clone(),
-        logged_on,
-        events,
+        logged_on: logged_on.clone(),
+        events: events.clone(),
         reset: AtomicBool::new(true),
+        venue_logout: std::sync::Mutex::new(None),
     };
     let app = Application::try_new(&callbacks).map_err(e)?;
     let store = MemoryMessageStoreFactory::new();
     let logs = LogFactory::try_new(&EngineLog).map_err(e)?;
     let mut initiator = Initiator::try_new(
-        &settings,
+        settings,
         &app,
         &store,
         &logs,
-        FixSocketServerKind::MultiThreaded,
+        FixSocketServerKind::SingleThreaded,
     )
     .map_err(e)?;
     initiator.start().map_err(e)?;
-    // Blocks until the Engine is stopped or dropped (its sender with it).
-    let _ = stopped.recv();
+    // Until the Engine is stopped or dropped (its sender with it), or the venue's Logout left the
+    // session down.
+    let rebuild = loop {
+        match stopped.recv_timeout(REBUILD_CHECK) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if callbacks.down_since_venue_logout(REBUILD_AFTER) {
+                    break true;
+                }
+            }
+            _ => break false,
+        }
+    };
+    if rebuild {
+        // No message goes to an initiator being stopped.
+        *alive.lock().expect("fix engine") = false;
+        if let Err(err) = initiator.stop() {
+            warn!(session = %config.identity(), error = %err, "stopping a FIX initiator failed");
+        }
+        callbacks.logged_on.store(false, Ordering::Release);
+        *alive.lock().expect("fix engine") = true;
+        return Ok(true);
+    }
     *alive.lock().expect("fix engine") = false;
     // The Logout, and the venue's answer to it, before the engine stops: QuickFIX's own stop
     // would log out too, but checks for the answer only once a second.
@@ -307,7 +356,7 @@ fn run(
         warn!(session = %config.identity(), error = %err, "stopping a FIX session failed");
     }
     callbacks.logged_on.store(false, Ordering::Release);
-    Ok(())
+    Ok(false)
 }
 
 struct Callbacks {
@@ -315,12 +364,23 @@ struct Callbacks {
     logged_on: Arc<AtomicBool>,
     events: mpsc::UnboundedSender<EngineEvent>,
     /// True until a Logon of this engine is accepted: until then every Logon carries
-    /// ResetSeqNumFlag (a refused first attempt must not leave the next without it). True again
-    /// once the venue is found to have reset its own numbers.
+    /// ResetSeqNumFlag (a refused first attempt must not leave the next without it).
     reset: AtomicBool,
+    /// When the venue last logged the session out (cleared at the next logon).
+    venue_logout: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Callbacks {
+    /// The venue logged the session out at least `after` ago and it has not logged on since.
+    fn down_since_venue_logout(&self, after: Duration) -> bool {
+        !self.logged_on.load(Ordering::Acquire)
+            && self
+                .venue_logout
+                .lock()
+                .expect("fix callbacks")
+                .is_some_and(|at| at.elapsed() >= after)
+    }
+
     fn stamp_node(&self, msg: &mut Message) {
         let tag = if self.config.sender_sub_id.is_some() {
             142
@@ -343,6 +403,7 @@ fn msg_type(msg: &Message) -> String {
 impl ApplicationCallback for Callbacks {
     fn on_logon(&self, _session: &SessionId) {
         self.reset.store(false, Ordering::Release);
+        *self.venue_logout.lock().expect("fix callbacks") = None;
         self.logged_on.store(true, Ordering::Release);
         let _ = self.events.send(EngineEvent::LoggedOn);
     }
@@ -354,17 +415,6 @@ impl ApplicationCallback for Callbacks {
 
     fn on_msg_to_admin(&self, msg: &mut Message, _session: &SessionId) {
         self.stamp_node(msg);
-        if msg_type(msg) == "5"
-            && msg
-                .get_field(58)
-                .is_some_and(|text| text.starts_with("MsgSeqNum too low"))
-        {
-            // The venue numbers from below what this engine expects: it reset its sequence
-            // numbers (a Logout, then both sides at 1). Kept, the store would refuse every logon
-            // answer as too low, for ever: the next Logon resets both sides.
-            warn!(session = %self.config.identity(), "the venue's sequence numbers went back (it reset them): the next logon resets ours");
-            self.reset.store(true, Ordering::Release);
-        }
         if msg_type(msg) == "A" {
             let _ = msg.set_field(553, self.config.username.as_str());
             if let Some(password) = &self.config.password {
@@ -394,6 +444,10 @@ impl ApplicationCallback for Callbacks {
         _session: &SessionId,
     ) -> Result<(), MsgFromAdminError> {
         if msg_type(msg) == "5" {
+            if self.logged_on.load(Ordering::Acquire) {
+                *self.venue_logout.lock().expect("fix callbacks") =
+                    Some(tokio::time::Instant::now());
+            }
             let text = msg.get_field(58).unwrap_or_default();
             let _ = self.events.send(EngineEvent::LogoutText(text));
         }
