@@ -384,11 +384,9 @@ impl Master<'_> {
         let orders = match reading.orders {
             None => None,
             Some(Ok(orders)) => Some(orders),
-            Some(Err(BrokerError::Rejected(r)))
-                if r.code == crate::broker::RejectCode::InvalidRequest =>
-            {
+            Some(Err(e)) if lists_no_orders(&e) => {
                 // A bridge older than pending orders: its fills are copied as positions.
-                info!(reason = %r.reason, "the master's bridge lists no pending orders: only their fills are published");
+                info!(reason = %e, "the master's bridge lists no pending orders: only their fills are published");
                 self.orders_unsupported = true;
                 self.orders.clear();
                 None
@@ -854,15 +852,15 @@ async fn read_server(api: &dyn TradeApi, orders_unsupported: bool) -> Reading {
         Some(api.orders().await)
     };
     let broker = match &orders {
-        Some(Err(BrokerError::Rejected(r)))
-            if r.code == crate::broker::RejectCode::InvalidRequest =>
-        {
-            Some(read_broker(api).await)
-        }
-        Some(Err(_)) => None,
+        Some(Err(e)) if !lists_no_orders(e) => None,
         _ => Some(read_broker(api).await),
     };
     Reading { orders, broker }
+}
+
+/// The bridge refused the `orders` request as unknown: it predates pending orders.
+fn lists_no_orders(e: &BrokerError) -> bool {
+    matches!(e, BrokerError::Rejected(r) if r.code == crate::broker::RejectCode::InvalidRequest)
 }
 
 /// Fault point `COPIERTEST_MASTER_SYNC`: while its file exists, the periodic re-read of the

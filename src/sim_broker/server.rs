@@ -363,11 +363,16 @@ async fn connection(
                 if line.trim().is_empty() {
                     continue;
                 }
-                let delay = match conn.client {
-                    Some(_) => serde_json::from_str::<RequestFrame>(line.trim_end())
-                        .map_or(Duration::ZERO, |f| delay_of(&shared, &f.request)),
-                    None => Duration::ZERO,
-                };
+                let frame = conn
+                    .client
+                    .as_ref()
+                    .and_then(|_| serde_json::from_str::<RequestFrame>(line.trim_end()).ok());
+                let delay = frame
+                    .as_ref()
+                    .map_or(Duration::ZERO, |f| delay_of(&shared, &f.request));
+                // A read as of its request: answered now, sent after the delay.
+                let as_of_request = shared.reads_as_of_request
+                    && frame.is_some_and(|f| read_of(&f.request).is_some());
                 if !delay.is_zero() {
                     // A slow login or read: answered (and in effect, or read) after the delay,
                     // while the connection's other requests go on; dropped with the connection
@@ -375,9 +380,7 @@ async fn connection(
                     let (shared, mut conn, line) =
                         (shared.clone(), conn.clone(), line.trim_end().to_string());
                     let closed = closed.clone();
-                    // A read as of its request: answered now, sent after the delay.
-                    let now = (shared.reads_as_of_request && !is_login(&line))
-                        .then(|| handle(&shared, &mut conn, &line));
+                    let now = as_of_request.then(|| handle(&shared, &mut conn, &line));
                     tokio::spawn(async move {
                         tokio::select! {
                             _ = tokio::time::sleep(delay) => {}
@@ -750,12 +753,6 @@ fn delay_of(shared: &Shared, request: &Request) -> Duration {
         }
         _ => Duration::ZERO,
     }
-}
-
-/// Whether a request line is a login (delayed, it takes effect when answered).
-fn is_login(line: &str) -> bool {
-    serde_json::from_str::<RequestFrame>(line)
-        .is_ok_and(|f| matches!(f.request, Request::Login { .. }))
 }
 
 /// A read's op and login (empty for the server's symbols); `None` for any other request.

@@ -668,6 +668,17 @@ async fn stops_are_resting_orders_replaced_on_change_and_a_stopped_copy_stays_cl
     node.shutdown();
 }
 
+/// Master 1 (`m1`) on the venue, copied by follower 2 (`b2`) on the simulated broker: the venue
+/// and the link's magic.
+async fn fix_master_and_bridge_follower(s: &mut CopySetup) -> (FixVenue, i64) {
+    let v = venue(s, &["m1"], Positions::Acknowledged);
+    let fix = server(&v, "");
+    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
+    add_account(&mut s.conn, 2, "follower", &s.addr, "b2").await;
+    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    (v, magic)
+}
+
 /// A FIX master's session re-reads its account inline when a publication failed (and after a
 /// reconnect, or trust restored), while its periodic re-read may be under way beside its
 /// updates. The adapter takes one request of an account at a time, and the re-read under way,
@@ -682,11 +693,7 @@ async fn a_fix_masters_inline_reread_during_its_background_one_does_not_hang_it(
     use crate::support::process::{NodeProcess, NodeSpec};
 
     let mut s = CopySetup::new("fix-reread-inline").await;
-    let v = venue(&s, &["m1"], Positions::Acknowledged);
-    let fix = server(&v, "");
-    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
-    add_account(&mut s.conn, 2, "follower", &s.addr, "b2").await;
-    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let (v, magic) = fix_master_and_bridge_follower(&mut s).await;
     let (reread, hold) = (s.dir.path("reread"), s.dir.path("hold"));
     let mut node = NodeProcess::spawn_with(&NodeSpec {
         node_id: "fx".into(),
@@ -744,11 +751,7 @@ async fn a_fix_masters_inline_reread_during_its_background_one_does_not_hang_it(
 #[tokio::test]
 async fn a_fix_master_logs_on_again_after_the_venue_resets_its_sequence_numbers() {
     let mut s = CopySetup::new("fix-venue-reset").await;
-    let v = venue(&s, &["m1"], Positions::Acknowledged);
-    let fix = server(&v, "");
-    add_account(&mut s.conn, 1, "master", &fix, "m1").await;
-    add_account(&mut s.conn, 2, "follower", &s.addr, "b2").await;
-    let (_, magic) = add_link(&mut s.conn, 1, 2, LinkSpec::default()).await;
+    let (v, magic) = fix_master_and_bridge_follower(&mut s).await;
     let node = start_node(&config(&s.db, "fx-node", 100, FAST)).await;
     wait_status(&mut s.conn, 2, "follower: master").await;
     let mut last = 0;
