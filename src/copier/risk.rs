@@ -95,6 +95,23 @@ pub fn evaluate(limit: &RiskLimit, balance: f64, equity: f64, server_ms: i64) ->
     }
 }
 
+/// Judges `limit` on a reading older than the account's latest (a periodic reading answered
+/// after a newer one was taken): what it saw happened, so a drawdown it shows within the
+/// limit's current period reaches the limit. It starts no period and sets no starting value
+/// (those come from the latest reading), and a reading from another period counts for nothing.
+pub fn evaluate_older(limit: &RiskLimit, balance: f64, equity: f64, server_ms: i64) -> Evaluation {
+    let key = limit.period.key(server_ms);
+    if limit.state.start_value.is_none() || limit.state.period_key.as_deref() != Some(&key) {
+        return Evaluation {
+            state: limit.state.clone(),
+            changed: false,
+            newly_hit: false,
+            new_period: false,
+        };
+    }
+    evaluate(limit, balance, equity, server_ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +238,25 @@ mod tests {
             hit: None,
         };
         assert!(evaluate(&l, 20.0, -30.0, MONDAY).newly_hit);
+    }
+
+    #[test]
+    fn an_older_reading_reaches_the_limit_only_within_the_current_period() {
+        let mut l = limit(Period::Daily, Basis::Equity, false, 100.0);
+        // No period yet: an older reading starts none.
+        let unstarted = evaluate_older(&l, 1_000.0, 1_000.0, MONDAY + 2 * H);
+        assert!(!unstarted.changed && unstarted.state.period_key.is_none());
+        l.state = evaluate(&l, 1_000.0, 1_000.0, MONDAY + 2 * H).state;
+        // A drawdown it saw in this period reaches the limit, from the period's start.
+        let dip = evaluate_older(&l, 1_000.0, 880.0, MONDAY + H);
+        assert!(dip.newly_hit && dip.changed);
+        assert_eq!(dip.state.start_value, Some(1_000.0));
+        // One from the day before counts for nothing (the plain judgement would measure it
+        // from today's start), and one from the next day starts nothing.
+        assert!(evaluate(&l, 1_000.0, 880.0, MONDAY - H).newly_hit);
+        let yesterday = evaluate_older(&l, 1_000.0, 880.0, MONDAY - H);
+        assert!(!yesterday.changed && !yesterday.newly_hit);
+        let tomorrow = evaluate_older(&l, 1_000.0, 1_200.0, MONDAY + 25 * H);
+        assert!(!tomorrow.changed && !tomorrow.new_period);
     }
 }

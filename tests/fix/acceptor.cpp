@@ -59,6 +59,9 @@
 //                                                   stay)
 //   reset <login>                                -> ok (the venue resets the session's sequence
 //                                                   numbers: a Logout, then both sides at 1)
+//   renumber <login>                             -> ok (the venue drops the connection with no
+//                                                   Logout and starts both sides again at 1, as
+//                                                   a venue restarted without its store does)
 //   quit                                         -> ok (and the process exits)
 
 #include "quickfix/Application.h"
@@ -886,7 +889,10 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
     return "ok";
   }
 
-  std::string reset(const std::string& who) {
+  // Resets the sequence numbers of `who`'s sessions: `quiet`, with no Logout (the connection
+  // dropped and both sides at 1, as a venue restarted without its store), else as QuickFIX
+  // resets a session (a Logout, then both sides at 1).
+  std::string reset(const std::string& who, bool quiet) {
     std::vector<FIX::SessionID> sessions;
     {
       std::lock_guard<std::mutex> g(mutex_);
@@ -894,8 +900,17 @@ class Venue : public FIX::Application, public FIX::MessageCracker {
         if (login(s) == who) sessions.push_back(s);
     }
     if (sessions.empty()) return "error not logged on";
-    for (auto& id : sessions)
-      if (FIX::Session* s = FIX::Session::lookupSession(id)) s->reset();
+    for (auto& id : sessions) {
+      FIX::Session* s = FIX::Session::lookupSession(id);
+      if (!s) continue;
+      if (!quiet) {
+        s->reset();
+        continue;
+      }
+      s->disconnect();
+      s->setNextSenderMsgSeqNum(1);
+      s->setNextTargetMsgSeqNum(1);
+    }
     return "ok";
   }
 
@@ -1342,10 +1357,10 @@ std::string handle(Venue& venue, const std::string& line, bool& quit) {
       if (!(in >> symbol >> bid >> ask)) return "error usage: quote <symbol> <bid> <ask>";
       return venue.move_quote(symbol, bid, ask);
     }
-    if (cmd == "reset") {
+    if (cmd == "reset" || cmd == "renumber") {
       std::string who;
       in >> who;
-      return venue.reset(who);
+      return venue.reset(who, cmd == "renumber");
     }
     if (cmd == "forget") {
       std::string who;

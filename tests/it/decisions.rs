@@ -1414,6 +1414,223 @@ async fn a_reached_drawdown_limit_closes_the_copies_and_holds_across_owners_unti
     node.wait().await.unwrap();
 }
 
+/// Every read of the broker takes [`OLDER_READ`] in the tests of older readings.
+const OLDER_READ: Duration = Duration::from_secs(5);
+
+/// A follower whose periodic reading (every five seconds with risk limits) is outrun by an inline
+/// one, judged from the broker's journal, with the node that owns it. Every read takes
+/// [`OLDER_READ`] and is answered as of its request, as a real trade server answers (and is
+/// journaled then); the broker's protections are off. With the follower's limits `limits`
+/// (`risk_limits` rows of account 2) and its copy of a one-lot master position open, EURUSD falls
+/// 100 pips (10 % of the follower's equity) until a periodic reading is asked (`dip`), then comes
+/// back at once, and `outrun` makes the follower read its figures inline (whole again) before
+/// the dip's reading answers: checked from the journal.
+struct OlderReading {
+    fx: Fixture,
+    node: NodeHandle,
+    journal: std::path::PathBuf,
+    dip: JournalEntry,
+}
+
+/// What makes the follower read its figures inline.
+enum Outrun {
+    /// The master opens a position: the follower reads before its new copy.
+    Trade,
+    /// An operator's statement changing the limits: the follower reads to judge them at once.
+    Operator(&'static str),
+}
+
+impl OlderReading {
+    async fn start(name: &str, limits: &str, outrun: Outrun) -> OlderReading {
+        let mut fx = fixture(name, Broker::Unprotected, |o| {
+            o.journal_reads = true;
+            o.reads_as_of_request = true;
+        })
+        .await;
+        let links = fx.accounts(vec![LinkSpec::default()]).await;
+        let (_, magic) = links[&2];
+        sqlx::query(&format!(
+            "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action) VALUES {limits}"
+        ))
+        .execute(&mut fx.conn)
+        .await
+        .unwrap();
+        let node = fx.node("a", 2).await;
+        let ticket = fx.open(1.0).await;
+        fx.t.copy_of("f2", magic, ticket, WAIT).await;
+        let started: Vec<Option<f64>> =
+            sqlx::query_scalar("SELECT start_value FROM risk_limits WHERE account_id = 2")
+                .fetch_all(&mut fx.conn)
+                .await
+                .unwrap();
+        assert!(
+            started.iter().all(|s| *s == Some(10_000.0)),
+            "every limit's period started at the opening balance: {started:?}"
+        );
+
+        let journal = fx.dir.path("journal.jsonl");
+        fx.broker.set_read_delay(OLDER_READ);
+        tools::set_price(&fx.addr, "EURUSD", 1.09).await.unwrap();
+        let before = Self::readings_in(&journal).len();
+        let dip = eventually(
+            "a reading of the follower's figures asked in the dip",
+            Duration::from_secs(30),
+            async || Self::readings_in(&journal).get(before).cloned(),
+        )
+        .await;
+        tools::set_price(&fx.addr, "EURUSD", 1.1).await.unwrap();
+        match outrun {
+            Outrun::Trade => {
+                fx.open(0.1).await;
+            }
+            Outrun::Operator(sql) => {
+                sqlx::query(sql).execute(&mut fx.conn).await.unwrap();
+            }
+        }
+        let inline = eventually(
+            "the follower's inline reading",
+            Duration::from_secs(30),
+            async || Self::readings_in(&journal).get(before + 1).cloned(),
+        )
+        .await;
+        assert!(
+            inline.ts_ms < dip.ts_ms + OLDER_READ.as_millis() as i64,
+            "the next reading ({inline:?}) was asked after the dip's answered ({dip:?}): the test \
+             did not outrun it"
+        );
+        OlderReading {
+            fx,
+            node,
+            journal,
+            dip,
+        }
+    }
+
+    /// The node's readings of the follower's figures, in the order they were asked.
+    fn readings_in(journal: &std::path::Path) -> Vec<JournalEntry> {
+        crate::support::broker::journal(journal)
+            .into_iter()
+            .filter(|l| l.login == "f2" && l.client == "a" && l.action == "account")
+            .collect()
+    }
+
+    /// The follower's accepted closes, from the journal.
+    fn closes(&self) -> Vec<JournalEntry> {
+        journal(&self.journal)
+            .into_iter()
+            .filter(|l| l.login == "f2" && l.action == "close" && l.accepted)
+            .collect()
+    }
+
+    async fn stop(self) {
+        self.fx.broker.set_read_delay(Duration::ZERO);
+        self.node.shutdown();
+        self.node.wait().await.unwrap();
+    }
+}
+
+/// The dip happened, though a newer reading was taken since (the master opened a position; the
+/// follower read before copying it): it reaches the follower's `close_all` limit of 5 %, and
+/// both copies are closed, once each (judged from the journal). Its figures are no longer the
+/// account's: the equity the node reports in `trading_accounts` never shows the dip, up to the
+/// answer of a reading asked after the first close. Fails when the older reading is dropped (no
+/// close) and when it is taken as the account's figures (the dip reported after the close).
+#[tokio::test]
+async fn a_followers_reading_outrun_by_a_newer_one_counts_its_drawdown_but_not_its_figures() {
+    let mut r = OlderReading::start(
+        "dec-risk-older-reading",
+        "(2, 'lifetime', 'equity', true, 5, 'close_all')",
+        Outrun::Trade,
+    )
+    .await;
+    let floor = 10_000.0 * 0.95;
+    // The equity the node reports, watched until a reading asked after the copy's close has
+    // answered (and the status writer's batch had time to land).
+    let mut lowest = f64::INFINITY;
+    let mut watched_until: Option<i64> = None;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the follower's copy was not closed by its limit (a drawdown its older reading saw)"
+        );
+        let equity: Option<f64> =
+            sqlx::query_scalar("SELECT equity FROM trading_accounts WHERE id = 2")
+                .fetch_one(&mut r.fx.conn)
+                .await
+                .unwrap();
+        lowest = lowest.min(equity.unwrap_or(f64::INFINITY));
+        if watched_until.is_none()
+            && let Some(close) = r.closes().first()
+        {
+            watched_until = OlderReading::readings_in(&r.journal)
+                .iter()
+                .find(|l| l.ts_ms > close.ts_ms)
+                .map(|l| l.ts_ms + OLDER_READ.as_millis() as i64 + 1_000);
+        }
+        if watched_until.is_some_and(|end| copier_node::wall_clock::unix_ms() > end) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let closes: Vec<i64> = r.closes().iter().filter_map(|l| l.ticket).collect();
+    let distinct: std::collections::BTreeSet<i64> = closes.iter().copied().collect();
+    assert_eq!(
+        (closes.len(), distinct.len()),
+        (2, 2),
+        "both copies closed once by the limit: {closes:?}"
+    );
+    assert!(r.fx.t.positions("f2").await.is_empty(), "no copy left open");
+    assert!(
+        lowest >= floor,
+        "the node reported the dip's equity {lowest} (below {floor}) from a reading older than \
+         one it had taken"
+    );
+    r.stop().await;
+}
+
+/// What an older reading saw before a limit existed does not count toward it: the operator adds
+/// the `close_all` limit of 5 % after the dip's reading was asked (the follower has a limit out
+/// of reach before), and its period starts at the inline reading. The dip's reading answers, and
+/// the session's next periodic reading (asked only once that one was judged) is asked: the copy
+/// is still open, never closed (judged from the journal). Fails when an older reading is judged
+/// against limits or periods newer than it (the copy closed).
+#[tokio::test]
+async fn a_followers_older_reading_counts_nothing_toward_a_limit_added_since() {
+    let r = OlderReading::start(
+        "dec-risk-older-reading-new-limit",
+        "(2, 'lifetime', 'balance', true, 90, 'close_only')",
+        Outrun::Operator(
+            "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+             VALUES (2, 'lifetime', 'equity', true, 5, 'close_all')",
+        ),
+    )
+    .await;
+    let dip = r.dip.clone();
+    eventually(
+        "a periodic reading asked after the dip's was judged",
+        Duration::from_secs(60),
+        async || {
+            OlderReading::readings_in(&r.journal)
+                .iter()
+                .filter(|l| l.ts_ms > dip.ts_ms)
+                .nth(1)
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(
+        r.closes(),
+        Vec::<JournalEntry>::new(),
+        "the follower's copy was closed by a limit added after the reading that saw the dip"
+    );
+    assert!(
+        r.fx.t.positions("f2").await.iter().any(|p| p.volume == 1.0),
+        "the copy is open"
+    );
+    r.stop().await;
+}
+
 /// Master and follower on one server (one price): the master's pending order is copied as a
 /// pending order, and the price reaching it fills both at once. The copy is the pending copy's
 /// fill: the master's fill (published with its order gone in the same event) neither closes it

@@ -750,7 +750,24 @@ async fn a_fix_masters_inline_reread_during_its_background_one_does_not_hang_it(
 /// Fails when the initiator is not built again (no new connection at all, shown by hand).
 #[tokio::test]
 async fn a_fix_master_logs_on_again_after_the_venue_resets_its_sequence_numbers() {
-    let mut s = CopySetup::new("fix-venue-reset").await;
+    logs_on_again_after_the_venue("fix-venue-reset", "reset m1").await;
+}
+
+/// The venue drops the connection with no Logout and starts its sequence numbers again at 1 (a
+/// venue restarted without its store), well below the node's after 150 trades: the node's
+/// session connects again, and the venue's answer to its Logon is numbered below what the
+/// session expects. The next Logon resets both sides' numbers, and a trade made meanwhile is
+/// copied. Fails when a Logon answer numbered too low does not make the next Logon reset (the
+/// session logs out at every answer, for ever: shown by hand).
+#[tokio::test]
+async fn a_fix_master_logs_on_again_after_the_venue_starts_its_numbers_again_without_a_logout() {
+    logs_on_again_after_the_venue("fix-venue-renumber", "renumber m1").await;
+}
+
+/// 150 trades of the FIX master copied, then the venue's `command` on its session, then a trade
+/// made after it is copied too.
+async fn logs_on_again_after_the_venue(name: &str, command: &str) {
+    let mut s = CopySetup::new(name).await;
     let (v, magic) = fix_master_and_bridge_follower(&mut s).await;
     let node = start_node(&config(&s.db, "fx-node", 100, FAST)).await;
     wait_status(&mut s.conn, 2, "follower: master").await;
@@ -759,7 +776,7 @@ async fn a_fix_master_logs_on_again_after_the_venue_resets_its_sequence_numbers(
         last = hand(&v, "open m1 EURUSD buy 0.01");
     }
     s.t.copy_of("b2", magic, last, WAIT).await;
-    assert_eq!(v.control("reset m1"), "ok");
+    assert_eq!(v.control(command), "ok");
     let after = hand(&v, "open m1 EURUSD sell 0.1");
     s.t.copy_of("b2", magic, after, WAIT).await;
     node.shutdown();

@@ -3,9 +3,10 @@
 //!
 //! Each account runs its own initiator on a thread of its own (QuickFIX's objects are neither
 //! `Send` nor `'static`): the thread builds the settings, the callbacks and the initiator, starts
-//! it, and waits for [`Engine`] to be dropped, then logs out and stops. After a venue's Logout,
-//! QuickFIX's single-threaded initiator opens no new connection: a session still down a few
-//! seconds later has its initiator built again (an empty store, its first Logon resetting both
+//! it, and waits for [`Engine`] to be dropped, then logs out and stops. After a venue's Logout (or
+//! the session's own to a Logon answer numbered too low: a venue that started its numbers again
+//! without one), QuickFIX's single-threaded initiator opens no new connection: a session still
+//! down a few seconds later has its initiator built again (an empty store, its first Logon resetting both
 //! sides' numbers). (QuickFIX's threaded initiator does reconnect, but a review of its C++ found
 //! a socket closed twice when it stops during a connect.) What the engine receives
 //! reaches the async side as [`EngineEvent`]s; messages go out with [`Engine::send`], which
@@ -86,9 +87,9 @@ pub struct Engine {
 /// anyway: a venue that answers at all answers within a round trip, and one that does not must
 /// not hold a release (and so the account's next owner) for long.
 pub const LOGOUT: Duration = Duration::from_secs(3);
-/// How often the engine thread looks whether the venue's Logout left the session down.
+/// How often the engine thread looks whether a Logout left the session down.
 const REBUILD_CHECK: Duration = Duration::from_millis(200);
-/// How long after the venue's Logout a session not logged on again has its initiator built
+/// How long after a Logout a session not logged on again has its initiator built
 /// again: past QuickFIX's reconnect interval (1 s) and its connect.
 const REBUILD_AFTER: Duration = Duration::from_secs(3);
 
@@ -257,17 +258,18 @@ fn run(
             .map_err(e)?,
         )
         .map_err(e)?;
-    // A venue's Logout leaves QuickFIX's single-threaded initiator without a new connection (it
-    // times its Logon out, every 10 s, for ever): past a reconnect's interval without a logon,
+    // A Logout (the venue's, or the session's own to a Logon answer numbered too low) leaves
+    // QuickFIX's single-threaded initiator without a new connection (it times its Logon out,
+    // every 10 s, for ever): past a reconnect's interval without a logon,
     // the initiator is built again, its store empty (its first Logon resets both sides' numbers,
     // as a new owner's does).
     while initiate(config, &settings, &logged_on, alive, &events, &stopped)? {
-        warn!(session = %config.identity(), "the FIX session did not connect again after the venue's Logout: its initiator started again (its first Logon resets the sequence numbers)");
+        warn!(session = %config.identity(), "the FIX session did not log on again after a Logout: its initiator started again (its first Logon resets the sequence numbers)");
     }
     Ok(())
 }
 
-/// One initiator of the engine thread, until the engine is stopped (false) or the venue's Logout
+/// One initiator of the engine thread, until the engine is stopped (false) or a Logout
 /// left the session down (true: stopped, to be built again).
 fn initiate(
     config: &EngineConfig,
@@ -284,7 +286,7 @@ fn initiate(
         logged_on: logged_on.clone(),
         events: events.clone(),
         reset: AtomicBool::new(true),
-        venue_logout: std::sync::Mutex::new(None),
+        cut: std::sync::Mutex::new(None),
     };
     let app = Application::try_new(&callbacks).map_err(e)?;
     let store = MemoryMessageStoreFactory::new();
@@ -298,12 +300,12 @@ fn initiate(
     )
     .map_err(e)?;
     initiator.start().map_err(e)?;
-    // Until the Engine is stopped or dropped (its sender with it), or the venue's Logout left the
+    // Until the Engine is stopped or dropped (its sender with it), or a Logout left the
     // session down.
     let rebuild = loop {
         match stopped.recv_timeout(REBUILD_CHECK) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if callbacks.down_since_venue_logout(REBUILD_AFTER) {
+                if callbacks.down_since_cut(REBUILD_AFTER) {
                     break true;
                 }
             }
@@ -366,19 +368,29 @@ struct Callbacks {
     /// True until a Logon of this engine is accepted: until then every Logon carries
     /// ResetSeqNumFlag (a refused first attempt must not leave the next without it).
     reset: AtomicBool,
-    /// When the venue last logged the session out (cleared at the next logon).
-    venue_logout: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// When a Logout last cut the session short: the venue's, or the session's own to a Logon
+    /// answer numbered below what it expects (cleared at the next logon).
+    cut: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Callbacks {
-    /// The venue logged the session out at least `after` ago and it has not logged on since.
-    fn down_since_venue_logout(&self, after: Duration) -> bool {
+    /// A Logout cut the session short at least `after` ago and it has not logged on since.
+    fn down_since_cut(&self, after: Duration) -> bool {
         !self.logged_on.load(Ordering::Acquire)
             && self
-                .venue_logout
+                .cut
                 .lock()
                 .expect("fix callbacks")
                 .is_some_and(|at| at.elapsed() >= after)
+    }
+
+    /// The session was cut short now, unless it was already (and not logged on since): the
+    /// first cut counts, so Logouts that follow do not put the rebuild off.
+    fn cut_now(&self) {
+        self.cut
+            .lock()
+            .expect("fix callbacks")
+            .get_or_insert_with(tokio::time::Instant::now);
     }
 
     fn stamp_node(&self, msg: &mut Message) {
@@ -403,7 +415,7 @@ fn msg_type(msg: &Message) -> String {
 impl ApplicationCallback for Callbacks {
     fn on_logon(&self, _session: &SessionId) {
         self.reset.store(false, Ordering::Release);
-        *self.venue_logout.lock().expect("fix callbacks") = None;
+        *self.cut.lock().expect("fix callbacks") = None;
         self.logged_on.store(true, Ordering::Release);
         let _ = self.events.send(EngineEvent::LoggedOn);
     }
@@ -415,7 +427,21 @@ impl ApplicationCallback for Callbacks {
 
     fn on_msg_to_admin(&self, msg: &mut Message, _session: &SessionId) {
         self.stamp_node(msg);
-        if msg_type(msg) == "A" {
+        let kind = msg_type(msg);
+        if kind == "5"
+            && !self.logged_on.load(Ordering::Acquire)
+            && msg
+                .get_field(58)
+                .is_some_and(|text| text.starts_with("MsgSeqNum too low"))
+        {
+            // The venue's answer to the Logon is numbered below what the session expects: the
+            // venue started its numbers again without a Logout (a restart that lost its store).
+            // QuickFIX logs out, and its initiator is built again (its first Logon resets both
+            // sides' numbers): a Logon with the session's numbers would be answered so for ever.
+            warn!(session = %self.config.identity(), "the venue's Logon answer is numbered below the session's (the venue started its numbers again): logged out");
+            self.cut_now();
+        }
+        if kind == "A" {
             let _ = msg.set_field(553, self.config.username.as_str());
             if let Some(password) = &self.config.password {
                 let _ = msg.set_field(554, password.expose());
@@ -445,8 +471,7 @@ impl ApplicationCallback for Callbacks {
     ) -> Result<(), MsgFromAdminError> {
         if msg_type(msg) == "5" {
             if self.logged_on.load(Ordering::Acquire) {
-                *self.venue_logout.lock().expect("fix callbacks") =
-                    Some(tokio::time::Instant::now());
+                self.cut_now();
             }
             let text = msg.get_field(58).unwrap_or_default();
             let _ = self.events.send(EngineEvent::LogoutText(text));

@@ -48,6 +48,7 @@ use crate::db::copy::AccountRow;
 use crate::hub::{Signal, Topic};
 use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
+use risk::Reading;
 use send::Sent;
 
 /// How often links are re-read regardless: a trigger on `copy_links` announces every change, so
@@ -109,8 +110,18 @@ struct Follower<'a> {
     /// then gone.
     first: Option<FirstReads>,
     /// Readings of the account's figures made inline ([`Follower::report_funds`]): a reading
-    /// beside the session's work asked for before the latest of them is older, and not taken.
+    /// beside the session's work asked for before the latest of them is older: its figures are
+    /// not taken, though a drawdown it saw counts toward the risk limits.
     inline_readings: u64,
+}
+
+/// A periodic reading of the account's figures under way beside the session's work.
+struct Background {
+    /// [`Follower::inline_readings`] when it was asked for: one made since is newer.
+    inline_readings: u64,
+    /// [`risk::Guard::changes`] when it was asked for.
+    risk_changes: u64,
+    answer: crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>>,
 }
 
 /// A session's first reads of the database: its row's masters' snapshots (with the follower's
@@ -251,11 +262,9 @@ async fn serve(
     let mut risk_check = spread_interval(RISK_EVERY);
     // The periodic reading of the account's figures runs beside the session's work: a slow trade
     // server's answer (hundreds of milliseconds) holds up no copy. Taken when it answers (one at
-    // a time), unless an inline reading was made since it was asked for.
-    let mut reading: Option<(
-        u64,
-        crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>>,
-    )> = None;
+    // a time), unless an inline reading was made since it was asked for (then only judged by
+    // the risk limits).
+    let mut reading: Option<Background> = None;
     loop {
         let retry_at = f.owing.at;
         tokio::select! {
@@ -306,17 +315,19 @@ async fn serve(
                 }
             }
             _ = background.tick() => f.reconcile_all("background reconcile").await,
-            read = async { reading.as_mut().expect("a reading under way").1.as_mut().await }, if reading.is_some() => {
-                let (asked_after, _) = reading.take().expect("a reading under way");
-                if asked_after == f.inline_readings {
+            read = async { reading.as_mut().expect("a reading under way").answer.as_mut().await }, if reading.is_some() => {
+                let asked = reading.take().expect("a reading under way");
+                if asked.inline_readings == f.inline_readings {
                     f.take_funds(read).await;
+                } else {
+                    f.take_older_funds(read, asked.risk_changes).await;
                 }
             }
             _ = risk_check.tick(), if !f.risk.limits.is_empty() || !f.risk.closing.is_empty() => {
-                reading.get_or_insert_with(|| (f.inline_readings, f.read_funds()));
+                reading.get_or_insert_with(|| f.read_funds());
             }
             _ = funds.tick() => {
-                reading.get_or_insert_with(|| (f.inline_readings, f.read_funds()));
+                reading.get_or_insert_with(|| f.read_funds());
                 let masters: Vec<i64> = f.master_funds.keys().copied().collect();
                 for m in masters {
                     f.refresh_master_funds(m).await;
@@ -460,9 +471,13 @@ impl Follower<'_> {
 
     /// A reading of the account's figures that borrows nothing of the session (taken by
     /// [`Self::take_funds`] when it answers).
-    fn read_funds(&self) -> crate::future::BoxFuture<'static, Result<AccountInfo, BrokerError>> {
+    fn read_funds(&self) -> Background {
         let api = self.api.clone();
-        Box::pin(async move { api.account().await })
+        Background {
+            inline_readings: self.inline_readings,
+            risk_changes: self.risk.changes,
+            answer: Box::pin(async move { api.account().await }),
+        }
     }
 
     /// Takes the account's figures as read (or as the fence's reply carried them).
@@ -477,7 +492,7 @@ impl Follower<'_> {
             self.funds.follower_equity = info.equity;
             self.funds.follower_currency = info.currency.or(self.funds.follower_currency);
             if !self.risk.limits.is_empty() || !self.risk.closing.is_empty() {
-                self.judge_risk(&info).await;
+                self.judge_risk(&info, Reading::Latest).await;
             }
             self.ctx.status.send(StatusUpdate {
                 account_id: self.id,
@@ -487,6 +502,20 @@ impl Follower<'_> {
                 equity: Some(info.equity),
                 currency: info.currency,
             });
+        }
+    }
+
+    /// A reading beside the work answered after a newer one was taken inline: its figures are
+    /// older and not taken, but a drawdown it saw happened, and counts toward the risk limits
+    /// (as they were when it was asked for).
+    async fn take_older_funds(&mut self, read: Result<AccountInfo, BrokerError>, asked_at: u64) {
+        let Ok(info) = read else { return };
+        debug!(
+            equity = info.equity,
+            "a reading of the account's figures answered after a newer one: judged by the risk limits only"
+        );
+        if !self.risk.limits.is_empty() {
+            self.judge_risk(&info, Reading::Older { asked_at }).await;
         }
     }
 

@@ -5,13 +5,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Follower;
 use super::links::stand_in_link;
 use super::send::Sent;
 use crate::broker::types::AccountInfo;
-use crate::copier::risk::{RiskAction, RiskLimit, RiskState, evaluate};
+use crate::copier::risk::{RiskAction, RiskLimit, RiskState, evaluate, evaluate_older};
 use crate::db;
 use crate::db::copy::Saved;
 
@@ -23,6 +23,21 @@ pub(super) struct Guard {
     pub(super) pending: HashMap<i64, RiskState>,
     /// Copy tickets a reached `close_all` limit closes, kept until each is closed.
     pub(super) closing: BTreeSet<i64>,
+    /// Counts the changes of the limits and their periods (a limit added, changed, reset or
+    /// removed; a period started): an older reading counts only if none came since it was
+    /// asked for, so a value from before a reset, a new limit or a new period never reaches it.
+    pub(super) changes: u64,
+}
+
+/// How a reading of the account's figures stands to the others taken.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reading {
+    /// The latest: its figures are the account's.
+    Latest,
+    /// Asked for before a reading taken since, when the limits had seen `asked_at` changes
+    /// ([`Guard::changes`]): its figures are not the account's any more, but what it saw
+    /// happened.
+    Older { asked_at: u64 },
 }
 
 impl Follower<'_> {
@@ -53,11 +68,26 @@ impl Follower<'_> {
                 .iter()
                 .any(|l| l.id == *id && before.get(id) == Some(&l.state))
         });
+        if self.risk.limits != limits {
+            self.risk.changes += 1;
+        }
         self.risk.limits = limits;
         self.funds.risk_hold = self.risk_held();
     }
 
-    pub(super) async fn judge_risk(&mut self, info: &AccountInfo) {
+    /// Judges the limits on a reading of the account: the latest taken, or ([`Reading::Older`])
+    /// one answered after a newer one was taken, which counts only a drawdown it saw
+    /// ([`evaluate_older`]), and only if the limits and their periods are as they were when it
+    /// was asked for.
+    pub(super) async fn judge_risk(&mut self, info: &AccountInfo, reading: Reading) {
+        if let Reading::Older { asked_at } = reading
+            && asked_at != self.risk.changes
+        {
+            debug!(
+                "an older reading of the account's figures: the risk limits changed since it was asked for, not judged"
+            );
+            return;
+        }
         // The broker server's clock bounds the periods; without it, the node's UTC clock.
         let server_ms = info
             .server_time_ms
@@ -70,7 +100,17 @@ impl Follower<'_> {
                 state: self.risk_state(&limit).clone(),
                 ..limit.clone()
             };
-            let e = evaluate(&judged, info.balance, info.equity, server_ms);
+            let e = match reading {
+                Reading::Latest => evaluate(&judged, info.balance, info.equity, server_ms),
+                Reading::Older { .. } => {
+                    evaluate_older(&judged, info.balance, info.equity, server_ms)
+                }
+            };
+            if (&e.state.period_key, e.state.start_value)
+                != (&judged.state.period_key, judged.state.start_value)
+            {
+                self.risk.changes += 1;
+            }
             if e.newly_hit {
                 warn!(
                     limit_id = limit.id,
