@@ -3,11 +3,11 @@
 //!
 //! Each account runs its own initiator on a thread of its own (QuickFIX's objects are neither
 //! `Send` nor `'static`): the thread builds the settings, the callbacks and the initiator, starts
-//! it, and waits for [`Engine`] to be dropped, then logs out and stops. After a venue's Logout (or
-//! the session's own to a Logon answer numbered too low: a venue that started its numbers again
-//! without one), QuickFIX's single-threaded initiator opens no new connection: a session still
-//! down a few seconds later has its initiator built again (an empty store, its first Logon resetting both
-//! sides' numbers). (QuickFIX's threaded initiator does reconnect, but a review of its C++ found
+//! it, and waits for [`Engine`] to be dropped, then logs out and stops. After a venue's Logout
+//! (or the session's own to a Logon answer numbered too low: a venue that started its numbers
+//! again without one), QuickFIX's single-threaded initiator opens no new connection: a session
+//! still down a few seconds later has its initiator built again (an empty store, its first Logon
+//! resetting both sides' numbers). (QuickFIX's threaded initiator does reconnect, but a review of its C++ found
 //! a socket closed twice when it stops during a connect.) What the engine receives
 //! reaches the async side as [`EngineEvent`]s; messages go out with [`Engine::send`], which
 //! QuickFIX makes safe from any thread.
