@@ -1,10 +1,11 @@
 //! The batched, fenced status writer. Account tasks hand it their latest status, balance and
 //! equity; it coalesces per (account, epoch) and writes each batch in one fenced statement. A
 //! row that no longer matches (node, epoch) is reported to the supervisor as lost, which closes
-//! that account's gate and stops its task. A report of the balance, equity and currency already
+//! that account's gate and stops its task. A row another statement holds (the lease cycle
+//! renewing it) is passed over, not waited for, and stays queued for the next batch. A report of the balance, equity and currency already
 //! written at the account's epoch, with no status, writes nothing ([`Written`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -101,23 +102,28 @@ async fn run(
         }
         let batch: Vec<StatusUpdate> = pending.values().take(MAX_BATCH).cloned().collect();
         match write(&pool, &node_id, &batch).await {
-            Ok(matched) => {
+            Ok(outcome) => {
                 failures = 0;
-                for u in &batch {
-                    pending.remove(&(u.account_id, u.epoch));
-                    if matched.contains(&(u.account_id, u.epoch)) {
-                        written.note(u);
-                    } else {
-                        written.0.remove(&u.account_id);
-                        info!(
-                            account_id = u.account_id,
-                            epoch = u.epoch,
-                            "status write found the account no longer ours: lost"
-                        );
-                        let _ = lost.send(Lost {
-                            account_id: u.account_id,
-                            epoch: u.epoch,
-                        });
+                let busy_only = outcome.written.is_empty() && !outcome.busy.is_empty();
+                for l in settle(&mut pending, &mut written, &batch, &outcome) {
+                    info!(
+                        account_id = l.account_id,
+                        epoch = l.epoch,
+                        "status write found the account no longer ours: lost"
+                    );
+                    let _ = lost.send(l);
+                }
+                if cancel.is_cancelled() {
+                    // One last attempt: rows still held by another statement are left.
+                    for pair in &outcome.busy {
+                        pending.remove(pair);
+                    }
+                } else if busy_only {
+                    // Every row of the batch is held (a lease cycle renewing them): give it
+                    // a window rather than asking again at once.
+                    tokio::select! {
+                        _ = tokio::time::sleep(BATCH_WINDOW) => {}
+                        _ = cancel.cancelled() => {}
                     }
                 }
             }
@@ -144,6 +150,37 @@ async fn run(
             }
         }
     }
+}
+
+/// Takes a batch's outcome: a written update leaves the queue and its figures are noted; a busy
+/// one stays queued for a later batch (its row was held by another statement, not lost); the
+/// rest no longer own their rows and are returned as lost.
+fn settle(
+    pending: &mut HashMap<(i64, i64), StatusUpdate>,
+    written: &mut Written,
+    batch: &[StatusUpdate],
+    outcome: &db::status::Outcome,
+) -> Vec<Lost> {
+    let busy: HashSet<&(i64, i64)> = outcome.busy.iter().collect();
+    let done: HashSet<&(i64, i64)> = outcome.written.iter().collect();
+    let mut lost = Vec::new();
+    for u in batch {
+        let pair = (u.account_id, u.epoch);
+        if busy.contains(&pair) {
+            continue;
+        }
+        pending.remove(&pair);
+        if done.contains(&pair) {
+            written.note(u);
+        } else {
+            written.0.remove(&u.account_id);
+            lost.push(Lost {
+                account_id: u.account_id,
+                epoch: u.epoch,
+            });
+        }
+    }
+    lost
 }
 
 /// The balance, equity and currency last written for each account, at its epoch. Every follower
@@ -228,7 +265,7 @@ async fn write(
     pool: &db::Db,
     node_id: &str,
     batch: &[StatusUpdate],
-) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+) -> Result<db::status::Outcome, sqlx::Error> {
     pool.run(async |c| db::status::write_batch(c, node_id, batch).await)
         .await
 }
@@ -258,6 +295,46 @@ mod tests {
         assert_eq!(u.status.as_deref(), Some("b"));
         assert_eq!(u.balance, Some(2.0));
         assert_eq!(pending.len(), 1);
+    }
+
+    #[test]
+    fn a_row_held_by_another_statement_stays_queued_and_is_not_lost() {
+        let update = |account_id: i64| StatusUpdate {
+            account_id,
+            ..upd(Some("connected"), Some(1.0))
+        };
+        let batch = vec![update(1), update(2), update(3)];
+        let mut pending: HashMap<(i64, i64), StatusUpdate> = batch
+            .iter()
+            .map(|u| ((u.account_id, u.epoch), u.clone()))
+            .collect();
+        let mut written = Written::default();
+        let outcome = db::status::Outcome {
+            written: vec![(1, 2)],
+            busy: vec![(2, 2)],
+        };
+        let lost = settle(&mut pending, &mut written, &batch, &outcome);
+        assert_eq!(
+            lost,
+            vec![Lost {
+                account_id: 3,
+                epoch: 2
+            }],
+            "only the row that matched nothing is lost"
+        );
+        assert_eq!(
+            pending.keys().collect::<Vec<_>>(),
+            vec![&(2, 2)],
+            "the busy row waits for the next batch; the written and the lost ones leave"
+        );
+        assert!(written.unchanged(&StatusUpdate {
+            status: None,
+            ..update(1)
+        }));
+        assert!(!written.unchanged(&StatusUpdate {
+            status: None,
+            ..update(2)
+        }));
     }
 
     #[test]

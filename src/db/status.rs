@@ -1,6 +1,12 @@
 //! Fenced writes about accounts (guarantee S3, docs/guarantees.md): every statement carries `node_id = $me` and the
 //! ownership epoch in its WHERE, so a node that lost an account, or lost and re-claimed it,
 //! changes nothing; a row that did not match is reported back as lost.
+//!
+//! A status write never waits for a row lock: it passes over (`SKIP LOCKED`) the rows another
+//! statement holds, which are the node's own lease cycle, a release, or a copy being recorded,
+//! and reports them back as busy, to be written with a later batch. Waiting, it held the rows it
+//! had locked while it waited, and the lease cycle renewing them waited behind it in turn; on a
+//! loaded database the two queued on each other for a minute (docs/design/lease.md).
 
 use sqlx::{PgConnection, Row};
 
@@ -18,13 +24,27 @@ pub struct StatusUpdate {
     pub currency: Option<Currency>,
 }
 
-/// Writes a batch in one statement; returns the (account, epoch) pairs that matched.
+/// What a batch did with each (account, epoch) it carried. A pair in neither list no longer
+/// owns its row: lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Written.
+    pub written: Vec<(i64, i64)>,
+    /// Still (node, epoch)'s as the statement began, but locked by another statement: not
+    /// written, to be tried again.
+    pub busy: Vec<(i64, i64)>,
+}
+
+/// Writes a batch in one statement, passing over the rows another statement holds.
 /// Fields left `None` keep their stored value.
 pub async fn write_batch(
     conn: &mut PgConnection,
     node_id: &str,
     batch: &[StatusUpdate],
-) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+) -> Result<Outcome, sqlx::Error> {
+    // The last SELECT reads the statement's snapshot, so it sees the rows as they were before
+    // the UPDATE: those still ours but not written were locked, or changed (a release, a
+    // take-over) since the snapshot. Either way the next batch finds out which.
     const SQL: &str = r#"
 WITH s AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])
@@ -34,18 +54,25 @@ locked AS (
     SELECT a.id FROM trading_accounts a JOIN s ON a.id = s.id
      WHERE a.node_id = $1 AND a.owner_epoch = s.epoch
      ORDER BY a.id
-       FOR NO KEY UPDATE OF a
+       FOR NO KEY UPDATE OF a SKIP LOCKED
+),
+written AS (
+    UPDATE trading_accounts a
+       SET status    = coalesce(s.status, a.status),
+           status_at = now(),
+           balance   = coalesce(s.balance, a.balance),
+           equity    = coalesce(s.equity, a.equity),
+           currency  = coalesce(s.currency, a.currency)
+      FROM s
+     WHERE a.id = s.id AND a.id IN (SELECT id FROM locked)
+       AND a.node_id = $1 AND a.owner_epoch = s.epoch
+    RETURNING a.id, a.owner_epoch
 )
-UPDATE trading_accounts a
-   SET status    = coalesce(s.status, a.status),
-       status_at = now(),
-       balance   = coalesce(s.balance, a.balance),
-       equity    = coalesce(s.equity, a.equity),
-       currency  = coalesce(s.currency, a.currency)
-  FROM s
- WHERE a.id = s.id AND a.id IN (SELECT id FROM locked)
-   AND a.node_id = $1 AND a.owner_epoch = s.epoch
-RETURNING a.id, a.owner_epoch
+SELECT id, owner_epoch, true AS written FROM written
+UNION ALL
+SELECT a.id, a.owner_epoch, false FROM trading_accounts a JOIN s ON a.id = s.id
+ WHERE a.node_id = $1 AND a.owner_epoch = s.epoch
+   AND a.id NOT IN (SELECT id FROM written)
 "#;
     let ids: Vec<i64> = batch.iter().map(|u| u.account_id).collect();
     let epochs: Vec<i64> = batch.iter().map(|u| u.epoch).collect();
@@ -64,7 +91,14 @@ RETURNING a.id, a.owner_epoch
         .bind(currencies)
         .fetch_all(conn)
         .await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get("id")?, r.try_get("owner_epoch")?)))
-        .collect()
+    let mut out = Outcome::default();
+    for r in &rows {
+        let pair = (r.try_get("id")?, r.try_get("owner_epoch")?);
+        if r.try_get("written")? {
+            out.written.push(pair);
+        } else {
+            out.busy.push(pair);
+        }
+    }
+    Ok(out)
 }

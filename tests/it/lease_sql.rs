@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use copier_node::db::lease::{self, CycleParams};
-use copier_node::db::status::{self, StatusUpdate};
+use copier_node::db::status::{self, Outcome, StatusUpdate};
 use sqlx::{Executor, PgConnection, Row};
 
 use crate::support::{TestDb, eventually, insert_accounts};
@@ -294,7 +294,7 @@ async fn a_fenced_write_is_rejected_after_another_node_took_the_account_over() {
     let (node, batch) = write("a", epoch_a, "from a");
     assert_eq!(
         status::write_batch(&mut conn, node, &batch).await.unwrap(),
-        vec![(1, epoch_a)]
+        written(&[(1, epoch_a)])
     );
 
     wait_expired(&mut conn, "a").await;
@@ -305,30 +305,92 @@ async fn a_fenced_write_is_rejected_after_another_node_took_the_account_over() {
     assert!(epoch_b > epoch_a);
     let (node, batch) = write("a", epoch_a, "stale write from a");
     assert!(
-        status::write_batch(&mut conn, node, &batch)
-            .await
-            .unwrap()
-            .is_empty(),
-        "the old owner's write must match nothing"
+        status::write_batch(&mut conn, node, &batch).await.unwrap() == Outcome::default(),
+        "the old owner's write must match nothing (neither written nor busy: lost)"
     );
     let (node, batch) = write("b", epoch_a, "b with a's epoch");
     assert!(
-        status::write_batch(&mut conn, node, &batch)
-            .await
-            .unwrap()
-            .is_empty(),
+        status::write_batch(&mut conn, node, &batch).await.unwrap() == Outcome::default(),
         "the right node with a stale epoch matches nothing"
     );
     let (node, batch) = write("b", epoch_b, "from b");
     assert_eq!(
         status::write_batch(&mut conn, node, &batch).await.unwrap(),
-        vec![(1, epoch_b)]
+        written(&[(1, epoch_b)])
     );
     let stored: String = sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 1")
         .fetch_one(&mut conn)
         .await
         .unwrap();
     assert_eq!(stored, "from b");
+}
+
+/// A batch's outcome with these pairs written and none busy.
+fn written(pairs: &[(i64, i64)]) -> Outcome {
+    Outcome {
+        written: pairs.to_vec(),
+        busy: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_status_write_passes_over_a_row_another_statement_holds_and_reports_it_busy() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let out = lease::cycle(&mut conn, &params("a", "ia", 3, &[]))
+        .await
+        .unwrap();
+    let epoch = |id: i64| out.owned.iter().find(|r| r.id == id).unwrap().epoch;
+    let batch: Vec<StatusUpdate> = (1..=3)
+        .map(|id| StatusUpdate {
+            account_id: id,
+            epoch: epoch(id),
+            status: Some("connected".into()),
+            balance: None,
+            equity: None,
+            currency: None,
+        })
+        .collect();
+    // Row 2 held as the lease cycle's renewal holds it, in a transaction left open.
+    let mut holder = db.conn().await;
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT FROM trading_accounts WHERE id = 2 FOR NO KEY UPDATE")
+        .await
+        .unwrap();
+    // A write that waited for the row would fail here on its lock timeout.
+    conn.execute("SET lock_timeout = '10s'").await.unwrap();
+    let first = status::write_batch(&mut conn, "a", &batch).await.unwrap();
+    let mut done = first.written.clone();
+    done.sort();
+    assert_eq!(done, vec![(1, epoch(1)), (3, epoch(3))]);
+    assert_eq!(
+        first.busy,
+        vec![(2, epoch(2))],
+        "the held row is busy, not lost"
+    );
+    let status_of = async |conn: &mut PgConnection, id: i64| -> Option<String> {
+        sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = $1")
+            .bind(id)
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        status_of(&mut conn, 2).await,
+        None,
+        "the held row is untouched"
+    );
+    holder.execute("COMMIT").await.unwrap();
+    assert_eq!(
+        status::write_batch(&mut conn, "a", &batch[1..2])
+            .await
+            .unwrap(),
+        written(&[(2, epoch(2))]),
+        "written once the row is free"
+    );
+    assert_eq!(status_of(&mut conn, 2).await.as_deref(), Some("connected"));
 }
 
 #[tokio::test]
@@ -355,12 +417,7 @@ async fn a_lost_and_reclaimed_account_refuses_writes_with_the_old_epoch() {
         equity: None,
         currency: None,
     }];
-    assert!(
-        status::write_batch(&mut conn, "a", &stale)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(status::write_batch(&mut conn, "a", &stale).await.unwrap() == Outcome::default());
     let status: Option<String> =
         sqlx::query_scalar("SELECT status FROM trading_accounts WHERE id = 1")
             .fetch_one(&mut conn)
