@@ -233,7 +233,9 @@ pub async fn start(
             orders,
             master_publisher: crate::db::copy::MasterPublisher::spawn(writer_db()),
             links: crate::db::copy::LinksReader::spawn_background(pool.clone()),
-            releaser: crate::db::lease::Releaser::spawn_pooled(pool.clone()),
+            releaser: crate::db::lease::Releaser::spawn_pooled(
+                pool.bounded(SessionBounds::for_release(node.fence)),
+            ),
             unclaimed: crate::db::lease::UnclaimedAnnouncer::spawn_pooled(pool.clone()),
             handoff_notices: crate::db::lease::HandoffAnnouncer::spawn_pooled(pool.clone()),
             accounts: crate::db::copy::AccountReader::spawn_background(pool.clone()),

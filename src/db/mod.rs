@@ -81,6 +81,22 @@ impl SessionBounds {
             idle_in_transaction: at_least(fence / 3),
         }
     }
+
+    /// Bounds of the node's releases ([`Db::bounded`]): their lock wait (two thirds of the
+    /// fence, the cycle's statement bound) outwaits the node's own lease cycle, which holds every
+    /// row of the node while it renews them. With the node's other statements' lock wait (a fifth
+    /// of the fence), a shutdown's releases on a loaded database, where a cycle takes seconds,
+    /// each timed out behind one and none got through until the grace ran out. A release
+    /// waiting for the cycle holds none of the rows the cycle locks (both lock in id order, and
+    /// the cycle had locked them first); still below the fence.
+    pub fn for_release(fence: Duration) -> Self {
+        let at_least = |d: Duration| d.max(Duration::from_millis(1));
+        SessionBounds {
+            statement: at_least(fence * 3 / 4),
+            lock: at_least(fence * 2 / 3),
+            idle_in_transaction: at_least(fence / 3),
+        }
+    }
 }
 
 /// Connection options for a running node: the bounds above, `synchronous_commit = on` (an
@@ -164,18 +180,19 @@ impl Session {
     /// Behind a transaction pooler: the bounds as `SET LOCAL` statements (for the start of a
     /// transaction). None otherwise.
     pub fn set_local(&self) -> Option<String> {
-        if self.pooler != Pooler::Transaction {
-            return None;
-        }
-        let ms = |d: Duration| d.as_millis();
-        let b = self.bounds;
-        Some(format!(
-            "SET LOCAL statement_timeout = '{}ms'; SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'; SET LOCAL synchronous_commit = on; SET LOCAL jit = off",
-            ms(b.statement),
-            ms(b.lock),
-            ms(b.idle_in_transaction)
-        ))
+        (self.pooler == Pooler::Transaction).then(|| set_local(self.bounds))
     }
+}
+
+/// `bounds` as `SET LOCAL` statements, with `synchronous_commit = on` and `jit = off`.
+fn set_local(b: SessionBounds) -> String {
+    let ms = |d: Duration| d.as_millis();
+    format!(
+        "SET LOCAL statement_timeout = '{}ms'; SET LOCAL lock_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}ms'; SET LOCAL synchronous_commit = on; SET LOCAL jit = off",
+        ms(b.statement),
+        ms(b.lock),
+        ms(b.idle_in_transaction)
+    )
 }
 
 /// Runs one unit of work on `conn`: as it is, or, behind a transaction pooler, inside a
@@ -196,6 +213,22 @@ pub async fn run_on<T>(
             Ok(out)
         }
     }
+}
+
+/// Runs one unit of work on `conn` inside a transaction begun with the session's bounds as
+/// `SET LOCAL` (with `DEALLOCATE ALL` behind a transaction pooler, [`Session::begin`]).
+async fn run_bounded<T>(
+    conn: &mut PgConnection,
+    session: &Session,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    let begin = session
+        .begin()
+        .unwrap_or_else(|| format!("BEGIN; {}", set_local(session.bounds)));
+    let mut tx = conn.begin_with(begin).await?;
+    let out = work(&mut tx).await?;
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// A pooled connection whose unit of work has not finished: closed when dropped.
@@ -233,6 +266,9 @@ pub struct Db {
     session: Arc<Session>,
     turns: Arc<tokio::sync::Semaphore>,
     measures: Option<PoolMeasures>,
+    /// Every unit of work is a transaction that sets the session's bounds with `SET LOCAL`,
+    /// whatever the pooler ([`Db::bounded`]).
+    bounded: bool,
     /// A batch writer's (fault point `COPIERTEST_POOL_HOG` spares it: [`Db::batching`]).
     #[cfg(feature = "failpoints")]
     batching: bool,
@@ -245,8 +281,24 @@ impl Db {
             session: Arc::new(session),
             turns: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UNITS)),
             measures: None,
+            bounded: false,
             #[cfg(feature = "failpoints")]
             batching: false,
+        }
+    }
+
+    /// The same pool, each unit of work a transaction that begins by setting `bounds` with
+    /// `SET LOCAL` in place of the connection's (one message with the `BEGIN`): for the work
+    /// whose lock wait must differ from the node's other statements' (releases,
+    /// [`SessionBounds::for_release`]).
+    pub fn bounded(&self, bounds: SessionBounds) -> Db {
+        Db {
+            session: Arc::new(Session {
+                bounds,
+                pooler: self.session.pooler,
+            }),
+            bounded: true,
+            ..self.clone()
         }
     }
 
@@ -325,7 +377,11 @@ impl Db {
                 .execute(&mut **conn)
                 .await?;
         }
-        let out = run_on(conn, &self.session, work).await;
+        let out = if self.bounded {
+            run_bounded(conn, &self.session, work).await
+        } else {
+            run_on(conn, &self.session, work).await
+        };
         if out.is_ok() {
             // Finished: back to the pool.
             drop(unit.0.take());

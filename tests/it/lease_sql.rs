@@ -583,6 +583,94 @@ async fn accounts_still_free_are_announced_again_naming_nobody() {
     assert_eq!(next().await, None, "announced with nothing free");
 }
 
+/// A node's releases outwait its own lease cycle. The cycle holds every row of the node while it
+/// renews them, for seconds on a loaded database: longer than the node's other statements wait
+/// for a lock (a fifth of the fence). Held here as the cycle holds them, in an open transaction,
+/// until the release has waited past that wait, the release then goes through.
+#[tokio::test]
+async fn a_release_outwaits_the_nodes_lease_cycle_holding_its_rows() {
+    use copier_node::db::lease::{Release, Releaser, Releasing};
+    use copier_node::db::{Db, Session, SessionBounds};
+
+    let fence = Duration::from_secs(3);
+    let node_bounds = SessionBounds::for_fence(fence);
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    insert_accounts(&mut conn, 1..=2, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 2, &[]))
+        .await
+        .unwrap();
+    let epoch = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
+    // The node's pool: its connections carry the node's bounds, as `node_options` sets them.
+    let ms = |d: Duration| d.as_millis().to_string();
+    let options = db
+        .url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .unwrap()
+        .options([
+            ("statement_timeout", ms(node_bounds.statement)),
+            ("lock_timeout", ms(node_bounds.lock)),
+            (
+                "idle_in_transaction_session_timeout",
+                ms(node_bounds.idle_in_transaction),
+            ),
+        ]);
+    let session = Session::direct(node_bounds);
+    let node_db = Db::new(
+        copier_node::db::node_pool(options, Duration::from_secs(5), session),
+        session,
+    );
+    let releaser = Releaser::spawn_pooled(node_db.bounded(SessionBounds::for_release(fence)));
+
+    let mut cycle = db.conn().await;
+    cycle.execute("BEGIN").await.unwrap();
+    cycle
+        .execute("SELECT FROM trading_accounts WHERE node_id = 'a' ORDER BY id FOR NO KEY UPDATE")
+        .await
+        .unwrap();
+    let release = tokio::spawn(releaser.write(Releasing {
+        node_id: "a".into(),
+        account_id: 1,
+        release: Release {
+            epoch,
+            status: "released: shutdown".into(),
+            to: None,
+        },
+    }));
+    // Until the release has waited for the rows longer than the node's other statements would
+    // (or has ended: it gave up).
+    let past = node_bounds.lock + Duration::from_millis(300);
+    eventually(
+        "the release waiting for the held rows past the node's lock wait",
+        Duration::from_secs(10),
+        async || {
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT count(*) > 0 FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%WITH wanted AS%'
+                    AND clock_timestamp() - query_start > make_interval(secs => $1)",
+            )
+            .bind(past.as_secs_f64())
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            (waiting || release.is_finished()).then_some(())
+        },
+    )
+    .await;
+    cycle.execute("COMMIT").await.unwrap();
+    assert_eq!(
+        release.await.unwrap(),
+        Ok(true),
+        "the release gave up behind the cycle"
+    );
+    let node: Option<String> =
+        sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = 1")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(node, None, "released");
+}
+
 /// A node's releases made at about the same time (a shutdown handing thousands off) go to the
 /// database together: far fewer transactions than releases (PostgreSQL's own count is the judge,
 /// beside the same releases made one after another), each row with its own status, one
