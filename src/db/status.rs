@@ -6,7 +6,7 @@
 //! statement holds, which are the node's own lease cycle, a release, or a copy being recorded,
 //! and reports them back as busy, to be written with a later batch. Waiting, it held the rows it
 //! had locked while it waited, and the lease cycle renewing them waited behind it in turn; on a
-//! loaded database the two queued on each other for a minute (docs/design/lease.md).
+//! loaded database the two queued on each other (docs/design/lease.md).
 
 use sqlx::{PgConnection, Row};
 
