@@ -7,6 +7,9 @@
 //!   cargo bench --bench copier -- --only cycle  # one section (floors, cycle, storm, copy,
 //!                                               #   fix, failover, handoff, rebalance, cost,
 //!                                               #   notify, events, poll, pooler, scale)
+//!   cargo bench --bench copier -- --only pooler,scale
+//!                                               # several sections, in the full run's order,
+//!                                               #   in one process on one cluster
 //!   cargo bench --bench copier -- --only copy --rows 100x1,1000x1 --trades 40
 //!                                               # chosen copy rows (followers x nodes)
 //!   cargo bench --bench copier -- --only scale --scale-rows 1
@@ -194,8 +197,13 @@ impl Pg {
     }
 }
 
+/// Whether `section` runs: every section in a full run, else those `--only` names (one, or
+/// several separated by commas).
 pub(crate) fn wanted(options: &Options, section: &str) -> bool {
-    options.only.as_deref().is_none_or(|o| o == section)
+    options
+        .only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|s| s.trim() == section))
 }
 
 async fn run(options: Options) -> anyhow::Result<()> {
