@@ -204,7 +204,17 @@ pub async fn run_on<T>(
     session: &Session,
     work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
 ) -> Result<T, sqlx::Error> {
-    match session.begin() {
+    run_begun(conn, session.begin(), work).await
+}
+
+/// Runs `work` on `conn`: as it is, or inside a transaction begun by `begin` and committed when
+/// `work` succeeds (rolled back when it fails).
+async fn run_begun<T>(
+    conn: &mut PgConnection,
+    begin: Option<String>,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match begin {
         None => work(conn).await,
         Some(begin) => {
             let mut tx = conn.begin_with(begin).await?;
@@ -213,22 +223,6 @@ pub async fn run_on<T>(
             Ok(out)
         }
     }
-}
-
-/// Runs one unit of work on `conn` inside a transaction begun with the session's bounds as
-/// `SET LOCAL` (with `DEALLOCATE ALL` behind a transaction pooler, [`Session::begin`]).
-async fn run_bounded<T>(
-    conn: &mut PgConnection,
-    session: &Session,
-    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
-) -> Result<T, sqlx::Error> {
-    let begin = session
-        .begin()
-        .unwrap_or_else(|| format!("BEGIN; {}", set_local(session.bounds)));
-    let mut tx = conn.begin_with(begin).await?;
-    let out = work(&mut tx).await?;
-    tx.commit().await?;
-    Ok(out)
 }
 
 /// A pooled connection whose unit of work has not finished: closed when dropped.
@@ -377,11 +371,18 @@ impl Db {
                 .execute(&mut **conn)
                 .await?;
         }
-        let out = if self.bounded {
-            run_bounded(conn, &self.session, work).await
+        // A bounded pool's unit sets its bounds whatever the pooler (with `DEALLOCATE ALL`
+        // behind a transaction pooler, as every unit there).
+        let begin = if self.bounded {
+            Some(
+                self.session
+                    .begin()
+                    .unwrap_or_else(|| format!("BEGIN; {}", set_local(self.session.bounds))),
+            )
         } else {
-            run_on(conn, &self.session, work).await
+            self.session.begin()
         };
+        let out = run_begun(conn, begin, work).await;
         if out.is_ok() {
             // Finished: back to the pool.
             drop(unit.0.take());
