@@ -8,7 +8,9 @@
 //! had locked while it waited, and the lease cycle renewing them waited behind it in turn; on a
 //! loaded database the two queued on each other (docs/design/lease.md).
 
-use sqlx::{PgConnection, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{PgConnection, Postgres, Row};
 
 use crate::model::trade::Currency;
 
@@ -35,17 +37,18 @@ pub struct Outcome {
     pub busy: Vec<(i64, i64)>,
 }
 
-/// Writes a batch in one statement, passing over the rows another statement holds.
-/// Fields left `None` keep their stored value.
-pub async fn write_batch(
-    conn: &mut PgConnection,
-    node_id: &str,
-    batch: &[StatusUpdate],
-) -> Result<Outcome, sqlx::Error> {
-    // The last SELECT reads the statement's snapshot, so it sees the rows as they were before
-    // the UPDATE: those still ours but not written were locked, or changed (a release, a
-    // take-over) since the snapshot. Either way the next batch finds out which.
-    const SQL: &str = r#"
+/// The status write. Parameters: $1 the node, then one array each of the batch's account ids,
+/// epochs, statuses, balances, equities and currencies.
+///
+/// The last SELECT reads the statement's snapshot, so it sees the rows as they were before the
+/// UPDATE: those still ours but not written were locked, or changed (a release, a take-over)
+/// since the snapshot. Either way the next batch finds out which.
+///
+/// The UPDATE writes the rows `locked` holds, matched by id alone: the lock keeps them the
+/// node's at their epoch until the statement ends. Repeating `node_id = $1` there gave the planner,
+/// with statistics taken while every row was free, a path that read the whole batch again for
+/// each of the node's rows (see `CYCLE_SQL`, whose renewal had the same fault).
+pub const WRITE_SQL: &str = r#"
 WITH s AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])
         AS s(id, epoch, status, balance, equity, currency)
@@ -63,9 +66,8 @@ written AS (
            balance   = coalesce(s.balance, a.balance),
            equity    = coalesce(s.equity, a.equity),
            currency  = coalesce(s.currency, a.currency)
-      FROM s
-     WHERE a.id = s.id AND a.id IN (SELECT id FROM locked)
-       AND a.node_id = $1 AND a.owner_epoch = s.epoch
+      FROM locked l JOIN s ON s.id = l.id
+     WHERE a.id = l.id
     RETURNING a.id, a.owner_epoch
 )
 SELECT id, owner_epoch, true AS written FROM written
@@ -74,6 +76,14 @@ SELECT a.id, a.owner_epoch, false FROM trading_accounts a JOIN s ON a.id = s.id
  WHERE a.node_id = $1 AND a.owner_epoch = s.epoch
    AND a.id NOT IN (SELECT id FROM written)
 "#;
+
+/// `sql` (the status write, or a statement around it such as an `EXPLAIN`) with a batch bound
+/// as [`WRITE_SQL`]'s parameters.
+pub fn bind_batch<'q>(
+    sql: &'q str,
+    node_id: &'q str,
+    batch: &[StatusUpdate],
+) -> Query<'q, Postgres, PgArguments> {
     let ids: Vec<i64> = batch.iter().map(|u| u.account_id).collect();
     let epochs: Vec<i64> = batch.iter().map(|u| u.epoch).collect();
     let statuses: Vec<Option<String>> = batch.iter().map(|u| u.status.clone()).collect();
@@ -81,7 +91,7 @@ SELECT a.id, a.owner_epoch, false FROM trading_accounts a JOIN s ON a.id = s.id
     let equities: Vec<Option<f64>> = batch.iter().map(|u| u.equity).collect();
     let currencies: Vec<Option<String>> =
         batch.iter().map(|u| u.currency.map(String::from)).collect();
-    let rows = sqlx::query(SQL)
+    sqlx::query(sql)
         .bind(node_id)
         .bind(ids)
         .bind(epochs)
@@ -89,6 +99,16 @@ SELECT a.id, a.owner_epoch, false FROM trading_accounts a JOIN s ON a.id = s.id
         .bind(balances)
         .bind(equities)
         .bind(currencies)
+}
+
+/// Writes a batch in one statement, passing over the rows another statement holds.
+/// Fields left `None` keep their stored value.
+pub async fn write_batch(
+    conn: &mut PgConnection,
+    node_id: &str,
+    batch: &[StatusUpdate],
+) -> Result<Outcome, sqlx::Error> {
+    let rows = bind_batch(WRITE_SQL, node_id, batch)
         .fetch_all(conn)
         .await?;
     let mut out = Outcome::default();

@@ -1253,6 +1253,172 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
     );
 }
 
+/// The rows an executed plan produced and filtered out, summed over its nodes and their loops
+/// (`EXPLAIN (ANALYZE, FORMAT JSON)`): the work of a join re-reading a whole input for every row
+/// of the other shows here as the product of the two sizes.
+fn plan_work(plan: &serde_json::Value) -> f64 {
+    let mut work = 0.0;
+    if let Some(obj) = plan.as_object() {
+        if obj.contains_key("Node Type") {
+            let get = |key: &str| obj.get(key).and_then(|v| v.as_f64()).unwrap_or(0.0);
+            // Rows and rows removed are averages per loop.
+            work += get("Actual Loops")
+                * (get("Actual Rows")
+                    + get("Rows Removed by Filter")
+                    + get("Rows Removed by Join Filter"));
+        }
+        work += obj.values().map(plan_work).sum::<f64>();
+    } else if let Some(list) = plan.as_array() {
+        work += list.iter().map(plan_work).sum::<f64>();
+    }
+    work
+}
+
+/// Found in the 20,000-account benchmark: autovacuum analysed `trading_accounts` while every row
+/// was still free, so the planner took `node_id = $me` for one row where a node held 5,000; it
+/// joined the cycle's renewal to its locked rows, and the status write to its batch, by
+/// re-reading one side for every row of the other, and each statement took about a second until
+/// the next analyse; a release and a node's leaving had the same shape. The work of each of
+/// them must stay linear in the table however stale the statistics, custom plan and generic
+/// alike.
+#[tokio::test]
+async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay_linear() {
+    const ROWS: i64 = 20_000;
+    const HELD: i64 = 5_000;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    conn.execute("ALTER TABLE trading_accounts SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    conn.execute(
+        "INSERT INTO nodes (node_id, instance_id, platform, capacity, lease_until, started_at, renewed_at)
+         VALUES ('x', 'ix', 'mt5', 200, now() + interval '1 hour', now(), now())",
+    )
+    .await
+    .unwrap();
+    conn.execute(
+        format!(
+            "INSERT INTO trading_accounts (id, platform, role, server, login)
+             SELECT g, 'mt5', 'follower', 'h:1', g::text FROM generate_series(1, {ROWS}) g"
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    conn.execute("ANALYZE trading_accounts").await.unwrap();
+    conn.execute("ANALYZE nodes").await.unwrap();
+    conn.execute(
+        format!(
+            "UPDATE trading_accounts SET node_id = 'x', lease_until = now() + interval '1 hour',
+                    owner_epoch = id, claimed_at = now()
+              WHERE id <= {HELD}"
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    let held: Vec<i64> = (1..=HELD).collect();
+    let batch: Vec<StatusUpdate> = (1..=1000)
+        .map(|id| StatusUpdate {
+            account_id: id,
+            epoch: id,
+            status: Some("follower: ok".into()),
+            balance: Some(1000.0),
+            equity: Some(1000.0),
+            currency: None,
+        })
+        .collect();
+    let bound = 20.0 * ROWS as f64;
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        conn.execute(format!("SET plan_cache_mode = {mode}").as_str())
+            .await
+            .unwrap();
+        let cycle: serde_json::Value = explain_cycle(&mut conn, "ANALYZE, FORMAT JSON", &held)
+            .await[0]
+            .try_get(0)
+            .unwrap();
+        let work = plan_work(&cycle);
+        assert!(
+            work <= bound,
+            "{mode}: the cycle of a node holding {HELD} of {ROWS} rows produced {work} rows: {cycle}"
+        );
+        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", status::WRITE_SQL);
+        let write: serde_json::Value = status::bind_batch(&explain, "x", &batch)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        let work = plan_work(&write);
+        assert!(
+            work <= bound,
+            "{mode}: a status write of 1000 of the node's {HELD} rows produced {work} rows: {write}"
+        );
+        // Both statements did their work: the cycle kept the node's rows, the write wrote its batch.
+        let (owned, written): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE node_id = 'x' AND owner_epoch = id),
+                    count(*) FILTER (WHERE status = 'follower: ok')
+               FROM trading_accounts",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!((owned, written), (HELD, 1000), "{mode}");
+        conn.execute("UPDATE trading_accounts SET status = NULL")
+            .await
+            .unwrap();
+        // A shutdown's release of 1,000 of them, and the node leaving with all it holds, each
+        // in a transaction rolled back.
+        let releases: Vec<lease::Release> = (1..=1000)
+            .map(|epoch| lease::Release {
+                epoch,
+                status: "released: shutdown".into(),
+                to: Some("y".into()),
+            })
+            .collect();
+        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::RELEASE_SQL);
+        conn.execute("BEGIN").await.unwrap();
+        let release: serde_json::Value = lease::bind_release(&explain, "x", &releases)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        let released: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        conn.execute("ROLLBACK").await.unwrap();
+        let work = plan_work(&release);
+        assert!(
+            work <= bound,
+            "{mode}: a release of 1000 of the node's {HELD} rows produced {work} rows: {release}"
+        );
+        assert_eq!(released, ROWS - HELD + 1000, "{mode}");
+        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::LEAVE_SQL);
+        conn.execute("BEGIN").await.unwrap();
+        let leave: serde_json::Value = lease::bind_leave(&explain, "x", "ix", "mt5", &held, false)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        conn.execute("ROLLBACK").await.unwrap();
+        let work = plan_work(&leave);
+        assert!(
+            work <= bound,
+            "{mode}: the node leaving with its {HELD} rows produced {work} rows: {leave}"
+        );
+        assert_eq!(left, ROWS, "{mode}");
+    }
+}
+
 #[tokio::test]
 async fn long_dead_memberships_that_own_nothing_are_forgotten() {
     let db = TestDb::new().await;
