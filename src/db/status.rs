@@ -40,41 +40,48 @@ pub struct Outcome {
 /// The status write. Parameters: $1 the node, then one array each of the batch's account ids,
 /// epochs, statuses, balances, equities and currencies.
 ///
-/// The last SELECT reads the statement's snapshot, so it sees the rows as they were before the
-/// UPDATE: those still ours but not written were locked, or changed (a release, a take-over)
-/// since the snapshot. Either way the next batch finds out which.
-///
-/// The UPDATE writes the rows `locked` holds, matched by id alone: the lock keeps them the
-/// node's at their epoch until the statement ends. Repeating `node_id = $1` there gave the planner,
-/// with statistics taken while every row was free, a path that read the whole batch again for
-/// each of the node's rows (see `CYCLE_SQL`, whose renewal had the same fault).
+/// Driven by the batch, each row found by its primary key in a subquery of its own (`OFFSET 0`
+/// keeps the planner from merging it, and from pushing the node and epoch test into it), so no
+/// plan can reach the rows through `trading_accounts_node_idx` and read the batch again for each
+/// of them. With statistics taken while every row was free the planner counts one row for
+/// `node_id = $1`, and the join it chose that way re-read the batch for every row the node held:
+/// quadratic, in the generic plan a prepared statement settles on (the test
+/// `with_statistics_taken_while_every_row_was_free...`).
+/// `ours` are the batch's rows still the node's at their epoch in the statement's snapshot;
+/// `locked`, those of them no other statement holds (`SKIP LOCKED`), tested again on the version
+/// locked (a row changed since the snapshot stays locked until the statement ends, unwritten). The last SELECT reads the snapshot: rows of `ours` not written were locked, or changed
+/// (a release, a take-over) since it was taken. Either way the next batch finds out which.
 pub const WRITE_SQL: &str = r#"
 WITH s AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])
         AS s(id, epoch, status, balance, equity, currency)
 ),
+ours AS (
+    SELECT s.* FROM s CROSS JOIN LATERAL (
+        SELECT a.node_id, a.owner_epoch FROM trading_accounts a WHERE a.id = s.id OFFSET 0) x
+     WHERE x.node_id = $1 AND x.owner_epoch = s.epoch
+),
 locked AS (
-    SELECT a.id FROM trading_accounts a JOIN s ON a.id = s.id
-     WHERE a.node_id = $1 AND a.owner_epoch = s.epoch
-     ORDER BY a.id
-       FOR NO KEY UPDATE OF a SKIP LOCKED
+    SELECT o.* FROM ours o CROSS JOIN LATERAL (
+        SELECT a.node_id, a.owner_epoch FROM trading_accounts a WHERE a.id = o.id
+        OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED) x
+     WHERE x.node_id = $1 AND x.owner_epoch = o.epoch
 ),
 written AS (
     UPDATE trading_accounts a
-       SET status    = coalesce(s.status, a.status),
+       SET status    = coalesce(l.status, a.status),
            status_at = now(),
-           balance   = coalesce(s.balance, a.balance),
-           equity    = coalesce(s.equity, a.equity),
-           currency  = coalesce(s.currency, a.currency)
-      FROM locked l JOIN s ON s.id = l.id
+           balance   = coalesce(l.balance, a.balance),
+           equity    = coalesce(l.equity, a.equity),
+           currency  = coalesce(l.currency, a.currency)
+      FROM locked l
      WHERE a.id = l.id
     RETURNING a.id, a.owner_epoch
 )
 SELECT id, owner_epoch, true AS written FROM written
 UNION ALL
-SELECT a.id, a.owner_epoch, false FROM trading_accounts a JOIN s ON a.id = s.id
- WHERE a.node_id = $1 AND a.owner_epoch = s.epoch
-   AND a.id NOT IN (SELECT id FROM written)
+SELECT o.id, o.epoch, false FROM ours o
+ WHERE o.id NOT IN (SELECT id FROM written)
 "#;
 
 /// `sql` (the status write, or a statement around it such as an `EXPLAIN`) with a batch bound

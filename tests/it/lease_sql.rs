@@ -1084,28 +1084,62 @@ async fn node_connections_carry_the_session_bounds_durable_commits_and_no_jit() 
     }
 }
 
-/// `EXPLAIN (<options>)` of a steady-state cycle of node x holding `held`.
+/// An `int8[]` literal of `ids`.
+fn array_literal(ids: &[i64]) -> String {
+    let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+    format!("'{{{}}}'", ids.join(","))
+}
+
+/// `EXPLAIN (<options>)` of a steady-state cycle of node x holding `held`: the plan for these
+/// values, or with `generic` the generic plan a prepared statement settles on after five
+/// executions. That one goes through `PREPARE` and `EXECUTE`: an `EXPLAIN` of a statement with
+/// bound parameters plans it with their values, whatever `plan_cache_mode` says.
 async fn explain_cycle(
     conn: &mut PgConnection,
     options: &str,
     held: &[i64],
+    generic: bool,
 ) -> Vec<sqlx::postgres::PgRow> {
-    sqlx::query(&format!("EXPLAIN ({options}) {}", lease::CYCLE_SQL))
-        .bind("x")
-        .bind("ix")
-        .bind("mt5")
-        .bind(200i32)
-        .bind(3000i64)
-        .bind(held)
-        .bind(true)
-        .bind(200i32)
-        .bind(2000i64)
-        .bind(100i32)
-        .bind(held)
-        .bind(0i32)
-        .fetch_all(conn)
+    if !generic {
+        return sqlx::query(&format!("EXPLAIN ({options}) {}", lease::CYCLE_SQL))
+            .bind("x")
+            .bind("ix")
+            .bind("mt5")
+            .bind(200i32)
+            .bind(3000i64)
+            .bind(held)
+            .bind(true)
+            .bind(200i32)
+            .bind(2000i64)
+            .bind(100i32)
+            .bind(held)
+            .bind(0i32)
+            .fetch_all(conn)
+            .await
+            .unwrap();
+    }
+    conn.execute(
+        format!(
+            "PREPARE cycle(text, text, text, int4, int8, int8[], bool, int4, int8, int4, int8[], int4) AS {}",
+            lease::CYCLE_SQL
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    conn.execute("SET plan_cache_mode = force_generic_plan")
         .await
-        .unwrap()
+        .unwrap();
+    let rows = sqlx::query(&format!(
+        "EXPLAIN ({options}) EXECUTE cycle('x', 'ix', 'mt5', 200, 3000, {h}, true, 200, 2000, 100, {h}, 0)",
+        h = array_literal(held)
+    ))
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    conn.execute("RESET plan_cache_mode").await.unwrap();
+    conn.execute("DEALLOCATE cycle").await.unwrap();
+    rows
 }
 
 #[tokio::test]
@@ -1153,16 +1187,14 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
         .unwrap();
     assert_eq!(first.owned.len(), 100);
     let held: Vec<i64> = first.owned.iter().map(|r| r.epoch).collect();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        conn.execute(format!("SET plan_cache_mode = {mode}").as_str())
-            .await
-            .unwrap();
-        let plan: serde_json::Value = explain_cycle(&mut conn, "FORMAT JSON", &held).await[0]
-            .try_get(0)
-            .unwrap();
+    for (mode, generic) in [("custom plan", false), ("generic plan", true)] {
+        let plan: serde_json::Value = explain_cycle(&mut conn, "FORMAT JSON", &held, generic).await
+            [0]
+        .try_get(0)
+        .unwrap();
         // The held epochs are looked up in a hash, not searched linearly per row (a generic
         // plan cannot hash `= ANY ($6)`: quadratic in the number of accounts held).
-        let text: Vec<String> = explain_cycle(&mut conn, "VERBOSE", &held)
+        let text: Vec<String> = explain_cycle(&mut conn, "VERBOSE", &held, generic)
             .await
             .iter()
             .map(|r| r.try_get(0).unwrap())
@@ -1195,7 +1227,6 @@ async fn at_a_million_rows_the_cycle_is_index_driven_and_renewals_stay_hot() {
             );
         }
     }
-    conn.execute("RESET plan_cache_mode").await.unwrap();
 
     // Renewals of the node's 100 rows among a million are HOT.
     let stats = async |conn: &mut sqlx::PgConnection| -> (i64, i64) {
@@ -1279,8 +1310,9 @@ fn plan_work(plan: &serde_json::Value) -> f64 {
 /// joined the cycle's renewal to its locked rows, and the status write to its batch, by
 /// re-reading one side for every row of the other, and each statement took about a second until
 /// the next analyse; a release and a node's leaving had the same shape. The work of each of
-/// them must stay linear in the table however stale the statistics, custom plan and generic
-/// alike.
+/// them must stay linear in the table under such statistics, and the cycle's and the status
+/// write's in their generic plans as well. Not yet the release's and the leave's generic plans,
+/// still quadratic under such statistics (see CHANGELOG.md: open).
 #[tokio::test]
 async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay_linear() {
     const ROWS: i64 = 20_000;
@@ -1329,14 +1361,72 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         })
         .collect();
     let bound = 20.0 * ROWS as f64;
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        conn.execute(format!("SET plan_cache_mode = {mode}").as_str())
+    // The generic plans of the cycle and the status write, the ones a prepared statement settles
+    // on after five executions (an `EXPLAIN` of a statement with bound parameters plans it with
+    // their values, whatever `plan_cache_mode` says, so these go through `PREPARE` and
+    // `EXECUTE`).
+    let thousand: Vec<i64> = (1..=1000).collect();
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    for (what, types, sql, args) in [
+        (
+            format!("the cycle of a node holding {HELD} of {ROWS} rows"),
+            "text, text, text, int4, int8, int8[], bool, int4, int8, int4, int8[], int4",
+            lease::CYCLE_SQL,
+            format!(
+                "'x', 'ix', 'mt5', 200, 3000, {h}, true, 200, 2000, 100, {h}, 0",
+                h = array_literal(&held)
+            ),
+        ),
+        (
+            format!("a status write of 1000 of the node's {HELD} rows"),
+            "text, bigint[], bigint[], text[], float8[], float8[], text[]",
+            status::WRITE_SQL,
+            format!(
+                "'x', {t}, {t}, array_fill('follower: ok'::text, ARRAY[1000]),
+                 array_fill(1000.0::float8, ARRAY[1000]), array_fill(1000.0::float8, ARRAY[1000]),
+                 array_fill(NULL::text, ARRAY[1000])",
+                t = array_literal(&thousand)
+            ),
+        ),
+    ] {
+        conn.execute(format!("PREPARE statement({types}) AS {sql}").as_str())
             .await
             .unwrap();
-        let cycle: serde_json::Value = explain_cycle(&mut conn, "ANALYZE, FORMAT JSON", &held)
-            .await[0]
-            .try_get(0)
-            .unwrap();
+        let plan: serde_json::Value = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE statement({args})"
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        conn.execute("DEALLOCATE statement").await.unwrap();
+        let work = plan_work(&plan);
+        assert!(
+            work <= bound,
+            "generic plan: {what} produced {work} rows: {plan}"
+        );
+    }
+    conn.execute("RESET plan_cache_mode").await.unwrap();
+    let (owned, written): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE node_id = 'x' AND owner_epoch = id),
+                count(*) FILTER (WHERE status = 'follower: ok')
+           FROM trading_accounts",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!((owned, written), (HELD, 1000), "generic plans");
+    conn.execute("UPDATE trading_accounts SET status = NULL")
+        .await
+        .unwrap();
+    // Then each statement's plan for the values bound.
+    {
+        let mode = "custom plan";
+        let cycle: serde_json::Value =
+            explain_cycle(&mut conn, "ANALYZE, FORMAT JSON", &held, false).await[0]
+                .try_get(0)
+                .unwrap();
         let work = plan_work(&cycle);
         assert!(
             work <= bound,
