@@ -1408,105 +1408,107 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         );
     }
     conn.execute("RESET plan_cache_mode").await.unwrap();
-    let (owned, written): (i64, i64) = sqlx::query_as(
+    // Both statements did their work: the cycle kept the node's rows, the write wrote its batch.
+    assert_eq!(
+        owned_and_written(&mut conn).await,
+        (HELD, 1000),
+        "generic plans"
+    );
+
+    // Then each statement's plan for the values bound.
+    let cycle: serde_json::Value = explain_cycle(&mut conn, "ANALYZE, FORMAT JSON", &held, false)
+        .await[0]
+        .try_get(0)
+        .unwrap();
+    let work = plan_work(&cycle);
+    assert!(
+        work <= bound,
+        "custom plan: the cycle of a node holding {HELD} of {ROWS} rows produced {work} rows: {cycle}"
+    );
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", status::WRITE_SQL);
+    let write: serde_json::Value = status::bind_batch(&explain, "x", &batch)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    let work = plan_work(&write);
+    assert!(
+        work <= bound,
+        "custom plan: a status write of 1000 of the node's {HELD} rows produced {work} rows: {write}"
+    );
+    assert_eq!(
+        owned_and_written(&mut conn).await,
+        (HELD, 1000),
+        "custom plans"
+    );
+    // A shutdown's release of 1,000 of them, and the node leaving with all it holds.
+    let releases: Vec<lease::Release> = (1..=1000)
+        .map(|epoch| lease::Release {
+            epoch,
+            status: "released: shutdown".into(),
+            to: Some("y".into()),
+        })
+        .collect();
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::RELEASE_SQL);
+    let (release, free) =
+        explain_rolled_back(&mut conn, lease::bind_release(&explain, "x", &releases)).await;
+    let work = plan_work(&release);
+    assert!(
+        work <= bound,
+        "custom plan: a release of 1000 of the node's {HELD} rows produced {work} rows: {release}"
+    );
+    assert_eq!(free, ROWS - HELD + 1000, "rows free after the release");
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::LEAVE_SQL);
+    let (leave, free) = explain_rolled_back(
+        &mut conn,
+        lease::bind_leave(&explain, "x", "ix", "mt5", &held, false),
+    )
+    .await;
+    let work = plan_work(&leave);
+    assert!(
+        work <= bound,
+        "custom plan: the node leaving with its {HELD} rows produced {work} rows: {leave}"
+    );
+    assert_eq!(free, ROWS, "rows free after the leave");
+}
+
+/// How many rows node x holds at the epoch it was given (its id), and how many carry the status
+/// the test writes; clears that status for the next write.
+async fn owned_and_written(conn: &mut PgConnection) -> (i64, i64) {
+    let counts = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE node_id = 'x' AND owner_epoch = id),
                 count(*) FILTER (WHERE status = 'follower: ok')
            FROM trading_accounts",
     )
-    .fetch_one(&mut conn)
+    .fetch_one(&mut *conn)
     .await
     .unwrap();
-    assert_eq!((owned, written), (HELD, 1000), "generic plans");
     conn.execute("UPDATE trading_accounts SET status = NULL")
         .await
         .unwrap();
-    // Then each statement's plan for the values bound.
-    {
-        let mode = "custom plan";
-        let cycle: serde_json::Value =
-            explain_cycle(&mut conn, "ANALYZE, FORMAT JSON", &held, false).await[0]
-                .try_get(0)
-                .unwrap();
-        let work = plan_work(&cycle);
-        assert!(
-            work <= bound,
-            "{mode}: the cycle of a node holding {HELD} of {ROWS} rows produced {work} rows: {cycle}"
-        );
-        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", status::WRITE_SQL);
-        let write: serde_json::Value = status::bind_batch(&explain, "x", &batch)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
-        let work = plan_work(&write);
-        assert!(
-            work <= bound,
-            "{mode}: a status write of 1000 of the node's {HELD} rows produced {work} rows: {write}"
-        );
-        // Both statements did their work: the cycle kept the node's rows, the write wrote its batch.
-        let (owned, written): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE node_id = 'x' AND owner_epoch = id),
-                    count(*) FILTER (WHERE status = 'follower: ok')
-               FROM trading_accounts",
-        )
-        .fetch_one(&mut conn)
+    counts
+}
+
+/// Runs `explain` (an `EXPLAIN (ANALYZE, FORMAT JSON)` of a statement that frees rows) in a
+/// transaction rolled back: its plan, and how many rows were free before the rollback.
+async fn explain_rolled_back(
+    conn: &mut PgConnection,
+    explain: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> (serde_json::Value, i64) {
+    conn.execute("BEGIN").await.unwrap();
+    let plan = explain
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    let free = sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
+        .fetch_one(&mut *conn)
         .await
         .unwrap();
-        assert_eq!((owned, written), (HELD, 1000), "{mode}");
-        conn.execute("UPDATE trading_accounts SET status = NULL")
-            .await
-            .unwrap();
-        // A shutdown's release of 1,000 of them, and the node leaving with all it holds, each
-        // in a transaction rolled back.
-        let releases: Vec<lease::Release> = (1..=1000)
-            .map(|epoch| lease::Release {
-                epoch,
-                status: "released: shutdown".into(),
-                to: Some("y".into()),
-            })
-            .collect();
-        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::RELEASE_SQL);
-        conn.execute("BEGIN").await.unwrap();
-        let release: serde_json::Value = lease::bind_release(&explain, "x", &releases)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
-        let released: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-        conn.execute("ROLLBACK").await.unwrap();
-        let work = plan_work(&release);
-        assert!(
-            work <= bound,
-            "{mode}: a release of 1000 of the node's {HELD} rows produced {work} rows: {release}"
-        );
-        assert_eq!(released, ROWS - HELD + 1000, "{mode}");
-        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::LEAVE_SQL);
-        conn.execute("BEGIN").await.unwrap();
-        let leave: serde_json::Value = lease::bind_leave(&explain, "x", "ix", "mt5", &held, false)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM trading_accounts WHERE node_id IS NULL")
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-        conn.execute("ROLLBACK").await.unwrap();
-        let work = plan_work(&leave);
-        assert!(
-            work <= bound,
-            "{mode}: the node leaving with its {HELD} rows produced {work} rows: {leave}"
-        );
-        assert_eq!(left, ROWS, "{mode}");
-    }
+    conn.execute("ROLLBACK").await.unwrap();
+    (plan, free)
 }
 
 #[tokio::test]
