@@ -125,9 +125,8 @@ pub struct DatabaseView {
 /// node's at this epoch until the statement ends, so repeating `node_id = $1` there added no
 /// check, only an access path. With statistics taken while every row was free (autovacuum
 /// analysing a table just filled, before any node claimed), the planner counts one row for
-/// `node_id = $1` and took that path, re-reading `mine` for every renewed row: quadratic, about a
-/// second a cycle at 5,000 accounts until the next analyse (the test
-/// `with_statistics_taken_while_every_row_was_free...`).
+/// `node_id = $1` and took that path, re-reading `mine` for every renewed row: quadratic until
+/// the next analyse (the test `with_statistics_taken_while_every_row_was_free...`).
 /// `FOR UPDATE SKIP LOCKED` sits inside the claim subqueries, and the claim's outer `UPDATE`
 /// repeats the predicate, so a row changed since the snapshot is re-checked on its latest
 /// version before it is taken.

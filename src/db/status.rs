@@ -49,8 +49,9 @@ pub struct Outcome {
 /// `with_statistics_taken_while_every_row_was_free...`).
 /// `ours` are the batch's rows still the node's at their epoch in the statement's snapshot;
 /// `locked`, those of them no other statement holds (`SKIP LOCKED`), tested again on the version
-/// locked (a row changed since the snapshot stays locked until the statement ends, unwritten). The last SELECT reads the snapshot: rows of `ours` not written were locked, or changed
-/// (a release, a take-over) since it was taken. Either way the next batch finds out which.
+/// locked (a row changed since the snapshot stays locked until the statement ends, unwritten).
+/// The last SELECT reads the snapshot: rows of `ours` not written were locked, or changed (a
+/// release, a take-over) since it was taken. Either way the next batch finds out which.
 pub const WRITE_SQL: &str = r#"
 WITH s AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::float8[], $7::text[])

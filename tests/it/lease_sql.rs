@@ -1362,51 +1362,42 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         .collect();
     let bound = 20.0 * ROWS as f64;
     // The generic plans of the cycle and the status write, the ones a prepared statement settles
-    // on after five executions (an `EXPLAIN` of a statement with bound parameters plans it with
-    // their values, whatever `plan_cache_mode` says, so these go through `PREPARE` and
-    // `EXECUTE`).
-    let thousand: Vec<i64> = (1..=1000).collect();
+    // on after five executions (through `PREPARE` and `EXECUTE`, as `explain_cycle` says why).
+    let cycle: serde_json::Value = explain_cycle(&mut conn, "ANALYZE, FORMAT JSON", &held, true)
+        .await[0]
+        .try_get(0)
+        .unwrap();
+    let work = plan_work(&cycle);
+    assert!(
+        work <= bound,
+        "generic plan: the cycle of a node holding {HELD} of {ROWS} rows produced {work} rows: {cycle}"
+    );
+    conn.execute(
+        format!(
+            "PREPARE write(text, bigint[], bigint[], text[], float8[], float8[], text[]) AS {}",
+            status::WRITE_SQL
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
     conn.execute("SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
-    for (what, types, sql, args) in [
-        (
-            format!("the cycle of a node holding {HELD} of {ROWS} rows"),
-            "text, text, text, int4, int8, int8[], bool, int4, int8, int4, int8[], int4",
-            lease::CYCLE_SQL,
-            format!(
-                "'x', 'ix', 'mt5', 200, 3000, {h}, true, 200, 2000, 100, {h}, 0",
-                h = array_literal(&held)
-            ),
-        ),
-        (
-            format!("a status write of 1000 of the node's {HELD} rows"),
-            "text, bigint[], bigint[], text[], float8[], float8[], text[]",
-            status::WRITE_SQL,
-            format!(
-                "'x', {t}, {t}, array_fill('follower: ok'::text, ARRAY[1000]),
-                 array_fill(1000.0::float8, ARRAY[1000]), array_fill(1000.0::float8, ARRAY[1000]),
-                 array_fill(NULL::text, ARRAY[1000])",
-                t = array_literal(&thousand)
-            ),
-        ),
-    ] {
-        conn.execute(format!("PREPARE statement({types}) AS {sql}").as_str())
-            .await
-            .unwrap();
-        let plan: serde_json::Value = sqlx::query_scalar(&format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE statement({args})"
-        ))
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        conn.execute("DEALLOCATE statement").await.unwrap();
-        let work = plan_work(&plan);
-        assert!(
-            work <= bound,
-            "generic plan: {what} produced {work} rows: {plan}"
-        );
-    }
+    let write: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE write('x', {t}, {t},
+             array_fill('follower: ok'::text, ARRAY[1000]), array_fill(1000.0::float8, ARRAY[1000]),
+             array_fill(1000.0::float8, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]))",
+        t = array_literal(&(1..=1000).collect::<Vec<i64>>())
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let work = plan_work(&write);
+    assert!(
+        work <= bound,
+        "generic plan: a status write of 1000 of the node's {HELD} rows produced {work} rows: {write}"
+    );
     conn.execute("RESET plan_cache_mode").await.unwrap();
     // Both statements did their work: the cycle kept the node's rows, the write wrote its batch.
     assert_eq!(
