@@ -263,8 +263,8 @@ impl Host for NodeHost {
                 let result = releaser
                     .write(db::lease::Releasing {
                         node_id: node_id.clone(),
-                        account_id,
                         release: db::lease::Release {
+                            account_id,
                             epoch,
                             status: status.to_string(),
                             to: to.clone(),

@@ -447,24 +447,26 @@ fn outcome(rows: Vec<sqlx::postgres::PgRow>) -> Result<CycleOutcome, sqlx::Error
     Ok(out)
 }
 
-/// Releases rows this node owns at the given epochs (`node_id = NULL, lease_until = NULL`),
-/// recording `status`, and announces the release on [`RELEASED_CHANNEL`] in the same
-/// transaction, naming `to` (a hand-off's receiver, which claims at once; `None`: about as many
-/// peers with room as accounts released do) and how many accounts it released. Rows released
-/// disabled are not announced (nobody can claim them). Fenced by node and
-/// epoch: a row that was lost, or lost and re-claimed, is not touched. Returns the ids released.
+/// Releases the given rows (account id, epoch) where this node still owns them at that epoch
+/// (`node_id = NULL, lease_until = NULL`), recording `status`, and announces the release on
+/// [`RELEASED_CHANNEL`] in the same transaction, naming `to` (a hand-off's receiver, which claims
+/// at once; `None`: about as many peers with room as accounts released do) and how many accounts
+/// it released. Rows released disabled are not announced (nobody can claim them). Fenced by node
+/// and epoch: a row that was lost, or lost and re-claimed, is not touched. Returns the ids
+/// released.
 ///
 /// Callers release only after the account's gate is closed and its in-flight work has finished.
 pub async fn release(
     conn: &mut PgConnection,
     node_id: &str,
-    epochs: &[i64],
+    held: &[(i64, i64)],
     status: &str,
     to: Option<&str>,
 ) -> Result<Vec<i64>, sqlx::Error> {
-    let releases: Vec<Release> = epochs
+    let releases: Vec<Release> = held
         .iter()
-        .map(|&epoch| Release {
+        .map(|&(account_id, epoch)| Release {
+            account_id,
             epoch,
             status: status.to_string(),
             to: to.map(str::to_string),
@@ -473,39 +475,49 @@ pub async fn release(
     release_each(conn, node_id, &releases).await
 }
 
-/// One row to release ([`release_each`]): its epoch, the status recorded, and the receiver its
-/// announcement names.
+/// One row to release ([`release_each`]): the account, the epoch the node holds it at, the
+/// status recorded, and the receiver its announcement names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {
+    pub account_id: i64,
     pub epoch: i64,
     pub status: String,
     pub to: Option<String>,
 }
 
-/// The release of [`release_each`]. Parameters: $1 the node, $2 the epochs, $3 their statuses,
-/// $4 the channel announced on, $5 their receivers. Locked in id order, as every statement of
-/// the node that locks several account rows; the UPDATE takes the locked rows by id alone, as
-/// the cycle's renewal does (see [`CYCLE_SQL`]), and so does [`LEAVE_SQL`]'s.
+/// The release of [`release_each`]. Parameters: $1 the node, $2 the accounts, $3 their epochs,
+/// $4 their statuses, $5 the channel announced on, $6 their receivers.
+///
+/// Driven by the rows named, each found by its primary key in a subquery the planner can neither
+/// merge nor push the node's test into (`OFFSET 0`), as the status write is
+/// ([`crate::db::status::WRITE_SQL`]): a plan entering through the node's index, chosen under
+/// statistics taken while every row was free (`node_id = $1` counted as one row), re-read the
+/// node's rows for every row named, in the generic plan a prepared statement settles on. Locked
+/// in id order, as every statement of the node that waits for several account rows' locks; the
+/// node and epoch are tested on the locked (newest) version, and the UPDATE takes the locked
+/// rows by id alone, as the cycle's renewal does (see [`CYCLE_SQL`]). [`LEAVE_SQL`] is built the
+/// same way.
 pub const RELEASE_SQL: &str = r#"
 WITH wanted AS (
-    SELECT * FROM unnest($2::bigint[], $3::text[], $5::text[]) AS w(epoch, status, receiver)
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::text[]) AS w(id, epoch, status, receiver)
+     ORDER BY id
 ),
 locked AS (
-    SELECT a.id, a.owner_epoch FROM trading_accounts a
-     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT epoch FROM wanted)
-     ORDER BY a.id
-       FOR NO KEY UPDATE OF a
+    SELECT w.* FROM wanted w CROSS JOIN LATERAL (
+        SELECT a.node_id, a.owner_epoch FROM trading_accounts a WHERE a.id = w.id
+        OFFSET 0 FOR NO KEY UPDATE) x
+     WHERE x.node_id = $1 AND x.owner_epoch = w.epoch
 ),
 released AS (
     UPDATE trading_accounts a
-       SET node_id = NULL, lease_until = NULL, status = w.status, status_at = now()
-      FROM locked l JOIN wanted w ON w.epoch = l.owner_epoch
+       SET node_id = NULL, lease_until = NULL, status = l.status, status_at = now()
+      FROM locked l
      WHERE a.id = l.id
-    RETURNING a.id, a.platform, a.enabled, w.receiver
+    RETURNING a.id, a.platform, a.enabled, l.receiver
 )
 SELECT id FROM released
 UNION ALL
-SELECT NULL FROM (SELECT pg_notify($4, platform || ' ' || json_build_object('from', $1::text, 'to', receiver, 'accounts', n)::text)
+SELECT NULL FROM (SELECT pg_notify($5, platform || ' ' || json_build_object('from', $1::text, 'to', receiver, 'accounts', n)::text)
                     FROM (SELECT platform, receiver, count(*) AS n FROM released WHERE enabled
                            GROUP BY platform, receiver) p) n
 "#;
@@ -517,11 +529,13 @@ pub fn bind_release<'q>(
     node_id: &'q str,
     releases: &[Release],
 ) -> Query<'q, Postgres, PgArguments> {
+    let ids: Vec<i64> = releases.iter().map(|r| r.account_id).collect();
     let epochs: Vec<i64> = releases.iter().map(|r| r.epoch).collect();
     let statuses: Vec<String> = releases.iter().map(|r| r.status.clone()).collect();
     let receivers: Vec<Option<String>> = releases.iter().map(|r| r.to.clone()).collect();
     sqlx::query(sql)
         .bind(node_id)
+        .bind(ids)
         .bind(epochs)
         .bind(statuses)
         .bind(RELEASED_CHANNEL)
@@ -548,7 +562,6 @@ pub async fn release_each(
 pub struct Releasing {
     /// The releasing node (fences the release with the epoch).
     pub node_id: std::sync::Arc<str>,
-    pub account_id: i64,
     pub release: Release,
 }
 
@@ -582,7 +595,11 @@ impl crate::db::batch::Batched for Releasing {
                     .collect();
                 released.extend(release_each(&mut *conn, node_id, &releases).await?);
             }
-            Ok(crate::db::batch::among(jobs, |j| j.account_id, released))
+            Ok(crate::db::batch::among(
+                jobs,
+                |j| j.release.account_id,
+                released,
+            ))
         })
     }
 }
@@ -711,14 +728,20 @@ pub struct LeaveOutcome {
     pub left: bool,
 }
 
-/// The statement of [`leave`]. Parameters: $1 the node, $2 its instance, $3 the epochs, $4 its
-/// platform, $5 the channel announced on, $6 whether its departure was announced before.
+/// The statement of [`leave`]. Parameters: $1 the node, $2 its instance, $3 the accounts, $4 its
+/// platform, $5 the channel announced on, $6 whether its departure was announced before, $7 the
+/// accounts' epochs. Driven by the rows named, each locked by its primary key, as
+/// [`RELEASE_SQL`] is (which says why).
 pub const LEAVE_SQL: &str = r#"
-WITH locked AS (
-    SELECT a.id FROM trading_accounts a
-     WHERE a.node_id = $1 AND a.owner_epoch IN (SELECT unnest($3::bigint[]))
-     ORDER BY a.id
-       FOR NO KEY UPDATE OF a
+WITH held AS (
+    SELECT * FROM unnest($3::bigint[], $7::bigint[]) AS h(id, epoch)
+     ORDER BY id
+),
+locked AS (
+    SELECT h.id FROM held h CROSS JOIN LATERAL (
+        SELECT a.node_id, a.owner_epoch FROM trading_accounts a WHERE a.id = h.id
+        OFFSET 0 FOR NO KEY UPDATE) x
+     WHERE x.node_id = $1 AND x.owner_epoch = h.epoch
 ),
 released AS (
     UPDATE trading_accounts a
@@ -749,31 +772,34 @@ pub fn bind_leave<'q>(
     node_id: &'q str,
     instance_id: &'q str,
     platform: &'q str,
-    epochs: &'q [i64],
+    held: &[(i64, i64)],
     announced: bool,
 ) -> Query<'q, Postgres, PgArguments> {
+    let (ids, epochs): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
     sqlx::query(sql)
         .bind(node_id)
         .bind(instance_id)
-        .bind(epochs)
+        .bind(ids)
         .bind(platform)
         .bind(RELEASED_CHANNEL)
         .bind(announced)
+        .bind(epochs)
 }
 
-/// Clean shutdown in one statement: release the given epochs, delete this instance's
-/// membership if no other row names the node, and announce it on [`RELEASED_CHANNEL`]: to every
-/// peer (the node left their fair shares), or, when the node `announced` its departure before
-/// ([`announce_departure`]), to every peer with room ([`crate::channels::Release::announced`]).
+/// Clean shutdown in one statement: release the given rows (account id, epoch) where the node
+/// still owns them at that epoch, delete this instance's membership if no other row names the
+/// node, and announce it on [`RELEASED_CHANNEL`]: to every peer (the node left their fair
+/// shares), or, when the node `announced` its departure before ([`announce_departure`]), to every
+/// peer with room ([`crate::channels::Release::announced`]).
 pub async fn leave(
     conn: &mut PgConnection,
     node_id: &str,
     instance_id: &str,
     platform: &str,
-    epochs: &[i64],
+    held: &[(i64, i64)],
     announced: bool,
 ) -> Result<LeaveOutcome, sqlx::Error> {
-    let rows = bind_leave(LEAVE_SQL, node_id, instance_id, platform, epochs, announced)
+    let rows = bind_leave(LEAVE_SQL, node_id, instance_id, platform, held, announced)
         .fetch_all(conn)
         .await?;
     let mut out = LeaveOutcome::default();

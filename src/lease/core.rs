@@ -35,8 +35,10 @@ pub struct Core<H: Host> {
     state: watch::Sender<NodeState>,
     metrics: Arc<Metrics>,
     rng: fastrand::Rng,
-    /// Epochs of every row the last confirmed cycle returned (renewed as they are next time).
-    held: Vec<i64>,
+    /// Every row the last confirmed cycle returned, as (account id, epoch).
+    held: Vec<(i64, i64)>,
+    /// Their epochs, which the next cycle renews as they are.
+    held_epochs: Vec<i64>,
     /// Rows wanted by this node after the last cycle (counts against capacity).
     wanted: usize,
     deadline: Option<Instant>,
@@ -199,6 +201,7 @@ impl<H: Host> Core<H> {
             metrics,
             rng,
             held: Vec::new(),
+            held_epochs: Vec::new(),
             wanted: 0,
             deadline: None,
             last_ack: None,
@@ -404,7 +407,7 @@ impl<H: Host> Core<H> {
             owned: p.owned,
             starting: p.starting,
             lease: self.node.lease,
-            held: &self.held,
+            held: &self.held_epochs,
             claim: p.claim,
             kept: &p.kept,
         }
@@ -451,7 +454,7 @@ impl<H: Host> Core<H> {
         // its lease ran out, nor one it is stopping). The statement counted them free too, in
         // the snapshot it claimed from.
         let claimed = {
-            let held: std::collections::HashSet<i64> = self.held.iter().copied().collect();
+            let held: std::collections::HashSet<i64> = self.held_epochs.iter().copied().collect();
             outcome
                 .owned
                 .iter()
@@ -463,7 +466,8 @@ impl<H: Host> Core<H> {
             .supervisor
             .apply(&outcome.owned, acknowledged, deadline) as u64;
         self.deadline = Some(deadline);
-        self.held = outcome.owned.iter().map(|r| r.epoch).collect();
+        self.held = outcome.owned.iter().map(|r| (r.id, r.epoch)).collect();
+        self.held_epochs = outcome.owned.iter().map(|r| r.epoch).collect();
         self.owned_to_publish = (claimed > 0).then(|| {
             u32::try_from(self.supervisor.owned().len() + self.supervisor.handing_off())
                 .unwrap_or(u32::MAX)
@@ -1202,12 +1206,15 @@ impl<H: Host> Core<H> {
         self.draining.is_some() && self.supervisor.is_idle()
     }
 
-    /// What leaving releases: the epochs whose sessions have returned (the others move when
-    /// their leases expire), and how many are kept back.
-    pub fn leave_epochs(&self) -> (Vec<i64>, usize) {
+    /// What leaving releases: the rows (account id, epoch) whose sessions have returned (the
+    /// others move when their leases expire), and how many are kept back.
+    pub fn leave_rows(&self) -> (Vec<(i64, i64)>, usize) {
         let unfinished = self.supervisor.unfinished_epochs();
-        let (kept, released): (Vec<i64>, Vec<i64>) =
-            self.held.iter().partition(|e| unfinished.contains(e));
+        let (kept, released): (Vec<_>, Vec<_>) = self
+            .held
+            .iter()
+            .copied()
+            .partition(|(_, e)| unfinished.contains(e));
         (released, kept.len())
     }
 

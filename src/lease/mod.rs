@@ -367,7 +367,7 @@ async fn leave(
     session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) {
-    let (epochs, kept) = core.leave_epochs();
+    let (held, kept) = core.leave_rows();
     let announced = core.departure_announced();
     let node = &core.node;
     let mut retry = crate::retry::LEAVE.start();
@@ -386,7 +386,7 @@ async fn leave(
                     &node.node_id,
                     &core.instance_id,
                     &node.platform,
-                    &epochs,
+                    &held,
                     announced,
                 )
                 .await
@@ -416,7 +416,7 @@ async fn leave(
         let delay = retry.failed();
         if Instant::now() + delay >= give_up {
             error!(
-                accounts = epochs.len(),
+                accounts = held.len(),
                 "could not release at shutdown: the accounts move to other nodes when their leases expire"
             );
             return;

@@ -1591,7 +1591,8 @@ impl World {
         if core.draining().is_none() {
             return;
         }
-        let (epochs, _) = core.leave_epochs();
+        let (held, _) = core.leave_rows();
+        let epochs: Vec<i64> = held.iter().map(|&(_, epoch)| epoch).collect();
         let announced = core.departure_announced();
         let instance = core.instance_id.clone();
         let at = self.db_at();

@@ -192,10 +192,15 @@ fn to_model(epochs: &[i64], real: &BTreeMap<i64, RowView>, model: &Model) -> Vec
 struct Node {
     id: String,
     instance: u32,
-    held: Vec<i64>,
+    /// What its last cycle returned: (account id, epoch).
+    held: Vec<(i64, i64)>,
 }
 
 impl Node {
+    fn epochs(&self) -> Vec<i64> {
+        self.held.iter().map(|&(_, epoch)| epoch).collect()
+    }
+
     fn instance_id(&self) -> String {
         format!("{}-{}", self.id, self.instance)
     }
@@ -270,12 +275,8 @@ async fn run(seed: u64) -> usize {
                 let limit = rng.u32(0..=6);
                 let claim = rng.u32(..10) > 0;
                 // Gates that stayed open: usually all, sometimes a few.
-                let kept: Vec<i64> = node
-                    .held
-                    .iter()
-                    .copied()
-                    .filter(|_| rng.u32(..4) > 0)
-                    .collect();
+                let held = node.epochs();
+                let kept: Vec<i64> = held.iter().copied().filter(|_| rng.u32(..4) > 0).collect();
                 let instance_id = node.instance_id();
                 let platform = if rng.u32(..8) == 0 { "mt4" } else { "mt5" };
                 let lease = LEASES[rng.usize(..LEASES.len())];
@@ -291,17 +292,16 @@ async fn run(seed: u64) -> usize {
                     owned: node.held.len() as u32,
                     starting: rng.u32(..3),
                     lease,
-                    held: &node.held,
+                    held: &held,
                     claim,
                     kept: &kept,
                 };
                 step = format!(
-                    "cycle {instance_id} on {platform}, lease {lease:?}, trust {trust:?}, limit {limit} claim {claim} held {:?} kept {kept:?}",
-                    node.held
+                    "cycle {instance_id} on {platform}, lease {lease:?}, trust {trust:?}, limit {limit} claim {claim} held {held:?} kept {kept:?}"
                 );
                 let real = lease::cycle(&mut conn, &p).await.unwrap();
                 let (held, kept) = (
-                    to_model(&node.held, &before_real, &model),
+                    to_model(&held, &before_real, &model),
                     to_model(&kept, &before_real, &model),
                 );
                 let modelled = model.cycle(&CycleParams {
@@ -326,7 +326,7 @@ async fn run(seed: u64) -> usize {
                 check_new_epochs("PostgreSQL", &real, &before_real, &step);
                 check_new_epochs("model", &modelled, &before_model, &step);
                 if real.member {
-                    nodes[n].held = real.owned.iter().map(|r| r.epoch).collect();
+                    nodes[n].held = real.owned.iter().map(|r| (r.id, r.epoch)).collect();
                 }
             }
             60..=69 => {
@@ -336,18 +336,16 @@ async fn run(seed: u64) -> usize {
                 } else {
                     n
                 };
-                let epochs: Vec<i64> = nodes[from]
+                let rows: Vec<(i64, i64)> = nodes[from]
                     .held
                     .iter()
                     .copied()
                     .filter(|_| rng.bool())
                     .collect();
+                let epochs: Vec<i64> = rows.iter().map(|&(_, epoch)| epoch).collect();
                 let node = &nodes[n];
-                step = format!(
-                    "release {} {epochs:?} (held by {})",
-                    node.id, nodes[from].id
-                );
-                let mut real = lease::release(&mut conn, &node.id, &epochs, "released: test", None)
+                step = format!("release {} {rows:?} (held by {})", node.id, nodes[from].id);
+                let mut real = lease::release(&mut conn, &node.id, &rows, "released: test", None)
                     .await
                     .unwrap();
                 real.sort_unstable();
@@ -365,7 +363,7 @@ async fn run(seed: u64) -> usize {
                 let modelled = model.leave(
                     &node.id,
                     &instance_id,
-                    &to_model(&held, &before_real, &model),
+                    &to_model(&node.epochs(), &before_real, &model),
                 );
                 let mut released = real.released.clone();
                 released.sort_unstable();
@@ -558,7 +556,7 @@ async fn concurrent_pair(
     let (first, second) = pair_order(model, nodes, n).expect("checked");
     let (id_a, id_b) = (nodes[first].id.clone(), nodes[second].id.clone());
     let (inst_a, inst_b) = (nodes[first].instance_id(), nodes[second].instance_id());
-    let (held_a, held_b) = (nodes[first].held.clone(), nodes[second].held.clone());
+    let (held_a, held_b) = (nodes[first].epochs(), nodes[second].epochs());
     // Gates that stayed open: usually all, sometimes a few.
     let mut kept =
         |held: &[i64]| -> Vec<i64> { held.iter().copied().filter(|_| rng.u32(..4) > 0).collect() };
@@ -661,10 +659,10 @@ async fn concurrent_pair(
         check_new_epochs(&format!("model, {side}"), modelled, before_model, &step);
     }
     if real_a.member {
-        nodes[first].held = real_a.owned.iter().map(|r| r.epoch).collect();
+        nodes[first].held = real_a.owned.iter().map(|r| (r.id, r.epoch)).collect();
     }
     if real_b.member {
-        nodes[second].held = real_b.owned.iter().map(|r| r.epoch).collect();
+        nodes[second].held = real_b.owned.iter().map(|r| (r.id, r.epoch)).collect();
     }
     Pair {
         step,
