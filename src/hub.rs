@@ -6,6 +6,9 @@
 //!   release naming no one a few of the nodes below their shares, a departure every node
 //!   ([`crate::channels::Release::wakes`]);
 //! * master events (`copier_master_<id>`) go to every follower session subscribed to that master;
+//!   a master session of this node hands its own events to its followers here as soon as they are
+//!   stored ([`Hub::deliver`]), before their NOTIFY comes back, and each event reaches them once,
+//!   by whichever way came first;
 //! * account changes (`copier_links`, from triggers on `copy_links` and on the connection
 //!   columns of `trading_accounts`) go to the session of the account whose links or row changed.
 //!
@@ -124,6 +127,8 @@ enum Command {
     /// The lease loop reached the database again after failures: a LISTEN connection waiting out
     /// its backoff reconnects now.
     DatabaseBack,
+    /// A master event this node stored ([`Hub::deliver`]).
+    Deliver(Arc<MasterNotice>),
 }
 
 /// A handle to the node's LISTEN connection.
@@ -255,6 +260,15 @@ impl Hub {
         }
     }
 
+    /// Hands a master event this node's master session stored (the notice its NOTIFY carries,
+    /// stamped as the database stamped it) to the master's subscribers on this node at once: a
+    /// follower of a master on its own node does not wait for the notification's round trip
+    /// through PostgreSQL. The NOTIFY of an event already delivered is not passed on again,
+    /// nor an older one ([`Signal::Notice`] reaches each subscriber once per event).
+    pub fn deliver(&self, notice: MasterNotice) {
+        let _ = self.commands.send(Command::Deliver(Arc::new(notice)));
+    }
+
     /// Tells every subscriber the database failed over ([`Signal::FailedOver`]); a LISTEN
     /// connection waiting out its backoff reconnects at once.
     pub fn failed_over(&self) {
@@ -280,6 +294,9 @@ struct Subscribers {
     handoff_answers: HashMap<i64, Senders>,
     /// Subscriptions waiting for their LISTEN to be confirmed.
     waiting: Vec<oneshot::Sender<()>>,
+    /// The newest (epoch, seq) of each subscribed master passed on to its subscribers, by
+    /// [`Hub::deliver`] or by NOTIFY: what is not newer, they have heard.
+    heard: HashMap<i64, (i64, i64)>,
 }
 
 impl Subscribers {
@@ -309,8 +326,41 @@ impl Subscribers {
             .unwrap_or(false);
         if empty {
             map.remove(&key);
+            if let Topic::Master(m) = topic {
+                self.heard.remove(&m);
+            }
         }
         empty
+    }
+
+    /// Passes master `notice` to that master's subscribers, unless they heard it already (its
+    /// other way here: [`Hub::deliver`] or NOTIFY) or a newer one. Each (epoch, seq) is stored
+    /// and announced once; the sequence rewinds only with a database failover, after which
+    /// [`Subscribers::failed_over`] forgets what was heard.
+    fn master_notice(&mut self, notice: Arc<MasterNotice>) {
+        let Some(senders) = self.by_master.get(&notice.master) else {
+            return;
+        };
+        let at = (notice.epoch, notice.seq);
+        if self
+            .heard
+            .get(&notice.master)
+            .is_some_and(|heard| *heard >= at)
+        {
+            return;
+        }
+        self.heard.insert(notice.master, at);
+        let received = tokio::time::Instant::now();
+        for s in senders.values() {
+            let _ = s.send(Signal::Notice(notice.clone(), received));
+        }
+    }
+
+    /// The database failed over: masters' (epoch, seq) may have rewound with the lost tail.
+    /// Every subscriber forgets what it applied ([`Signal::FailedOver`]), and so does the hub.
+    fn failed_over(&mut self) {
+        self.heard.clear();
+        self.send_each(|| Signal::FailedOver);
     }
 
     /// One `signal` per subscriber channel (a follower subscribed to masters and to its links
@@ -482,8 +532,9 @@ async fn run(
                             }
                             let _ = ready.send(());
                         }
-                        Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+                        Command::FailedOver => subs.failed_over(),
                         Command::DatabaseBack => {}
+                        Command::Deliver(notice) => subs.master_notice(notice),
                         Command::Unsubscribe { topic, id } => {
                             if subs.remove(topic, id)
                                 && let Topic::Master(master_id) = topic
@@ -496,7 +547,7 @@ async fn run(
                     }
                 }
                 received = listener.try_recv() => match received {
-                    Ok(Some(n)) => dispatch(&subs, &platform, &node_id, &wake, n.channel(), n.payload()),
+                    Ok(Some(n)) => dispatch(&mut subs, &platform, &node_id, &wake, n.channel(), n.payload()),
                     Ok(None) => {
                         warn!("LISTEN connection lost; reconnecting");
                         break;
@@ -525,13 +576,15 @@ fn apply_offline(subs: &mut Subscribers, cmd: Command) {
         Command::Unsubscribe { topic, id } => {
             subs.remove(topic, id);
         }
-        Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+        Command::FailedOver => subs.failed_over(),
         Command::DatabaseBack => {}
+        // The followers of this node's masters hear their events while LISTEN is down too.
+        Command::Deliver(notice) => subs.master_notice(notice),
     }
 }
 
 fn dispatch(
-    subs: &Subscribers,
+    subs: &mut Subscribers,
     platform: &str,
     node_id: &str,
     wake: &Wake,
@@ -564,14 +617,7 @@ fn dispatch(
                 let _ = s.send(Signal::AccountChanged);
             }
         }
-        Ok(Notice::Master(notice)) => {
-            if let Some(senders) = subs.by_master.get(&notice.master) {
-                let (notice, received) = (std::sync::Arc::new(notice), tokio::time::Instant::now());
-                for s in senders.values() {
-                    let _ = s.send(Signal::Notice(notice.clone(), received));
-                }
-            }
-        }
+        Ok(Notice::Master(notice)) => subs.master_notice(Arc::new(notice)),
         Ok(Notice::Handoff(h)) => {
             let senders = if h.ready && h.from == node_id {
                 subs.handoff_answers.get(&h.account_id)
@@ -703,9 +749,19 @@ mod poll {
                                 seen.remove(&m);
                             }
                         }
-                        Command::FailedOver => subs.send_each(|| Signal::FailedOver),
+                        Command::FailedOver => subs.failed_over(),
                         // Polling retries every poll anyway.
                         Command::DatabaseBack => {}
+                        // Its subscribers hear it now; the poll that finds it signals nothing more.
+                        Command::Deliver(notice) => {
+                            let at = (notice.epoch, notice.seq);
+                            if let Some(seen) = seen.get_mut(&notice.master)
+                                && seen.is_none_or(|seen| seen < at)
+                            {
+                                *seen = Some(at);
+                            }
+                            subs.master_notice(notice);
+                        }
                     }
                 }
                 _ = accounts.tick() => {

@@ -744,6 +744,13 @@ impl Master<'_> {
         match result {
             Ok(Published::Stored { first_seen }) => {
                 debug!(seq, kind = event.kind(), "master event published");
+                // Its followers on this node hear it now, not after the NOTIFY's round trip.
+                self.ctx.node.hub.deliver(db::copy::announced(
+                    self.id,
+                    (epoch, seq),
+                    event,
+                    first_seen,
+                ));
                 self.ctx.node.metrics.events_published.inc();
                 self.seq = seq;
                 self.dirty = false;

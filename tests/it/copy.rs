@@ -1288,6 +1288,88 @@ async fn followers_learn_of_master_events_by_polling_without_listen() {
     node.shutdown();
 }
 
+/// A master's session hands its events to the followers on its own node as soon as they are
+/// stored. With events polled once a minute (no LISTEN) and followers reconciling every three
+/// minutes (their first after half of that at least), a follower on its master's node copies an
+/// open at once; without the hand-over it would wait for the next poll.
+#[tokio::test]
+async fn a_follower_on_its_masters_node_hears_its_events_without_waiting_for_the_database() {
+    let mut s = CopySetup::new("copy-same-node").await;
+    let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
+    let mut cfg = crate::support::config_listen(
+        &s.db.url,
+        "postgres://nobody@127.0.0.1:1/nowhere",
+        "alone",
+        10,
+        FAST,
+    );
+    cfg.events_poll = Some(Duration::from_secs(60));
+    cfg.reconcile_every = Duration::from_secs(180);
+    let node = start_node(&cfg).await;
+    followers_ready(&mut s.conn, &[2]).await;
+    let ticket = s.t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
+    let copy = s.t.copy_of("f2", magic, ticket, WAIT).await;
+    assert_eq!(copy.volume, 0.3);
+    node.shutdown();
+}
+
+/// What the hub passes on of a master's events: each (epoch, seq) once, whether it came first
+/// from the master's session on this node (`Hub::deliver`) or by NOTIFY, and nothing older than
+/// what was passed on; after a database failover (the sequence may rewind) it forgets what was.
+#[tokio::test]
+async fn a_masters_events_reach_its_subscribers_once_by_whichever_way_comes_first() {
+    use copier_node::copier::events::{MasterEvent, MasterNotice};
+    use copier_node::hub::{Hub, Signal, Topic};
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let hub = Hub::spawn(
+        db.url.parse().unwrap(),
+        "mt5".into(),
+        "h".into(),
+        std::sync::Arc::new(copier_node::hub::Wake::default()),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _subscription = hub.subscribe(Topic::Master(7), tx).await.unwrap();
+    let notice = |epoch: i64, seq: i64| MasterNotice {
+        master: 7,
+        epoch,
+        seq,
+        event: MasterEvent::Close { ticket: seq },
+    };
+    let mut announce = async |epoch: i64, seq: i64| {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(copier_node::channels::master(7))
+            .bind(serde_json::to_string(&notice(epoch, seq)).unwrap())
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    };
+    // The next signal: a notice's (epoch, seq), or None for the failover.
+    let mut next = async |what: &str| match tokio::time::timeout(WAIT, rx.recv()).await {
+        Ok(Some(Signal::Notice(n, _))) => Some((n.epoch, n.seq)),
+        Ok(Some(Signal::FailedOver)) => None,
+        other => panic!("{what}: no signal ({other:?})"),
+    };
+    hub.deliver(notice(5, 1));
+    let what = "delivered on the node, no NOTIFY sent";
+    assert_eq!(next(what).await, Some((5, 1)), "{what}");
+    announce(5, 1).await;
+    announce(4, 9).await;
+    announce(5, 2).await;
+    let what = "the NOTIFY of the event delivered, and an older one, are not passed on";
+    assert_eq!(next(what).await, Some((5, 2)), "{what}");
+    hub.deliver(notice(5, 2));
+    hub.deliver(notice(5, 3));
+    let what = "an event heard by NOTIFY first is not passed on again when delivered";
+    assert_eq!(next(what).await, Some((5, 3)), "{what}");
+    hub.failed_over();
+    assert_eq!(next("the failover told").await, None);
+    announce(5, 2).await;
+    let what = "after a failover an event at a sequence heard before is passed on";
+    assert_eq!(next(what).await, Some((5, 2)), "{what}");
+}
+
 /// A link's instruction for its removal: removed with `on_remove = 'close'`, its copies are
 /// closed by the follower's node (and its `removed_links` row forgotten once none is open);
 /// removed with the default `leave`, its copies stay open.

@@ -813,12 +813,14 @@ async fn a_snapshot_after_a_lost_publish_reply_keeps_the_stored_first_seen_time(
 /// the stored snapshot (positions and orders) and the announced open event carry the same stamp,
 /// which the outcome reports; a first-seen time already there is kept; a JSON string holding the
 /// stamp's key text is left as it is; the snapshot is stored in ticket order whatever order it
-/// was handed in. Read from the stored JSON and the NOTIFY payload, not through the product.
+/// was handed in. Read from the stored JSON and the NOTIFY payload, not through the product. The
+/// notice a master hands its own node's followers (`announced`) is the one its NOTIFY carries,
+/// for an open and a new pending order.
 #[tokio::test]
 async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
     use copier_node::broker::types::PendingKind;
     use copier_node::copier::MasterOrder;
-    use copier_node::db::copy::{Published, publish, stamp_first_seen};
+    use copier_node::db::copy::{Published, announced, publish, stamp_first_seen};
     use sqlx::postgres::PgListener;
 
     let db = crate::support::pg::TestDb::new().await;
@@ -931,6 +933,11 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
     assert_eq!(notice["position"]["first_seen_ms"], stamp, "{notice}");
     assert_eq!(notice["position"]["first_seen_us"], stamp_us, "{notice}");
     assert_eq!(notice["position"]["symbol"], tricky, "{notice}");
+    assert_eq!(
+        announced(1, (3, 1), event.clone(), first_seen),
+        serde_json::from_value::<MasterNotice>(notice.clone()).unwrap(),
+        "the open as its master's node delivers it and as announced"
+    );
     // The caller's copy of what was stored, stamped the same way; the next publish stamps nothing.
     stamp_first_seen(first_seen, &mut positions, &mut orders);
     assert_eq!(
@@ -976,6 +983,38 @@ async fn a_publish_stamps_what_it_first_records_with_the_database_clock_once() {
     .await
     .unwrap();
     assert_eq!(again, (Some(stamp), Some(stamp)), "stamped once");
+    // A new pending order's event.
+    let placed = MasterOrder {
+        ticket: 11,
+        ..order.clone()
+    };
+    orders.push(placed.clone());
+    let event = MasterEvent::OrderSet { order: placed };
+    let outcome = publish(&mut conn, "n1", 1, 3, 3, (&positions, &orders), &event)
+        .await
+        .unwrap();
+    let Published::Stored { first_seen } = outcome else {
+        panic!("the owner's publish was refused: {outcome:?}");
+    };
+    let mut payloads = Vec::new();
+    while payloads.len() < 2 {
+        let n = tokio::time::timeout(WAIT, listener.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        payloads.push(n.payload().to_string());
+    }
+    let heard: MasterNotice = serde_json::from_str(&payloads[1]).unwrap();
+    assert_eq!(
+        (heard.seq, heard.event.kind()),
+        (3, "order_set"),
+        "{payloads:?}"
+    );
+    assert_eq!(
+        announced(1, (3, 3), event, first_seen),
+        heard,
+        "the new order as its master's node delivers it and as announced"
+    );
 }
 
 /// The node's master publisher (one statement and one commit per batch): events published at

@@ -128,6 +128,36 @@ pub fn stamp_first_seen(
     }
 }
 
+/// The notice a stored publish announced (its NOTIFY payload, as the hub decodes it): master
+/// `master_id`'s `event` as (epoch, seq), its new position or order stamped with the publish's
+/// `first_seen` as the statement stamped the payload's text ([`stamp_first_seen`]).
+pub fn announced(
+    master_id: i64,
+    (epoch, seq): (i64, i64),
+    mut event: MasterEvent,
+    first_seen: FirstSeen,
+) -> MasterNotice {
+    match &mut event {
+        MasterEvent::Open { position } => {
+            stamp_first_seen(first_seen, std::slice::from_mut(position), &mut [])
+        }
+        MasterEvent::OrderSet { order } => {
+            stamp_first_seen(first_seen, &mut [], std::slice::from_mut(order))
+        }
+        MasterEvent::Snapshot
+        | MasterEvent::Close { .. }
+        | MasterEvent::Partial { .. }
+        | MasterEvent::Modify { .. }
+        | MasterEvent::OrderGone { .. } => {}
+    }
+    MasterNotice {
+        master: master_id,
+        epoch,
+        seq,
+        event,
+    }
+}
+
 /// Publishes one event of master `master_id` as (epoch, seq) with the snapshot after it: lock and
 /// match the master's row (node, epoch), stamp positions first recorded now with the database's
 /// clock, store the snapshot if (epoch, seq) follows what is stored (a higher epoch, or the next
