@@ -17,6 +17,21 @@ use crate::support::{
 
 const WAIT: Duration = Duration::from_secs(15);
 
+/// A hub of node `node_id` (mt5) on the database at `url`, waking `wake`, as a node starts one.
+fn hub_at(
+    url: &str,
+    node_id: &str,
+    wake: std::sync::Arc<copier_node::hub::Wake>,
+) -> copier_node::hub::Hub {
+    copier_node::hub::Hub::spawn(
+        url.parse().unwrap(),
+        "mt5".into(),
+        node_id.into(),
+        wake,
+        tokio_util::sync::CancellationToken::new(),
+    )
+}
+
 /// Waits until master `master`'s published snapshot holds position `ticket`.
 async fn published(conn: &mut sqlx::PgConnection, master: i64, ticket: i64) {
     eventually(
@@ -721,17 +736,11 @@ async fn protections_stop_or_shrink_new_copies_and_record_why() {
 #[tokio::test]
 async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one_at_its_share() {
     use copier_node::channels::{HANDOFF, Handoff, RELEASED, Release, Room, released_payload};
-    use copier_node::hub::{Hub, Signal, Topic, Wake};
+    use copier_node::hub::{Signal, Topic, Wake};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     let wake = std::sync::Arc::new(Wake::default());
-    let hub = Hub::spawn(
-        db.url.parse().unwrap(),
-        "mt5".into(),
-        "c".into(),
-        wake.clone(),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let hub = hub_at(&db.url, "c", wake.clone());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let _offers = hub.subscribe(Topic::HandoffOffers, tx).await.unwrap();
     // The wake every (re)connection gives.
@@ -850,16 +859,10 @@ async fn a_release_wakes_its_named_receiver_or_a_few_peers_with_room_but_not_one
 #[tokio::test]
 async fn hand_off_answers_reach_only_the_offer_of_their_account() {
     use copier_node::channels::{HANDOFF, Handoff};
-    use copier_node::hub::{Hub, Signal, Topic};
+    use copier_node::hub::{Signal, Topic};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
-    let hub = Hub::spawn(
-        db.url.parse().unwrap(),
-        "mt5".into(),
-        "c".into(),
-        std::sync::Arc::new(copier_node::hub::Wake::default()),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let hub = hub_at(&db.url, "c", Default::default());
     let subscribe = async |topic: Topic| {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         (hub.subscribe(topic, tx).await.unwrap(), rx)
@@ -920,19 +923,13 @@ async fn hand_off_answers_reach_only_the_offer_of_their_account() {
 
 #[tokio::test]
 async fn link_and_account_row_changes_are_announced_to_that_accounts_subscribers_only() {
-    use copier_node::hub::{Hub, Signal, Topic};
+    use copier_node::hub::{Signal, Topic};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
     add_account(&mut conn, 1, "master", "127.0.0.1:1", "m1").await;
     add_account(&mut conn, 2, "follower", "127.0.0.1:1", "f2").await;
     add_account(&mut conn, 3, "follower", "127.0.0.1:1", "f3").await;
-    let hub = Hub::spawn(
-        db.url.parse().unwrap(),
-        "mt5".into(),
-        "t".into(),
-        std::sync::Arc::new(copier_node::hub::Wake::default()),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let hub = hub_at(&db.url, "t", Default::default());
     let (tx2, mut rx2) = tokio::sync::mpsc::unbounded_channel();
     let (tx3, mut rx3) = tokio::sync::mpsc::unbounded_channel();
     let _s2 = hub.subscribe(Topic::Account(2), tx2).await.unwrap();
@@ -1319,16 +1316,10 @@ async fn a_follower_on_its_masters_node_hears_its_events_without_waiting_for_the
 #[tokio::test]
 async fn a_masters_events_reach_its_subscribers_once_by_whichever_way_comes_first() {
     use copier_node::copier::events::{MasterEvent, MasterNotice};
-    use copier_node::hub::{Hub, Signal, Topic};
+    use copier_node::hub::{Signal, Topic};
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
-    let hub = Hub::spawn(
-        db.url.parse().unwrap(),
-        "mt5".into(),
-        "h".into(),
-        std::sync::Arc::new(copier_node::hub::Wake::default()),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let hub = hub_at(&db.url, "h", Default::default());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let _subscription = hub.subscribe(Topic::Master(7), tx).await.unwrap();
     let notice = |epoch: i64, seq: i64| MasterNotice {
@@ -1432,7 +1423,7 @@ async fn removing_a_link_closes_or_leaves_its_copies_as_it_says() {
 /// failover, copying waits for LISTEN (docs/operating.md, "Patroni and HAProxy").
 #[tokio::test]
 async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
-    use copier_node::hub::{Hub, Topic};
+    use copier_node::hub::Topic;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let db = TestDb::new().await;
@@ -1457,13 +1448,7 @@ async fn a_listen_connection_in_backoff_reconnects_when_the_database_is_back() {
             });
         }
     });
-    let hub = Hub::spawn(
-        db.url_via(port).parse().unwrap(),
-        "mt5".into(),
-        "t".into(),
-        Arc::new(copier_node::hub::Wake::default()),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let hub = hub_at(&db.url_via(port), "t", Default::default());
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let subscriber = hub.clone();
     let subscribed =

@@ -1409,20 +1409,15 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
     );
     // A shutdown's release of 1,000 of the node's rows, and the node leaving with all it holds
     // (each rolled back).
-    prepare_generic(
+    let (release, free) = generic_rolled_back(
         &mut conn,
         "release(text, bigint[], bigint[], text[], text, text[])",
         lease::RELEASE_SQL,
-    )
-    .await;
-    let (release, free) = explain_rolled_back(
-        &mut conn,
-        sqlx::query(&format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE release('x', {t}, {t},
-                 array_fill('released: shutdown'::text, ARRAY[1000]), '{RELEASED}',
-                 array_fill('y'::text, ARRAY[1000]))",
+        &format!(
+            "release('x', {t}, {t}, array_fill('released: shutdown'::text, ARRAY[1000]),
+                     '{RELEASED}', array_fill('y'::text, ARRAY[1000]))",
             t = array_literal(&(1..=1000).collect::<Vec<i64>>())
-        )),
+        ),
     )
     .await;
     let work = plan_work(&release);
@@ -1431,18 +1426,14 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         "generic plan: a release of 1000 of the node's {HELD} rows produced {work} rows: {release}"
     );
     assert_eq!(free, ROWS - HELD + 1000, "rows free after the release");
-    prepare_generic(
+    let (leave, free) = generic_rolled_back(
         &mut conn,
         "leave(text, text, bigint[], text, text, bool, bigint[])",
         lease::LEAVE_SQL,
-    )
-    .await;
-    let (leave, free) = explain_rolled_back(
-        &mut conn,
-        sqlx::query(&format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE leave('x', 'ix', {h}, 'mt5', '{RELEASED}', false, {h})",
+        &format!(
+            "leave('x', 'ix', {h}, 'mt5', '{RELEASED}', false, {h})",
             h = array_literal(&held)
-        )),
+        ),
     )
     .await;
     let work = plan_work(&leave);
@@ -1534,6 +1525,19 @@ async fn owned_and_written(conn: &mut PgConnection) -> (i64, i64) {
         .await
         .unwrap();
     counts
+}
+
+/// The generic plan of `sql` (a statement that frees rows), prepared as `name` and executed as
+/// `call` ([`prepare_generic`]), run in a transaction rolled back ([`explain_rolled_back`]).
+async fn generic_rolled_back(
+    conn: &mut PgConnection,
+    name: &str,
+    sql: &str,
+    call: &str,
+) -> (serde_json::Value, i64) {
+    prepare_generic(conn, name, sql).await;
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {call}");
+    explain_rolled_back(conn, sqlx::query(&explain)).await
 }
 
 /// Runs `explain` (an `EXPLAIN (ANALYZE, FORMAT JSON)` of a statement that frees rows) in a
