@@ -1318,6 +1318,13 @@ fn plan_work(plan: &serde_json::Value) -> f64 {
     work
 }
 
+/// Asserts that the executed plan `plan` (of `what`) did at most `bound` rows of work
+/// ([`plan_work`]).
+fn assert_linear(plan: &serde_json::Value, bound: f64, what: &str) {
+    let work = plan_work(plan);
+    assert!(work <= bound, "{what} produced {work} rows: {plan}");
+}
+
 /// Found in the 20,000-account benchmark: autovacuum analysed `trading_accounts` while every row
 /// was still free, so the planner took `node_id = $me` for one row where a node held 5,000; it
 /// joined the cycle's renewal to its locked rows, and the status write to its batch, by
@@ -1382,10 +1389,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         .await[0]
         .try_get(0)
         .unwrap();
-    let work = plan_work(&cycle);
-    assert!(
-        work <= bound,
-        "generic plan: the cycle of a node holding {HELD} of {ROWS} rows produced {work} rows: {cycle}"
+    assert_linear(
+        &cycle,
+        bound,
+        &format!("generic plan: the cycle of a node holding {HELD} of {ROWS} rows"),
     );
     prepare_generic(
         &mut conn,
@@ -1402,10 +1409,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    let work = plan_work(&write);
-    assert!(
-        work <= bound,
-        "generic plan: a status write of 1000 of the node's {HELD} rows produced {work} rows: {write}"
+    assert_linear(
+        &write,
+        bound,
+        &format!("generic plan: a status write of 1000 of the node's {HELD} rows"),
     );
     // A shutdown's release of 1,000 of the node's rows, and the node leaving with all it holds
     // (each rolled back).
@@ -1420,10 +1427,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         ),
     )
     .await;
-    let work = plan_work(&release);
-    assert!(
-        work <= bound,
-        "generic plan: a release of 1000 of the node's {HELD} rows produced {work} rows: {release}"
+    assert_linear(
+        &release,
+        bound,
+        &format!("generic plan: a release of 1000 of the node's {HELD} rows"),
     );
     assert_eq!(free, ROWS - HELD + 1000, "rows free after the release");
     let (leave, free) = generic_rolled_back(
@@ -1436,10 +1443,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         ),
     )
     .await;
-    let work = plan_work(&leave);
-    assert!(
-        work <= bound,
-        "generic plan: the node leaving with its {HELD} rows produced {work} rows: {leave}"
+    assert_linear(
+        &leave,
+        bound,
+        &format!("generic plan: the node leaving with its {HELD} rows"),
     );
     assert_eq!(free, ROWS, "rows free after the leave");
     conn.execute("RESET plan_cache_mode").await.unwrap();
@@ -1456,10 +1463,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         .await[0]
         .try_get(0)
         .unwrap();
-    let work = plan_work(&cycle);
-    assert!(
-        work <= bound,
-        "custom plan: the cycle of a node holding {HELD} of {ROWS} rows produced {work} rows: {cycle}"
+    assert_linear(
+        &cycle,
+        bound,
+        &format!("custom plan: the cycle of a node holding {HELD} of {ROWS} rows"),
     );
     let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", status::WRITE_SQL);
     let write: serde_json::Value = status::bind_batch(&explain, "x", &batch)
@@ -1468,10 +1475,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         .unwrap()
         .try_get(0)
         .unwrap();
-    let work = plan_work(&write);
-    assert!(
-        work <= bound,
-        "custom plan: a status write of 1000 of the node's {HELD} rows produced {work} rows: {write}"
+    assert_linear(
+        &write,
+        bound,
+        &format!("custom plan: a status write of 1000 of the node's {HELD} rows"),
     );
     assert_eq!(
         owned_and_written(&mut conn).await,
@@ -1490,10 +1497,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
     let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::RELEASE_SQL);
     let (release, free) =
         explain_rolled_back(&mut conn, lease::bind_release(&explain, "x", &releases)).await;
-    let work = plan_work(&release);
-    assert!(
-        work <= bound,
-        "custom plan: a release of 1000 of the node's {HELD} rows produced {work} rows: {release}"
+    assert_linear(
+        &release,
+        bound,
+        &format!("custom plan: a release of 1000 of the node's {HELD} rows"),
     );
     assert_eq!(free, ROWS - HELD + 1000, "rows free after the release");
     let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", lease::LEAVE_SQL);
@@ -1502,10 +1509,10 @@ async fn with_statistics_taken_while_every_row_was_free_the_node_statements_stay
         lease::bind_leave(&explain, "x", "ix", "mt5", &pairs, false),
     )
     .await;
-    let work = plan_work(&leave);
-    assert!(
-        work <= bound,
-        "custom plan: the node leaving with its {HELD} rows produced {work} rows: {leave}"
+    assert_linear(
+        &leave,
+        bound,
+        &format!("custom plan: the node leaving with its {HELD} rows"),
     );
     assert_eq!(free, ROWS, "rows free after the leave");
 }
