@@ -60,6 +60,11 @@ struct Args {
     /// by kind, invariant checks and wall time (`reports/simulation/` holds the committed ones).
     #[arg(long, value_name = "PATH")]
     report: Option<std::path::PathBuf>,
+    /// With `--report`: run the same schedules again with every peer woken by every release
+    /// announcement (the rule before the hubs chose whom a release wakes), and report its
+    /// cycles and release-to-owner times beside this run's: the herd reports' floor.
+    #[arg(long)]
+    with_every_peer_woken: bool,
     /// Search where S1 first breaks, for several leases and fences: the slowest clock rate and
     /// the longest pause between a gate check and its order (200 schedules a point).
     #[arg(long)]
@@ -164,7 +169,8 @@ fn main() {
                         std::process::exit(1);
                     })
                 });
-                write_report(&a, Seeds::One(seed), 1, &r, wall, steady.as_ref());
+                let woken = every_peer_woken(&a, &cfg, &[seed], 1);
+                write_report(&a, Seeds::One(seed), 1, &r, wall, steady.as_ref(), woken);
             }
             Err(v) => {
                 eprintln!("seed {seed}: {v}");
@@ -186,10 +192,14 @@ fn main() {
         .map(|h| started + Duration::from_secs_f64(h * 3600.0));
     let mut total = Report::default();
     let mut done = 0u64;
+    let mut drawn = Vec::new();
     // Batches, so a time limit ends the run between them.
     while done < a.seeds && stop.is_none_or(|s| Instant::now() < s) {
         let n = (a.seeds - done).min(10_000);
         let seeds: Vec<u64> = (0..n).map(|_| seed_source.u64(..)).collect();
+        if a.with_every_peer_woken {
+            drawn.extend_from_slice(&seeds);
+        }
         match world::explore(&seeds, &cfg, threads) {
             Ok(r) => total.add(&r),
             Err((seed, v)) => {
@@ -205,14 +215,36 @@ fn main() {
     }
     println!("repeat: --master-seed {master} --seeds {done} (with the same shape options)");
     print_memory();
-    write_report(
-        &a,
-        Seeds::Master(master),
-        done,
-        &total,
-        started.elapsed(),
-        None,
-    );
+    let wall = started.elapsed();
+    let woken = every_peer_woken(&a, &cfg, &drawn, threads);
+    write_report(&a, Seeds::Master(master), done, &total, wall, None, woken);
+}
+
+/// The same schedules with every peer woken by every release announcement
+/// (`--with-every-peer-woken`, with `--report`): the floor the herd reports' release-to-owner
+/// times are set against, and its wall time.
+fn every_peer_woken(
+    a: &Args,
+    cfg: &Config,
+    seeds: &[u64],
+    threads: usize,
+) -> Option<(Report, Duration)> {
+    if !a.with_every_peer_woken || a.report.is_none() {
+        return None;
+    }
+    let started = Instant::now();
+    let woken = Config {
+        wake_every_peer: true,
+        progress: false,
+        ..cfg.clone()
+    };
+    let r = world::explore(seeds, &woken, threads).unwrap_or_else(|(seed, v)| {
+        eprintln!("seed {seed} with every peer woken: {v}");
+        std::process::exit(1);
+    });
+    let wall = started.elapsed();
+    print(&r, seeds.len() as u64, wall, cfg.cycle);
+    Some((r, wall))
 }
 
 /// Where a run's schedules came from.
@@ -233,11 +265,12 @@ fn write_report(
     r: &Report,
     wall: Duration,
     steady: Option<&Report>,
+    woken: Option<(Report, Duration)>,
 ) {
     let Some(path) = &a.report else {
         return;
     };
-    let report = report_json(a, seeds, schedules, r, wall, steady);
+    let report = report_json(a, seeds, schedules, r, wall, steady, woken.as_ref());
     let text = serde_json::to_string_pretty(&report).expect("a report is JSON") + "\n";
     if let Err(e) = std::fs::write(path, text) {
         eprintln!("writing the report to {}: {e}", path.display());
@@ -255,6 +288,7 @@ fn report_json(
     r: &Report,
     wall: Duration,
     steady: Option<&Report>,
+    woken: Option<&(Report, Duration)>,
 ) -> serde_json::Value {
     let (commit, dirty) = SOURCE.get().cloned().unwrap_or_default();
     let cycle = Duration::from_secs_f64(a.cycle);
@@ -298,19 +332,31 @@ fn report_json(
             "cycles_per_period": rate(s.cycles_per_period(cycle)),
             "cycles_per_period_second_half": rate(s.calm_cycles_per_period(cycle)),
         })),
+        // The same schedules with every peer woken by every release announcement.
+        "every_peer_woken": woken.map(|(w, wall)| serde_json::json!({
+            "cycles_per_period": rate(w.cycles_per_period(cycle)),
+            "cycles_per_period_after_faults": rate(w.calm_cycles_per_period(cycle)),
+            "release_to_owner_ms": release_to_owner(w),
+            "wall_s": (wall.as_secs_f64() * 10.0).round() / 10.0,
+        })),
         "cycles_by_cause": r.cycles_by_cause,
         "cycles_by_cause_after_faults": r.calm_cycles_by_cause,
-        "release_to_owner_ms": {
-            "releases": r.release_to_owner_ms.values().sum::<u64>(),
-            "p50": r.release_to_owner_quantile(0.5),
-            "p99": r.release_to_owner_quantile(0.99),
-            "max": (!r.release_to_owner_ms.is_empty()).then_some(r.release_to_owner_max_ms),
-            "unowned_account_s": (r.release_to_owner_sum_ms as f64 / 100.0).round() / 10.0,
-            "named": r.releases_named,
-            "claimed_by_named": r.claimed_by_named,
-        },
+        "release_to_owner_ms": release_to_owner(r),
         "violations": 0,
         "peak_memory_kib": peak_memory_kib(),
+    })
+}
+
+/// How soon released accounts were owned again, in a report.
+fn release_to_owner(r: &Report) -> serde_json::Value {
+    serde_json::json!({
+        "releases": r.release_to_owner_ms.values().sum::<u64>(),
+        "p50": r.release_to_owner_quantile(0.5),
+        "p99": r.release_to_owner_quantile(0.99),
+        "max": (!r.release_to_owner_ms.is_empty()).then_some(r.release_to_owner_max_ms),
+        "unowned_account_s": (r.release_to_owner_sum_ms as f64 / 100.0).round() / 10.0,
+        "named": r.releases_named,
+        "claimed_by_named": r.claimed_by_named,
     })
 }
 
@@ -322,6 +368,9 @@ fn shape_args(a: &Args) -> String {
     );
     if a.no_orders {
         out.push_str(" --no-orders");
+    }
+    if a.with_every_peer_woken && a.report.is_some() {
+        out.push_str(" --with-every-peer-woken");
     }
     out
 }

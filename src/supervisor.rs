@@ -429,12 +429,14 @@ impl<H: Host> Supervisor<H> {
         // Accounts missing from the read-back first: their gates close before any other gate
         // is extended.
         let seen: HashSet<i64> = owned.iter().map(|row| row.id).collect();
-        let lost: Vec<i64> = self
+        let mut lost: Vec<i64> = self
             .active
             .keys()
             .filter(|id| !seen.contains(id))
             .copied()
             .collect();
+        // Here and below in id order, not the maps': the simulator replays a seed exactly.
+        lost.sort_unstable();
         for id in lost {
             warn!(
                 account_id = id,
@@ -447,7 +449,9 @@ impl<H: Host> Supervisor<H> {
         // with its row at the same epoch, as a live session is (a shutdown's hand-offs too);
         // stopped at once when the row is gone, at another epoch, or disabled.
         let rows: HashMap<i64, &OwnedRow> = owned.iter().map(|r| (r.id, r)).collect();
-        for ((id, epoch), stop) in &mut self.stopping {
+        let mut stopping: Vec<_> = self.stopping.iter_mut().collect();
+        stopping.sort_unstable_by_key(|(key, _)| **key);
+        for ((id, epoch), stop) in stopping {
             if stop.gate.is_closed() {
                 continue;
             }
@@ -654,12 +658,16 @@ impl<H: Host> Supervisor<H> {
     /// released by the lease loop once the tasks have returned.
     pub fn begin_shutdown(&mut self) {
         self.shutting_down = true;
-        let ids: Vec<i64> = self.active.keys().copied().collect();
+        // In id order, not the map's: the simulator replays a seed exactly.
+        let mut ids: Vec<i64> = self.active.keys().copied().collect();
+        ids.sort_unstable();
         for id in ids {
             self.stop(id, None);
         }
         // Sessions handed off and still copying for their receivers stop too.
-        for stop in self.stopping.values() {
+        let mut stopping: Vec<_> = self.stopping.iter().collect();
+        stopping.sort_unstable_by_key(|(key, _)| **key);
+        for (_, stop) in stopping {
             if !stop.gate.is_closed() {
                 stop.gate.close();
                 self.host.cancel(&stop.session);

@@ -90,6 +90,10 @@ pub struct Config {
     /// at one of those states. Each kept state is a copy of the whole database: the scale runs
     /// with failovers keep one a few times a second.
     pub history_every: Duration,
+    /// Every release announcement wakes every peer of the platform, as every node woke before
+    /// the hubs chose whom a release wakes ([`Release::wakes`]): the herd reports' floor for how
+    /// soon a released account is owned again, by the same simulator and code.
+    pub wake_every_peer: bool,
 }
 
 /// Deliberate bugs of the simulator's own model, to show its checks catch them. Bugs of the
@@ -203,6 +207,7 @@ impl Config {
             progress: false,
             check_liveness: true,
             history_every: Duration::ZERO,
+            wake_every_peer: false,
         }
     }
 }
@@ -1614,7 +1619,8 @@ impl World {
 
     /// A release or a leave committed: the node announces it, naming the hand-off's receiver
     /// `to` (a release of disabled accounts only is not announced; a departure always is); each
-    /// listener hears it (or not) and wakes as the node's hub decides ([`Release::wakes`]).
+    /// listener hears it (or not) and wakes as the node's hub decides ([`Release::wakes`]), or
+    /// every listener wakes ([`Config::wake_every_peer`]).
     /// The enabled accounts among `released` are timed until a node owns them again.
     fn announce(&mut self, from: usize, released: &[i64], to: Option<String>, leave: Leave) {
         let mut accounts = 0;
@@ -1647,7 +1653,9 @@ impl World {
                 } else {
                     0.0
                 };
-            if !release.wakes("mt5", "mt5", &self.nodes[j].id, room, draw) {
+            if !(self.cfg.wake_every_peer
+                || release.wakes("mt5", "mt5", &self.nodes[j].id, room, draw))
+            {
                 continue;
             }
             if self.faulty() && self.rng.f64() < self.cfg.faults.notify_lost {
@@ -2116,6 +2124,28 @@ mod tests {
         }
     }
 
+    /// A seed is its schedule: run twice (each run's hash maps seeded differently, as in
+    /// another process), every seed gives the same events, cycles, orders, faults, checks and
+    /// release-to-owner times, so a failing seed's replay shows the schedule that failed.
+    #[test]
+    fn a_seed_replays_the_same_schedule() {
+        let cfg = Config::small();
+        let schedule = |seed: u64| match run(seed, &cfg) {
+            Ok(r) => format!(
+                "{} events, {} cycles, {} orders, {:?}, {} checks, {:?}",
+                r.events, r.cycles, r.orders, r.faults, r.checks, r.release_to_owner_ms
+            ),
+            Err(v) => panic!("seed {seed}: {v}\n{}", replay_hint(seed)),
+        };
+        for seed in 0..100 {
+            assert_eq!(
+                schedule(seed),
+                schedule(seed),
+                "seed {seed} ran two schedules"
+            );
+        }
+    }
+
     /// The simulator's checks catch a model bug within the smoke's budget (10,000 schedules):
     /// no grace after a database failover (a lost claim: a peer claims a row whose claim the
     /// failover forgot while its first owner's gate is open). The lease core's own bugs are
@@ -2195,6 +2225,29 @@ mod tests {
                 total.cycles_by_cause
             );
         }
+    }
+
+    /// The herd reports' floor (`wake_every_peer`): every release announcement wakes every
+    /// peer, so the same schedules run more cycles woken by a release than under the hubs'
+    /// rules, and keep every invariant (the floor is a schedule the product could run).
+    #[test]
+    fn the_herd_floor_wakes_every_peer_and_keeps_every_invariant() {
+        let seeds: Vec<u64> = (0..20).collect();
+        let woken = |wake_every_peer| {
+            let cfg = Config {
+                wake_every_peer,
+                ..Config::small()
+            };
+            match explore(&seeds, &cfg, threads()) {
+                Ok(total) => total.cycles_by_cause.get(WOKEN).copied().unwrap_or(0),
+                Err((seed, v)) => panic!("schedule {seed} broke {}: {v}", v.invariant),
+            }
+        };
+        let (rules, floor) = (woken(false), woken(true));
+        assert!(
+            floor > rules,
+            "every peer woken: {floor} cycles woken by a release, the hubs' rules {rules}"
+        );
     }
 
     /// How many of `seeds` schedules break S1 (gates or the journal) under `cfg`.

@@ -238,6 +238,48 @@ fn simulation_herd() -> String {
     out
 }
 
+/// The committed herd reports that ran their schedules again with every peer woken by every
+/// release announcement (`--with-every-peer-woken`): how soon a released account was owned
+/// again under the hubs' rules and under that floor, and the cycles each cost.
+fn simulation_herd_floor() -> String {
+    let mut out = String::from(
+        "\n| report | releases owned again | p50 | p99 | max | every peer woken: releases | p50 | p99 | max | p99 ratio | cycles per node per period (ratio) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for path in simulation_report_paths() {
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let floor = &r["every_peer_woken"];
+        if floor.is_null() {
+            continue;
+        }
+        let ms = |t: &Value, k: &str| t[k].as_u64().map_or("-".to_string(), |v| format!("{v} ms"));
+        let (ours, theirs) = (&r["release_to_owner_ms"], &floor["release_to_owner_ms"]);
+        let ratio = match (ours["p99"].as_f64(), theirs["p99"].as_f64()) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "-".to_string(),
+        };
+        let (cycles, floor_cycles) = (
+            r["cycles_per_period"].as_f64().unwrap_or(0.0),
+            floor["cycles_per_period"].as_f64().unwrap_or(0.0),
+        );
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {cycles:.2} / {floor_cycles:.2} ({:.2}x) |\n",
+            path.file_name().unwrap().to_string_lossy(),
+            ours["releases"],
+            ms(ours, "p50"),
+            ms(ours, "p99"),
+            ms(ours, "max"),
+            theirs["releases"],
+            ms(theirs, "p50"),
+            ms(theirs, "p99"),
+            ms(theirs, "max"),
+            cycles / floor_cycles,
+        ));
+    }
+    out.push('\n');
+    out
+}
+
 /// Where the cycles of the committed simulation reports that count them by cause come from: per
 /// cause, cycles per node per period over the run and once its faults were over (the causes'
 /// shares of the reports' own rates).
@@ -414,6 +456,7 @@ fn rendered_figures_match_the_committed_benchmarks() {
                 "simulation" => simulation_reports(),
                 "simulation-herd" => simulation_herd(),
                 "simulation-herd-causes" => simulation_herd_causes(),
+                "simulation-herd-floor" => simulation_herd_floor(),
                 "ci" => ci_runs(),
                 other => panic!("{}: no renderer named {other:?}", path.display()),
             }
