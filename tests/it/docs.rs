@@ -175,8 +175,8 @@ fn documents() -> Vec<PathBuf> {
     files
 }
 
-/// The committed simulation reports (`reports/simulation/*.json`), sorted by name.
-fn simulation_report_paths() -> Vec<PathBuf> {
+/// The committed simulation reports (`reports/simulation/*.json`) by file name, sorted, parsed.
+fn simulation_report_files() -> Vec<(String, Value)> {
     let dir = root().join("reports/simulation");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -185,6 +185,13 @@ fn simulation_report_paths() -> Vec<PathBuf> {
         .collect();
     paths.sort();
     paths
+        .into_iter()
+        .map(|path| {
+            let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (path.file_name().unwrap().to_string_lossy().into_owned(), r)
+        })
+        .collect()
 }
 
 /// What the committed simulation reports that carry them say of release announcements: cycles
@@ -198,9 +205,7 @@ fn simulation_herd() -> String {
     let mut out = String::from(
         "\n| report | cycles per node per period | once the faults were over | same seed without faults | ratio | releases owned again | p50 | p99 | unowned in all | named a receiver | claimed by it |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    for path in simulation_report_paths() {
-        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for (name, r) in simulation_report_files() {
         let Some(cycles) = r["cycles_per_period"].as_f64() else {
             continue;
         };
@@ -222,7 +227,7 @@ fn simulation_herd() -> String {
         };
         out.push_str(&format!(
             "| `{}` | {cycles:.2} | {} | {floors} | {ratios} | {} | {} | {} | {} | {} | {} |\n",
-            path.file_name().unwrap().to_string_lossy(),
+            name,
             calm.map_or("-".to_string(), |c| format!("{c:.2}")),
             t["releases"],
             ms("p50"),
@@ -245,9 +250,7 @@ fn simulation_herd_floor() -> String {
     let mut out = String::from(
         "\n| report | releases owned again | p50 | p99 | max | every peer woken: releases | p50 | p99 | max | p99 ratio | cycles per node per period (ratio) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    for path in simulation_report_paths() {
-        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for (name, r) in simulation_report_files() {
         let floor = &r["every_peer_woken"];
         if floor.is_null() {
             continue;
@@ -264,7 +267,7 @@ fn simulation_herd_floor() -> String {
         );
         out.push_str(&format!(
             "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {cycles:.2} / {floor_cycles:.2} ({:.2}x) |\n",
-            path.file_name().unwrap().to_string_lossy(),
+            name,
             ours["releases"],
             ms(ours, "p50"),
             ms(ours, "p99"),
@@ -287,9 +290,7 @@ fn simulation_herd_causes() -> String {
     let mut out = String::from(
         "\n| report | cause | cycles per node per period | once the faults were over |\n| --- | --- | --- | --- |\n",
     );
-    for path in simulation_report_paths() {
-        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for (name, r) in simulation_report_files() {
         let Some(all) = r["cycles_by_cause"].as_object() else {
             continue;
         };
@@ -307,7 +308,7 @@ fn simulation_herd_causes() -> String {
             let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
             out.push_str(&format!(
                 "| `{}` | {cause} | {} | {} |\n",
-                path.file_name().unwrap().to_string_lossy(),
+                name,
                 show(rate(Some(all), &r["cycles_per_period"], cause)),
                 show(rate(calm, &r["cycles_per_period_after_faults"], cause)),
             ));
@@ -320,18 +321,15 @@ fn simulation_herd_causes() -> String {
 /// The committed simulation reports (`reports/simulation/*.json`, written by `--report`), one
 /// row each: what ran, what it found, and how to repeat it.
 fn simulation_reports() -> String {
-    let paths = simulation_report_paths();
     let mut out = String::from(
         "\n| report | shape | schedules | faults injected | of which failovers / joins / leaves / crashes | orders | invariant checks | violations | wall time | peak memory | commit, seeds |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    for path in paths {
-        let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for (name, r) in simulation_report_files() {
         let shape = &r["shape"];
         let kind = |k: &str| r["faults"][k].as_u64().unwrap_or(0);
         out.push_str(&format!(
             "| `{}` | {} nodes, {} accounts, {} simulated minutes each, faults `{}`{} | {} | {} | {} / {} / {} / {} | {} | {} | {} | {:.0} s | {:.1} GiB | `{}`, {} |\n",
-            path.file_name().unwrap().to_string_lossy(),
+            name,
             shape["nodes"],
             shape["accounts"],
             shape["minutes"],
