@@ -1254,20 +1254,30 @@ async fn copies_across_currencies_with_stops_in_points_and_a_follower_limit() {
     euro.stop().await;
 }
 
+/// A node whose LISTEN connection points nowhere, polling `master_state` every `poll`.
+fn polling_without_listen(
+    s: &CopySetup,
+    node_id: &str,
+    poll: Duration,
+) -> copier_node::config::Config {
+    let mut cfg = crate::support::config_listen(
+        &s.db.url,
+        "postgres://nobody@127.0.0.1:1/nowhere",
+        node_id,
+        10,
+        FAST,
+    );
+    cfg.events_poll = Some(poll);
+    cfg
+}
+
 /// Events without LISTEN: with `events_poll` set, the node never needs the LISTEN connection (here
 /// it points nowhere) and followers copy opens and closes from polling `master_state`.
 #[tokio::test]
 async fn followers_learn_of_master_events_by_polling_without_listen() {
     let mut s = CopySetup::new("copy-poll").await;
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
-    let mut cfg = crate::support::config_listen(
-        &s.db.url,
-        "postgres://nobody@127.0.0.1:1/nowhere",
-        "poller",
-        10,
-        FAST,
-    );
-    cfg.events_poll = Some(Duration::from_millis(50));
+    let cfg = polling_without_listen(&s, "poller", Duration::from_millis(50));
     let node = start_node(&cfg).await;
     followers_ready(&mut s.conn, &[2]).await;
     let ticket = s.t.open("m1", "EURUSD", Side::Buy, 0.3, None, None).await;
@@ -1293,14 +1303,7 @@ async fn followers_learn_of_master_events_by_polling_without_listen() {
 async fn a_follower_on_its_masters_node_hears_its_events_without_waiting_for_the_database() {
     let mut s = CopySetup::new("copy-same-node").await;
     let (_, magic) = master_and_follower(&mut s.conn, &s.addr, LinkSpec::default()).await;
-    let mut cfg = crate::support::config_listen(
-        &s.db.url,
-        "postgres://nobody@127.0.0.1:1/nowhere",
-        "alone",
-        10,
-        FAST,
-    );
-    cfg.events_poll = Some(Duration::from_secs(60));
+    let mut cfg = polling_without_listen(&s, "alone", Duration::from_secs(60));
     cfg.reconcile_every = Duration::from_secs(180);
     let node = start_node(&cfg).await;
     followers_ready(&mut s.conn, &[2]).await;

@@ -440,27 +440,19 @@ async fn release_is_fenced_by_epoch_and_announced() {
         .await
         .unwrap();
     let e1 = a.owned.iter().find(|r| r.id == 1).unwrap().epoch;
-    assert!(
-        lease::release(&mut conn, "a", &[(1, e1 + 1000)], "x", None)
-            .await
-            .unwrap()
-            .is_empty(),
-        "a wrong epoch releases nothing"
-    );
-    assert!(
-        lease::release(&mut conn, "a", &[(2, e1)], "x", None)
-            .await
-            .unwrap()
-            .is_empty(),
-        "another account's epoch releases nothing"
-    );
-    assert!(
-        lease::release(&mut conn, "b", &[(1, e1)], "x", None)
-            .await
-            .unwrap()
-            .is_empty(),
-        "another node releases nothing"
-    );
+    for (node, row, what) in [
+        ("a", (1, e1 + 1000), "a wrong epoch releases nothing"),
+        ("a", (2, e1), "another account's epoch releases nothing"),
+        ("b", (1, e1), "another node releases nothing"),
+    ] {
+        assert!(
+            lease::release(&mut conn, node, &[row], "x", None)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{what}"
+        );
+    }
     assert_eq!(
         lease::release(&mut conn, "a", &[(1, e1)], "released: test", Some("b"))
             .await
