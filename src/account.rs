@@ -13,17 +13,21 @@ use anyhow::bail;
 use tracing::info;
 
 use crate::copier;
-use crate::db::copy::Role;
+use crate::db::copy::{AccountRow, Role};
 pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 
-/// The task body: read the row, then run the session for its role; start again from the new row
-/// when the row's connection (server, login, role, credentials) changes.
-pub(crate) async fn run(ctx: AccountContext) -> anyhow::Result<()> {
-    let row = ctx
-        .node
-        .read_account(ctx.account_id)
-        .await
-        .map_err(|e| anyhow::anyhow!("reading the account row: {e}"))?;
+/// The task body: read the row (`asked`: asked for already, with the rows of the sessions
+/// starting beside it), then run the session for its role; start again from the new row when the
+/// row's connection (server, login, role, credentials) changes.
+pub(crate) async fn run(
+    ctx: AccountContext,
+    asked: Option<crate::db::batch::Submitted<Result<Option<AccountRow>, String>>>,
+) -> anyhow::Result<()> {
+    let row = match asked {
+        Some(asked) => asked.outcome().await.and_then(|read| read),
+        None => ctx.node.read_account(ctx.account_id).await,
+    }
+    .map_err(|e| anyhow::anyhow!("reading the account row: {e}"))?;
     let Some(mut row) = row else {
         bail!("account {} no longer exists", ctx.account_id);
     };

@@ -77,6 +77,10 @@ pub trait Host {
     /// Starts the session of (account, epoch) behind `gate`; it reports its end as
     /// [`Event::Exited`].
     fn start(&mut self, account_id: i64, epoch: i64, gate: Arc<AccountGate>) -> Self::Session;
+    /// One cycle's claims are about to start these accounts' sessions ([`Host::start`] follows
+    /// for each): a host may ask for what every one of them reads first, all at once. Nothing by
+    /// default.
+    fn starting_together(&mut self, _account_ids: &[i64]) {}
     /// Starts a session again after it failed by itself, with the same gate and session handle.
     fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &Self::Session);
     /// Asks a session to stop; it reports [`Event::Exited`] once its work in flight is done.
@@ -128,7 +132,13 @@ pub struct NodeHost {
     /// claim (the release then names it, and only it wakes: [`crate::channels::Release`]). The release takes the entry, so an answer arriving after
     /// it (the session ended on its own meanwhile) finds none and leaves none behind.
     claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), bool>>>,
+    /// The rows asked for the sessions about to start ([`Host::starting_together`]), taken by
+    /// their [`Host::start`].
+    rows_asked: HashMap<i64, RowAsked>,
 }
+
+/// An account row asked for a session about to start.
+type RowAsked = crate::db::batch::Submitted<Result<Option<crate::db::copy::AccountRow>, String>>;
 
 impl Host for NodeHost {
     type Session = CancellationToken;
@@ -141,7 +151,23 @@ impl Host for NodeHost {
         self.shared.base
     }
 
+    /// Asks for every starting session's row at once, before any of them is spawned: they go
+    /// to the database together (one statement), where each session asking as it first ran
+    /// sent the first alone and the rest behind it, a round trip later, on a hand-off's path.
+    fn starting_together(&mut self, account_ids: &[i64]) {
+        self.rows_asked.clear();
+        for &id in account_ids {
+            let asked = self
+                .shared
+                .services
+                .accounts
+                .submit(crate::db::copy::AccountRead(id));
+            self.rows_asked.insert(id, asked);
+        }
+    }
+
     fn start(&mut self, account_id: i64, _epoch: i64, gate: Arc<AccountGate>) -> CancellationToken {
+        let row = self.rows_asked.remove(&account_id);
         let cancel = self.shared.sessions.child_token();
         let ctx = AccountContext {
             account_id,
@@ -151,7 +177,7 @@ impl Host for NodeHost {
             node: self.shared.services.clone(),
             startup: self.shared.services.starting.begin(),
         };
-        spawn_task(&self.shared.tracker, &self.events, ctx);
+        spawn_task(&self.shared.tracker, &self.events, ctx, row);
         cancel
     }
 
@@ -164,7 +190,7 @@ impl Host for NodeHost {
             node: self.shared.services.clone(),
             startup: self.shared.services.starting.begin(),
         };
-        spawn_task(&self.shared.tracker, &self.events, ctx);
+        spawn_task(&self.shared.tracker, &self.events, ctx, None);
     }
 
     fn cancel(&mut self, session: &CancellationToken) {
@@ -396,6 +422,7 @@ impl Supervisor<NodeHost> {
             shared,
             events,
             claimed_by_receiver: Arc::default(),
+            rows_asked: HashMap::new(),
         })
     }
 }
@@ -480,6 +507,7 @@ impl<H: Host> Supervisor<H> {
                 }
             }
         }
+        let mut starts = Vec::new();
         for row in owned {
             let key = (row.id, row.epoch);
             if self.stopping.contains_key(&key) || self.releasing.contains(&key) {
@@ -520,7 +548,7 @@ impl<H: Host> Supervisor<H> {
                 None => {}
             }
             if row.wanted && !self.shutting_down {
-                self.start(row.id, row.epoch, row.claimed_ms, deadline);
+                starts.push((row.id, row.epoch, row.claimed_ms));
             } else if !row.wanted {
                 info!(
                     account_id = row.id,
@@ -529,6 +557,13 @@ impl<H: Host> Supervisor<H> {
                 );
                 self.release(row.id, row.epoch, "released: disabled", None);
             }
+        }
+        if !starts.is_empty() {
+            let ids: Vec<i64> = starts.iter().map(|s| s.0).collect();
+            self.host.starting_together(&ids);
+        }
+        for (id, epoch, claimed_ms) in starts {
+            self.start(id, epoch, claimed_ms, deadline);
         }
         restored
     }
@@ -887,11 +922,17 @@ impl<H: Host> Supervisor<H> {
     }
 }
 
-fn spawn_task(tracker: &TaskTracker, events: &mpsc::UnboundedSender<Event>, ctx: AccountContext) {
+/// Spawns an account's task; `row`: its row, asked for already.
+fn spawn_task(
+    tracker: &TaskTracker,
+    events: &mpsc::UnboundedSender<Event>,
+    ctx: AccountContext,
+    row: Option<RowAsked>,
+) {
     let account_id = ctx.account_id;
     let epoch = ctx.epoch();
     let span = info_span!("account", account_id, epoch);
-    let inner = tracker.spawn(account::run(ctx).instrument(span));
+    let inner = tracker.spawn(account::run(ctx, row).instrument(span));
     let events = events.clone();
     tracker.spawn(async move {
         let error = match inner.await {
@@ -952,6 +993,7 @@ mod tests {
             handoff_notices: crate::db::lease::HandoffAnnouncer::spawn_pooled(pool.clone()),
             accounts: crate::db::copy::AccountReader::spawn_background(pool.clone()),
             reconciles: crate::db::copy::ReconcileReader::spawn_background(pool.clone()),
+            master_states: crate::db::copy::MasterStateReader::spawn_background(pool.clone()),
             ledger_reads: crate::db::copy::LedgerReader::spawn_background(pool.clone()),
             db: pool,
             hub: crate::hub::Hub::spawn(
@@ -1208,6 +1250,93 @@ mod tests {
         sup.begin_shutdown();
         assert!(gates[1].is_closed());
         assert_eq!(sup.handing_off(), 0);
+    }
+
+    /// What a host was asked to do, in order.
+    #[derive(Debug, Default)]
+    struct Recording {
+        base: MonoBase,
+        calls: Vec<String>,
+    }
+
+    impl Host for Recording {
+        type Session = i64;
+        fn now(&self) -> Instant {
+            Instant::now()
+        }
+        fn base(&self) -> MonoBase {
+            self.base
+        }
+        fn start(&mut self, account_id: i64, epoch: i64, _gate: Arc<AccountGate>) -> i64 {
+            self.calls.push(format!("start {account_id}@{epoch}"));
+            account_id
+        }
+        fn starting_together(&mut self, account_ids: &[i64]) {
+            self.calls
+                .push(format!("starting together {account_ids:?}"));
+        }
+        fn restart(&mut self, account_id: i64, _gate: Arc<AccountGate>, _session: &i64) {
+            self.calls.push(format!("restart {account_id}"));
+        }
+        fn cancel(&mut self, session: &i64) {
+            self.calls.push(format!("cancel {session}"));
+        }
+        fn release(
+            &mut self,
+            account_id: i64,
+            epoch: i64,
+            _status: &'static str,
+            _to: Option<&str>,
+        ) {
+            self.calls.push(format!("release {account_id}@{epoch}"));
+        }
+        fn restart_later(&mut self, _account_id: i64, _epoch: i64, _delay: Duration) {}
+        fn status(&mut self, _account_id: i64, _epoch: i64, _text: String) {}
+        fn database_failed_over(&mut self) {}
+    }
+
+    /// The sessions one cycle starts are named to the host together, before the first of them
+    /// starts (the node's host asks for all their rows at once there), and only those: not an
+    /// account renewed as it is, nor one released as disabled. A cycle that starts nothing names
+    /// nothing.
+    #[tokio::test]
+    async fn the_sessions_a_cycle_starts_are_named_together_before_any_starts() {
+        let mut sup = Supervisor::with_host(Recording::default());
+        let now = Instant::now();
+        let until = now + Duration::from_secs(2);
+        sup.apply(&[row(1, 11, true), row(2, 12, true)], now, until);
+        // 1 renewed, 2 re-claimed with a new epoch, 3 claimed, 4 disabled, 5 claimed.
+        sup.apply(
+            &[
+                row(1, 11, true),
+                row(2, 22, true),
+                row(3, 13, true),
+                row(4, 14, false),
+                row(5, 15, true),
+            ],
+            now,
+            until,
+        );
+        sup.apply(
+            &[row(1, 11, true), row(3, 13, true), row(5, 15, true)],
+            now,
+            until,
+        );
+        assert_eq!(
+            sup.host().calls,
+            [
+                "starting together [1, 2]",
+                "start 1@11",
+                "start 2@12",
+                "cancel 2",
+                "release 4@14",
+                "starting together [2, 3, 5]",
+                "start 2@22",
+                "start 3@13",
+                "start 5@15",
+                "cancel 2",
+            ]
+        );
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct NodeServices {
     /// Reads what the followers' reconciles need of the database in batches, in background
     /// turns: the masters' snapshots and the followers' bases and decisions...
     pub reconciles: crate::db::copy::ReconcileReader,
+    /// Reads the masters' published states for the followers taking a new snapshot, in batches,
+    /// in background turns (each master once per batch).
+    pub master_states: crate::db::copy::MasterStateReader,
     /// ... and what they ever copied.
     pub ledger_reads: crate::db::copy::LedgerReader,
     /// Releases the node's accounts in batches (live work on the pool).

@@ -1813,6 +1813,82 @@ async fn account_rows_read_at_once_go_in_a_few_statements_and_each_session_gets_
     }
 }
 
+/// A master's snapshot taken by its followers at about the same time (the master moved to a new
+/// owner, and each follower on a node reads what it published) is read together: far fewer
+/// transactions than followers (PostgreSQL's own count is the judge, beside the same reads made
+/// one after another), and each follower gets the whole state; a master that never published
+/// reads as none, and a master whose snapshot does not parse fails its own followers' reads
+/// alone, naming it.
+#[tokio::test]
+async fn a_snapshot_read_by_many_followers_at_once_goes_in_a_few_statements() {
+    use copier_node::db::copy::{MasterStateRead, MasterStateReader};
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    for (m, login) in [(1, "m1"), (100, "m100"), (200, "m200")] {
+        add_account(&mut conn, m, "master", "broker:1", login).await;
+    }
+    conn.execute(
+        r#"INSERT INTO master_state (master_id, epoch, seq, positions, updated_at)
+           VALUES (1, 7, 3, '[{"ticket": 11, "symbol": "EURUSD", "side": "buy", "volume": 1.0, "open_volume": 1.0, "open_price": 1.1, "sl": null, "tp": null, "magic": 0}]', now()),
+                  (100, 1, 1, '[{"ticket": "not a number"}]', now())"#,
+    )
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    // Sixty followers of master 1, and a few of the two others.
+    let mut asked: Vec<MasterStateRead> = (0..60).map(|_| MasterStateRead(1)).collect();
+    asked.extend([100, 200, 100, 200].map(MasterStateRead));
+
+    let url = db.url.clone();
+    let committed = async || crate::support::transactions_ended(&url).await;
+    let before = committed().await;
+    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let reader = MasterStateReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    let read = crate::support::write_at_once(&reader, asked.clone()).await;
+    drop(reader);
+    p.close().await;
+    let batched = committed().await - before;
+
+    let before = committed().await;
+    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let reader = MasterStateReader::spawn_background(copier_node::db::Db::direct(p.clone()));
+    for r in &asked {
+        let _ = reader.write(*r).await.unwrap();
+    }
+    drop(reader);
+    p.close().await;
+    let one_by_one = committed().await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the reads at once, {one_by_one} one after another"
+    );
+
+    for (r, got) in asked.iter().zip(&read) {
+        let got = got.as_ref().expect("the reader answers");
+        match r.0 {
+            1 => {
+                let state = got
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("master 1: {e}"))
+                    .as_ref()
+                    .expect("master 1 published");
+                assert_eq!((state.epoch, state.seq), (7, 3));
+                assert_eq!(
+                    state.positions.iter().map(|p| p.ticket).collect::<Vec<_>>(),
+                    [11]
+                );
+                assert!(!state.before_failover);
+            }
+            100 => {
+                let e = got.as_ref().unwrap_err();
+                assert!(e.contains("master 100"), "{e}");
+            }
+            _ => assert!(matches!(got, Ok(None)), "master {}: {got:?}", r.0),
+        }
+    }
+}
+
 /// A node's followers read their links together (`LinksReader`): read at once, forty followers'
 /// links, limits on open copies, removed links and risk limits go in a few statements, not four
 /// for each (PostgreSQL's own count of the test database's transactions is the judge, beside the

@@ -952,12 +952,15 @@ impl Follower<'_> {
         if self.owing.due || !self.ctx.gate.holds() {
             return false;
         }
+        // Read with the other followers' reads of it: every follower of the master takes the
+        // same snapshot at about the same time.
         let read = self
             .ctx
             .node
-            .db
-            .background(async |conn| db::copy::master_state(&mut *conn, m).await)
-            .await;
+            .master_states
+            .write(db::copy::MasterStateRead(m))
+            .await
+            .and_then(|read| read);
         let read_at = Instant::now();
         let Ok(Some(state)) = read else {
             return false;

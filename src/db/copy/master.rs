@@ -62,6 +62,47 @@ pub async fn master_states(
         .collect()
 }
 
+/// A master's published state, read for one of the node's followers with the others' reads
+/// of it ([`MasterStateReader`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MasterStateRead(pub i64);
+
+/// The node's reader of masters' published states for its followers: a master's new snapshot
+/// (its hand-off to a new owner, a re-publish after a doubt) is read by every follower of it at
+/// once, and a thousand followers then make a statement or two, each master read once in each,
+/// instead of a thousand reads of the same row (taking the background turns, as each
+/// follower's own read did). A job is sent in a statement that starts after it was submitted,
+/// so a follower that heard (epoch, seq) reads that state or a newer one.
+pub type MasterStateReader = crate::db::batch::BatchWriter<MasterStateRead>;
+
+impl crate::db::batch::Batched for MasterStateRead {
+    /// The state (`None`: the master never published), or why it could not be read.
+    type Outcome = Result<Option<MasterState>, String>;
+    const WHAT: &'static str = "master state reader";
+    const MAX: usize = 1000;
+    const ALONE_WHEN_REFUSED: bool = false;
+
+    fn write_batch<'a>(
+        conn: &'a mut PgConnection,
+        reads: &'a [Self],
+    ) -> crate::future::BoxFuture<'a, Result<Vec<Self::Outcome>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut masters: Vec<i64> = reads.iter().map(|r| r.0).collect();
+            masters.sort_unstable();
+            masters.dedup();
+            let states = master_states(conn, &masters).await?;
+            Ok(reads
+                .iter()
+                .map(|r| match states.get(&r.0) {
+                    Some(Ok(state)) => Ok(state.clone()),
+                    Some(Err(e)) => Err(format!("master {}'s published state: {e}", r.0)),
+                    None => Ok(None),
+                })
+                .collect())
+        })
+    }
+}
+
 /// One row of [`master_states`].
 fn state_from_row(row: &sqlx::postgres::PgRow) -> Result<Option<MasterState>, sqlx::Error> {
     let now_ms = row.try_get("now_ms")?;

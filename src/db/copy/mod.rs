@@ -33,8 +33,8 @@ pub use links::{
     read_followers_links,
 };
 pub use master::{
-    FirstSeen, MasterPublisher, MasterState, PublishWrite, Published, announced, master_state,
-    master_states, publish, publish_many, stamp_first_seen,
+    FirstSeen, MasterPublisher, MasterState, MasterStateRead, MasterStateReader, PublishWrite,
+    Published, announced, master_state, master_states, publish, publish_many, stamp_first_seen,
 };
 pub use reconcile::{
     LedgerRead, LedgerReader, LedgerRows, ReconcileBasis, ReconcileRead, ReconcileReader,
