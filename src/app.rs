@@ -240,8 +240,8 @@ pub async fn start(
             handoff_notices: crate::db::lease::HandoffAnnouncer::spawn_pooled(pool.clone()),
             accounts: crate::db::copy::AccountReader::spawn_background(pool.clone()),
             reconciles: crate::db::copy::ReconcileReader::spawn_background(pool.clone()),
-            master_states: crate::db::copy::MasterStateReader::spawn_background(pool.clone()),
             ledger_reads: crate::db::copy::LedgerReader::spawn_background(pool.clone()),
+            master_states: crate::db::copy::MasterStateReader::spawn_background(pool.clone()),
             db: pool.clone(),
             hub,
             brokers: options.brokers.clone().unwrap_or_else(|| {

@@ -993,8 +993,8 @@ mod tests {
             handoff_notices: crate::db::lease::HandoffAnnouncer::spawn_pooled(pool.clone()),
             accounts: crate::db::copy::AccountReader::spawn_background(pool.clone()),
             reconciles: crate::db::copy::ReconcileReader::spawn_background(pool.clone()),
-            master_states: crate::db::copy::MasterStateReader::spawn_background(pool.clone()),
             ledger_reads: crate::db::copy::LedgerReader::spawn_background(pool.clone()),
+            master_states: crate::db::copy::MasterStateReader::spawn_background(pool.clone()),
             db: pool,
             hub: crate::hub::Hub::spawn(
                 options,

@@ -52,11 +52,11 @@ pub struct NodeServices {
     /// Reads what the followers' reconciles need of the database in batches, in background
     /// turns: the masters' snapshots and the followers' bases and decisions...
     pub reconciles: crate::db::copy::ReconcileReader,
+    /// ... and what they ever copied.
+    pub ledger_reads: crate::db::copy::LedgerReader,
     /// Reads the masters' published states for the followers taking a new snapshot, in batches,
     /// in background turns (each master once per batch).
     pub master_states: crate::db::copy::MasterStateReader,
-    /// ... and what they ever copied.
-    pub ledger_reads: crate::db::copy::LedgerReader,
     /// Releases the node's accounts in batches (live work on the pool).
     pub releaser: crate::db::lease::Releaser,
     /// Announces again the accounts released to a receiver that has not claimed them

@@ -1727,7 +1727,7 @@ async fn reconcile_reads_at_once_go_in_a_few_statements_and_each_follower_gets_i
 /// session runs fails that account's read alone.
 #[tokio::test]
 async fn account_rows_read_at_once_go_in_a_few_statements_and_each_session_gets_its_own() {
-    use copier_node::db::copy::{AccountRead, AccountReader, Role};
+    use copier_node::db::copy::{AccountRead, Role};
 
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
@@ -1756,25 +1756,8 @@ async fn account_rows_read_at_once_go_in_a_few_statements_and_each_session_gets_
     let mut asked: Vec<AccountRead> = ids.iter().map(|&id| AccountRead(id)).collect();
     asked.push(AccountRead(999)); // no such account
 
-    let url = db.url.clone();
-    let committed = async || crate::support::transactions_ended(&url).await;
-    let before = committed().await;
-    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let reader = AccountReader::spawn_background(copier_node::db::Db::direct(p.clone()));
-    let read = crate::support::write_at_once(&reader, asked.clone()).await;
-    drop(reader);
-    p.close().await;
-    let batched = committed().await - before;
-
-    let before = committed().await;
-    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let reader = AccountReader::spawn_background(copier_node::db::Db::direct(p.clone()));
-    for r in &asked {
-        let _ = reader.write(*r).await.unwrap();
-    }
-    drop(reader);
-    p.close().await;
-    let one_by_one = committed().await - before;
+    let (read, batched, one_by_one) =
+        crate::support::read_at_once_and_one_by_one(&db.url, &asked).await;
     assert!(
         batched * 4 < one_by_one,
         "transactions: {batched} for the reads at once, {one_by_one} one after another"
@@ -1821,7 +1804,7 @@ async fn account_rows_read_at_once_go_in_a_few_statements_and_each_session_gets_
 /// alone, naming it.
 #[tokio::test]
 async fn a_snapshot_read_by_many_followers_at_once_goes_in_a_few_statements() {
-    use copier_node::db::copy::{MasterStateRead, MasterStateReader};
+    use copier_node::db::copy::MasterStateRead;
 
     let db = TestDb::new().await;
     let mut conn = db.conn().await;
@@ -1840,25 +1823,8 @@ async fn a_snapshot_read_by_many_followers_at_once_goes_in_a_few_statements() {
     let mut asked: Vec<MasterStateRead> = (0..60).map(|_| MasterStateRead(1)).collect();
     asked.extend([100, 200, 100, 200].map(MasterStateRead));
 
-    let url = db.url.clone();
-    let committed = async || crate::support::transactions_ended(&url).await;
-    let before = committed().await;
-    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let reader = MasterStateReader::spawn_background(copier_node::db::Db::direct(p.clone()));
-    let read = crate::support::write_at_once(&reader, asked.clone()).await;
-    drop(reader);
-    p.close().await;
-    let batched = committed().await - before;
-
-    let before = committed().await;
-    let p = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let reader = MasterStateReader::spawn_background(copier_node::db::Db::direct(p.clone()));
-    for r in &asked {
-        let _ = reader.write(*r).await.unwrap();
-    }
-    drop(reader);
-    p.close().await;
-    let one_by_one = committed().await - before;
+    let (read, batched, one_by_one) =
+        crate::support::read_at_once_and_one_by_one(&db.url, &asked).await;
     assert!(
         batched * 4 < one_by_one,
         "transactions: {batched} for the reads at once, {one_by_one} one after another"

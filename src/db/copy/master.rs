@@ -95,7 +95,11 @@ impl crate::db::batch::Batched for MasterStateRead {
                 .iter()
                 .map(|r| match states.get(&r.0) {
                     Some(Ok(state)) => Ok(state.clone()),
-                    Some(Err(e)) => Err(format!("master {}'s published state: {e}", r.0)),
+                    Some(Err(e)) => Err(format!(
+                        "master {}'s published state: {}",
+                        r.0,
+                        crate::db::describe(e)
+                    )),
                     None => Ok(None),
                 })
                 .collect())

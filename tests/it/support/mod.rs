@@ -557,6 +557,37 @@ pub async fn transactions_ended(url: &str) -> i64 {
     n
 }
 
+/// `jobs` read by a node's background batch reader (a new one, on a pool of its own to the
+/// database at `url`) at once ([`write_at_once`]), then again one after another on another: the
+/// first way's outcomes in the jobs' order, and the transactions each way took
+/// ([`transactions_ended`]).
+pub async fn read_at_once_and_one_by_one<J: copier_node::db::batch::Batched + Clone>(
+    url: &str,
+    jobs: &[J],
+) -> (Vec<Result<J::Outcome, String>>, i64, i64) {
+    use copier_node::db::batch::BatchWriter;
+    let reader = async || {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        let reader = BatchWriter::<J>::spawn_background(copier_node::db::Db::direct(pool.clone()));
+        (reader, pool)
+    };
+    let before = transactions_ended(url).await;
+    let (at_once, pool) = reader().await;
+    let read = write_at_once(&at_once, jobs.to_vec()).await;
+    drop(at_once);
+    pool.close().await;
+    let batched = transactions_ended(url).await - before;
+
+    let before = transactions_ended(url).await;
+    let (one_by_one, pool) = reader().await;
+    for job in jobs {
+        let _ = one_by_one.write(job.clone()).await.unwrap();
+    }
+    drop(one_by_one);
+    pool.close().await;
+    (read, batched, transactions_ended(url).await - before)
+}
+
 /// Hands every job to a node's batch writer at once (each from its own task, as account tasks
 /// do) and returns their outcomes in the jobs' order.
 pub async fn write_at_once<J: copier_node::db::batch::Batched>(
