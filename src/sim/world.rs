@@ -2010,6 +2010,10 @@ mod tests {
     /// grace.
     const REGRESSIONS: &[(u64, &str)] = &[
         (
+            5_476_951_995_700_634_798,
+            "trust counted from the reply (mutant trust-from-the-reply), in the schedules since the sessions a cycle starts are started after its stops and releases: two open gates on one account",
+        ),
+        (
             7_085_529_010_025_350_245,
             "trust counted from the reply (mutant trust-from-the-reply), in the schedules since accounts nobody claims are claimed beyond a share or by a late node: two open gates on one account",
         ),
