@@ -558,13 +558,13 @@ pub async fn transactions_ended(url: &str) -> i64 {
 }
 
 /// `jobs` read by a node's background batch reader (a new one, on a pool of its own to the
-/// database at `url`) at once ([`write_at_once`]), then again one after another on another: the
-/// first way's outcomes in the jobs' order, and the transactions each way took
-/// ([`transactions_ended`]).
-pub async fn read_at_once_and_one_by_one<J: copier_node::db::batch::Batched + Clone>(
+/// database at `url`) at once ([`write_at_once`]), then again one after another on another;
+/// asserts that at once took far fewer transactions ([`transactions_ended`]: PostgreSQL's own
+/// count) and returns its outcomes in the jobs' order.
+pub async fn read_at_once_in_few_transactions<J: copier_node::db::batch::Batched + Clone>(
     url: &str,
     jobs: &[J],
-) -> (Vec<Result<J::Outcome, String>>, i64, i64) {
+) -> Vec<Result<J::Outcome, String>> {
     use copier_node::db::batch::BatchWriter;
     let reader = async || {
         let pool = sqlx::PgPool::connect(url).await.unwrap();
@@ -585,7 +585,12 @@ pub async fn read_at_once_and_one_by_one<J: copier_node::db::batch::Batched + Cl
     }
     drop(one_by_one);
     pool.close().await;
-    (read, batched, transactions_ended(url).await - before)
+    let one_by_one = transactions_ended(url).await - before;
+    assert!(
+        batched * 4 < one_by_one,
+        "transactions: {batched} for the reads at once, {one_by_one} one after another"
+    );
+    read
 }
 
 /// Hands every job to a node's batch writer at once (each from its own task, as account tasks
