@@ -13,7 +13,7 @@ use anyhow::bail;
 use tracing::info;
 
 use crate::copier;
-use crate::db::copy::{AccountRow, Role};
+use crate::db::copy::Role;
 pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 
 /// The task body: read the row (`asked`: asked for already, with the rows of the sessions
@@ -21,7 +21,7 @@ pub(crate) use crate::session::{AccountContext, Ended, NodeServices};
 /// row's connection (server, login, role, credentials) changes.
 pub(crate) async fn run(
     ctx: AccountContext,
-    asked: Option<crate::db::batch::Submitted<Result<Option<AccountRow>, String>>>,
+    asked: Option<crate::db::copy::AccountRowAsked>,
 ) -> anyhow::Result<()> {
     let row = match asked {
         Some(asked) => asked.outcome().await.and_then(|read| read),

@@ -134,11 +134,8 @@ pub struct NodeHost {
     claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), bool>>>,
     /// The rows asked for the sessions about to start ([`Host::starting_together`]), taken by
     /// their [`Host::start`].
-    rows_asked: HashMap<i64, RowAsked>,
+    rows_asked: HashMap<i64, crate::db::copy::AccountRowAsked>,
 }
-
-/// An account row asked for a session about to start.
-type RowAsked = crate::db::batch::Submitted<Result<Option<crate::db::copy::AccountRow>, String>>;
 
 impl Host for NodeHost {
     type Session = CancellationToken;
@@ -927,7 +924,7 @@ fn spawn_task(
     tracker: &TaskTracker,
     events: &mpsc::UnboundedSender<Event>,
     ctx: AccountContext,
-    row: Option<RowAsked>,
+    row: Option<crate::db::copy::AccountRowAsked>,
 ) {
     let account_id = ctx.account_id;
     let epoch = ctx.epoch();

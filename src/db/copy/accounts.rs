@@ -104,6 +104,9 @@ pub struct AccountRead(pub i64);
 /// statement and one pooled connection each.
 pub type AccountReader = BatchWriter<AccountRead>;
 
+/// An account row asked of the [`AccountReader`], its outcome still to come.
+pub type AccountRowAsked = crate::db::batch::Submitted<<AccountRead as Batched>::Outcome>;
+
 impl Batched for AccountRead {
     /// The row, `None` when it is gone, or why it cannot be run (that account's alone).
     type Outcome = Result<Option<AccountRow>, String>;

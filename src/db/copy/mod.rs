@@ -22,8 +22,8 @@ pub mod reconcile;
 pub mod risk;
 
 pub use accounts::{
-    AccountRead, AccountReader, AccountRow, Funds, Role, account_funds, accounts_funds,
-    load_account, load_accounts, still_owned,
+    AccountRead, AccountReader, AccountRow, AccountRowAsked, Funds, Role, account_funds,
+    accounts_funds, load_account, load_accounts, still_owned,
 };
 pub use decisions::{
     load_bases, load_bases_of, load_decided, load_decided_of, record_base, record_decision,
