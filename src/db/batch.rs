@@ -10,7 +10,9 @@
 //! at once and a burst gathers behind the statement in flight. A writer may give way to orders
 //! ([`Orders`]): the copy ledger's writer waits, at most [`GIVE_WAY`], until no order of the
 //! node has been on its way to a broker for [`QUIET`], so a thousand followers' ledger rows are
-//! written after their orders rather than between them. A batch the database refuses (one row's account deleted
+//! written after their orders rather than between them; a caller that cannot go on until its
+//! writes are in (a session ending, whose release waits for them) hurries the writer
+//! ([`BatchWriter::hurry`]) and its queue goes at once. A batch the database refuses (one row's account deleted
 //! meanwhile, a lock wait past the timeout, a row a constraint rejects) is written again one job
 //! at a time, so one bad row costs no other its write (a batch of reads, whose rows fail one by
 //! one inside the answer, fails every job at once instead: [`Batched::ALONE_WHEN_REFUSED`]); a
@@ -153,12 +155,15 @@ type Job<J> = (J, Reply<J>);
 #[derive(Debug)]
 pub struct BatchWriter<J: Batched> {
     jobs: mpsc::UnboundedSender<Job<J>>,
+    /// Ends a writer's wait for orders ([`BatchWriter::hurry`]).
+    hurried: Arc<Notify>,
 }
 
 impl<J: Batched> Clone for BatchWriter<J> {
     fn clone(&self) -> Self {
         BatchWriter {
             jobs: self.jobs.clone(),
+            hurried: self.hurried.clone(),
         }
     }
 }
@@ -223,10 +228,15 @@ impl<J: Batched> BatchWriter<J> {
     }
 
     /// As [`BatchWriter::spawn`], giving way to `orders`: a batch waits, at most [`GIVE_WAY`],
-    /// until no order has been on its way to a broker for [`QUIET`], and then takes everything
-    /// queued meanwhile.
+    /// until no order has been on its way to a broker for [`QUIET`] (or until a caller hurries
+    /// it: [`BatchWriter::hurry`]), and then takes everything queued meanwhile.
     pub fn spawn_giving_way(db: Db, orders: Arc<Orders>) -> Self {
-        Self::start(db, Some(orders), On::Own)
+        Self::spawn_giving_way_within(db, orders, GIVE_WAY)
+    }
+
+    /// As [`BatchWriter::spawn_giving_way`], waiting for the orders at most `at_most`.
+    pub fn spawn_giving_way_within(db: Db, orders: Arc<Orders>, at_most: Duration) -> Self {
+        Self::start(db, Some((orders, at_most)), On::Own)
     }
 
     /// As [`BatchWriter::spawn`] on the node's pool, each batch taking a background turn
@@ -243,10 +253,26 @@ impl<J: Batched> BatchWriter<J> {
         Self::start(db, None, On::Pool)
     }
 
-    fn start(db: Db, orders: Option<Arc<Orders>>, on: On) -> Self {
+    fn start(db: Db, orders: Option<(Arc<Orders>, Duration)>, on: On) -> Self {
         let (jobs, rx) = mpsc::unbounded_channel::<Job<J>>();
-        tokio::spawn(run(db.batching(), rx, orders, on));
-        BatchWriter { jobs }
+        let hurried = Arc::new(Notify::new());
+        let giving_way = orders.map(|(orders, at_most)| GivingWay {
+            orders,
+            at_most,
+            hurried: hurried.clone(),
+        });
+        tokio::spawn(run(db.batching(), rx, giving_way, on));
+        BatchWriter { jobs, hurried }
+    }
+
+    /// The writes queued now go without waiting for the node's orders (a writer that gives way
+    /// to them: [`BatchWriter::spawn_giving_way`]; others write at once anyway): for a caller
+    /// that waits for its writes before it can go on, as a session ending does (its account is
+    /// released only after them, and a hand-off's receiver waits for that release). At most
+    /// the writer's next batch goes early: a hurry that finds nothing queued may hurry the
+    /// next write that comes.
+    pub fn hurry(&self) {
+        self.hurried.notify_one();
     }
 
     /// Hands `job` to the writer now (it goes with whatever else is queued); its outcome, or the
@@ -292,10 +318,17 @@ impl On {
     }
 }
 
+/// What a writer that gives way waits for: the node's orders, at most `at_most`, unless hurried.
+struct GivingWay {
+    orders: Arc<Orders>,
+    at_most: Duration,
+    hurried: Arc<Notify>,
+}
+
 async fn run<J: Batched>(
     db: Db,
     mut rx: mpsc::UnboundedReceiver<Job<J>>,
-    orders: Option<Arc<Orders>>,
+    giving_way: Option<GivingWay>,
     on: On,
 ) {
     loop {
@@ -317,8 +350,11 @@ async fn run<J: Batched>(
                 continue;
             }
         };
-        if let Some(orders) = &orders {
-            orders.quiet_for(QUIET, GIVE_WAY).await;
+        if let Some(way) = &giving_way {
+            tokio::select! {
+                _ = way.orders.quiet_for(QUIET, way.at_most) => {}
+                () = way.hurried.notified() => {}
+            }
         }
         let mut batch = vec![first];
         while batch.len() < J::MAX {

@@ -261,32 +261,16 @@ async fn a_ticket_recorded_under_another_master_account_does_not_block_a_copy() 
     node.shutdown();
 }
 
-/// The node's copy-ledger writer (one statement per batch): copies recorded at once by many followers
-/// are each fenced by their own follower's (node, epoch) and written once, and a row the table
-/// refuses fails alone.
-#[tokio::test]
-async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_once() {
-    use copier_node::db::copy::ledger::{CopyLedgerWriter, CopyRecord, CopyWrite};
+/// A copy of master ticket 1000 by `follower_id` (login `f<id>` on `broker:1`, link `follower_id`),
+/// recorded by node `n1` at `epoch`, as the copy-ledger writer's tests write it.
+fn ledger_write(
+    follower_id: i64,
+    epoch: i64,
+    ticket: i64,
+) -> copier_node::db::copy::ledger::CopyWrite {
+    use copier_node::db::copy::ledger::{CopyRecord, CopyWrite};
 
-    let db = crate::support::pg::TestDb::new().await;
-    let mut conn = db.conn().await;
-    crate::support::add_account(&mut conn, 1, "master", "broker:1", "m1").await;
-    for id in 2..=21 {
-        crate::support::add_account(&mut conn, id, "follower", "broker:1", &format!("f{id}")).await;
-    }
-    // Followers 2..=21 owned by node n1 at epoch 7; follower 21 since at epoch 8 (its old
-    // owner's writes are stale).
-    crate::support::insert_node(&mut conn, "n1", "1 minute", 20).await;
-    sqlx::query(
-        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = CASE WHEN id = 21 THEN 8 ELSE 7 END, \
-         lease_until = now() + interval '1 minute' WHERE id >= 2",
-    )
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let writer = CopyLedgerWriter::spawn(copier_node::db::Db::direct(pool));
-    let write = |follower_id: i64, epoch: i64, ticket: i64| CopyWrite {
+    CopyWrite {
         node_id: "n1".into(),
         follower_id,
         epoch,
@@ -317,18 +301,45 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
             found_by_reconcile: false,
             opened_volume: None,
         },
-    };
+    }
+}
+
+/// The node's copy-ledger writer (one statement per batch): copies recorded at once by many followers
+/// are each fenced by their own follower's (node, epoch) and written once, and a row the table
+/// refuses fails alone.
+#[tokio::test]
+async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_once() {
+    use copier_node::db::copy::ledger::CopyLedgerWriter;
+
+    let db = crate::support::pg::TestDb::new().await;
+    let mut conn = db.conn().await;
+    crate::support::add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    for id in 2..=21 {
+        crate::support::add_account(&mut conn, id, "follower", "broker:1", &format!("f{id}")).await;
+    }
+    // Followers 2..=21 owned by node n1 at epoch 7; follower 21 since at epoch 8 (its old
+    // owner's writes are stale).
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 20).await;
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = CASE WHEN id = 21 THEN 8 ELSE 7 END, \
+         lease_until = now() + interval '1 minute' WHERE id >= 2",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let writer = CopyLedgerWriter::spawn(copier_node::db::Db::direct(pool));
     // 19 followers' copies (ten each), a stale owner's, and one copy twice, all at once.
     let mut jobs = Vec::new();
     for f in 2..=20 {
         for t in 0..10 {
-            jobs.push(write(f, 7, f * 100 + t));
+            jobs.push(ledger_write(f, 7, f * 100 + t));
         }
     }
-    jobs.push(write(21, 7, 2100));
-    jobs.push(write(2, 7, 200));
+    jobs.push(ledger_write(21, 7, 2100));
+    jobs.push(ledger_write(2, 7, 200));
     // A row the table refuses (its side): it fails alone, whatever batch it lands in.
-    let mut bad = write(3, 7, 399);
+    let mut bad = ledger_write(3, 7, 399);
     bad.record.side = "up".into();
     jobs.push(bad);
     let mut results = crate::support::write_at_once(&writer, jobs).await;
@@ -367,6 +378,68 @@ async fn copies_recorded_at_once_by_many_followers_are_each_fenced_and_written_o
         [Some(2_000), Some(2_500), None, Some(3_500), Some(4_000)],
         "each µs instant in its own column"
     );
+}
+
+/// A writer that gives way to the node's orders writes a hurried queue at once: a session
+/// ending waits for its ledger rows before its account is released, and the hand-off's receiver
+/// for that release, so those rows do not wait for the other sessions' orders. Here an order
+/// stays on its way throughout and the writer would give way for an hour: the first write goes
+/// only once hurried; the next, not hurried, waits for the order (not written while it is on its
+/// way) and goes once it is answered.
+#[tokio::test]
+async fn a_hurried_ledger_write_goes_while_the_nodes_orders_are_on_their_way() {
+    use copier_node::db::batch::Orders;
+    use copier_node::db::copy::ledger::CopyLedgerWriter;
+
+    let db = crate::support::pg::TestDb::new().await;
+    let mut conn = db.conn().await;
+    crate::support::add_account(&mut conn, 1, "master", "broker:1", "m1").await;
+    crate::support::add_account(&mut conn, 2, "follower", "broker:1", "f2").await;
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 20).await;
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = 7, \
+         lease_until = now() + interval '1 minute' WHERE id = 2",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let orders = std::sync::Arc::new(Orders::default());
+    let writer = CopyLedgerWriter::spawn_giving_way_within(
+        copier_node::db::Db::direct(pool),
+        orders.clone(),
+        Duration::from_secs(3600),
+    );
+    let on_its_way = orders.sending();
+    let hurried = writer.submit(ledger_write(2, 7, 201));
+    writer.hurry();
+    let written = tokio::time::timeout(WAIT, hurried.outcome())
+        .await
+        .expect("a hurried write goes while an order is on its way");
+    assert_eq!(written, Ok(true));
+    let in_ledger = async |conn: &mut sqlx::PgConnection, ticket: i64| -> bool {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM copy_ledger WHERE follower_id = 2 AND follower_ticket = $1)",
+        )
+        .bind(ticket)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    };
+    assert!(in_ledger(&mut conn, 201).await, "the hurried row is in");
+    // Not hurried: the writer gives way again.
+    let waiting = writer.submit(ledger_write(2, 7, 202));
+    assert!(
+        !in_ledger(&mut conn, 202).await,
+        "a write not hurried waits for the order on its way"
+    );
+    drop(on_its_way);
+    assert_eq!(
+        tokio::time::timeout(WAIT, waiting.outcome()).await,
+        Ok(Ok(true)),
+        "written once no order is on its way"
+    );
+    assert!(in_ledger(&mut conn, 202).await);
 }
 
 /// A follower sends no order while one of its earlier copies has no ledger row yet: a later owner

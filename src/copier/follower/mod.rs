@@ -211,7 +211,7 @@ async fn follow(
     };
     let ended = serve(&mut f, session, row, &mut signals).await;
     // The session's ledger rows are in before it ends (and so before the account is released).
-    f.flush_ledger().await;
+    f.finish_ledger().await;
     ended
 }
 

@@ -583,6 +583,16 @@ impl Follower<'_> {
         }
     }
 
+    /// [`Self::flush_ledger`] at the session's end, the writer hurried: the account's release
+    /// waits for these rows, and a hand-off's receiver for that release, so they do not wait
+    /// for the node's other orders ([`crate::db::batch::BatchWriter::hurry`]).
+    pub(super) async fn finish_ledger(&mut self) {
+        if !self.sending.ledger.is_empty() {
+            self.ctx.node.copy_ledger.hurry();
+        }
+        self.flush_ledger().await;
+    }
+
     /// Takes the outcomes of the ledger writes that have finished (logged, and forgotten).
     fn ledger_written(&mut self) {
         self.sending
