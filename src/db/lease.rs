@@ -348,14 +348,7 @@ pub async fn cycle_on(
 /// (text as an escaped string, numbers as digits, epochs as an array literal), in one pass so
 /// that nothing written in is read again as a parameter.
 pub fn cycle_sql_with_literals(p: &CycleParams<'_>) -> String {
-    fn text(s: &str) -> String {
-        // An escape string: independent of `standard_conforming_strings`.
-        format!("(E'{}'::text)", s.replace('\\', "\\\\").replace('\'', "''"))
-    }
-    fn epochs(v: &[i64]) -> String {
-        let items: Vec<String> = v.iter().map(i64::to_string).collect();
-        format!("('{{{}}}'::int8[])", items.join(","))
-    }
+    use super::together::{bigints, text, with_literals};
     let int4 = |v: u32| format!("({}::int4)", i32::try_from(v).unwrap_or(i32::MAX));
     let int8 = |d: Duration| {
         format!(
@@ -363,36 +356,21 @@ pub fn cycle_sql_with_literals(p: &CycleParams<'_>) -> String {
             i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
         )
     };
-    let literal = |n: usize| match n {
+    with_literals(CYCLE_SQL, |n| match n {
         1 => text(p.node_id),
         2 => text(p.instance_id),
         3 => text(p.platform),
         4 => int4(p.capacity),
         5 => int8(p.lease),
-        6 => epochs(p.held),
+        6 => bigints(p.held),
         7 => format!("({})", p.claim),
         8 => int4(p.claim_limit),
         9 => int8(p.trust),
         10 => int4(p.owned),
-        11 => epochs(p.kept),
+        11 => bigints(p.kept),
         12 => int4(p.starting),
         other => unreachable!("CYCLE_SQL has no parameter ${other}"),
-    };
-    let mut out = String::with_capacity(CYCLE_SQL.len() + 16 * p.held.len());
-    let mut rest = CYCLE_SQL;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let digits = rest[at + 1..]
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len() - at - 1);
-        match rest[at + 1..at + 1 + digits].parse::<usize>() {
-            Ok(n) => out.push_str(&literal(n)),
-            Err(_) => out.push('$'),
-        }
-        rest = &rest[at + 1 + digits..];
-    }
-    out.push_str(rest);
-    out
+    })
 }
 
 /// What the cycle's rows say.

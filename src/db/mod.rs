@@ -16,6 +16,7 @@ pub mod migrate;
 pub mod replication;
 pub mod setup;
 pub mod status;
+pub mod together;
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -1548,6 +1548,188 @@ async fn a_batch_of_reads_the_database_refuses_fails_every_read_at_once() {
     }
 }
 
+/// The readers of a session's start (its links and limits; its master's snapshot and funds with
+/// its bases and final decisions; its copy ledgers) send a batch's statements as one message:
+/// one transaction a batch (PostgreSQL's own count is the judge), where they took one per
+/// statement (four, four and two), each a round trip behind the node's other work on a busy
+/// machine (a hand-off's receiver waited 6 ms for its followers' links). The statements then
+/// carry their parameters as literals and their rows come back as text: every value reads as the
+/// same statements with bound parameters read it (quotes, backslashes, commas and braces in the
+/// text, arrays, JSON, NULLs).
+#[tokio::test]
+async fn a_readers_batch_is_one_message_and_reads_every_value_as_a_bound_statement_does() {
+    use copier_node::db::copy::ledger::{copied_of, placed_of};
+    use copier_node::db::copy::{
+        LedgerRead, LedgerReader, LinksRead, LinksReader, ReconcileRead, ReconcileReader,
+        load_bases, load_decided, load_links, master_state,
+    };
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let server = r#"broker:'q\1,{"x"}"#;
+    let login = r#"f'2\,{}"#;
+    add_account(&mut conn, 1, "master", server, "m1").await;
+    add_account(&mut conn, 2, "follower", server, login).await;
+    let (link, _) = add_link(&mut conn, 1, 2, LinkSpec::default()).await;
+    let tricky = [
+        r#"EUR,USD"#,
+        r#"a"b"#,
+        r#"it's"#,
+        r#"back\slash"#,
+        "{brace}",
+        "NULL",
+    ];
+    sqlx::query(
+        r#"UPDATE copy_links SET symbols = $2, magics = '{7,-5}', sides = 'buy', close_only = true,
+               symbol_map = '{"EUR''USD": "X,\"Y\\", "NULL": "{}"}', max_lot = 1.25, sl_points = NULL
+         WHERE id = $1"#,
+    )
+    .bind(link)
+    .bind(&tricky[..])
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let setup = [
+        "UPDATE trading_accounts SET max_open_copies = 3 WHERE id = 2",
+        "INSERT INTO risk_limits (account_id, period, basis, relative, amount, action)
+         VALUES (2, 'lifetime', 'equity', true, 5, 'close_all')",
+        r#"INSERT INTO master_state (master_id, epoch, seq, positions, updated_at)
+           VALUES (1, 7, 3, '[{"ticket": 11, "symbol": "it''s,{x}", "side": "buy", "volume": 1.0, "open_volume": 1.0, "open_price": 1.1, "sl": null, "tp": null, "magic": 0}]', now())"#,
+        "UPDATE trading_accounts SET balance = 5000, equity = 5100.5, currency = 'USD' WHERE id = 1",
+        "INSERT INTO copy_bases (follower_id, copy_ticket, link_id, master_ticket, master_volume)
+         VALUES (2, 901, $1, 11, 2.5)",
+        "INSERT INTO copy_skips (link_id, master_ticket, follower_id, reason, decided_at, code, final)
+         VALUES ($1, 12, 2, 'filtered', now(), 'filtered', true)",
+        "INSERT INTO copy_ledger (follower_id, follower_ticket, server, login, link_id, master_id,
+                                  master_server, master_login, master_ticket, symbol, side, volume,
+                                  filled_price, node_id, owner_epoch, opened_volume)
+         VALUES (2, 501, $2, $3, $1, 1, $2, 'm1', 11, 'EURUSD', 'buy', 1.0, 1.1, 'n', 1, 0.75)",
+        "INSERT INTO order_copies (follower_id, server, login, link_id, master_id, master_server,
+                                   master_login, master_ticket, follower_ticket, ended, node_id,
+                                   owner_epoch)
+         VALUES (2, $2, $3, $1, 1, $2, 'm1', 13, 613, NULL, 'n', 1),
+                (2, $2, $3, $1, 1, $2, 'm1', 14, NULL, 'cancelled', 'n', 1)",
+    ];
+    for sql in setup {
+        // Each binds what it names: $1 the link, $2 and $3 the server and the login.
+        let mut query = sqlx::query(sql);
+        if sql.contains("$1") {
+            query = query.bind(link);
+        }
+        if sql.contains("$2") {
+            query = query.bind(server).bind(login);
+        }
+        query.execute(&mut conn).await.unwrap();
+    }
+
+    // As bound statements read it (the binary format).
+    let links = load_links(&mut conn, 2).await.unwrap();
+    let state = master_state(&mut conn, 1).await.unwrap();
+    let bases = load_bases(&mut conn, 2).await.unwrap();
+    let decided = load_decided(&mut conn, 2).await.unwrap();
+    let key = (2, server.to_string(), login.to_string());
+    let copied = copied_of(&mut conn, std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    let placed = placed_of(&mut conn, std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let parsed = links[0].as_ref().expect("the link parses");
+    assert_eq!(
+        parsed.protections.symbols.as_deref(),
+        Some(&tricky.map(String::from)[..])
+    );
+    assert_eq!(parsed.symbol_map["EUR'USD"], r#"X,"Y\"#);
+    assert_eq!(copied[&key], [(link, 11, 501, Some(0.75))]);
+
+    // Each reader: a batch of one follower's read, ten times one after another, against the
+    // same pool set up and closed with no read.
+    let per_read = async |read: &dyn Fn(copier_node::db::Db) -> BoxedReads| -> f64 {
+        let mut ended = [0_i64; 2];
+        for (n, reads) in [(0, 0), (1, 10)] {
+            let before = crate::support::transactions_ended(&db.url).await;
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            if reads > 0 {
+                read(copier_node::db::Db::direct(pool.clone())).await;
+            }
+            pool.close().await;
+            ended[n] = crate::support::transactions_ended(&db.url).await - before;
+        }
+        (ended[1] - ended[0]) as f64 / 10.0
+    };
+    let links_read = |db| -> BoxedReads {
+        let links = links.clone();
+        Box::pin(async move {
+            let reader = LinksReader::spawn_background(db);
+            for _ in 0..10 {
+                let read = reader.write(LinksRead(2)).await.unwrap().unwrap();
+                assert_eq!(read.links, links, "the links read together");
+                assert_eq!(read.max_open_copies, Some(3));
+                assert_eq!(read.risk.len(), 1);
+            }
+        })
+    };
+    let basis_read = |db| -> BoxedReads {
+        let (state, bases, decided) = (state.clone(), bases.clone(), decided.clone());
+        Box::pin(async move {
+            let reader = ReconcileReader::spawn_background(db);
+            for _ in 0..10 {
+                let read = reader
+                    .write(ReconcileRead {
+                        follower: 2,
+                        master: 1,
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let mut expected = state.clone().expect("master 1 published");
+                expected.now_ms = read.state.as_ref().map_or(0, |s| s.now_ms);
+                assert_eq!(read.state, Some(expected), "the snapshot read together");
+                assert_eq!(
+                    (read.master_funds.balance, read.master_funds.equity),
+                    (Some(5000.0), Some(5100.5))
+                );
+                assert_eq!((&read.bases, &read.decided), (&bases, &decided));
+            }
+        })
+    };
+    let ledger_read = |db| -> BoxedReads {
+        let (key, copied, placed) = (key.clone(), copied.clone(), placed.clone());
+        Box::pin(async move {
+            let reader = LedgerReader::spawn_background(db);
+            for _ in 0..10 {
+                let read = reader
+                    .write(LedgerRead {
+                        follower: key.0,
+                        server: key.1.clone(),
+                        login: key.2.clone(),
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(read.copied, copied[&key], "the copies read together");
+                let (mut got, mut expected) = (read.placed.clone(), placed[&key].clone());
+                got.sort_by_key(|p| p.1);
+                expected.sort_by_key(|p| p.1);
+                assert_eq!(got, expected, "the pending copies read together");
+            }
+        })
+    };
+    for (what, read) in [
+        ("links", &links_read as &dyn Fn(_) -> BoxedReads),
+        ("reconcile", &basis_read),
+        ("ledger", &ledger_read),
+    ] {
+        let transactions = per_read(read).await;
+        assert!(
+            transactions < 1.5,
+            "the {what} reader: {transactions} transactions a batch of one read"
+        );
+    }
+}
+
+type BoxedReads = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
 /// Followers' reconcile reads made at about the same time go to the database together: far
 /// fewer transactions than reads (PostgreSQL's own count is the judge, beside the same reads made
 /// one after another), and each follower gets its own: its master's snapshot and funds, its own
@@ -1849,7 +2031,8 @@ async fn a_snapshot_read_by_many_followers_at_once_goes_in_a_few_statements() {
 /// links, limits on open copies, removed links and risk limits go in a few statements, not four
 /// for each (PostgreSQL's own count of the test database's transactions is the judge, beside the
 /// same reads made one after another), and each follower gets its own: a link whose settings do
-/// not parse is reported with its id among its follower's links, and a risk limit that another
+/// not parse (a symbol map to a number, a list of symbols holding a null) is reported with its
+/// id among its follower's links, and a risk limit that another
 /// release wrote (a period this one does not know) fails its follower's read alone.
 #[tokio::test]
 async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_own() {
@@ -1877,6 +2060,10 @@ async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_ow
     )
     .await;
     // Follower 4: its own limit on open copies. Follower 5: its link removed, to be closed.
+    // Follower 8: a list of symbols holding a null.
+    conn.execute("UPDATE copy_links SET symbols = ARRAY['EURUSD', NULL] WHERE follower_id = 8")
+        .await
+        .unwrap();
     conn.execute("UPDATE trading_accounts SET max_open_copies = 5 WHERE id = 4")
         .await
         .unwrap();
@@ -1966,6 +2153,13 @@ async fn links_read_at_once_go_in_a_few_statements_and_each_follower_gets_its_ow
                     "{e}"
                 );
                 assert_eq!(ids.len(), 2);
+            }
+            8 => {
+                let e = ids[0].as_ref().unwrap_err();
+                assert!(
+                    e.starts_with(&format!("copy link {}: symbols", link_of[&8].0)),
+                    "{e}"
+                );
             }
             5 => {
                 assert!(ids.is_empty(), "{ids:?}");

@@ -155,12 +155,18 @@ pub async fn accounts_funds(
     conn: &mut PgConnection,
     ids: &[i64],
 ) -> Result<HashMap<i64, Funds>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT id, balance, equity, currency FROM trading_accounts WHERE id = ANY($1)",
-    )
-    .bind(ids)
-    .fetch_all(conn)
-    .await?;
+    let rows = sqlx::query(FUNDS_SQL).bind(ids).fetch_all(conn).await?;
+    funds_from(&rows)
+}
+
+/// [`accounts_funds`]' statement: $1 the accounts' ids (`bigint[]`).
+pub(super) const FUNDS_SQL: &str =
+    "SELECT id, balance, equity, currency FROM trading_accounts WHERE id = ANY($1::bigint[])";
+
+/// What [`FUNDS_SQL`]'s rows say.
+pub(super) fn funds_from(
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<HashMap<i64, Funds>, sqlx::Error> {
     rows.iter()
         .map(|r| {
             Ok((

@@ -2,7 +2,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sqlx::PgConnection;
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgConnection};
 
 /// Records one copy decision about master ticket `master_ticket` under `link_id` (a row of its
 /// own: `copy_skips` is a history). `final`: the link never copies that position, and every
@@ -57,13 +58,26 @@ pub async fn load_decided_of(
     conn: &mut PgConnection,
     followers: &[i64],
 ) -> Result<HashMap<i64, HashSet<(i64, i64)>>, sqlx::Error> {
-    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
-        "SELECT DISTINCT follower_id, link_id, master_ticket FROM copy_skips
-          WHERE follower_id = ANY($1) AND final",
-    )
-    .bind(followers)
-    .fetch_all(conn)
-    .await?;
+    let rows = sqlx::query(DECIDED_SQL)
+        .bind(followers)
+        .fetch_all(conn)
+        .await?;
+    decided_from(&rows)
+}
+
+/// [`load_decided_of`]'s statement: $1 the followers' ids (`bigint[]`).
+pub(super) const DECIDED_SQL: &str =
+    "SELECT DISTINCT follower_id, link_id, master_ticket FROM copy_skips
+      WHERE follower_id = ANY($1::bigint[]) AND final";
+
+/// What [`DECIDED_SQL`]'s rows say.
+pub(super) fn decided_from(
+    rows: &[PgRow],
+) -> Result<HashMap<i64, HashSet<(i64, i64)>>, sqlx::Error> {
+    let rows: Vec<(i64, i64, i64)> = rows
+        .iter()
+        .map(FromRow::from_row)
+        .collect::<Result<_, _>>()?;
     Ok(super::grouped(rows.into_iter().map(
         |(follower, link, ticket)| (follower, (link, ticket)),
     )))
@@ -118,12 +132,23 @@ pub async fn load_bases_of(
     conn: &mut PgConnection,
     followers: &[i64],
 ) -> Result<HashMap<i64, HashMap<i64, f64>>, sqlx::Error> {
-    let rows: Vec<(i64, i64, f64)> = sqlx::query_as(
-        "SELECT follower_id, copy_ticket, master_volume FROM copy_bases WHERE follower_id = ANY($1)",
-    )
-    .bind(followers)
-    .fetch_all(conn)
-    .await?;
+    let rows = sqlx::query(BASES_SQL)
+        .bind(followers)
+        .fetch_all(conn)
+        .await?;
+    bases_from(&rows)
+}
+
+/// [`load_bases_of`]' statement: $1 the followers' ids (`bigint[]`).
+pub(super) const BASES_SQL: &str = "SELECT follower_id, copy_ticket, master_volume FROM copy_bases
+  WHERE follower_id = ANY($1::bigint[])";
+
+/// What [`BASES_SQL`]'s rows say.
+pub(super) fn bases_from(rows: &[PgRow]) -> Result<HashMap<i64, HashMap<i64, f64>>, sqlx::Error> {
+    let rows: Vec<(i64, i64, f64)> = rows
+        .iter()
+        .map(FromRow::from_row)
+        .collect::<Result<_, _>>()?;
     Ok(super::grouped(rows.into_iter().map(
         |(follower, ticket, volume)| (follower, (ticket, volume)),
     )))

@@ -67,7 +67,7 @@ pub type LedgerKey = (i64, String, String);
 pub type Copied = (i64, i64, i64, Option<f64>);
 
 /// The columns a batched statement binds for `keys`, each key once.
-fn key_columns(keys: &[LedgerKey]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
+pub(super) fn key_columns(keys: &[LedgerKey]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
     let mut keys: Vec<&LedgerKey> = keys.iter().collect();
     keys.sort_unstable();
     keys.dedup();
@@ -84,21 +84,33 @@ pub async fn copied_of(
     keys: &[LedgerKey],
 ) -> Result<HashMap<LedgerKey, Vec<Copied>>, sqlx::Error> {
     let (followers, servers, logins) = key_columns(keys);
+    let rows = sqlx::query(COPIED_SQL)
+        .bind(&followers)
+        .bind(&servers)
+        .bind(&logins)
+        .fetch_all(conn)
+        .await?;
+    copied_from(&rows)
+}
+
+/// [`copied_of`]'s statement: $1, $2, $3 the keys' followers, servers and logins ([`key_columns`]).
+pub(super) const COPIED_SQL: &str = "SELECT q.follower_id, q.server, q.login,
+        l.link_id, l.master_ticket, l.follower_ticket, l.opened_volume
+   FROM unnest($1::bigint[], $2::text[], $3::text[]) q(follower_id, server, login)
+   JOIN copy_ledger l
+     ON l.follower_id = q.follower_id AND l.server = q.server AND l.login = q.login
+   JOIN trading_accounts m ON m.id = l.master_id
+  WHERE l.master_server = m.server AND l.master_login = m.login";
+
+/// What [`COPIED_SQL`]'s rows say.
+pub(super) fn copied_from(
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<HashMap<LedgerKey, Vec<Copied>>, sqlx::Error> {
     type Found = (i64, String, String, i64, i64, i64, Option<f64>);
-    let rows: Vec<Found> = sqlx::query_as(
-        "SELECT q.follower_id, q.server, q.login,
-                l.link_id, l.master_ticket, l.follower_ticket, l.opened_volume
-           FROM unnest($1::bigint[], $2::text[], $3::text[]) q(follower_id, server, login)
-           JOIN copy_ledger l
-             ON l.follower_id = q.follower_id AND l.server = q.server AND l.login = q.login
-           JOIN trading_accounts m ON m.id = l.master_id
-          WHERE l.master_server = m.server AND l.master_login = m.login",
-    )
-    .bind(&followers)
-    .bind(&servers)
-    .bind(&logins)
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<Found> = rows
+        .iter()
+        .map(sqlx::FromRow::from_row)
+        .collect::<Result<_, _>>()?;
     Ok(super::grouped(rows.into_iter().map(
         |(follower, server, login, link, master_ticket, ticket, volume)| {
             (
@@ -298,21 +310,33 @@ pub async fn placed_of(
     keys: &[LedgerKey],
 ) -> Result<HashMap<LedgerKey, Vec<Placed>>, sqlx::Error> {
     let (followers, servers, logins) = key_columns(keys);
+    let rows = sqlx::query(PLACED_SQL)
+        .bind(&followers)
+        .bind(&servers)
+        .bind(&logins)
+        .fetch_all(conn)
+        .await?;
+    placed_from(&rows)
+}
+
+/// [`placed_of`]'s statement: $1, $2, $3 as [`COPIED_SQL`]'s.
+pub(super) const PLACED_SQL: &str = "SELECT q.follower_id, q.server, q.login,
+        o.link_id, o.master_ticket, o.follower_ticket, o.ended IS NOT NULL AS ended
+   FROM unnest($1::bigint[], $2::text[], $3::text[]) q(follower_id, server, login)
+   JOIN order_copies o
+     ON o.follower_id = q.follower_id AND o.server = q.server AND o.login = q.login
+   JOIN trading_accounts m ON m.id = o.master_id
+  WHERE o.master_server = m.server AND o.master_login = m.login";
+
+/// What [`PLACED_SQL`]'s rows say.
+pub(super) fn placed_from(
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<HashMap<LedgerKey, Vec<Placed>>, sqlx::Error> {
     type Found = (i64, String, String, i64, i64, Option<i64>, bool);
-    let rows: Vec<Found> = sqlx::query_as(
-        "SELECT q.follower_id, q.server, q.login,
-                o.link_id, o.master_ticket, o.follower_ticket, o.ended IS NOT NULL
-           FROM unnest($1::bigint[], $2::text[], $3::text[]) q(follower_id, server, login)
-           JOIN order_copies o
-             ON o.follower_id = q.follower_id AND o.server = q.server AND o.login = q.login
-           JOIN trading_accounts m ON m.id = o.master_id
-          WHERE o.master_server = m.server AND o.master_login = m.login",
-    )
-    .bind(&followers)
-    .bind(&servers)
-    .bind(&logins)
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<Found> = rows
+        .iter()
+        .map(sqlx::FromRow::from_row)
+        .collect::<Result<_, _>>()?;
     Ok(super::grouped(rows.into_iter().map(
         |(follower, server, login, link, master_ticket, ticket, ended)| {
             (

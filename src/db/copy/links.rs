@@ -1,6 +1,6 @@
 //! A follower's copy links, parsed; a row that does not parse is reported with its id. A node's
-//! followers read theirs together ([`LinksReader`]): four statements for a batch of followers,
-//! not four for each.
+//! followers read theirs together ([`LinksReader`]): four statements in one message for a batch
+//! of followers, not four round trips for each.
 
 use std::collections::HashMap;
 
@@ -12,10 +12,12 @@ use crate::future::BoxFuture;
 use crate::model::link::{Link, LotMode, PendingOrders, Protections, Sides};
 use crate::model::risk::RiskLimit;
 
-/// The columns of a link, as [`link_from_row`] reads them.
+/// The columns of a link, as [`link_from_row`] reads them. The symbols come as a JSON array: read
+/// in one message with other statements ([`crate::db::together`]) the rows are text, and a text
+/// array's element `"NULL"` (a symbol so named) does not read back as that string.
 const LINK_COLUMNS: &str = "follower_id, id, master_id, enabled, magic, lot_mode, lot_value, reverse, copy_sl_tp, symbol_map::text AS symbol_map,
                 copy_existing, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
-                symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
+                array_to_json(symbols)::text AS symbols, magics, sides, close_only, max_lot, max_delay_ms, max_slippage, equity_stop,
                 copy_sl, copy_tp, max_sl_distance, use_min_lot, min_master_lot, max_open_copies::bigint AS max_open_copies,
                 sl_points, tp_points, pending_orders";
 
@@ -40,16 +42,21 @@ fn link_from_row(r: &PgRow) -> Result<Result<Link, String>, sqlx::Error> {
     let lot_mode: String = r.try_get("lot_mode")?;
     let map_text: String = r.try_get("symbol_map")?;
     let sides: String = r.try_get("sides")?;
+    let symbols: Option<String> = r.try_get("symbols")?;
     let parsed = lot_mode
         .parse::<LotMode>()
         .and_then(|mode| {
             let symbol_map: HashMap<String, String> = serde_json::from_str(&map_text)
                 .map_err(|e| format!("symbol_map must map symbol names to symbol names: {e}"))?;
-            Ok((mode, symbol_map, sides.parse::<Sides>()?))
+            let symbols: Option<Vec<String>> = symbols
+                .map(|list| serde_json::from_str(&list))
+                .transpose()
+                .map_err(|e| format!("symbols must be a list of symbol names: {e}"))?;
+            Ok((mode, symbol_map, symbols, sides.parse::<Sides>()?))
         })
         .map_err(|e| format!("copy link {id}: {e}"));
     Ok(match parsed {
-        Ok((lot_mode, symbol_map, sides)) => Ok(Link {
+        Ok((lot_mode, symbol_map, symbols, sides)) => Ok(Link {
             id,
             master_id: r.try_get("master_id")?,
             enabled: r.try_get("enabled")?,
@@ -62,7 +69,7 @@ fn link_from_row(r: &PgRow) -> Result<Result<Link, String>, sqlx::Error> {
             copy_existing: r.try_get("copy_existing")?,
             created_at_ms: r.try_get("created_at_ms")?,
             protections: Protections {
-                symbols: r.try_get("symbols")?,
+                symbols,
                 magics: r.try_get("magics")?,
                 sides,
                 close_only: r.try_get("close_only")?,
@@ -105,24 +112,36 @@ pub struct FollowerLinks {
     pub risk: Vec<RiskLimit>,
 }
 
-/// The [`FollowerLinks`] of every follower in `followers`, in four statements however many
-/// they are, in the order asked. A follower whose risk limits cannot be read (a value another
-/// release wrote) gets the error naming the row; the others get theirs. A follower with no row
-/// gets nothing (no links, no limits).
+/// The [`FollowerLinks`] of every follower in `followers`, in four statements sent as one
+/// message ([`crate::db::together`]) however many they are, in the order asked. A follower whose
+/// risk limits cannot be read (a value another release wrote) gets the error naming the row; the
+/// others get theirs. A follower with no row gets nothing (no links, no limits).
 pub async fn read_followers_links(
     conn: &mut PgConnection,
     followers: &[i64],
 ) -> Result<Vec<Result<FollowerLinks, String>>, sqlx::Error> {
+    use crate::db::together::{bigints, fetch_each, with_literals};
+    let ids = bigints(followers);
+    let statements = [
+        format!("SELECT {LINK_COLUMNS} FROM copy_links WHERE follower_id = ANY($1) ORDER BY follower_id, id"),
+        "SELECT id, max_open_copies::bigint AS max_open_copies FROM trading_accounts WHERE id = ANY($1)".to_string(),
+        "SELECT follower_id, link_id, master_id, magic FROM removed_links
+          WHERE follower_id = ANY($1) ORDER BY follower_id, link_id"
+            .to_string(),
+        format!(
+            "SELECT account_id, {} FROM risk_limits WHERE account_id = ANY($1) ORDER BY account_id, id",
+            super::risk::RISK_COLUMNS
+        ),
+    ]
+    .map(|sql| with_literals(&sql, |_| ids.clone()));
+    let [links, max, removed, risk]: [Vec<PgRow>; 4] = fetch_each(conn, &statements)
+        .await?
+        .try_into()
+        .expect("fetch_each answers each statement");
     let mut read: HashMap<i64, Result<FollowerLinks, String>> = followers
         .iter()
         .map(|f| (*f, Ok(FollowerLinks::default())))
         .collect();
-    let links = sqlx::query(&format!(
-        "SELECT {LINK_COLUMNS} FROM copy_links WHERE follower_id = ANY($1) ORDER BY follower_id, id"
-    ))
-    .bind(followers)
-    .fetch_all(&mut *conn)
-    .await?;
     for r in &links {
         let follower: i64 = r.try_get("follower_id")?;
         let link = link_from_row(r)?;
@@ -130,40 +149,20 @@ pub async fn read_followers_links(
             f.links.push(link);
         }
     }
-    let max: Vec<(i64, Option<i64>)> = sqlx::query_as(
-        "SELECT id, max_open_copies::bigint FROM trading_accounts WHERE id = ANY($1)",
-    )
-    .bind(followers)
-    .fetch_all(&mut *conn)
-    .await?;
-    for (follower, max) in max {
-        if let Some(Ok(f)) = read.get_mut(&follower) {
-            f.max_open_copies = max;
+    for r in &max {
+        if let Some(Ok(f)) = read.get_mut(&r.try_get::<i64, _>("id")?) {
+            f.max_open_copies = r.try_get("max_open_copies")?;
         }
     }
-    let removed: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT follower_id, link_id, master_id, magic FROM removed_links
-          WHERE follower_id = ANY($1) ORDER BY follower_id, link_id",
-    )
-    .bind(followers)
-    .fetch_all(&mut *conn)
-    .await?;
-    for (follower, link_id, master_id, magic) in removed {
-        if let Some(Ok(f)) = read.get_mut(&follower) {
+    for r in &removed {
+        if let Some(Ok(f)) = read.get_mut(&r.try_get::<i64, _>("follower_id")?) {
             f.removed.push(RemovedLink {
-                link_id,
-                master_id,
-                magic,
+                link_id: r.try_get("link_id")?,
+                master_id: r.try_get("master_id")?,
+                magic: r.try_get("magic")?,
             });
         }
     }
-    let risk = sqlx::query(&format!(
-        "SELECT account_id, {} FROM risk_limits WHERE account_id = ANY($1) ORDER BY account_id, id",
-        super::risk::RISK_COLUMNS
-    ))
-    .bind(followers)
-    .fetch_all(&mut *conn)
-    .await?;
     for r in &risk {
         let follower: i64 = r.try_get("account_id")?;
         let limit = super::risk::risk_from_row(r);
@@ -189,7 +188,7 @@ pub struct LinksRead(pub i64);
 
 /// The node's reader of its followers' links: the reads its followers ask for at about the same
 /// time (a thousand sessions starting, the periodic re-reads of every follower) go as one batch
-/// of four statements on one connection, taking the background turns as each follower's own
+/// of four statements in one message on one connection, taking the background turns as each follower's own
 /// reads did ([`crate::db::Db::background`]).
 pub type LinksReader = BatchWriter<LinksRead>;
 

@@ -44,19 +44,28 @@ pub async fn master_states(
     conn: &mut PgConnection,
     master_ids: &[i64],
 ) -> Result<HashMap<i64, Result<Option<MasterState>, sqlx::Error>>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT q.id, s.master_id IS NULL AS missing, d.failed_over_at IS NOT NULL AS failed_over,
-                s.epoch, s.seq, s.positions::text AS positions, s.orders::text AS orders,
-                (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
-                coalesce(s.timeline <> copier_timeline(), false)
-                  OR coalesce(s.updated_at < d.failed_over_at, false) AS before_failover
-           FROM unnest($1::bigint[]) q(id)
-           LEFT JOIN LATERAL (SELECT * FROM copier_database LIMIT 1) d ON true
-           LEFT JOIN master_state s ON s.master_id = q.id",
-    )
-    .bind(master_ids)
-    .fetch_all(conn)
-    .await?;
+    let rows = sqlx::query(MASTER_STATES_SQL)
+        .bind(master_ids)
+        .fetch_all(conn)
+        .await?;
+    master_states_from(&rows)
+}
+
+/// [`master_states`]' statement: $1 the masters' ids (`bigint[]`).
+pub(super) const MASTER_STATES_SQL: &str =
+    "SELECT q.id, s.master_id IS NULL AS missing, d.failed_over_at IS NOT NULL AS failed_over,
+            s.epoch, s.seq, s.positions::text AS positions, s.orders::text AS orders,
+            (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+            coalesce(s.timeline <> copier_timeline(), false)
+              OR coalesce(s.updated_at < d.failed_over_at, false) AS before_failover
+       FROM unnest($1::bigint[]) q(id)
+       LEFT JOIN LATERAL (SELECT * FROM copier_database LIMIT 1) d ON true
+       LEFT JOIN master_state s ON s.master_id = q.id";
+
+/// What [`MASTER_STATES_SQL`]'s rows say.
+pub(super) fn master_states_from(
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<HashMap<i64, Result<Option<MasterState>, sqlx::Error>>, sqlx::Error> {
     rows.iter()
         .map(|row| Ok((row.try_get("id")?, state_from_row(row))))
         .collect()

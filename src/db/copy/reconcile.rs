@@ -13,11 +13,15 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::PgConnection;
 
-use super::{
-    Funds, MasterState, accounts_funds, ledger::LedgerKey, load_bases_of, load_decided_of,
-    master_states,
-};
+use sqlx::postgres::PgRow;
+
+use super::accounts::{FUNDS_SQL, funds_from};
+use super::decisions::{BASES_SQL, DECIDED_SQL, bases_from, decided_from};
+use super::ledger::{COPIED_SQL, LedgerKey, PLACED_SQL, copied_from, key_columns, placed_from};
+use super::master::{MASTER_STATES_SQL, master_states_from};
+use super::{Funds, MasterState};
 use crate::db::batch::{BatchWriter, Batched};
+use crate::db::together::{bigints, fetch_each, texts, with_literals};
 use crate::future::BoxFuture;
 
 /// One follower's reads for reconciling one master ([`ReconcileReader`]).
@@ -43,8 +47,9 @@ pub struct ReconcileBasis {
     pub read_at: tokio::time::Instant,
 }
 
-/// The node's reader of its followers' reconcile reads: four statements a batch, however many
-/// followers and masters it holds (up to 1,000 reads).
+/// The node's reader of its followers' reconcile reads: four statements a batch, sent as one
+/// message ([`crate::db::together`]), however many followers and masters it holds (up to 1,000
+/// reads).
 pub type ReconcileReader = BatchWriter<ReconcileRead>;
 
 impl Batched for ReconcileRead {
@@ -65,13 +70,23 @@ impl Batched for ReconcileRead {
                 ids.dedup();
                 ids
             };
-            let masters = distinct(|r| r.master);
-            let followers = distinct(|r| r.follower);
-            let states = master_states(&mut *conn, &masters).await?;
-            let funds = accounts_funds(&mut *conn, &masters).await?;
-            let bases = load_bases_of(&mut *conn, &followers).await?;
-            let decided = load_decided_of(&mut *conn, &followers).await?;
+            let masters = bigints(&distinct(|r| r.master));
+            let followers = bigints(&distinct(|r| r.follower));
+            let statements = [
+                with_literals(MASTER_STATES_SQL, |_| masters.clone()),
+                with_literals(FUNDS_SQL, |_| masters.clone()),
+                with_literals(BASES_SQL, |_| followers.clone()),
+                with_literals(DECIDED_SQL, |_| followers.clone()),
+            ];
+            let [states, funds, bases, decided]: [Vec<PgRow>; 4] = fetch_each(conn, &statements)
+                .await?
+                .try_into()
+                .expect("fetch_each answers each statement");
             let read_at = tokio::time::Instant::now();
+            let states = master_states_from(&states)?;
+            let funds = funds_from(&funds)?;
+            let bases = bases_from(&bases)?;
+            let decided = decided_from(&decided)?;
             Ok(reads
                 .iter()
                 .map(|r| {
@@ -116,8 +131,8 @@ pub struct LedgerRows {
     pub placed: Vec<super::ledger::Placed>,
 }
 
-/// The node's reader of what its followers ever copied and placed: two statements a batch, on
-/// one connection.
+/// The node's reader of what its followers ever copied and placed: two statements a batch, sent
+/// as one message on one connection.
 pub type LedgerReader = BatchWriter<LedgerRead>;
 
 impl Batched for LedgerRead {
@@ -135,8 +150,23 @@ impl Batched for LedgerRead {
                 .iter()
                 .map(|r| (r.follower, r.server.clone(), r.login.clone()))
                 .collect();
-            let copied = super::ledger::copied_of(conn, &keys).await?;
-            let placed = super::ledger::placed_of(conn, &keys).await?;
+            let (followers, servers, logins) = key_columns(&keys);
+            let columns = |n: usize| match n {
+                1 => bigints(&followers),
+                2 => texts(&servers),
+                3 => texts(&logins),
+                other => unreachable!("the ledger reads have no parameter ${other}"),
+            };
+            let statements = [
+                with_literals(COPIED_SQL, columns),
+                with_literals(PLACED_SQL, columns),
+            ];
+            let [copied, placed]: [Vec<PgRow>; 2] = fetch_each(conn, &statements)
+                .await?
+                .try_into()
+                .expect("fetch_each answers each statement");
+            let copied = copied_from(&copied)?;
+            let placed = placed_from(&placed)?;
             Ok(keys
                 .iter()
                 .map(|k| LedgerRows {
