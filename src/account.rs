@@ -23,9 +23,20 @@ pub(crate) async fn run(
     ctx: AccountContext,
     asked: Option<crate::db::copy::AccountRowAsked>,
 ) -> anyhow::Result<()> {
-    let row = match asked {
-        Some(asked) => asked.outcome().await.and_then(|read| read),
-        None => ctx.node.read_account(ctx.account_id).await,
+    let read = async {
+        match asked {
+            Some(asked) => asked.outcome().await.and_then(|read| read),
+            None => ctx.node.read_account(ctx.account_id).await,
+        }
+    };
+    // Stopped meanwhile (a shutdown, a lost lease), the task does not wait for the read: on a
+    // database that stopped answering it may never come.
+    let row = tokio::select! {
+        read = read => read,
+        () = ctx.cancel.cancelled() => {
+            info!("account session stopped before its row was read");
+            return Ok(());
+        }
     }
     .map_err(|e| anyhow::anyhow!("reading the account row: {e}"))?;
     let Some(mut row) = row else {

@@ -162,15 +162,13 @@ pub async fn start(
 
         check_schema(config, session, options.migrate, &shutdown).await?;
 
-        let pool = db::Db::new(
-            db::node_pool(
-                node_options.clone(),
-                node.lease.saturating_sub(node.fence),
-                session,
-            ),
+        let node_pool = db::node_pool(
+            node_options.clone(),
+            node.lease.saturating_sub(node.fence),
             session,
-        )
-        .measured(metrics.pool());
+        );
+        tokio::spawn(db::warm(node_pool.clone()));
+        let pool = db::Db::new(node_pool, session).measured(metrics.pool());
         // Each batch writer's own connection (see `db::writer_pool`).
         let writer_db = || {
             db::Db::new(

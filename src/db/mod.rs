@@ -534,8 +534,11 @@ pub async fn admin_connect(url: &Secret) -> Result<sqlx::PgConnection, AdminConn
 /// How long a pooled connection may sit idle and still be handed out without a ping.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
+/// How many connections a node's pool holds ([`node_pool`]).
+pub const POOL_SIZE: u32 = 8;
+
 /// The pool for a node's non-cycle work (publications, reconcile reads, status writes,
-/// releases); connects lazily. The cycle has a connection of its own. A connection idle for
+/// releases); connects lazily, and [`warm`] opens every connection ahead of need. The cycle has a connection of its own. A connection idle for
 /// [`PING_AFTER_IDLE`] or longer is pinged before it is handed out (a dead one is closed and
 /// another taken: after a restart or failover, stale connections are found before use); one
 /// in steady use is not, so a burst of work (a thousand followers' copies, a hundred masters'
@@ -547,8 +550,9 @@ pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration, session: 
         // A slow acquire is the histogram `copier_db_pool_wait_seconds` ([`Db::run`]), not a
         // warning per acquire: a node short of connections for a while would log thousands.
         .acquire_slow_level(log::LevelFilter::Debug)
-        .max_connections(8)
-        .min_connections(0)
+        .max_connections(POOL_SIZE)
+        // Kept open once [`warm`] opened them: a connection closed for idleness is replaced.
+        .min_connections(POOL_SIZE)
         .acquire_timeout(acquire_timeout)
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
@@ -563,6 +567,27 @@ pub fn node_pool(options: PgConnectOptions, acquire_timeout: Duration, session: 
             Box::pin(async move { open_session(conn, &session).await })
         })
         .connect_lazy_with(options)
+}
+
+/// Opens every connection of a node's pool ([`POOL_SIZE`]) one after another, and hands them
+/// back to it: run once as the node starts. Left to open as work needs them, a pool used by a
+/// few steady units opened the rest in a burst, inside the burst's own time: traced on
+/// 2026-12-07 in a SIGTERM hand-off's receiver, two or three connections opened while the moved
+/// followers' first reads waited, each several milliseconds on a busy machine (the connection,
+/// its authentication and the bounds' check), which those followers' first copies waited for.
+/// A database that cannot be reached now ends the warm-up (logged at debug): the connections
+/// then open as work needs them, as before.
+pub async fn warm(pool: PgPool) {
+    let mut held = Vec::new();
+    while held.len() < POOL_SIZE as usize {
+        match pool.acquire().await {
+            Ok(conn) => held.push(conn),
+            Err(e) => {
+                tracing::debug!(opened = held.len(), error = %describe(&e), "the pool's warm-up stopped; its other connections open as work needs them");
+                return;
+            }
+        }
+    }
 }
 
 /// The one connection of a node's batch writer ([`batch::BatchWriter`]: the master publisher, the

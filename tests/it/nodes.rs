@@ -447,3 +447,37 @@ async fn renewals_are_hot_updates() {
         "{hot} HOT of {updates} renewals"
     );
 }
+
+/// A node opens its pool's connections as it starts, not in the burst that first needs them: a
+/// hand-off's receiver opened two or three while its moved followers' first reads waited, each
+/// several milliseconds on a busy machine. Judged by PostgreSQL: an idle node that owns nothing
+/// soon holds the pool's connections (`pg_stat_activity`, by the node's application name),
+/// besides the lease cycle's.
+#[tokio::test]
+async fn a_node_opens_its_pools_connections_as_it_starts() {
+    let db = crate::support::TestDb::new().await;
+    let node = crate::support::start_node(&crate::support::config(
+        &db,
+        "warm",
+        10,
+        crate::support::FAST,
+    ))
+    .await;
+    let mut watcher = db.conn().await;
+    crate::support::eventually(
+        "the node's pool connections open",
+        Duration::from_secs(20),
+        async || {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node warm'",
+            )
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+            (open > i64::from(copier_node::db::POOL_SIZE)).then_some(())
+        },
+    )
+    .await;
+    node.shutdown();
+    node.wait().await.unwrap();
+}

@@ -83,14 +83,39 @@ pub async fn copied_of(
     conn: &mut PgConnection,
     keys: &[LedgerKey],
 ) -> Result<HashMap<LedgerKey, Vec<Copied>>, sqlx::Error> {
+    copied_from(&rows_of_keys(conn, COPIED_SQL, keys).await?)
+}
+
+/// The rows of `sql` (a statement over the keys' columns, [`key_columns`]) for `keys`.
+async fn rows_of_keys(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    keys: &[LedgerKey],
+) -> Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
     let (followers, servers, logins) = key_columns(keys);
-    let rows = sqlx::query(COPIED_SQL)
+    sqlx::query(sql)
         .bind(&followers)
         .bind(&servers)
         .bind(&logins)
         .fetch_all(conn)
-        .await?;
-    copied_from(&rows)
+        .await
+}
+
+/// Values grouped by the ledger key they were read for.
+type Keyed<V> = HashMap<LedgerKey, Vec<V>>;
+
+/// Rows of (follower, server, login, then four columns), the four grouped by their key.
+fn by_key<A, B, C, D>(rows: &[sqlx::postgres::PgRow]) -> Result<Keyed<(A, B, C, D)>, sqlx::Error>
+where
+    (i64, String, String, A, B, C, D): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    let rows: Vec<(i64, String, String, A, B, C, D)> = rows
+        .iter()
+        .map(sqlx::FromRow::from_row)
+        .collect::<Result<_, _>>()?;
+    Ok(super::grouped(rows.into_iter().map(
+        |(follower, server, login, a, b, c, d)| ((follower, server, login), (a, b, c, d)),
+    )))
 }
 
 /// [`copied_of`]'s statement: $1, $2, $3 the keys' followers, servers and logins ([`key_columns`]).
@@ -106,19 +131,7 @@ pub(super) const COPIED_SQL: &str = "SELECT q.follower_id, q.server, q.login,
 pub(super) fn copied_from(
     rows: &[sqlx::postgres::PgRow],
 ) -> Result<HashMap<LedgerKey, Vec<Copied>>, sqlx::Error> {
-    type Found = (i64, String, String, i64, i64, i64, Option<f64>);
-    let rows: Vec<Found> = rows
-        .iter()
-        .map(sqlx::FromRow::from_row)
-        .collect::<Result<_, _>>()?;
-    Ok(super::grouped(rows.into_iter().map(
-        |(follower, server, login, link, master_ticket, ticket, volume)| {
-            (
-                (follower, server, login),
-                (link, master_ticket, ticket, volume),
-            )
-        },
-    )))
+    by_key(rows)
 }
 
 /// The follower's most recent copies, newest first.
@@ -309,14 +322,7 @@ pub async fn placed_of(
     conn: &mut PgConnection,
     keys: &[LedgerKey],
 ) -> Result<HashMap<LedgerKey, Vec<Placed>>, sqlx::Error> {
-    let (followers, servers, logins) = key_columns(keys);
-    let rows = sqlx::query(PLACED_SQL)
-        .bind(&followers)
-        .bind(&servers)
-        .bind(&logins)
-        .fetch_all(conn)
-        .await?;
-    placed_from(&rows)
+    placed_from(&rows_of_keys(conn, PLACED_SQL, keys).await?)
 }
 
 /// [`placed_of`]'s statement: $1, $2, $3 as [`COPIED_SQL`]'s.
@@ -332,19 +338,7 @@ pub(super) const PLACED_SQL: &str = "SELECT q.follower_id, q.server, q.login,
 pub(super) fn placed_from(
     rows: &[sqlx::postgres::PgRow],
 ) -> Result<HashMap<LedgerKey, Vec<Placed>>, sqlx::Error> {
-    type Found = (i64, String, String, i64, i64, Option<i64>, bool);
-    let rows: Vec<Found> = rows
-        .iter()
-        .map(sqlx::FromRow::from_row)
-        .collect::<Result<_, _>>()?;
-    Ok(super::grouped(rows.into_iter().map(
-        |(follower, server, login, link, master_ticket, ticket, ended)| {
-            (
-                (follower, server, login),
-                (link, master_ticket, ticket, ended),
-            )
-        },
-    )))
+    by_key(rows)
 }
 
 /// One copy to record, with the writer's ownership of the follower.
