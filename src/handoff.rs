@@ -26,8 +26,9 @@
 //! What keeps two owners from both sending is unchanged: R can send nothing before its claim
 //! (the prepared login is not a [`crate::broker::Session`] until raised), and its claim cannot
 //! commit before O's release. A SIGTERM hand-off is prepared the same way, one offer per account
-//! to the peer that will take it ([`crate::lease::Core::begin_shutdown`]); each account's gate
-//! closes once its receiver answered, and it is released on its own.
+//! to the peer that will take it ([`crate::lease::Core::begin_shutdown`]). The hand-offs one step
+//! asks for (a shutdown's, one fair-share move's) go together ([`Together`]): their gates close
+//! once every receiver of the step has answered, and their releases go in one statement.
 
 use std::time::Duration;
 
@@ -55,6 +56,137 @@ pub const MAX_PREPARED: usize = 1000;
 
 /// The longest a prepared login may take (a slower broker gets no preparation).
 const PREPARE_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long the releases of hand-offs whose gates closed together ([`Together`]) wait for a
+/// member whose session is slow to stop (an order still on its way to a slow trade server):
+/// the others then go without it. About what a second release and claim cost on a hand-off's
+/// path under its load (a release statement, its announcement, the receiver's claim: each a
+/// few milliseconds when traced on a two-core machine), so waiting longer would cost the
+/// others more than the straggler's own statement does.
+pub const TOGETHER_WITHIN: Duration = Duration::from_millis(5);
+
+/// The hand-offs one step asked for together (a shutdown's, one fair-share move's): each session
+/// copies on until every receiver of the step has answered (or its offer's wait passed), then
+/// their gates close together, and their releases, once their sessions stopped, go to the
+/// releaser as one batch. A hand-off's gap (from the old owner's gate closing to the new owner's
+/// first order) is then one release, one claim and one start for the whole step, where accounts
+/// answered a moment apart went through them in waves, each a statement behind the last: a
+/// trade in any of those gaps was late for the followers caught in it.
+///
+/// Nothing here grants anything: a gate closes later than it would alone (its session copies
+/// on meanwhile, as the owner), and a release still comes only after its session stopped.
+#[derive(Debug, Default)]
+pub struct Together {
+    state: std::sync::Mutex<TogetherState>,
+    /// Fired once the step is sealed and every member's offer is over.
+    answered: CancellationToken,
+}
+
+#[derive(Debug, Default)]
+struct TogetherState {
+    /// Every member of the step has joined ([`Together::seal`]).
+    sealed: bool,
+    /// Members whose offer is not over yet.
+    unanswered: usize,
+    /// Members whose gates close together (one whose receiver declined leaves).
+    members: std::collections::HashSet<(i64, i64)>,
+    /// Members whose gates closed together and whose releases have not come yet.
+    closing: std::collections::HashSet<(i64, i64)>,
+    /// Releases that came, waiting for the rest: each job and where its handle goes.
+    releases: Vec<(db::lease::Releasing, oneshot::Sender<ReleaseHandle>)>,
+}
+
+/// A release handed to the releaser ([`Together::release`]): its outcome when awaited.
+pub type ReleaseHandle = db::batch::Submitted<bool>;
+
+impl Together {
+    fn state(&self) -> std::sync::MutexGuard<'_, TogetherState> {
+        self.state.lock().expect("never poisoned")
+    }
+
+    /// (account, epoch) is offered as part of this step.
+    pub fn join(&self, key: (i64, i64)) {
+        let mut state = self.state();
+        state.unanswered += 1;
+        state.members.insert(key);
+    }
+
+    /// Every member has joined: once their offers are over, their gates close.
+    pub fn seal(&self) {
+        let mut state = self.state();
+        state.sealed = true;
+        self.check(&mut state);
+    }
+
+    /// The offer of `key` is over (answered, declined, or its wait passed). A member whose
+    /// receiver declined leaves the step: its session goes on, or stops on its own.
+    pub fn answered(&self, key: (i64, i64), declined: bool) {
+        let mut state = self.state();
+        state.unanswered = state.unanswered.saturating_sub(1);
+        if declined {
+            state.members.remove(&key);
+        }
+        self.check(&mut state);
+    }
+
+    fn check(&self, state: &mut TogetherState) {
+        if state.sealed && state.unanswered == 0 && !self.answered.is_cancelled() {
+            state.closing = state.members.clone();
+            self.answered.cancel();
+        }
+    }
+
+    /// Returns once every member's offer is over.
+    pub async fn all_answered(&self) {
+        self.answered.cancelled().await;
+    }
+
+    /// The release of `key`, a member whose gate closed with the others': it goes with the
+    /// other members' once they all came (or [`TOGETHER_WITHIN`] after the first). `None` when
+    /// it goes alone (not closed with the others, or they went already).
+    pub fn release(
+        self: &std::sync::Arc<Self>,
+        key: (i64, i64),
+        job: db::lease::Releasing,
+        releaser: &db::lease::Releaser,
+    ) -> Option<oneshot::Receiver<ReleaseHandle>> {
+        let mut state = self.state();
+        if !state.closing.remove(&key) {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        state.releases.push((job, tx));
+        if state.closing.is_empty() {
+            Self::send(&mut state, releaser);
+        } else if state.releases.len() == 1 {
+            let (together, releaser) = (self.clone(), releaser.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(TOGETHER_WITHIN).await;
+                let mut state = together.state();
+                if !state.closing.is_empty() {
+                    debug!(
+                        waiting_for = state.closing.len(),
+                        "releasing the hand-offs closed together without the sessions still stopping"
+                    );
+                }
+                state.closing.clear();
+                Self::send(&mut state, &releaser);
+            });
+        }
+        Some(rx)
+    }
+
+    fn send(state: &mut TogetherState, releaser: &db::lease::Releaser) {
+        if state.releases.is_empty() {
+            return;
+        }
+        let (jobs, handles): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut state.releases).into_iter().unzip();
+        for (submitted, handle) in releaser.submit_all(jobs).into_iter().zip(handles) {
+            let _ = handle.send(submitted);
+        }
+    }
+}
 
 /// Offers `account_id` to `to` and waits, the session still copying, for `to`'s answer, at most
 /// [`crate::session::Handoffs::wait`], or until `stopped` fires (the session was stopped for good: shutdown, a
@@ -292,5 +424,51 @@ async fn prepare(node: &NodeServices, offer: &Handoff, shutdown: &CancellationTo
             account_id,
             "prepared login not claimed here in time: logged out"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `together`'s members may close their gates now.
+    fn all_answered(together: &Together) -> bool {
+        futures_util::FutureExt::now_or_never(together.all_answered()).is_some()
+    }
+
+    #[test]
+    fn a_steps_gates_close_once_it_is_sealed_and_every_offer_is_over() {
+        let together = Together::default();
+        let (a, b, c) = ((1, 10), (2, 20), (3, 30));
+        together.join(a);
+        together.join(b);
+        together.answered(a, false);
+        together.answered(b, false);
+        assert!(
+            !all_answered(&together),
+            "not sealed: more of the step may still join"
+        );
+        together.join(c);
+        together.seal();
+        assert!(!all_answered(&together), "c's offer is not over");
+        together.answered(c, true);
+        assert!(all_answered(&together));
+        // The members that close together are those whose receivers did not decline.
+        let closing = together.state().closing.clone();
+        assert_eq!(
+            closing,
+            [a, b].into_iter().collect(),
+            "c's receiver declined: its session goes on (or stops on its own)"
+        );
+    }
+
+    #[test]
+    fn a_step_sealed_after_its_last_answer_closes_at_the_seal() {
+        let together = Together::default();
+        together.join((1, 10));
+        together.answered((1, 10), false);
+        assert!(!all_answered(&together));
+        together.seal();
+        assert!(all_answered(&together));
     }
 }

@@ -21,6 +21,7 @@ use crate::account::{self, AccountContext, NodeServices};
 use crate::db;
 use crate::db::lease::OwnedRow;
 use crate::gate::AccountGate;
+use crate::handoff;
 use crate::retry;
 use crate::status_writer::{Lost, StatusWriter};
 use crate::trust::MonoBase;
@@ -99,6 +100,11 @@ pub trait Host {
         gate.close();
         self.cancel(session);
     }
+    /// Every hand-off of one step (a shutdown's, one fair-share move's) has been asked
+    /// ([`Host::hand_off`] for each): a host that keeps their sessions copying for their
+    /// receivers may close their gates together, once every receiver has answered, and release
+    /// them together. Nothing by default.
+    fn handed_off_together(&mut self) {}
     /// The longest a handed-off session may copy on for its receiver ([`Host::hand_off`]).
     /// Zero by default (no waiting).
     fn handoff_wait(&self) -> Duration {
@@ -131,7 +137,9 @@ pub struct NodeHost {
     /// Hand-offs offered, by (account, epoch): `true` once the receiver answered that it will
     /// claim (the release then names it, and only it wakes: [`crate::channels::Release`]). The release takes the entry, so an answer arriving after
     /// it (the session ended on its own meanwhile) finds none and leaves none behind.
-    claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), bool>>>,
+    claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), Offered>>>,
+    /// The step whose hand-offs are being asked ([`Host::handed_off_together`] seals it).
+    forming: Option<Arc<handoff::Together>>,
     /// The rows asked for the sessions about to start ([`Host::starting_together`]), taken by
     /// their [`Host::start`].
     rows_asked: HashMap<i64, crate::db::copy::AccountRowAsked>,
@@ -215,16 +223,22 @@ impl Host for NodeHost {
         let (gate, session, to) = (gate.clone(), session.clone(), to.to_string());
         let claimed_by_receiver = self.claimed_by_receiver.clone();
         let events = self.events.clone();
-        claimed_by_receiver
-            .lock()
-            .expect("never poisoned")
-            .insert((account_id, gate.epoch()), false);
+        let key = (account_id, gate.epoch());
+        let together = self.forming.get_or_insert_with(Arc::default).clone();
+        together.join(key);
+        claimed_by_receiver.lock().expect("never poisoned").insert(
+            key,
+            Offered {
+                claims: false,
+                together: together.clone(),
+            },
+        );
         self.shared.tracker.spawn(
             async move {
                 // The session copies on, behind its gate, until the receiver is ready.
                 let answered =
                     crate::handoff::offer(&services, account_id, &to, leaving, &session).await;
-                let key = (account_id, gate.epoch());
+                together.answered(key, answered == Some(false));
                 if answered == Some(false) {
                     // The receiver said it will not claim (no room): the supervisor decides
                     // (a fair-share move is called off, a shutdown's hand-off stops here).
@@ -241,12 +255,19 @@ impl Host for NodeHost {
                 }
                 // Named only when the receiver said it will claim: a release named to a
                 // receiver that did not answer in time (slow, paused, dead) would wake only it.
-                if let Some(claims) = claimed_by_receiver
+                if let Some(offered) = claimed_by_receiver
                     .lock()
                     .expect("never poisoned")
                     .get_mut(&key)
                 {
-                    *claims = answered == Some(true);
+                    offered.claims = answered == Some(true);
+                }
+                // It copies on until the step's other receivers answered too (their offers end
+                // within the same wait): the step's gates close together.
+                tokio::select! {
+                    () = together.all_answered() => {}
+                    () = session.cancelled() => {}
+                    () = tokio::time::sleep(services.handoffs.wait()) => {}
                 }
                 gate.close();
                 session.cancel();
@@ -259,6 +280,12 @@ impl Host for NodeHost {
         );
     }
 
+    fn handed_off_together(&mut self) {
+        if let Some(together) = self.forming.take() {
+            together.seal();
+        }
+    }
+
     fn handoff_wait(&self) -> Duration {
         self.shared.services.handoffs.wait()
     }
@@ -267,33 +294,43 @@ impl Host for NodeHost {
         let releaser = self.shared.services.releaser.clone();
         let node_id: Arc<str> = self.shared.services.node_id.as_str().into();
         // Named only when the receiver said it will claim; otherwise a few peers with room wake.
-        let claims = self
+        let offered = self
             .claimed_by_receiver
             .lock()
             .expect("never poisoned")
-            .remove(&(account_id, epoch))
-            .unwrap_or(false);
+            .remove(&(account_id, epoch));
+        let claims = offered.as_ref().is_some_and(|o| o.claims);
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
         let unclaimed = self.shared.services.unclaimed.clone();
         let checks = self.shared.checks.clone();
+        let job = db::lease::Releasing {
+            node_id: node_id.clone(),
+            release: db::lease::Release {
+                account_id,
+                epoch,
+                status: status.to_string(),
+                to: to.clone(),
+            },
+        };
+        // A hand-off whose gate closed with its step's: it goes with theirs.
+        let mut together = offered.and_then(|o| {
+            o.together
+                .release((account_id, epoch), job.clone(), &releaser)
+        });
         self.shared.tracker.spawn(async move {
             const ATTEMPTS: u32 = 5;
             let mut retry = retry::RELEASE.start();
             let mut released = false;
             for attempt in 1..=ATTEMPTS {
                 // Gathered with the node's other releases of the moment: one statement.
-                let result = releaser
-                    .write(db::lease::Releasing {
-                        node_id: node_id.clone(),
-                        release: db::lease::Release {
-                            account_id,
-                            epoch,
-                            status: status.to_string(),
-                            to: to.clone(),
-                        },
-                    })
-                    .await;
+                let result = match together.take() {
+                    Some(handle) => match handle.await {
+                        Ok(submitted) => submitted.outcome().await,
+                        Err(_) => Err("the hand-offs released together were dropped".to_string()),
+                    },
+                    None => releaser.write(job.clone()).await,
+                };
                 match result {
                     Ok(false) => {
                         info!(account_id, epoch, "release found the account no longer ours; nothing to release");
@@ -368,6 +405,15 @@ impl Host for NodeHost {
     }
 }
 
+/// A hand-off offered by this node ([`NodeHost::hand_off`]), until its release.
+#[derive(Debug)]
+struct Offered {
+    /// The receiver answered that it will claim (the release then names it).
+    claims: bool,
+    /// The step it was asked in: its gate closes, and it is released, with the step's others.
+    together: Arc<handoff::Together>,
+}
+
 /// How long after its release an account, if still free, is announced again naming nobody
 /// ([`db::lease::announce_unclaimed`]): the named receiver, or the few nodes a release naming
 /// no one wakes, claim within milliseconds of the announcement on a healthy database.
@@ -419,6 +465,7 @@ impl Supervisor<NodeHost> {
             shared,
             events,
             claimed_by_receiver: Arc::default(),
+            forming: None,
             rows_asked: HashMap::new(),
         })
     }
@@ -733,6 +780,7 @@ impl<H: Host> Supervisor<H> {
                 None => self.stop(id, None),
             }
         }
+        self.host.handed_off_together();
     }
 
     /// The longest a handed-off session copies on for its receiver.
@@ -759,6 +807,7 @@ impl<H: Host> Supervisor<H> {
             );
             self.hand_off(*id, to, false, REBALANCED);
         }
+        self.host.handed_off_together();
         chosen
     }
 

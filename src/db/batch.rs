@@ -154,7 +154,8 @@ type Job<J> = (J, Reply<J>);
 /// The handle callers write through; the writer ends when the last handle is dropped.
 #[derive(Debug)]
 pub struct BatchWriter<J: Batched> {
-    jobs: mpsc::UnboundedSender<Job<J>>,
+    /// Jobs handed over together arrive together ([`BatchWriter::submit_all`]).
+    jobs: mpsc::UnboundedSender<Vec<Job<J>>>,
     /// Ends a writer's wait for orders ([`BatchWriter::hurry`]).
     hurried: Arc<Notify>,
 }
@@ -254,7 +255,7 @@ impl<J: Batched> BatchWriter<J> {
     }
 
     fn start(db: Db, orders: Option<(Arc<Orders>, Duration)>, on: On) -> Self {
-        let (jobs, rx) = mpsc::unbounded_channel::<Job<J>>();
+        let (jobs, rx) = mpsc::unbounded_channel::<Vec<Job<J>>>();
         let hurried = Arc::new(Notify::new());
         let giving_way = orders.map(|(orders, at_most)| GivingWay {
             orders,
@@ -279,13 +280,29 @@ impl<J: Batched> BatchWriter<J> {
     /// database's error (whether it committed is then unknown), when the returned handle is
     /// awaited.
     pub fn submit(&self, job: J) -> Submitted<J::Outcome> {
-        let (tx, rx) = oneshot::channel();
-        // A stopped writer drops the job with its reply: the handle then says so.
-        let _ = self.jobs.send((job, tx));
-        Submitted {
-            what: J::WHAT,
-            reply: Some(rx),
-        }
+        self.submit_all(vec![job])
+            .pop()
+            .expect("one handle per job")
+    }
+
+    /// Hands `jobs` to the writer at once: they go in the same batch (up to [`Batched::MAX`] a
+    /// batch), even to a writer that is idle, which would otherwise send the first alone as it
+    /// arrives and the rest behind it, a statement later. One handle per job, in order.
+    pub fn submit_all(&self, jobs: Vec<J>) -> Vec<Submitted<J::Outcome>> {
+        let (queued, handles): (Vec<Job<J>>, Vec<_>) = jobs
+            .into_iter()
+            .map(|job| {
+                let (tx, rx) = oneshot::channel();
+                let handle = Submitted {
+                    what: J::WHAT,
+                    reply: Some(rx),
+                };
+                ((job, tx), handle)
+            })
+            .unzip();
+        // A stopped writer drops the jobs with their replies: the handles then say so.
+        let _ = self.jobs.send(queued);
+        handles
     }
 
     /// Writes `job` with whatever else is queued and waits for its own outcome.
@@ -327,43 +344,51 @@ struct GivingWay {
 
 async fn run<J: Batched>(
     db: Db,
-    mut rx: mpsc::UnboundedReceiver<Job<J>>,
+    mut rx: mpsc::UnboundedReceiver<Vec<Job<J>>>,
     giving_way: Option<GivingWay>,
     on: On,
 ) {
+    // Jobs received and not yet written: what a batch of more than [`Batched::MAX`] left.
+    let mut queued: std::collections::VecDeque<Job<J>> = std::collections::VecDeque::new();
     loop {
         // A pooled connection is the pool's to keep alive.
         let idle = match on {
             On::Own => crate::db::KEEPALIVE,
             On::Background | On::Pool => Duration::MAX,
         };
-        let first = match tokio::time::timeout(idle, rx.recv()).await {
-            Ok(Some(first)) => first,
-            Ok(None) => return,
-            Err(_) => {
-                if let Err(e) = db
-                    .run(async |conn| sqlx::Connection::ping(conn).await)
-                    .await
-                {
-                    debug!(what = J::WHAT, error = %crate::db::describe(&e), "the writer's idle connection failed its ping; it is replaced");
+        let arrived = if !queued.is_empty() {
+            Vec::new()
+        } else {
+            match tokio::time::timeout(idle, rx.recv()).await {
+                Ok(Some(arrived)) => arrived,
+                Ok(None) => return,
+                Err(_) => {
+                    if let Err(e) = db
+                        .run(async |conn| sqlx::Connection::ping(conn).await)
+                        .await
+                    {
+                        debug!(what = J::WHAT, error = %crate::db::describe(&e), "the writer's idle connection failed its ping; it is replaced");
+                    }
+                    continue;
                 }
-                continue;
             }
         };
+        queued.extend(arrived);
+        if queued.is_empty() {
+            // An empty hand-over (nothing submitted).
+            continue;
+        }
         if let Some(way) = &giving_way {
             tokio::select! {
                 _ = way.orders.quiet_for(QUIET, way.at_most) => {}
                 () = way.hurried.notified() => {}
             }
         }
-        let mut batch = vec![first];
-        while batch.len() < J::MAX {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
+        while let Ok(arrived) = rx.try_recv() {
+            queued.extend(arrived);
         }
-        let (writes, replies): (Vec<J>, Vec<_>) = batch.into_iter().unzip();
+        let take = queued.len().min(J::MAX);
+        let (writes, replies): (Vec<J>, Vec<_>) = queued.drain(..take).unzip();
         let mut result = on
             .run(&db, async |conn| J::write_batch(conn, &writes).await)
             .await;

@@ -2,10 +2,13 @@
 //! broker as MT4/MT5 servers behave (no fence check, no client-order-id dedupe) with a slow
 //! login. Judged from the broker's journal alone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use copier_node::broker::types::Side;
+use copier_node::db::lease::{Release, Releaser, Releasing};
+use copier_node::handoff::Together;
+use copier_node::sim_broker::server::{ServeOptions, SimBroker};
 use sqlx::postgres::PgListener;
 
 use crate::support::broker::journal;
@@ -493,6 +496,308 @@ async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies
     b.shutdown();
     b.wait().await.unwrap();
     broker.stop().await;
+}
+
+/// A shutdown's hand-offs are one step: each session copies on until every receiver of the step
+/// has answered, then their gates close together, their releases go in one statement, and the
+/// receiver claims them in one cycle (one gap for all, where answers a moment apart made
+/// several, one behind the other). One follower is on a trade server whose logins are slow, so
+/// the receiver answers for it a login after the others: a trade made meanwhile is still copied
+/// by the stopping node, to every follower it holds. Judged by a trigger of the test's own, which
+/// records in PostgreSQL the transaction of every change of an account's owner, and by the
+/// brokers' journals (fence check and dedupe off): nothing copied twice.
+#[tokio::test]
+async fn a_shutdowns_hand_offs_close_together_and_move_in_one_release_and_one_claim() {
+    let CopySetup {
+        db,
+        dir,
+        broker,
+        t,
+        mut conn,
+        addr,
+    } = CopySetup::unprotected("handoff-together").await;
+    let mut slow_options = ServeOptions::new("127.0.0.1:0", dir.path("slow.jsonl"));
+    slow_options.fence_check = false;
+    slow_options.dedupe = false;
+    slow_options.login_delay = LOGIN_DELAY;
+    let slow = SimBroker::start(slow_options).await.unwrap();
+    // A master and five followers on the quick server, follower 7 on the slow one. A fair-share
+    // move hands the oldest claimed off first (the lowest ids, all claimed in one cycle), so a
+    // keeps the slow follower.
+    add_account(&mut conn, 1, "master", &addr, "m1").await;
+    for id in 2..=7 {
+        let server = if id == 7 {
+            slow.addr.to_string()
+        } else {
+            addr.clone()
+        };
+        add_account(&mut conn, id, "follower", &server, &format!("f{id}")).await;
+        add_link(&mut conn, 1, id, LinkSpec::default()).await;
+    }
+    let mut a_config = config(&db, "a", 100, FAST);
+    a_config.handoff_prepare = Duration::from_secs(10);
+    let a = start_node(&a_config).await;
+    wait_state(&a.state, "a owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    followers_reconciled(&mut conn).await;
+    let b = start_node(&config(&db, "b", 100, FAST)).await;
+    let held_by_a = settled_split(&mut conn, &a, &b, 7).await;
+    wait_state(&b.state, "b at its fair share", WAIT, |s| {
+        s.target.is_some_and(|t| s.owned.len() as u32 >= t)
+    })
+    .await;
+    assert!(
+        held_by_a.contains(&"f7".to_string()) && !held_by_a.contains(&"m1".to_string()),
+        "a keeps the newest ids, the slow follower among them, and b the master: {held_by_a:?}"
+    );
+    let ids_of_a: BTreeSet<i64> = held_by_a
+        .iter()
+        .map(|login| login[1..].parse().unwrap())
+        .collect();
+
+    record_owner_changes(&mut conn).await;
+
+    let mut answers = PgListener::connect(&db.url).await.unwrap();
+    answers.listen("copier_handoff").await.unwrap();
+    a.shutdown();
+    // b answers for a's quick followers at once, for the slow one a login later.
+    let quick: BTreeSet<i64> = ids_of_a.iter().copied().filter(|id| *id != 7).collect();
+    let mut answered = BTreeSet::new();
+    tokio::time::timeout(WAIT, async {
+        while answered != quick {
+            let n = answers.recv().await.unwrap();
+            let v: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
+            let id = v["account_id"].as_i64().unwrap();
+            if v["ready"] == true && v["from"] == "a" && v["to"] == "b" {
+                assert_ne!(id, 7, "the slow follower answered before the quick ones");
+                answered.insert(id);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("b answers for {quick:?}; answered {answered:?}"));
+    let during = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    t.close("m1", during, None).await;
+
+    // Every follower a held copied the trade made after b answered for the quick ones: a's
+    // gates stayed open until b answered for the slow one too.
+    let copies_of = |journal_file: &str| {
+        let lines = journal(&dir.path(journal_file));
+        let mut copies: HashMap<(String, Option<String>), Vec<String>> = HashMap::new();
+        for l in lines
+            .iter()
+            .filter(|l| l.accepted && l.action == "open" && l.client != "manual")
+        {
+            copies
+                .entry((l.login.clone(), l.comment.clone()))
+                .or_default()
+                .push(l.client.clone());
+        }
+        copies
+    };
+    eventually("the trade copied to every follower", WAIT, async || {
+        let (quick_journal, slow_journal) = (copies_of("journal.jsonl"), copies_of("slow.jsonl"));
+        let comment = Some(format!("mc{during}"));
+        (2..=7)
+            .all(|id| {
+                let copies = if id == 7 {
+                    &slow_journal
+                } else {
+                    &quick_journal
+                };
+                copies.contains_key(&(format!("f{id}"), comment.clone()))
+            })
+            .then_some(())
+    })
+    .await;
+    let mut copies = copies_of("journal.jsonl");
+    copies.extend(copies_of("slow.jsonl"));
+    assert!(
+        copies.values().all(|by| by.len() == 1),
+        "copied twice: {copies:?}"
+    );
+    for login in &held_by_a {
+        assert_eq!(
+            copies[&(login.clone(), Some(format!("mc{during}")))],
+            ["a"],
+            "{login}: the stopping node copies until the step's last receiver answered"
+        );
+    }
+
+    // One release of everything a held, and one claim of it by b.
+    let changes = owner_changes(&mut conn).await;
+    let moved = |from: Option<&str>, to: Option<&str>| {
+        let these: Vec<&OwnerChange> = changes
+            .iter()
+            .filter(|c| c.old_node.as_deref() == from && c.new_node.as_deref() == to)
+            .collect();
+        let transactions: BTreeSet<&str> = these.iter().map(|c| c.xact.as_str()).collect();
+        (
+            these.iter().map(|c| c.id).collect::<BTreeSet<i64>>(),
+            transactions.len(),
+        )
+    };
+    assert_eq!(
+        moved(Some("a"), None),
+        (ids_of_a.clone(), 1),
+        "a's accounts released in one transaction: {changes:?}"
+    );
+    assert_eq!(
+        moved(None, Some("b")),
+        (ids_of_a, 1),
+        "and claimed by b in one: {changes:?}"
+    );
+    assert_eq!(
+        changes.len(),
+        2 * held_by_a.len(),
+        "no other change of owner: {changes:?}"
+    );
+    b.shutdown();
+    b.wait().await.unwrap();
+    broker.stop().await;
+    slow.stop().await;
+}
+
+/// The releases of hand-offs closed together ([`Together`]) go in one statement once they all
+/// came, even to a releaser that is idle (which sends a lone write at once); a member whose
+/// session is slow to stop (its release not come within [`TOGETHER_WITHIN`]) does not hold the
+/// others, and goes alone when it comes. Judged by the test's own trigger: the transaction of
+/// each change of owner, as PostgreSQL ran it.
+#[tokio::test]
+async fn releases_closed_together_go_in_one_statement_without_waiting_for_a_straggler() {
+    let db = crate::support::TestDb::new().await;
+    let mut conn = db.conn().await;
+    for id in 1..=5 {
+        add_account(&mut conn, id, "follower", "127.0.0.1:1", &format!("f{id}")).await;
+    }
+    crate::support::insert_node(&mut conn, "n1", "1 minute", 5).await;
+    sqlx::query(
+        "UPDATE trading_accounts SET node_id = 'n1', owner_epoch = id * 10, \
+         lease_until = now() + interval '1 minute'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    record_owner_changes(&mut conn).await;
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let releaser = Releaser::spawn_pooled(copier_node::db::Db::direct(pool));
+    let job = |id: i64| Releasing {
+        node_id: "n1".into(),
+        release: Release {
+            account_id: id,
+            epoch: id * 10,
+            status: "released: shutdown".into(),
+            to: None,
+        },
+    };
+    let step = |ids: &[i64]| {
+        let together = std::sync::Arc::new(Together::default());
+        for &id in ids {
+            together.join((id, id * 10));
+        }
+        together.seal();
+        for &id in ids {
+            together.answered((id, id * 10), false);
+        }
+        together
+    };
+    let released = async |handle: Option<tokio::sync::oneshot::Receiver<_>>| {
+        let handle = handle.expect("a member closed with the others goes with them");
+        let outcome = tokio::time::timeout(WAIT, async {
+            let submitted: copier_node::handoff::ReleaseHandle = handle.await.unwrap();
+            submitted.outcome().await
+        })
+        .await
+        .expect("the releases closed together go without the member still stopping");
+        assert_eq!(outcome, Ok(true), "released");
+    };
+
+    // Accounts 1 and 2 came; 3 is still stopping: 1 and 2 go without it, and 3 alone after.
+    let together = step(&[1, 2, 3]);
+    let one = together.release((1, 10), job(1), &releaser);
+    let two = together.release((2, 20), job(2), &releaser);
+    released(one).await;
+    released(two).await;
+    assert!(
+        together.release((3, 30), job(3), &releaser).is_none(),
+        "the straggler goes alone"
+    );
+    assert_eq!(releaser.write(job(3)).await, Ok(true));
+    // Accounts 4 and 5 both came: they go at the second's coming, together.
+    let together = step(&[4, 5]);
+    let four = together.release((4, 40), job(4), &releaser);
+    let five = together.release((5, 50), job(5), &releaser);
+    released(four).await;
+    released(five).await;
+
+    let changes = owner_changes(&mut conn).await;
+    let released_in = |ids: &[i64]| transactions_of(&changes, &ids.iter().copied().collect()).len();
+    assert_eq!(released_in(&[1, 2]), 1, "{changes:?}");
+    assert_eq!(released_in(&[1, 2, 3]), 2, "{changes:?}");
+    assert_eq!(released_in(&[4, 5]), 1, "{changes:?}");
+    assert_eq!(changes.len(), 5, "every account released once: {changes:?}");
+}
+
+/// A change of an account's owner, as the test's trigger recorded it ([`record_owner_changes`]).
+#[derive(Debug)]
+struct OwnerChange {
+    /// The transaction that made it (PostgreSQL's id).
+    xact: String,
+    id: i64,
+    old_node: Option<String>,
+    new_node: Option<String>,
+}
+
+/// From now on, every change of an account row's owner is recorded with the transaction that
+/// made it, by a trigger of the test's own (read by [`owner_changes`]).
+async fn record_owner_changes(conn: &mut sqlx::PgConnection) {
+    sqlx::raw_sql(
+        r#"
+CREATE TABLE owner_changes (xact text NOT NULL, id bigint NOT NULL, old_node text, new_node text);
+CREATE FUNCTION note_owner_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO owner_changes VALUES (pg_current_xact_id()::text, NEW.id, OLD.node_id, NEW.node_id);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER note_owner_change AFTER UPDATE ON trading_accounts FOR EACH ROW
+    WHEN (OLD.node_id IS DISTINCT FROM NEW.node_id) EXECUTE FUNCTION note_owner_change();
+"#,
+    )
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+async fn owner_changes(conn: &mut sqlx::PgConnection) -> Vec<OwnerChange> {
+    let rows: Vec<(String, i64, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT xact, id, old_node, new_node FROM owner_changes")
+            .fetch_all(conn)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(xact, id, old_node, new_node)| OwnerChange {
+            xact,
+            id,
+            old_node,
+            new_node,
+        })
+        .collect()
+}
+
+/// The transactions that changed the owner of any of `ids`.
+fn transactions_of<'a>(changes: &'a [OwnerChange], ids: &BTreeSet<i64>) -> BTreeSet<&'a str> {
+    changes
+        .iter()
+        .filter(|c| ids.contains(&c.id))
+        .map(|c| c.xact.as_str())
+        .collect()
 }
 
 /// A prepared hand-off's receiver reads the account ahead of its claim, and its stream brings the
