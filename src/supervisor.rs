@@ -82,6 +82,15 @@ pub trait Host {
     /// for each): a host may ask for what every one of them reads first, all at once. Nothing by
     /// default.
     fn starting_together(&mut self, _account_ids: &[i64]) {}
+    /// A release announcement woke the node: the cycle about to run may claim the accounts it
+    /// prepared for hand-offs. A host may ask now, beside the cycle, for what their sessions
+    /// read first ([`Host::starting_together`] then takes it); [`Host::claims_over`] follows the
+    /// cycle. Nothing by default.
+    fn claims_soon(&mut self) {}
+    /// The cycle [`Host::claims_soon`] announced is over: what it asked ahead for accounts the
+    /// cycle did not claim is dropped (read before the cycle, it is used by that cycle's claims
+    /// alone). Nothing by default.
+    fn claims_over(&mut self) {}
     /// Starts a session again after it failed by itself, with the same gate and session handle.
     fn restart(&mut self, account_id: i64, gate: Arc<AccountGate>, session: &Self::Session);
     /// Asks a session to stop; it reports [`Event::Exited`] once its work in flight is done.
@@ -140,9 +149,14 @@ pub struct NodeHost {
     claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), Offered>>>,
     /// The step whose hand-offs are being asked ([`Host::handed_off_together`] seals it).
     forming: Option<Arc<handoff::Together>>,
+    /// The rows a shutdown's hand-offs released ([`Supervisor::released_at_shutdown`]).
+    released_at_shutdown: Arc<std::sync::Mutex<HashSet<(i64, i64)>>>,
     /// The rows asked for the sessions about to start ([`Host::starting_together`]), taken by
     /// their [`Host::start`].
     rows_asked: HashMap<i64, crate::db::copy::AccountRowAsked>,
+    /// The rows of the accounts prepared for hand-offs, asked as a release woke the node
+    /// ([`Host::claims_soon`]), for the sessions its next cycle's claims start.
+    rows_ahead: HashMap<i64, crate::db::copy::AccountRowAsked>,
 }
 
 impl Host for NodeHost {
@@ -161,14 +175,26 @@ impl Host for NodeHost {
     /// sent the first alone and the rest behind it, a round trip later, on a hand-off's path.
     fn starting_together(&mut self, account_ids: &[i64]) {
         self.rows_asked.clear();
+        let mut ask = Vec::new();
         for &id in account_ids {
-            let asked = self
-                .shared
-                .services
-                .accounts
-                .submit(crate::db::copy::AccountRead(id));
-            self.rows_asked.insert(id, asked);
+            match self.rows_ahead.remove(&id) {
+                // Read beside the claim (the row says nothing of who owns it).
+                Some(asked) => {
+                    self.rows_asked.insert(id, asked);
+                }
+                None => ask.push(id),
+            }
         }
+        self.rows_asked.extend(self.read_rows(ask));
+    }
+
+    fn claims_soon(&mut self) {
+        let prepared = self.shared.services.handoffs.prepared();
+        self.rows_ahead = self.read_rows(prepared).collect();
+    }
+
+    fn claims_over(&mut self) {
+        self.rows_ahead.clear();
     }
 
     fn start(&mut self, account_id: i64, _epoch: i64, gate: Arc<AccountGate>) -> CancellationToken {
@@ -302,6 +328,7 @@ impl Host for NodeHost {
         let claims = offered.as_ref().is_some_and(|o| o.claims);
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
+        let released_at_shutdown = (status == SHUTDOWN).then(|| self.released_at_shutdown.clone());
         let unclaimed = self.shared.services.unclaimed.clone();
         let checks = self.shared.checks.clone();
         let job = db::lease::Releasing {
@@ -338,6 +365,11 @@ impl Host for NodeHost {
                     }
                     Ok(true) => {
                         info!(account_id, epoch, reason = status, "account released");
+                        if let Some(rows) = &released_at_shutdown {
+                            rows.lock()
+                                .expect("never poisoned")
+                                .insert((account_id, epoch));
+                        }
                         released = true;
                         break;
                     }
@@ -405,6 +437,21 @@ impl Host for NodeHost {
     }
 }
 
+impl NodeHost {
+    /// Asks for the rows of `ids` at once (one batch: [`crate::db::batch::BatchWriter::submit_all`]).
+    fn read_rows(
+        &self,
+        ids: Vec<i64>,
+    ) -> impl Iterator<Item = (i64, crate::db::copy::AccountRowAsked)> + use<> {
+        let reads = ids
+            .iter()
+            .map(|&id| crate::db::copy::AccountRead(id))
+            .collect();
+        let asked = self.shared.services.accounts.submit_all(reads);
+        ids.into_iter().zip(asked)
+    }
+}
+
 /// A hand-off offered by this node ([`NodeHost::hand_off`]), until its release.
 #[derive(Debug)]
 struct Offered {
@@ -421,6 +468,9 @@ pub(crate) const UNCLAIMED_AFTER: Duration = Duration::from_secs(1);
 
 /// The release status of a fair-share move.
 const REBALANCED: &str = "released: rebalanced";
+
+/// The release status of a shutdown's hand-off.
+const SHUTDOWN: &str = "released: shutdown";
 
 #[derive(Debug)]
 struct Active<S> {
@@ -460,13 +510,25 @@ pub struct Supervisor<H: Host = NodeHost> {
 }
 
 impl Supervisor<NodeHost> {
+    /// The rows (account id, epoch) this node's shutdown has released so far: its leave
+    /// leaves them out (they are not this node's any more, and a peer may be claiming them).
+    pub fn released_at_shutdown(&self) -> HashSet<(i64, i64)> {
+        self.host
+            .released_at_shutdown
+            .lock()
+            .expect("never poisoned")
+            .clone()
+    }
+
     pub fn new(shared: NodeShared, events: mpsc::UnboundedSender<Event>) -> Self {
         Supervisor::with_host(NodeHost {
             shared,
             events,
             claimed_by_receiver: Arc::default(),
             forming: None,
+            released_at_shutdown: Arc::default(),
             rows_asked: HashMap::new(),
+            rows_ahead: HashMap::new(),
         })
     }
 }
@@ -775,7 +837,7 @@ impl<H: Host> Supervisor<H> {
                         to = to.as_str(),
                         "handing the account off (shutdown)"
                     );
-                    self.hand_off(id, Some(to), true, "released: shutdown");
+                    self.hand_off(id, Some(to), true, SHUTDOWN);
                 }
                 None => self.stop(id, None),
             }
@@ -820,6 +882,17 @@ impl<H: Host> Supervisor<H> {
     /// The lease loop reached the database again after failed cycles.
     pub fn database_back(&mut self) {
         self.host.database_back();
+    }
+
+    /// A release announcement woke the lease loop, whose next cycle may claim what this node
+    /// prepared ([`Host::claims_soon`]).
+    pub fn claims_soon(&mut self) {
+        self.host.claims_soon();
+    }
+
+    /// That cycle is over ([`Host::claims_over`]).
+    pub fn claims_over(&mut self) {
+        self.host.claims_over();
     }
 
     /// True when no task runs or stops and no release is in flight.

@@ -128,6 +128,9 @@ impl LeaseLoop {
         let mut next = Instant::now();
         // Cycles since the database's replication promise was last read.
         let mut unread: u32 = 0;
+        // A release announcement woke the loop: its next cycle may claim what this node
+        // prepared, and the supervisor's host asks for their rows beside it.
+        let mut woken = false;
         wake.set_room(core.room());
         loop {
             let lapse_at = core.lapse_at();
@@ -156,11 +159,16 @@ impl LeaseLoop {
                 }
                 _ = sleep_until(next) => {
                     wake.room_until(Instant::now() + core.late_after());
+                    if std::mem::take(&mut woken) {
+                        core.supervisor.claims_soon();
+                    }
                     next = cycle(&mut core, &connect, &session, &mut conn, &mut unread).await?;
+                    core.supervisor.claims_over();
                 }
                 _ = wake.notified(), if draining.is_none() => {
                     debug!("release announced by a peer (or listener reconnected): claiming now");
                     next = Instant::now();
+                    woken = true;
                 }
                 _ = starting.at_most(ADMIT_WHEN_STARTING), if core.awaits_admission() && draining.is_none() => {
                     if let Some(at) = core.admission() {
@@ -367,7 +375,12 @@ async fn leave(
     session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) {
-    let (held, kept) = core.leave_rows();
+    let (mut held, kept) = core.leave_rows();
+    // The rows its hand-offs released already are a peer's to claim: the leave, which locks
+    // each row it names before it tests whose it is, would make that peer's claim (which skips
+    // locked rows) leave them for its next cycle.
+    let released = core.supervisor.released_at_shutdown();
+    held.retain(|row| !released.contains(row));
     let announced = core.departure_announced();
     let node = &core.node;
     let mut retry = crate::retry::LEAVE.start();

@@ -508,76 +508,18 @@ async fn a_sigterm_hand_off_prepares_the_receiver_while_the_stopping_node_copies
 /// brokers' journals (fence check and dedupe off): nothing copied twice.
 #[tokio::test]
 async fn a_shutdowns_hand_offs_close_together_and_move_in_one_release_and_one_claim() {
+    let (setup, a, b, held_by_a, slow) = a_stopping_with_a_slow_follower("handoff-together").await;
     let CopySetup {
         db,
         dir,
         broker,
         t,
         mut conn,
-        addr,
-    } = CopySetup::unprotected("handoff-together").await;
-    let mut slow_options = ServeOptions::new("127.0.0.1:0", dir.path("slow.jsonl"));
-    slow_options.fence_check = false;
-    slow_options.dedupe = false;
-    slow_options.login_delay = LOGIN_DELAY;
-    let slow = SimBroker::start(slow_options).await.unwrap();
-    // A master and five followers on the quick server, follower 7 on the slow one. A fair-share
-    // move hands the oldest claimed off first (the lowest ids, all claimed in one cycle), so a
-    // keeps the slow follower.
-    add_account(&mut conn, 1, "master", &addr, "m1").await;
-    for id in 2..=7 {
-        let server = if id == 7 {
-            slow.addr.to_string()
-        } else {
-            addr.clone()
-        };
-        add_account(&mut conn, id, "follower", &server, &format!("f{id}")).await;
-        add_link(&mut conn, 1, id, LinkSpec::default()).await;
-    }
-    let mut a_config = config(&db, "a", 100, FAST);
-    a_config.handoff_prepare = Duration::from_secs(10);
-    let a = start_node(&a_config).await;
-    wait_state(&a.state, "a owns every account", WAIT, |s| {
-        s.owned.len() == 7
-    })
-    .await;
-    followers_reconciled(&mut conn).await;
-    let b = start_node(&config(&db, "b", 100, FAST)).await;
-    let held_by_a = settled_split(&mut conn, &a, &b, 7).await;
-    wait_state(&b.state, "b at its fair share", WAIT, |s| {
-        s.target.is_some_and(|t| s.owned.len() as u32 >= t)
-    })
-    .await;
-    assert!(
-        held_by_a.contains(&"f7".to_string()) && !held_by_a.contains(&"m1".to_string()),
-        "a keeps the newest ids, the slow follower among them, and b the master: {held_by_a:?}"
-    );
-    let ids_of_a: BTreeSet<i64> = held_by_a
-        .iter()
-        .map(|login| login[1..].parse().unwrap())
-        .collect();
-
+        ..
+    } = setup;
+    let ids_of_a = ids_of(&held_by_a);
     record_owner_changes(&mut conn).await;
-
-    let mut answers = PgListener::connect(&db.url).await.unwrap();
-    answers.listen("copier_handoff").await.unwrap();
-    a.shutdown();
-    // b answers for a's quick followers at once, for the slow one a login later.
-    let quick: BTreeSet<i64> = ids_of_a.iter().copied().filter(|id| *id != 7).collect();
-    let mut answered = BTreeSet::new();
-    tokio::time::timeout(WAIT, async {
-        while answered != quick {
-            let n = answers.recv().await.unwrap();
-            let v: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
-            let id = v["account_id"].as_i64().unwrap();
-            if v["ready"] == true && v["from"] == "a" && v["to"] == "b" {
-                assert_ne!(id, 7, "the slow follower answered before the quick ones");
-                answered.insert(id);
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("b answers for {quick:?}; answered {answered:?}"));
+    answered_quick(&db, &a, &held_by_a).await;
     let during = t.open("m1", "EURUSD", Side::Buy, 1.0, None, None).await;
     a.wait().await.unwrap();
     wait_state(&b.state, "b owns every account", WAIT, |s| {
@@ -665,6 +607,70 @@ async fn a_shutdowns_hand_offs_close_together_and_move_in_one_release_and_one_cl
     slow.stop().await;
 }
 
+/// A release announcement naming a node has it read the rows of the accounts it prepared for
+/// hand-offs beside the claim it runs at once, instead of after the claim, when the claimed
+/// sessions start. Judged by PostgreSQL's own view of the receiver's connections: with the
+/// copy links locked by the test (an account row's read names its links, the claim does not),
+/// an announcement naming the receiver while its prepared accounts are still the stopping
+/// node's (waiting for a slow login's answer) leaves a row read of the receiver waiting for
+/// the lock, with nothing claimed.
+#[tokio::test]
+async fn a_release_announcement_has_the_prepared_accounts_rows_read_beside_the_claim() {
+    let (setup, a, b, held_by_a, slow) =
+        a_stopping_with_a_slow_follower("handoff-rows-ahead").await;
+    let CopySetup {
+        db,
+        broker,
+        mut conn,
+        ..
+    } = setup;
+    let quick = answered_quick(&db, &a, &held_by_a).await;
+
+    let mut lock = db.conn().await;
+    sqlx::raw_sql("BEGIN; LOCK TABLE copy_links IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(copier_node::channels::RELEASED)
+        .bind(r#"mt5 {"from":"x","to":"b","accounts":1}"#)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    eventually("a row read of b waiting for the copy links", WAIT, async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node b' \
+             AND wait_event_type = 'Lock' AND query LIKE '%FROM copy_links l WHERE l.follower_id = a.id%'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    let owners: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = ANY($1) ORDER BY id")
+            .bind(quick.iter().copied().collect::<Vec<i64>>())
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert!(
+        owners.iter().all(|o| o.as_deref() == Some("a")),
+        "read ahead of any claim: the prepared accounts are still a's ({owners:?})"
+    );
+    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
+
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    b.shutdown();
+    b.wait().await.unwrap();
+    broker.stop().await;
+    slow.stop().await;
+}
+
 /// The releases of hand-offs closed together ([`Together`]) go in one statement once they all
 /// came, even to a releaser that is idle (which sends a lone write at once); a member whose
 /// session is slow to stop (its release not come within [`TOGETHER_WITHIN`]) does not hold the
@@ -743,6 +749,96 @@ async fn releases_closed_together_go_in_one_statement_without_waiting_for_a_stra
     assert_eq!(released_in(&[1, 2, 3]), 2, "{changes:?}");
     assert_eq!(released_in(&[4, 5]), 1, "{changes:?}");
     assert_eq!(changes.len(), 5, "every account released once: {changes:?}");
+}
+
+/// Node a holding followers, one of them (`f7`) on a trade server whose logins take
+/// [`LOGIN_DELAY`], beside node b at its fair share; `handoff_prepare` 10 s on a. Returns the
+/// setup (the quick server's), both nodes, the logins a holds and the slow server.
+async fn a_stopping_with_a_slow_follower(
+    name: &str,
+) -> (
+    CopySetup,
+    copier_node::app::NodeHandle,
+    copier_node::app::NodeHandle,
+    Vec<String>,
+    SimBroker,
+) {
+    let mut setup = CopySetup::unprotected(name).await;
+    let (conn, db) = (&mut setup.conn, &setup.db);
+    let mut slow_options = ServeOptions::new("127.0.0.1:0", setup.dir.path("slow.jsonl"));
+    slow_options.fence_check = false;
+    slow_options.dedupe = false;
+    slow_options.login_delay = LOGIN_DELAY;
+    let slow = SimBroker::start(slow_options).await.unwrap();
+    // A master and five followers on the quick server, follower 7 on the slow one. A fair-share
+    // move hands the oldest claimed off first (the lowest ids, all claimed in one cycle), so a
+    // keeps the slow follower.
+    add_account(conn, 1, "master", &setup.addr, "m1").await;
+    for id in 2..=7 {
+        let server = if id == 7 {
+            slow.addr.to_string()
+        } else {
+            setup.addr.clone()
+        };
+        add_account(conn, id, "follower", &server, &format!("f{id}")).await;
+        add_link(conn, 1, id, LinkSpec::default()).await;
+    }
+    let mut a_config = config(db, "a", 100, FAST);
+    a_config.handoff_prepare = Duration::from_secs(10);
+    let a = start_node(&a_config).await;
+    wait_state(&a.state, "a owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    followers_reconciled(conn).await;
+    let b = start_node(&config(db, "b", 100, FAST)).await;
+    let held_by_a = settled_split(conn, &a, &b, 7).await;
+    wait_state(&b.state, "b at its fair share", WAIT, |s| {
+        s.target.is_some_and(|t| s.owned.len() as u32 >= t)
+    })
+    .await;
+    assert!(
+        held_by_a.contains(&"f7".to_string()) && !held_by_a.contains(&"m1".to_string()),
+        "a keeps the newest ids, the slow follower among them, and b the master: {held_by_a:?}"
+    );
+    (setup, a, b, held_by_a, slow)
+}
+
+/// The ids of followers' `logins` (`f<id>`).
+fn ids_of(logins: &[String]) -> BTreeSet<i64> {
+    logins.iter().map(|l| l[1..].parse().unwrap()).collect()
+}
+
+/// Stops a (SIGTERM) and waits until b answered a's offers of the quick server's followers it
+/// holds ([`a_stopping_with_a_slow_follower`]); the slow one's answer comes a login later.
+/// Returns those followers' ids.
+async fn answered_quick(
+    db: &crate::support::TestDb,
+    a: &copier_node::app::NodeHandle,
+    held_by_a: &[String],
+) -> BTreeSet<i64> {
+    let mut answers = PgListener::connect(&db.url).await.unwrap();
+    answers.listen("copier_handoff").await.unwrap();
+    a.shutdown();
+    let quick: BTreeSet<i64> = ids_of(held_by_a)
+        .into_iter()
+        .filter(|id| *id != 7)
+        .collect();
+    let mut answered = BTreeSet::new();
+    tokio::time::timeout(WAIT, async {
+        while answered != quick {
+            let n = answers.recv().await.unwrap();
+            let v: serde_json::Value = serde_json::from_str(n.payload()).unwrap();
+            let id = v["account_id"].as_i64().unwrap();
+            if v["ready"] == true && v["from"] == "a" && v["to"] == "b" {
+                assert_ne!(id, 7, "the slow follower answered before the quick ones");
+                answered.insert(id);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("b answers for {quick:?}; answered {answered:?}"));
+    quick
 }
 
 /// A change of an account's owner, as the test's trigger recorded it ([`record_owner_changes`]).
