@@ -7,7 +7,10 @@
 //! ([`crate::db::lease::Releaser`]), as live work on the pool ([`BatchWriter::spawn_pooled`]).
 //!
 //! There is no window: the writer takes whatever is queued when it is free, so a lone write goes
-//! at once and a burst gathers behind the statement in flight. A writer may give way to orders
+//! at once and a burst gathers behind the statement in flight. A writer on the node's pool first
+//! lets the tasks woken beside the first job's sender run (one turn of the runtime), so jobs
+//! their tasks send at the same moment go in one batch; jobs handed over at once go together
+//! anyway ([`BatchWriter::submit_all`]). A writer may give way to orders
 //! ([`Orders`]): the copy ledger's writer waits, at most [`GIVE_WAY`], until no order of the
 //! node has been on its way to a broker for [`QUIET`], so a thousand followers' ledger rows are
 //! written after their orders rather than between them; a caller that cannot go on until its
@@ -373,10 +376,20 @@ async fn run<J: Batched>(
                 }
             }
         };
+        let fresh = !arrived.is_empty();
         queued.extend(arrived);
         if queued.is_empty() {
             // An empty hand-over (nothing submitted).
             continue;
+        }
+        if fresh && on != On::Own {
+            // Woken by the first job, the writer would run before the tasks woken beside the
+            // one that sent it (the runtime runs the task last woken first): sessions whose
+            // fence raises were answered together would send their reads as one batch of one
+            // and one of the rest, a round trip apart. The writer lets them run first. Not on a
+            // writer of its own connection (the master's events, the copy ledger), which goes
+            // at once on the live path.
+            tokio::task::yield_now().await;
         }
         if let Some(way) = &giving_way {
             tokio::select! {

@@ -2433,3 +2433,53 @@ async fn a_reconcile_times_its_decisions_after_its_slow_reads_of_the_follower() 
         .any(|l| l.login == "f2" && l.action == "open");
     assert!(!copied, "f2 copied a position past its link's max_delay_ms");
 }
+
+/// Sessions whose tasks wake together (their fence raises answered in one read of the broker's
+/// socket, their rows in one batch) send their first reads in one batch: the reader lets the
+/// tasks woken beside the first sender run before it takes its batch, though the runtime runs
+/// the task woken last (the reader, woken by that first job) first. PostgreSQL's own count of
+/// the test database's transactions is the judge, beside the same pool reading one row (the
+/// driver's own first queries of a connection included in both). One worker thread, so that
+/// the order the tasks run in is the runtime's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn reads_sent_by_tasks_woken_together_go_in_one_batch() {
+    use copier_node::db::copy::{AccountRead, AccountReader};
+    const TASKS: i64 = 10;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    for id in 1..=TASKS {
+        add_account(&mut conn, id, "follower", "127.0.0.1:1", &format!("f{id}")).await;
+    }
+    conn.close().await.unwrap();
+    let transactions = async |tasks: i64| -> i64 {
+        let before = crate::support::transactions_ended(&db.url).await;
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        {
+            let reader = AccountReader::spawn_background(copier_node::db::Db::direct(pool.clone()));
+            // The last task to reach the barrier wakes the others, on the worker, and sends
+            // its read first.
+            let together = std::sync::Arc::new(tokio::sync::Barrier::new(tasks as usize));
+            let reads: Vec<_> = (1..=tasks)
+                .map(|id| {
+                    let (reader, together) = (reader.clone(), together.clone());
+                    tokio::spawn(async move {
+                        together.wait().await;
+                        reader.write(AccountRead(id)).await
+                    })
+                })
+                .collect();
+            for read in reads {
+                let row = read.await.unwrap().unwrap().unwrap();
+                assert!(row.is_some(), "every account's row is read");
+            }
+        }
+        pool.close().await;
+        crate::support::transactions_ended(&db.url).await - before
+    };
+    let alone = transactions(1).await;
+    let together = transactions(TASKS).await;
+    assert_eq!(
+        together, alone,
+        "one batch for the reads of {TASKS} tasks woken together: as many transactions as one read"
+    );
+}
