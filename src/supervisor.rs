@@ -149,8 +149,6 @@ pub struct NodeHost {
     claimed_by_receiver: Arc<std::sync::Mutex<HashMap<(i64, i64), Offered>>>,
     /// The step whose hand-offs are being asked ([`Host::handed_off_together`] seals it).
     forming: Option<Arc<handoff::Together>>,
-    /// The rows a shutdown's hand-offs released ([`Supervisor::released_at_shutdown`]).
-    released_at_shutdown: Arc<std::sync::Mutex<HashSet<(i64, i64)>>>,
     /// The rows asked for the sessions about to start ([`Host::starting_together`]), taken by
     /// their [`Host::start`].
     rows_asked: HashMap<i64, crate::db::copy::AccountRowAsked>,
@@ -328,7 +326,6 @@ impl Host for NodeHost {
         let claims = offered.as_ref().is_some_and(|o| o.claims);
         let to = to.filter(|_| claims).map(str::to_string);
         let events = self.events.clone();
-        let released_at_shutdown = (status == SHUTDOWN).then(|| self.released_at_shutdown.clone());
         let unclaimed = self.shared.services.unclaimed.clone();
         let checks = self.shared.checks.clone();
         let job = db::lease::Releasing {
@@ -365,11 +362,6 @@ impl Host for NodeHost {
                     }
                     Ok(true) => {
                         info!(account_id, epoch, reason = status, "account released");
-                        if let Some(rows) = &released_at_shutdown {
-                            rows.lock()
-                                .expect("never poisoned")
-                                .insert((account_id, epoch));
-                        }
                         released = true;
                         break;
                     }
@@ -510,23 +502,12 @@ pub struct Supervisor<H: Host = NodeHost> {
 }
 
 impl Supervisor<NodeHost> {
-    /// The rows (account id, epoch) this node's shutdown has released so far: its leave
-    /// leaves them out (they are not this node's any more, and a peer may be claiming them).
-    pub fn released_at_shutdown(&self) -> HashSet<(i64, i64)> {
-        self.host
-            .released_at_shutdown
-            .lock()
-            .expect("never poisoned")
-            .clone()
-    }
-
     pub fn new(shared: NodeShared, events: mpsc::UnboundedSender<Event>) -> Self {
         Supervisor::with_host(NodeHost {
             shared,
             events,
             claimed_by_receiver: Arc::default(),
             forming: None,
-            released_at_shutdown: Arc::default(),
             rows_asked: HashMap::new(),
             rows_ahead: HashMap::new(),
         })

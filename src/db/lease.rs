@@ -466,15 +466,21 @@ pub struct Release {
 /// The release of [`release_each`]. Parameters: $1 the node, $2 the accounts, $3 their epochs,
 /// $4 their statuses, $5 the channel announced on, $6 their receivers.
 ///
-/// Driven by the rows named, each found by its primary key in a subquery the planner can neither
-/// merge nor push the node's test into (`OFFSET 0`), as the status write is
-/// ([`crate::db::status::WRITE_SQL`]): a plan entering through the node's index, chosen under
+/// Driven by the rows named, each found by its primary key in a subquery the planner cannot merge
+/// (`OFFSET 0`), as the status write is ([`crate::db::status::WRITE_SQL`]). Locked in id order,
+/// as every statement of the node that waits for several account rows' locks.
+///
+/// The subquery tests the node and the epoch before it locks: a row named that is no longer the
+/// node's at that epoch (handed off already, its release retried, or a shutdown's leave naming
+/// its last cycle's rows) is not locked, so a peer's claim, which skips locked rows, takes it
+/// at once instead of at its next cycle. A row that changes while the lock is awaited is tested
+/// again on its newest version (PostgreSQL's read-committed recheck), so a release never frees
+/// a row that stopped being the node's. The node is tested with `IS NOT DISTINCT FROM`, which no
+/// index serves: with `node_id = $1`, a plan entering through the node's index, chosen under
 /// statistics taken while every row was free (`node_id = $1` counted as one row), re-read the
-/// node's rows for every row named, in the generic plan a prepared statement settles on. Locked
-/// in id order, as every statement of the node that waits for several account rows' locks; the
-/// node and epoch are tested on the locked (newest) version, and the UPDATE takes the locked
-/// rows by id alone, as the cycle's renewal does (see [`CYCLE_SQL`]). [`LEAVE_SQL`] is built the
-/// same way.
+/// node's rows for every row named, in the generic plan a prepared statement settles on. The
+/// UPDATE takes the locked rows by id alone, as the cycle's renewal does (see [`CYCLE_SQL`]).
+/// [`LEAVE_SQL`] is built the same way.
 pub const RELEASE_SQL: &str = r#"
 WITH wanted AS (
     SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::text[]) AS w(id, epoch, status, receiver)
@@ -482,9 +488,9 @@ WITH wanted AS (
 ),
 locked AS (
     SELECT w.* FROM wanted w CROSS JOIN LATERAL (
-        SELECT a.node_id, a.owner_epoch FROM trading_accounts a WHERE a.id = w.id
+        SELECT FROM trading_accounts a
+         WHERE a.id = w.id AND a.node_id IS NOT DISTINCT FROM $1 AND a.owner_epoch = w.epoch
         OFFSET 0 FOR NO KEY UPDATE) x
-     WHERE x.node_id = $1 AND x.owner_epoch = w.epoch
 ),
 released AS (
     UPDATE trading_accounts a
@@ -717,9 +723,9 @@ WITH held AS (
 ),
 locked AS (
     SELECT h.id FROM held h CROSS JOIN LATERAL (
-        SELECT a.node_id, a.owner_epoch FROM trading_accounts a WHERE a.id = h.id
+        SELECT FROM trading_accounts a
+         WHERE a.id = h.id AND a.node_id IS NOT DISTINCT FROM $1 AND a.owner_epoch = h.epoch
         OFFSET 0 FOR NO KEY UPDATE) x
-     WHERE x.node_id = $1 AND x.owner_epoch = h.epoch
 ),
 released AS (
     UPDATE trading_accounts a

@@ -375,12 +375,10 @@ async fn leave(
     session: &db::Session,
     conn: &mut Option<PgConnection>,
 ) {
-    let (mut held, kept) = core.leave_rows();
-    // The rows its hand-offs released already are a peer's to claim: the leave, which locks
-    // each row it names before it tests whose it is, would make that peer's claim (which skips
-    // locked rows) leave them for its next cycle.
-    let released = core.supervisor.released_at_shutdown();
-    held.retain(|row| !released.contains(row));
+    // The rows of the last cycle, some of them handed off since: the leave frees and locks only
+    // those still this node's (see `db::lease::RELEASE_SQL`), so a peer claiming the others
+    // does not skip them.
+    let (held, kept) = core.leave_rows();
     let announced = core.departure_announced();
     let node = &core.node;
     let mut retry = crate::retry::LEAVE.start();

@@ -915,6 +915,67 @@ async fn leaving_keeps_the_membership_while_a_row_still_names_the_node() {
     assert_eq!(nodes, 0);
 }
 
+/// A release or a leave may name a row the node released already (a shutdown's leave names its
+/// last cycle's rows, some of them handed off since; a release retried after a lost reply names
+/// rows its first try freed). Neither locks such a row: a peer's claim, which skips locked rows,
+/// takes it while the statement's transaction is still open, instead of at its next cycle.
+#[tokio::test]
+async fn a_release_or_leave_naming_a_row_released_already_leaves_it_to_a_peers_claim() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let mut peer = db.conn().await;
+    insert_accounts(&mut conn, 1..=3, "mt5").await;
+    let a = lease::cycle(&mut conn, &params("a", "ia", 3, &[]))
+        .await
+        .unwrap();
+    let held: Vec<(i64, i64)> = a.owned.iter().map(|r| (r.id, r.epoch)).collect();
+    assert_eq!(held.len(), 3);
+    let hand_off = |id: i64| lease::Release {
+        account_id: id,
+        epoch: held.iter().find(|(held, _)| *held == id).unwrap().1,
+        status: "released: handed off".into(),
+        to: Some("b".into()),
+    };
+    // A peer's claim of one row, run while a statement of a's is open; the claim skips locked
+    // rows and must not wait for one either, so a wait here is a failure, not a slow machine.
+    let claim_beside = async |peer: &mut PgConnection, node: &str, what: &str| -> Vec<i64> {
+        let params = params(node, node, 1, &[]);
+        let out = tokio::time::timeout(Duration::from_secs(30), lease::cycle(peer, &params))
+            .await
+            .unwrap_or_else(|_| panic!("{node}'s claim waited for {what}"))
+            .unwrap();
+        out.owned.iter().map(|r| r.id).collect()
+    };
+
+    // Account 1 handed off, and its release retried: the retry frees nothing and locks nothing.
+    let freed = lease::release_each(&mut conn, "a", &[hand_off(1)]).await;
+    assert_eq!(freed.unwrap(), vec![1]);
+    let mut tx = conn.begin().await.unwrap();
+    let again = lease::release_each(&mut tx, "a", &[hand_off(1)]).await;
+    assert_eq!(again.unwrap(), Vec::<i64>::new(), "the retry frees nothing");
+    assert_eq!(
+        claim_beside(&mut peer, "b", "the retried release").await,
+        vec![1],
+        "b claimed account 1 while the retried release's transaction was open"
+    );
+    tx.rollback().await.unwrap();
+
+    // Account 2 handed off; the leave names all three rows of a's last cycle: it releases
+    // account 3 (still a's, so locked until the leave commits), and leaves account 2 alone.
+    let freed = lease::release_each(&mut conn, "a", &[hand_off(2)]).await;
+    assert_eq!(freed.unwrap(), vec![2]);
+    let mut tx = conn.begin().await.unwrap();
+    let out = lease::leave(&mut tx, "a", "ia", "mt5", &held, true).await;
+    assert_eq!(out.unwrap().released, vec![3]);
+    assert_eq!(
+        claim_beside(&mut peer, "c", "the leave").await,
+        vec![2],
+        "c claimed account 2 while the leave's transaction was open"
+    );
+    tx.commit().await.unwrap();
+}
+
 /// After a cycle that claimed, the node publishes what it owns now (the cycle published what it
 /// owned when it began); only its own instance's membership is written.
 #[tokio::test]
