@@ -109,6 +109,14 @@ impl Handoffs {
         ids
     }
 
+    /// Whether `account_id` has a prepared login (ready or under way), not taken yet.
+    pub fn holds(&self, account_id: i64) -> bool {
+        self.prepared
+            .lock()
+            .expect("prepared logins")
+            .contains_key(&account_id)
+    }
+
     /// The prepared login of `account_id` if it was made for `server` and `login` (taken: a
     /// second claim of the account logs in as usual).
     pub fn take(&self, account_id: i64, server: &str, login: &str) -> Option<Ready> {

@@ -141,6 +141,8 @@ struct Shared {
     read_delay_us: AtomicU64,
     reads_as_of_request: bool,
     fence_request: bool,
+    /// While `true`, a fence's raise waits before it is answered ([`SimBroker::hold_fences`]).
+    fences_held: tokio::sync::watch::Sender<bool>,
 }
 
 /// A running server.
@@ -200,6 +202,7 @@ impl SimBroker {
             ),
             reads_as_of_request: options.reads_as_of_request,
             fence_request: options.fence_request,
+            fences_held: tokio::sync::watch::Sender::new(false),
         });
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(
@@ -223,6 +226,20 @@ impl SimBroker {
             u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+    }
+
+    /// While `held`, every fence raised (a prepared login's `fence` request) waits before it is
+    /// answered, and in effect; let go, those waiting are answered at once (a trade server slow
+    /// to answer one kind of request, for the tests).
+    pub fn hold_fences(&self, held: bool) {
+        self.shared.fences_held.send_replace(held);
+    }
+
+    /// The highest fence `login` has been held with (its logins' and orders'), as the server
+    /// knows it now.
+    pub fn fence_of(&self, login: &str) -> Option<i64> {
+        let core = self.shared.core.lock().expect("core");
+        core.book.account(login).and_then(|a| a.fence)
     }
 
     /// Stops accepting, closes every connection, and waits.
@@ -370,10 +387,14 @@ async fn connection(
                 let delay = frame
                     .as_ref()
                     .map_or(Duration::ZERO, |f| delay_of(&shared, &f.request));
+                let fence_held = *shared.fences_held.borrow()
+                    && frame
+                        .as_ref()
+                        .is_some_and(|f| matches!(f.request, Request::Fence { .. }));
                 // A read as of its request: answered now, sent after the delay.
                 let as_of_request = shared.reads_as_of_request
                     && frame.is_some_and(|f| read_of(&f.request).is_some());
-                if !delay.is_zero() {
+                if !delay.is_zero() || fence_held {
                     // A slow login or read: answered (and in effect, or read) after the delay,
                     // while the connection's other requests go on; dropped with the connection
                     // or the server.
@@ -381,9 +402,16 @@ async fn connection(
                         (shared.clone(), conn.clone(), line.trim_end().to_string());
                     let closed = closed.clone();
                     let now = as_of_request.then(|| handle(&shared, &mut conn, &line));
+                    let mut held = shared.fences_held.subscribe();
                     tokio::spawn(async move {
+                        let wait = async {
+                            tokio::time::sleep(delay).await;
+                            if fence_held {
+                                let _ = held.wait_for(|held| !held).await;
+                            }
+                        };
                         tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
+                            _ = wait => {}
                             _ = closed.cancelled() => return,
                         }
                         let reply = now.unwrap_or_else(|| handle(&shared, &mut conn, &line));

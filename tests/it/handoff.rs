@@ -671,6 +671,79 @@ async fn a_release_announcement_has_the_prepared_accounts_rows_read_beside_the_c
     slow.stop().await;
 }
 
+/// A session started on a prepared login asks its first reads of the database (its links, its
+/// masters' snapshots, its ledgers) before the login's fence is raised, so that the raise, a
+/// round trip to the trade server, runs beside them instead of before them. With both trade
+/// servers holding every fence raise and the copy ledger locked by the test, b's read of the
+/// moved followers' ledgers waits on the lock while their raises are still unanswered, and only
+/// after b's claim of them committed (the old owner's ledger rows are all in by then).
+#[tokio::test]
+async fn a_prepared_sessions_first_reads_go_beside_its_fence_raise() {
+    let (setup, a, b, held_by_a, slow) =
+        a_stopping_with_a_slow_follower("handoff-reads-beside-raise").await;
+    let CopySetup {
+        db,
+        broker,
+        mut conn,
+        ..
+    } = setup;
+    let ledger_reads_waiting = async |conn: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node b' \
+             AND wait_event_type = 'Lock' AND query LIKE '%JOIN copy_ledger l%'",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    };
+    broker.hold_fences(true);
+    slow.hold_fences(true);
+    let mut lock = db.conn().await;
+    // Nothing of b reads the ledger now: its sessions read it as they start.
+    sqlx::raw_sql("BEGIN; LOCK TABLE copy_ledger IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    assert_eq!(ledger_reads_waiting(&mut conn).await, 0);
+    let quick = answered_quick(&db, &a, &held_by_a).await;
+    eventually(
+        "b claims the quick followers and reads their ledgers with their raises held",
+        WAIT,
+        async || (ledger_reads_waiting(&mut conn).await > 0).then_some(()),
+    )
+    .await;
+    // Read after b's claim of them committed, and before the trade server had their fences.
+    let moved: Vec<(i64, Option<String>, i64)> = sqlx::query_as(
+        "SELECT id, node_id, owner_epoch FROM trading_accounts WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(quick.iter().copied().collect::<Vec<i64>>())
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    for (id, owner, epoch) in moved {
+        assert_eq!(owner.as_deref(), Some("b"), "account {id} claimed by b");
+        let fence = broker.fence_of(&format!("f{id}"));
+        assert!(
+            fence.is_none_or(|f| f < epoch),
+            "f{id}'s fence at the trade server is {fence:?}: b's epoch {epoch} was raised before its first reads"
+        );
+    }
+    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
+    broker.hold_fences(false);
+    slow.hold_fences(false);
+
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    followers_reconciled(&mut conn).await;
+    b.shutdown();
+    b.wait().await.unwrap();
+    broker.stop().await;
+    slow.stop().await;
+}
+
 /// The releases of hand-offs closed together ([`Together`]) go in one statement once they all
 /// came, even to a releaser that is idle (which sends a lone write at once); a member whose
 /// session is slow to stop (its release not come within [`TOGETHER_WITHIN`]) does not hold the

@@ -11,6 +11,7 @@ use super::send::Sent;
 use crate::copier::intent;
 use crate::copier::reconcile::Action;
 use crate::db;
+use crate::db::batch::Submitted;
 use crate::hub::{Subscription, Topic};
 use crate::model::link::{Link, LotMode};
 
@@ -30,6 +31,9 @@ pub(super) struct Links {
     pub(super) removed: Vec<db::copy::RemovedLink>,
     /// One subscription to each linked master's events.
     pub(super) subscriptions: HashMap<i64, Subscription>,
+    /// The session's first read of the links, asked before its prepared login's fence was
+    /// raised ([`super::Early`]): taken by the first load instead of a read of its own.
+    pub(super) asked: Option<Submitted<Result<db::copy::FollowerLinks, String>>>,
 }
 
 impl Follower<'_> {
@@ -160,14 +164,19 @@ impl Follower<'_> {
     }
 
     pub(super) async fn load_links_only(&mut self, reconcile_changed: bool) -> bool {
-        // Read with the other followers' of this node that ask meanwhile (one batch).
-        let loaded = self
-            .ctx
-            .node
-            .links
-            .write(db::copy::LinksRead(self.id))
-            .await
-            .and_then(|read| read);
+        // Read with the other followers' of this node that ask meanwhile (one batch), unless
+        // the session asked before its fence's raise.
+        let loaded = match self.links.asked.take() {
+            Some(asked) => asked.outcome().await,
+            None => {
+                self.ctx
+                    .node
+                    .links
+                    .write(db::copy::LinksRead(self.id))
+                    .await
+            }
+        }
+        .and_then(|read| read);
         let rows = match loaded {
             Ok(read) => {
                 self.max_open_copies = read.max_open_copies;

@@ -3,7 +3,8 @@
 //!
 //! Order of business (docs/copying.md, Reconcile): log in with the epoch as the fence (the server learns
 //! the new owner's fence before anything else), LISTEN to every master of the follower's links
-//! (confirmed), then reconcile each master against its snapshot, remembering the snapshot and its
+//! (confirmed; with a prepared login, before its fence's raise, and the first reads of the
+//! database asked then too: [`Early`]), then reconcile each master against its snapshot, remembering the snapshot and its
 //! (epoch, seq). An event at exactly seq + 1 of that epoch is applied to the remembered snapshot
 //! and the affected ticket is decided exactly as reconcile decides it ([`plan_ticket`]); one at
 //! or below it (or of an older epoch) is dropped; anything else (a gap, a new epoch, a snapshot
@@ -45,7 +46,7 @@ use crate::broker::{BrokerError, ReadAhead, SessionEvent, TradeApi};
 use crate::db;
 use crate::db::batch::Submitted;
 use crate::db::copy::AccountRow;
-use crate::hub::{Signal, Topic};
+use crate::hub::{Signal, Subscription, Topic};
 use crate::session::{AccountContext, Ended};
 use crate::status_writer::StatusUpdate;
 use risk::Reading;
@@ -144,12 +145,86 @@ struct Owing {
 
 /// Runs the follower session until stopped.
 pub async fn run(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Ended> {
+    // A prepared login is raised by a round trip to the trade server: the session's first
+    // reads of the database are asked before it, to be answered meanwhile.
+    let early = if ctx.node.handoffs.holds(row.id) {
+        match Early::ask(ctx, row).await? {
+            Some(early) => Some(early),
+            None => return Ok(Ended::Stopped),
+        }
+    } else {
+        None
+    };
     let Some(mut session) = ctx.login(row).await? else {
         return Ok(Ended::Stopped);
     };
-    let ended = follow(ctx, row, &mut session).await;
+    let ended = follow(ctx, row, &mut session, early).await;
     ctx.logout(&session).await;
     ended
+}
+
+/// What a session with a prepared login asks of the database before the login's fence is
+/// raised: the subscriptions its first reads need (the account's changes, its row's masters'
+/// events), then those reads (its links, its masters' snapshots, its ledgers), all as a fresh
+/// session asks them after its login. The claim has committed, so the old owner's release has
+/// too, and with it every ledger row of the old owner's session (written before the session
+/// ended, and the release waits for that); nothing but this session writes them now.
+struct Early {
+    tx: mpsc::UnboundedSender<Signal>,
+    signals: mpsc::UnboundedReceiver<Signal>,
+    changes: Subscription,
+    masters: HashMap<i64, Subscription>,
+    first: FirstReads,
+    links: Submitted<Result<db::copy::FollowerLinks, String>>,
+}
+
+impl Early {
+    /// `None` if the session was stopped meanwhile.
+    async fn ask(ctx: &AccountContext, row: &AccountRow) -> anyhow::Result<Option<Early>> {
+        let (tx, signals) = mpsc::unbounded_channel();
+        let Some(changes) = subscribe(ctx, Topic::Account(row.id), &tx).await? else {
+            return Ok(None);
+        };
+        let mut masters = HashMap::new();
+        for &m in &row.masters {
+            let Some(sub) = subscribe(ctx, Topic::Master(m), &tx).await? else {
+                return Ok(None);
+            };
+            masters.insert(m, sub);
+        }
+        let first = FirstReads {
+            bases: masters
+                .keys()
+                .map(|&m| (m, ask_basis(ctx, row.id, m)))
+                .collect(),
+            ledgers: ask_ledgers(ctx, row.id, &row.server, &row.login),
+            actions: send::Sending::default().actions,
+        };
+        let links = ctx.node.links.submit(db::copy::LinksRead(row.id));
+        Ok(Some(Early {
+            tx,
+            signals,
+            changes,
+            masters,
+            first,
+            links,
+        }))
+    }
+}
+
+/// Subscribes the session to `topic`: `None` if it was stopped meanwhile.
+async fn subscribe(
+    ctx: &AccountContext,
+    topic: Topic,
+    tx: &mpsc::UnboundedSender<Signal>,
+) -> anyhow::Result<Option<Subscription>> {
+    tokio::select! {
+        _ = ctx.cancel.cancelled() => Ok(None),
+        s = ctx.node.hub.subscribe(topic, tx.clone()) => match s {
+            Some(s) => Ok(Some(s)),
+            None => bail!("the notification hub stopped"),
+        },
+    }
 }
 
 /// The logged-in session: its state, then its work until it ends.
@@ -157,19 +232,29 @@ async fn follow(
     ctx: &AccountContext,
     row: &AccountRow,
     session: &mut crate::broker::Session,
+    early: Option<Early>,
 ) -> anyhow::Result<Ended> {
     info!(
         balance = session.account.balance,
         "follower logged in (fence raised); reconciling before anything else"
     );
-    let (tx, mut signals) = mpsc::unbounded_channel();
     // Link and row changes are announced; listen before the first read so none is missed.
-    let _changes = tokio::select! {
-        _ = ctx.cancel.cancelled() => return Ok(Ended::Stopped),
-        s = ctx.node.hub.subscribe(Topic::Account(row.id), tx.clone()) => match s {
-            Some(s) => s,
-            None => bail!("the notification hub stopped"),
-        },
+    let (tx, mut signals, _changes, links, first) = match early {
+        Some(e) => {
+            let links = links::Links {
+                subscriptions: e.masters,
+                asked: Some(e.links),
+                ..links::Links::default()
+            };
+            (e.tx, e.signals, e.changes, links, Some(e.first))
+        }
+        None => {
+            let (tx, signals) = mpsc::unbounded_channel();
+            let Some(changes) = subscribe(ctx, Topic::Account(row.id), &tx).await? else {
+                return Ok(Ended::Stopped);
+            };
+            (tx, signals, changes, links::Links::default(), None)
+        }
     };
     let mut f = Follower {
         ctx,
@@ -178,7 +263,7 @@ async fn follow(
         login: row.login.clone(),
         api: session.api.clone(),
         signals: tx,
-        links: links::Links::default(),
+        links,
         status: "follower: logged in".into(),
         specs: HashMap::new(),
         pending: PendingCopies {
@@ -206,7 +291,7 @@ async fn follow(
         },
         fills: HashSet::new(),
         ahead: session.ahead.take(),
-        first: None,
+        first,
         inline_readings: 0,
     };
     let ended = serve(&mut f, session, row, &mut signals).await;
@@ -242,11 +327,13 @@ async fn serve(
     if !f.subscribe_masters(&hinted).await {
         return Ok(Ended::Stopped);
     }
-    f.first = Some(FirstReads {
-        bases: hinted.iter().map(|&m| (m, f.ask_basis(m))).collect(),
-        ledgers: f.ask_ledgers(),
-        actions: f.sending.actions,
-    });
+    if f.first.is_none() {
+        f.first = Some(FirstReads {
+            bases: hinted.iter().map(|&m| (m, f.ask_basis(m))).collect(),
+            ledgers: f.ask_ledgers(),
+            actions: f.sending.actions,
+        });
+    }
     if !f.reload_links().await {
         return Ok(Ended::Stopped);
     }
@@ -453,20 +540,13 @@ impl Follower<'_> {
     /// bases and final decisions (with the node's other followers' reads of the moment: one
     /// batch, a background turn).
     fn ask_basis(&self, m: i64) -> Submitted<Result<db::copy::ReconcileBasis, String>> {
-        self.ctx.node.reconciles.submit(db::copy::ReconcileRead {
-            follower: self.id,
-            master: m,
-        })
+        ask_basis(self.ctx, self.id, m)
     }
 
     /// Asks the node's reader for what the follower ever copied and placed (one batch, a
     /// background turn).
     fn ask_ledgers(&self) -> Submitted<db::copy::LedgerRows> {
-        self.ctx.node.ledger_reads.submit(db::copy::LedgerRead {
-            follower: self.id,
-            server: self.server.clone(),
-            login: self.login.clone(),
-        })
+        ask_ledgers(self.ctx, self.id, &self.server, &self.login)
     }
 
     /// A reading of the account's figures that borrows nothing of the session (taken by
@@ -1075,4 +1155,32 @@ impl Follower<'_> {
         let history = self.api.history().await?;
         Ok((orders, positions, history))
     }
+}
+
+/// Asks the node's reader for master `m`'s snapshot with follower `follower`'s bases and
+/// decisions (one batch with the other sessions' asks).
+fn ask_basis(
+    ctx: &AccountContext,
+    follower: i64,
+    m: i64,
+) -> Submitted<Result<db::copy::ReconcileBasis, String>> {
+    ctx.node.reconciles.submit(db::copy::ReconcileRead {
+        follower,
+        master: m,
+    })
+}
+
+/// Asks the node's reader for what follower `follower` ever copied and placed on its broker
+/// account (one batch, a background turn).
+fn ask_ledgers(
+    ctx: &AccountContext,
+    follower: i64,
+    server: &str,
+    login: &str,
+) -> Submitted<db::copy::LedgerRows> {
+    ctx.node.ledger_reads.submit(db::copy::LedgerRead {
+        follower,
+        server: server.to_string(),
+        login: login.to_string(),
+    })
 }
