@@ -626,49 +626,27 @@ async fn a_release_announcement_has_the_prepared_accounts_rows_read_beside_the_c
     } = setup;
     let quick = answered_quick(&db, &a, &held_by_a).await;
 
-    let mut lock = db.conn().await;
-    sqlx::raw_sql("BEGIN; LOCK TABLE copy_links IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut lock)
-        .await
-        .unwrap();
+    let lock = locked(&db, "copy_links").await;
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(copier_node::channels::RELEASED)
         .bind(r#"mt5 {"from":"x","to":"b","accounts":1}"#)
         .execute(&mut conn)
         .await
         .unwrap();
-    eventually("a row read of b waiting for the copy links", WAIT, async || {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node b' \
-             AND wait_event_type = 'Lock' AND query LIKE '%FROM copy_links l WHERE l.follower_id = a.id%'",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        (waiting > 0).then_some(())
-    })
+    const ROW_READ: &str = "%FROM copy_links l WHERE l.follower_id = a.id%";
+    eventually(
+        "a row read of b waiting for the copy links",
+        WAIT,
+        async || (b_waiting_on_a_lock(&mut conn, ROW_READ).await > 0).then_some(()),
+    )
     .await;
-    let owners: Vec<Option<String>> =
-        sqlx::query_scalar("SELECT node_id FROM trading_accounts WHERE id = ANY($1) ORDER BY id")
-            .bind(quick.iter().copied().collect::<Vec<i64>>())
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+    let owners = owners_of(&mut conn, &quick).await;
     assert!(
-        owners.iter().all(|o| o.as_deref() == Some("a")),
+        owners.iter().all(|(_, o, _)| o.as_deref() == Some("a")),
         "read ahead of any claim: the prepared accounts are still a's ({owners:?})"
     );
-    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
-
-    a.wait().await.unwrap();
-    wait_state(&b.state, "b owns every account", WAIT, |s| {
-        s.owned.len() == 7
-    })
-    .await;
-    b.shutdown();
-    b.wait().await.unwrap();
-    broker.stop().await;
-    slow.stop().await;
+    unlock(lock).await;
+    b_takes_every_account_and_stops(&mut conn, a, b, broker, slow).await;
 }
 
 /// A session started on a prepared login asks its first reads of the database (its links, its
@@ -687,40 +665,21 @@ async fn a_prepared_sessions_first_reads_go_beside_its_fence_raise() {
         mut conn,
         ..
     } = setup;
-    let ledger_reads_waiting = async |conn: &mut sqlx::PgConnection| -> i64 {
-        sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node b' \
-             AND wait_event_type = 'Lock' AND query LIKE '%JOIN copy_ledger l%'",
-        )
-        .fetch_one(conn)
-        .await
-        .unwrap()
-    };
+    const LEDGER_READ: &str = "%JOIN copy_ledger l%";
     broker.hold_fences(true);
     slow.hold_fences(true);
-    let mut lock = db.conn().await;
     // Nothing of b reads the ledger now: its sessions read it as they start.
-    sqlx::raw_sql("BEGIN; LOCK TABLE copy_ledger IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut lock)
-        .await
-        .unwrap();
-    assert_eq!(ledger_reads_waiting(&mut conn).await, 0);
+    let lock = locked(&db, "copy_ledger").await;
+    assert_eq!(b_waiting_on_a_lock(&mut conn, LEDGER_READ).await, 0);
     let quick = answered_quick(&db, &a, &held_by_a).await;
     eventually(
         "b claims the quick followers and reads their ledgers with their raises held",
         WAIT,
-        async || (ledger_reads_waiting(&mut conn).await > 0).then_some(()),
+        async || (b_waiting_on_a_lock(&mut conn, LEDGER_READ).await > 0).then_some(()),
     )
     .await;
     // Read after b's claim of them committed, and before the trade server had their fences.
-    let moved: Vec<(i64, Option<String>, i64)> = sqlx::query_as(
-        "SELECT id, node_id, owner_epoch FROM trading_accounts WHERE id = ANY($1) ORDER BY id",
-    )
-    .bind(quick.iter().copied().collect::<Vec<i64>>())
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    for (id, owner, epoch) in moved {
+    for (id, owner, epoch) in owners_of(&mut conn, &quick).await {
         assert_eq!(owner.as_deref(), Some("b"), "account {id} claimed by b");
         let fence = broker.fence_of(&format!("f{id}"));
         assert!(
@@ -728,20 +687,10 @@ async fn a_prepared_sessions_first_reads_go_beside_its_fence_raise() {
             "f{id}'s fence at the trade server is {fence:?}: b's epoch {epoch} was raised before its first reads"
         );
     }
-    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
+    unlock(lock).await;
     broker.hold_fences(false);
     slow.hold_fences(false);
-
-    a.wait().await.unwrap();
-    wait_state(&b.state, "b owns every account", WAIT, |s| {
-        s.owned.len() == 7
-    })
-    .await;
-    followers_reconciled(&mut conn).await;
-    b.shutdown();
-    b.wait().await.unwrap();
-    broker.stop().await;
-    slow.stop().await;
+    b_takes_every_account_and_stops(&mut conn, a, b, broker, slow).await;
 }
 
 /// The releases of hand-offs closed together ([`Together`]) go in one statement once they all
@@ -875,6 +824,71 @@ async fn a_stopping_with_a_slow_follower(
         "a keeps the newest ids, the slow follower among them, and b the master: {held_by_a:?}"
     );
     (setup, a, b, held_by_a, slow)
+}
+
+/// A connection of the test's own holding `table` locked against every reader until
+/// [`unlock`].
+async fn locked(db: &crate::support::TestDb, table: &str) -> sqlx::PgConnection {
+    let mut lock = db.conn().await;
+    sqlx::raw_sql(&format!(
+        "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+    ))
+    .execute(&mut lock)
+    .await
+    .unwrap();
+    lock
+}
+
+async fn unlock(mut lock: sqlx::PgConnection) {
+    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
+}
+
+/// How many of node b's statements whose text is `like` wait for a lock, by PostgreSQL's own
+/// view of b's connections.
+async fn b_waiting_on_a_lock(conn: &mut sqlx::PgConnection, like: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'copier-node b' \
+         AND wait_event_type = 'Lock' AND query LIKE $1",
+    )
+    .bind(like)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// Each of `ids`' owner and epoch as the database holds them now.
+async fn owners_of(
+    conn: &mut sqlx::PgConnection,
+    ids: &BTreeSet<i64>,
+) -> Vec<(i64, Option<String>, i64)> {
+    sqlx::query_as(
+        "SELECT id, node_id, owner_epoch FROM trading_accounts WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(ids.iter().copied().collect::<Vec<i64>>())
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
+/// The end of [`a_stopping_with_a_slow_follower`]'s tests: a stops, b owns every account and
+/// its followers reconcile, then b and both trade servers stop.
+async fn b_takes_every_account_and_stops(
+    conn: &mut sqlx::PgConnection,
+    a: copier_node::app::NodeHandle,
+    b: copier_node::app::NodeHandle,
+    broker: SimBroker,
+    slow: SimBroker,
+) {
+    a.wait().await.unwrap();
+    wait_state(&b.state, "b owns every account", WAIT, |s| {
+        s.owned.len() == 7
+    })
+    .await;
+    followers_reconciled(conn).await;
+    b.shutdown();
+    b.wait().await.unwrap();
+    broker.stop().await;
+    slow.stop().await;
 }
 
 /// The ids of followers' `logins` (`f<id>`).

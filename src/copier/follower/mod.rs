@@ -1,10 +1,11 @@
 //! A follower's session: copy its masters' events onto the follower's broker account, one at a
 //! time, and reconcile whenever continuity is in doubt.
 //!
-//! Order of business (docs/copying.md, Reconcile): log in with the epoch as the fence (the server learns
-//! the new owner's fence before anything else), LISTEN to every master of the follower's links
-//! (confirmed; with a prepared login, before its fence's raise, and the first reads of the
-//! database asked then too: [`Early`]), then reconcile each master against its snapshot, remembering the snapshot and its
+//! Order of business (docs/copying.md, Reconcile): log in with the epoch as the fence (the
+//! server learns the new owner's fence before anything else), LISTEN to every master of the
+//! follower's links (confirmed; with a prepared login, before its fence's raise, and the first
+//! reads of the database asked then too: [`Early`]), then reconcile each master against its
+//! snapshot, remembering the snapshot and its
 //! (epoch, seq). An event at exactly seq + 1 of that epoch is applied to the remembered snapshot
 //! and the affected ticket is decided exactly as reconcile decides it ([`plan_ticket`]); one at
 //! or below it (or of an older epoch) is dropped; anything else (a gap, a new epoch, a snapshot
